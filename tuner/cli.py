@@ -1,0 +1,167 @@
+"""Command line: `tuner gemm ...` (and the other kernel commands built on the same options).
+
+Bad input ends with one line on stderr and exit status 2; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tuner import __version__
+from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
+from tuner.errors import TunerError
+
+DTYPES = {"gemm": ("fp8_w8a8",)}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise TunerError(f"{message} (see `{self.prog} --help`)")
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+    return v
+
+
+def _common_options() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False)
+    g = p.add_argument_group("what to tune")
+    g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
+                   "a Hugging Face config.json or one of our YAML files")
+    g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
+    g.add_argument("--dtype", default="fp8_w8a8", help="weight/activation precision (default fp8_w8a8)")
+    g.add_argument("--tp", type=_positive, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--ep", type=_positive, default=1, help="expert-parallel size (default 1)")
+    g.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=DEFAULT_BATCH_SIZES,
+                   help="batch sizes to tune (default: the engines' grid, 1 to 4096)")
+    g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
+                   help="whose tables to write (default both)")
+    s = p.add_argument_group("search")
+    s.add_argument("--trials", type=_positive, default=48, help="measured configs per batch size (default 48)")
+    s.add_argument("--patience", type=_positive, default=None,
+                   help="stop a study after this many trials without a 0.5%% gain (default trials/3)")
+    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "cmaes", "qmc"))
+    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
+    s.add_argument("--baseline", default=None, metavar="DIR",
+                   help="folder of shipped tables: seeds each study with the shipped config")
+    s.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage URL (default sqlite:///OUT/studies.db); a stopped run resumes from it")
+    o = p.add_argument_group("measuring and output")
+    o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
+    o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
+    o.add_argument("--record", default=None, metavar="FILE", help="time the whole pruned grid on the GPU into a landscape")
+    o.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
+                   help="parallel compile processes on a GPU run (default: CPU count, at most 16)")
+    o.add_argument("--dry-run", action="store_true", help="print the plan and stop (no GPU needed)")
+    o.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tuner", description="Autotune Triton kernel launch configs for Hopper GPUs "
+                     "and write the tables vLLM and SGLang read.")
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    common = _common_options()
+    sub.add_parser("gemm", parents=[common], help="tune the block-FP8 GEMM of every linear layer",
+                   description="Tune the block-scaled FP8 GEMM for every linear-layer shape a model runs per GPU.")
+    return parser
+
+
+def _load_common(args, kernel_name: str, command: str):
+    """Everything the kernel commands share: model, GPU, space, search settings."""
+    from kernels import get_kernel
+    from tuner.gpus import get_gpu
+    from tuner.models import load_model
+    from tuner.search import SearchSettings
+    from tuner.space import load_space
+
+    if args.dtype not in DTYPES[command]:
+        raise TunerError(f"--dtype {args.dtype} is not supported by `tuner {command}`; "
+                         f"choose from {', '.join(DTYPES[command])}")
+    if args.replay and args.record:
+        raise TunerError("--replay and --record cannot be combined: one replays timings, the other takes them")
+    if args.replay and not Path(args.replay).is_file():
+        raise TunerError(f"landscape {args.replay} not found")
+    if args.baseline and not Path(args.baseline).is_dir():
+        raise TunerError(f"--baseline {args.baseline} is not a folder")
+    gpu = get_gpu(args.gpu)
+    model = load_model(args.model)
+    kernel = get_kernel(kernel_name)
+    space = load_space(kernel, args.space)
+    settings = SearchSettings(budget=args.trials, patience=args.patience or max(8, args.trials // 3),
+                              sampler=args.sampler, seed=args.seed)
+    return model, gpu, kernel, space, settings
+
+
+def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    name = f"{command}-{model_name}-{gpu_key}-tp{args.tp}" + (f"-ep{args.ep}" if args.ep > 1 else "")
+    return Path("runs") / name
+
+
+def cmd_gemm(args) -> int:
+    from tuner.models import gemm_problems
+    from tuner.tune import RunOptions, plan_text, results_table, run_tuning
+
+    model, gpu, kernel, space, settings = _load_common(args, "fp8_gemm", "gemm")
+    problems = gemm_problems(model, args.tp, args.ep)
+    opts = RunOptions(
+        kernel=kernel, space=space, gpu=gpu, problems=problems,
+        batch_sizes=sorted(set(args.batch_sizes)), settings=settings,
+        out_dir=_out_dir(args, "gemm", model.name, gpu.key), storage=args.storage,
+        engines=args.engines, replay=args.replay, record=args.record, baseline=args.baseline,
+        compile_workers=args.compile_workers,
+        run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
+                  "dtype": args.dtype},
+        quiet=args.quiet,
+    )
+    if args.dry_run:
+        print(plan_text(opts))
+        return 0
+    if not args.replay:
+        from tuner.measure import require_gpu
+        require_gpu(gpu.cuda_name)
+    results = run_tuning(opts)
+    table = results_table(results, kernel.config_keys)
+    if not table.empty:
+        print("config = " + " ".join(kernel.config_keys))
+        print(table.to_string(index=False))
+    return 0
+
+
+COMMANDS = {"gemm": cmd_gemm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
+        return COMMANDS[args.command](args)
+    except TunerError as e:
+        print(f"tuner: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("tuner: interrupted; finished trials are in the storage, run the same command to resume",
+              file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - never a traceback unless asked for
+        if os.environ.get("TUNER_DEBUG"):
+            raise
+        print(f"tuner: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+              "(set TUNER_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1

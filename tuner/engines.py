@@ -1,0 +1,110 @@
+"""How each serving engine names, places and reads its config tables.
+
+Every engine-specific rule lives here (facts from vLLM 0.33 and SGLang 0.5.23,
+see ../shared/ENGINES.md), so that the rest of the tool never branches on an engine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ENGINE_NAMES = ("vllm", "sglang")
+
+# The batch sizes both engines' tuners write, and our default grid.
+DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
+
+
+def _underscored(cuda_name: str) -> str:
+    return cuda_name.replace(" ", "_")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    block_shape_sep: str            # "," (vLLM) or ", " (SGLang) inside block_shape=[...]
+    fuses_shared_expert: bool       # SGLang folds DeepSeek's shared expert into the MoE
+    gemm_folder: str                # where the package reads block-FP8 GEMM tables
+    moe_folder: str                 # where the package reads fused-MoE tables
+    moe_folder_per_triton: bool     # SGLang keys its MoE folder by Triton version
+    has_down_table: bool            # SGLang reads an optional `_down` MoE table
+
+    def device_name(self, cuda_name: str) -> str:
+        """The device_name= part of a file name for a GPU CUDA calls `cuda_name`."""
+        if self.name == "vllm":
+            # vLLM folds every H200 variant onto one name and also drops '/'.
+            if re.search(r"\bH200\b", cuda_name):
+                return "NVIDIA_H200"
+            return _underscored(cuda_name).replace("/", "_")
+        return _underscored(cuda_name)
+
+    def block_shape(self, block_shape) -> str:
+        bn, bk = block_shape
+        return f"[{bn}{self.block_shape_sep}{bk}]"
+
+    def gemm_filename(self, N: int, K: int, cuda_name: str, block_shape, dtype: str = "fp8_w8a8") -> str:
+        return (
+            f"N={N},K={K},device_name={self.device_name(cuda_name)},"
+            f"dtype={dtype},block_shape={self.block_shape(block_shape)}.json"
+        )
+
+    def moe_filename(self, E: int, N: int, cuda_name: str, dtype: str | None,
+                     block_shape=None, down: bool = False) -> str:
+        name = f"E={E},N={N},device_name={self.device_name(cuda_name)}"
+        if dtype:
+            name += f",dtype={dtype}"
+        if block_shape:
+            name += f",block_shape={self.block_shape(block_shape)}"
+        return name + ("_down" if down else "") + ".json"
+
+    def moe_subfolder(self, triton_version: str) -> str:
+        """The folder under the MoE root that holds tables for a Triton version."""
+        if not self.moe_folder_per_triton:
+            return ""
+        return "triton_" + triton_version.split("+")[0].replace(".", "_")
+
+    def table_relpath(self, kind: str, params: dict, cuda_name: str, triton_version: str,
+                      down: bool = False) -> str:
+        """Where a table goes under a results folder: <engine>/<kind>/[<triton>/]<file>,
+        mirroring the layout the engine reads (see tuner install)."""
+        if kind == "fp8_gemm":
+            name = self.gemm_filename(params["N"], params["K"], cuda_name, params["block_shape"])
+            return f"{self.name}/{kind}/{name}"
+        if kind == "fused_moe":
+            name = self.moe_filename(params["E"], params["N"], cuda_name, params.get("dtype"),
+                                     params.get("block_shape"), down)
+            sub = self.moe_subfolder(triton_version)
+            return f"{self.name}/{kind}/{sub + '/' if sub else ''}{name}"
+        raise ValueError(f"no {self.name} table family {kind!r}")
+
+
+ENGINES: dict[str, Engine] = {
+    "vllm": Engine(
+        name="vllm",
+        block_shape_sep=",",
+        fuses_shared_expert=False,
+        gemm_folder="vllm/model_executor/layers/quantization/utils/configs",
+        moe_folder="vllm/model_executor/layers/fused_moe/configs",
+        moe_folder_per_triton=False,
+        has_down_table=False,
+    ),
+    "sglang": Engine(
+        name="sglang",
+        block_shape_sep=", ",
+        fuses_shared_expert=True,
+        gemm_folder="sglang/kernels/ops/gemm/configs",
+        moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
+        moe_folder_per_triton=True,
+        has_down_table=True,
+    ),
+}
+
+
+def lookup_nearest(table: dict, M: int):
+    """The entry an engine uses for batch size M: nearest integer key, ties to the
+    earlier key in file order (both engines use min() over the keys in order)."""
+    keys = [int(k) for k in table if k != "triton_version"]
+    if not keys:
+        raise KeyError("empty table")
+    best = min(keys, key=lambda k: abs(k - M))
+    return table[str(best)]

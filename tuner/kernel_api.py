@@ -1,0 +1,48 @@
+"""The contract every kernel module in kernels/ meets.
+
+The engine only ever talks to a kernel through a `KernelSpec`, so adding a kernel
+means writing one file in kernels/ that builds one of these; nothing in tuner/
+branches on a kernel's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Config = dict[str, int]
+Params = dict[str, Any]   # a problem's shape/dtype keys, e.g. {"N": 7168, "K": 2048, "block_shape": [128, 128]}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str                                   # "fp8_gemm"; also the landscape's "kernel"
+    table_kind: str                             # which engine table family: "fp8_gemm", "fused_moe"
+    problem_keys: tuple[str, ...]               # the keys of Params, in a fixed order
+    config_keys: tuple[str, ...]                # the launch config's keys, in table order
+    # Inputs for one problem at batch size M, on `device`, drawn from `seed`.
+    # Must hold an "out" tensor the kernel writes, so a checker can poison it.
+    make_inputs: Callable[[Params, int, str, int], dict]
+    run: Callable[[dict, Config], Any]          # run with a config, writing inputs["out"]
+    reference: Callable[[dict], Any]            # the exact answer in float32/float64
+    tolerance: float                            # max relative error ||out-ref||/||ref||
+    flops: Callable[[Params, int], float]
+    bytes_moved: Callable[[Params, int], float]  # fewest bytes a run must move through HBM
+    default_config: Callable[[Params, int], Config]  # what vLLM uses with no table
+    shared_memory: Callable[[Params, Config], int]   # bytes one program needs, estimated
+    # Rows of the M dimension one launch covers (bounds BLOCK_SIZE_M usefully).
+    rows: Callable[[Params, int], int] = lambda params, M: M
+    # Further configs worth seeding every study with (e.g. another engine's default).
+    extra_seeds: Callable[[Params, int], list[Config]] = lambda params, M: []
+    # Compile a config without running it (for parallel compile workers); may be None.
+    compile_only: Callable[[Params, int, Config], None] | None = None
+    description: str = ""
+    notes: dict = field(default_factory=dict)
+
+
+def config_tuple(spec: KernelSpec, config: Config) -> tuple:
+    return tuple(int(config[k]) for k in spec.config_keys)
+
+
+def config_dict(spec: KernelSpec, values) -> Config:
+    return {k: int(v) for k, v in zip(spec.config_keys, values)}

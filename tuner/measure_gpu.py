@@ -1,0 +1,151 @@
+"""Timing and checking configs on a real GPU.
+
+Per batch of configs: compile workers (separate processes) build every config in
+parallel into Triton's on-disk cache while this process times them one by one:
+a warm-up launch, one CUDA graph per input set, then graph replays with the L2
+cache flushed before each, several input sets rotated, the median kept and the
+spread recorded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+from tuner.environment import nvml_snapshot, software_versions
+from tuner.gpus import GpuSpec
+from tuner.kernel_api import Config, KernelSpec
+from tuner.measure import Measurement, NumericsCheck, require_gpu
+from tuner.problems import Problem
+
+
+def _compile_in_worker(kernel_name: str, params: dict, M: int, config: Config) -> str | None:
+    """Runs in a compile worker: build one config into Triton's cache. Returns the
+    error text, or None. The timing process compiles anything this could not."""
+    try:
+        from kernels import get_kernel
+        get_kernel(kernel_name).compile_only(params, M, config)
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure is data about this config
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def _short_error(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+class GpuMeasurer:
+    label = "gpu"
+
+    def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8,
+                 input_sets: int = 4, reps: int = 40):
+        require_gpu(gpu.cuda_name)
+        import torch
+        self.torch = torch
+        self.kernel = kernel
+        self.gpu = gpu
+        self.input_sets = input_sets
+        self.reps = reps
+        props = torch.cuda.get_device_properties(0)
+        l2 = getattr(props, "L2_cache_size", gpu.l2_bytes) or gpu.l2_bytes
+        # Writing twice the L2's size evicts whatever the last run left in it.
+        self._flush = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
+        self._inputs_key = None
+        self._inputs: list[dict] = []
+        self._pool = None
+        if compile_workers > 0 and kernel.compile_only is not None:
+            self._pool = ProcessPoolExecutor(compile_workers, mp_context=get_context("spawn"))
+        self._env = {"device": torch.cuda.get_device_name(), **software_versions(), **nvml_snapshot(0),
+                     "sm_count": props.multi_processor_count, "l2_bytes": l2}
+
+    def environment(self) -> dict:
+        return dict(self._env)
+
+    def candidates(self, problem: Problem, M: int):
+        return None
+
+    def _input_sets(self, problem: Problem, M: int) -> list[dict]:
+        key = (problem.key, M)
+        if key != self._inputs_key:      # keep one (problem, M) resident at a time
+            self._inputs = []
+            self.torch.cuda.empty_cache()
+            self._inputs = [self.kernel.make_inputs(problem.params, M, "cuda", seed)
+                            for seed in range(self.input_sets)]
+            self._inputs_key = key
+        return self._inputs
+
+    def measure(self, problem: Problem, M: int, configs: list[Config]) -> list[Measurement]:
+        futures = []
+        if self._pool is not None:
+            futures = [self._pool.submit(_compile_in_worker, self.kernel.name, problem.params, M, c)
+                       for c in configs]
+        out = []
+        for i, cfg in enumerate(configs):
+            if futures:
+                try:
+                    futures[i].result(timeout=600)
+                except Exception:   # a dead worker only loses the head start
+                    pass
+            out.append(self._time(problem, M, cfg))
+        return out
+
+    def _time(self, problem: Problem, M: int, cfg: Config) -> Measurement:
+        torch = self.torch
+        sets = self._input_sets(problem, M)
+        try:
+            for inp in sets:                      # warm-up: load the binary, touch the data
+                self.kernel.run(inp, cfg)
+            torch.cuda.synchronize()
+            graphs = []
+            for inp in sets:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    self.kernel.run(inp, cfg)
+                graphs.append(g)
+            for g in graphs:
+                g.replay()
+            torch.cuda.synchronize()
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
+            for r in range(self.reps):
+                self._flush.zero_()   # queued ahead of the timed replay, so it does not count
+                starts[r].record()
+                graphs[r % len(graphs)].replay()
+                ends[r].record()
+            torch.cuda.synchronize()
+            times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+        except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
+            return Measurement(None, None, _short_error(e))
+        med = statistics.median(times)
+        p20 = times[int(0.2 * (len(times) - 1))]
+        p80 = times[int(math.ceil(0.8 * (len(times) - 1)))]
+        return Measurement(med, (p80 - p20) / med if med > 0 else None, None)
+
+    def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
+        """Run on fresh random inputs into a NaN-poisoned output and compare with the
+        reference by relative error; a NaN left anywhere fails."""
+        torch = self.torch
+        seed = int.from_bytes(os.urandom(4), "little")
+        try:
+            inp = self.kernel.make_inputs(problem.params, M, "cuda", seed)
+            inp["out"].fill_(float("nan"))
+            out = self.kernel.run(inp, config)
+            torch.cuda.synchronize()
+            ref = self.kernel.reference(inp)
+            got = out.double()
+            if torch.isnan(got).any():
+                return NumericsCheck("failed", None, f"NaN in the output (seed {seed})")
+            rel = (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+        except Exception as e:  # noqa: BLE001
+            return NumericsCheck("failed", None, _short_error(e))
+        status = "passed" if rel <= self.kernel.tolerance else "failed"
+        return NumericsCheck(status, rel, f"seed {seed}, tolerance {self.kernel.tolerance}")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None

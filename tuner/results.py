@@ -1,0 +1,76 @@
+"""Turning study results into each engine's tables and one provenance manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tuner import __version__
+from tuner.engines import ENGINES
+from tuner.environment import now_iso
+from tuner.kernel_api import KernelSpec
+from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.problems import Problem
+from tuner.search import StudyResult
+
+MANIFEST = "manifest.json"
+
+
+def table_json(table: dict[int, dict]) -> str:
+    """A table as the engines' tuners write it: string keys in ascending M, indented."""
+    return json.dumps({str(m): table[m] for m in sorted(table)}, indent=4) + "\n"
+
+
+def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: list[StudyResult],
+                 cuda_name: str, triton_version: str, engines: list[str]) -> dict[str, str]:
+    """Write one table per engine that runs this problem; returns {engine: relative path}.
+    M values without a validated config are left out (the engine then uses the nearest)."""
+    table = {r.M: r.config for r in results if r.config is not None}
+    files = {}
+    if not table:
+        return files
+    text = table_json(table)
+    for name in engines:
+        if name not in problem.engines:
+            continue
+        rel = ENGINES[name].table_relpath(kernel.table_kind, problem.params, cuda_name, triton_version)
+        atomic_write_text(out_dir / rel, text)
+        files[name] = rel
+    return files
+
+
+def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
+    """Merge this run's tables into OUT/manifest.json (keyed by table file), atomically."""
+    path = out_dir / MANIFEST
+    old = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            old = {}
+    tables = {json.dumps(t.get("files"), sort_keys=True): t for t in old.get("tables", [])}
+    for e in entries:
+        tables[json.dumps(e.get("files"), sort_keys=True)] = e
+    manifest = {
+        "format": "tuner-manifest/1",
+        "tool": f"tuner {__version__}",
+        "written": now_iso(),
+        **run_info,
+        "tables": list(tables.values()),
+    }
+    atomic_write_json(path, manifest, indent=2)
+    return path
+
+
+def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResult], files: dict,
+                   run_info: dict) -> dict:
+    return {
+        "kernel": kernel.name,
+        "problem": problem.params,
+        "layers": list(problem.layers),
+        "files": files,
+        "measured": run_info.get("measured_by"),
+        "environment": run_info.get("environment"),
+        "numerics_passed": all(r.numerics.get("status") == "passed" for r in results if r.config),
+        "entries": {str(r.M): r.as_dict() for r in sorted(results, key=lambda r: r.M)},
+    }

@@ -1,0 +1,169 @@
+"""Search spaces: the launch-config values to try, and the rules that prune them.
+
+A space is read from configs/spaces/<kernel>.yaml. Pruning happens per (problem, M)
+before anything compiles; each rule is a small function registered by name below.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from tuner.errors import TunerError
+from tuner.gpus import GpuSpec
+from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.paths import SPACES_DIR
+
+
+@dataclass
+class RuleContext:
+    kernel: KernelSpec
+    params: Params
+    M: int
+    gpu: GpuSpec
+    choices: dict[str, list[int]]
+
+
+# A rule gets the context, its YAML options and a config; it returns True to keep it.
+Rule = Callable[[RuleContext, dict, Config], bool]
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str):
+    def register(fn: Rule) -> Rule:
+        RULES[name] = fn
+        return fn
+    return register
+
+
+@rule("block_k_divides_group")
+def _block_k_divides_group(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    block_shape = ctx.params.get("block_shape")
+    return not block_shape or block_shape[1] % cfg["BLOCK_SIZE_K"] == 0
+
+
+@rule("shared_memory")
+def _shared_memory(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    limit = opts.get("limit_bytes", ctx.gpu.max_smem_per_block)
+    return ctx.kernel.shared_memory(ctx.params, cfg) <= limit
+
+
+@rule("accumulator_registers")
+def _accumulator_registers(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    per_thread = cfg["BLOCK_SIZE_M"] * cfg["BLOCK_SIZE_N"] / (32 * cfg["num_warps"])
+    return per_thread <= opts.get("max_per_thread", 128)
+
+
+def _useful_block_m(ctx: RuleContext, opts: dict) -> int:
+    rows = ctx.kernel.rows(ctx.params, ctx.M)
+    return max(opts.get("min", 16), 1 << max(0, math.ceil(math.log2(max(rows, 1)))))
+
+
+@rule("block_m_within_rows")
+def _block_m_within_rows(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    # A tile taller than the next power of two of the rows only adds masked work.
+    return cfg["BLOCK_SIZE_M"] <= _useful_block_m(ctx, opts)
+
+
+def _canonical_group_m(ctx: RuleContext, cfg: Config) -> int:
+    """The GROUP_SIZE_M that behaves the same as cfg's: every value at or above the
+    number of M tiles walks the tiles identically, so the smallest such choice stands
+    for all of them."""
+    m_tiles = math.ceil(ctx.kernel.rows(ctx.params, ctx.M) / cfg["BLOCK_SIZE_M"])
+    g = cfg["GROUP_SIZE_M"]
+    if g < m_tiles:
+        return g
+    at_or_above = [v for v in ctx.choices.get("GROUP_SIZE_M", [g]) if v >= m_tiles]
+    return min(at_or_above) if at_or_above else g
+
+
+@rule("group_m_equivalence")
+def _group_m_equivalence(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    return _canonical_group_m(ctx, cfg) == cfg["GROUP_SIZE_M"]
+
+
+CANONICALIZERS = {"group_m_equivalence": lambda ctx, cfg: cfg | {"GROUP_SIZE_M": _canonical_group_m(ctx, cfg)}}
+
+
+@dataclass
+class SearchSpace:
+    kernel: KernelSpec
+    choices: dict[str, list[int]]
+    constraints: dict[str, dict]
+    source: str = ""
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.choices.values())
+
+    def _ctx(self, params: Params, M: int, gpu: GpuSpec) -> RuleContext:
+        return RuleContext(self.kernel, params, M, gpu, self.choices)
+
+    def all_configs(self):
+        keys = self.kernel.config_keys
+        for values in itertools.product(*(self.choices[k] for k in keys)):
+            yield dict(zip(keys, values))
+
+    def rejected_by(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> str | None:
+        """The first rule that drops cfg, or None when cfg is kept."""
+        ctx = self._ctx(params, M, gpu)
+        for name, opts in self.constraints.items():
+            if not RULES[name](ctx, opts, cfg):
+                return name
+        return None
+
+    def configs(self, params: Params, M: int, gpu: GpuSpec) -> list[Config]:
+        """Every config that survives pruning for this problem and batch size."""
+        return [c for c in self.all_configs() if self.rejected_by(params, M, gpu, c) is None]
+
+    def canonical(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> Config:
+        """An equivalent config in the space's canonical form (e.g. GROUP_SIZE_M folded),
+        so a seed from a table lands on the point the search measures."""
+        ctx = self._ctx(params, M, gpu)
+        cfg = {k: int(cfg[k]) for k in self.kernel.config_keys}
+        for name in self.constraints:
+            if name in CANONICALIZERS:
+                cfg = CANONICALIZERS[name](ctx, cfg)
+        return cfg
+
+
+def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpace:
+    path = Path(path) if path else SPACES_DIR / f"{kernel.name}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise TunerError(f"cannot read search space {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise TunerError(f"search space {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
+        raise TunerError(f"search space {path} needs a 'params' mapping")
+    if data.get("kernel", kernel.name) != kernel.name:
+        raise TunerError(f"search space {path} is for kernel {data.get('kernel')!r}, not {kernel.name!r}")
+    params = data["params"]
+    missing = [k for k in kernel.config_keys if k not in params]
+    extra = [k for k in params if k not in kernel.config_keys]
+    if missing or extra:
+        raise TunerError(f"search space {path}: params must be exactly {', '.join(kernel.config_keys)}"
+                         + (f" (missing {', '.join(missing)})" if missing else "")
+                         + (f" (unknown {', '.join(extra)})" if extra else ""))
+    choices = {}
+    for k in kernel.config_keys:
+        vals = params[k]
+        if (not isinstance(vals, list) or not vals
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals)):
+            raise TunerError(f"search space {path}: {k} must be a list of positive integers")
+        choices[k] = sorted(set(vals))
+    constraints = data.get("constraints") or {}
+    if not isinstance(constraints, dict):
+        raise TunerError(f"search space {path}: 'constraints' must map rule names to options")
+    unknown = [c for c in constraints if c not in RULES]
+    if unknown:
+        raise TunerError(f"search space {path}: unknown constraint {unknown[0]!r}; known: {', '.join(RULES)}")
+    return SearchSpace(kernel, choices, {k: dict(v or {}) for k, v in constraints.items()}, str(path))
+
+

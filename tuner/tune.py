@@ -1,0 +1,211 @@
+"""One tuning run, whatever the kernel: plan, measure, search, emit.
+
+The kernel commands (gemm, moe, mla) only differ in how they turn a model into
+problems; everything after that is here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from tuner.engines import ENGINES, lookup_nearest
+from tuner.environment import now_iso, software_versions
+from tuner.errors import TunerError
+from tuner.gpus import GpuSpec
+from tuner.kernel_api import KernelSpec
+from tuner.landscape import Landscape, LandscapeWriter, read_landscape
+from tuner.measure import RecordingMeasurer, ReplayMeasurer
+from tuner.problems import Problem
+from tuner.progress import Progress
+from tuner.results import manifest_entry, update_manifest, write_tables
+from tuner.search import SearchSettings, StudyResult, StudyRunner
+from tuner.space import SearchSpace
+
+
+@dataclass
+class RunOptions:
+    kernel: KernelSpec
+    space: SearchSpace
+    gpu: GpuSpec
+    problems: list[Problem]
+    batch_sizes: list[int]
+    settings: SearchSettings
+    out_dir: Path
+    storage: str | None = None
+    engines: list[str] = field(default_factory=lambda: ["vllm", "sglang"])
+    replay: str | None = None
+    record: str | None = None
+    baseline: str | None = None
+    compile_workers: int = 8
+    run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
+    quiet: bool = False
+
+
+def default_storage(out_dir: Path) -> str:
+    return f"sqlite:///{(out_dir / 'studies.db').resolve()}"
+
+
+# -- the plan ---------------------------------------------------------------------------
+def plan_text(opts: RunOptions) -> str:
+    k, gpu = opts.kernel, opts.gpu
+    lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
+             f"  {opts.run_info.get('model', '')}  " + "  ".join(
+                 f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
+             f"  search space {opts.space.source}: {opts.space.size} configs before pruning",
+             f"  budget {opts.settings.budget} trials per batch size, sampler {opts.settings.sampler}, "
+             f"patience {opts.settings.patience}",
+             f"  storage {opts.storage or default_storage(opts.out_dir)}",
+             f"  output {opts.out_dir}/"]
+    triton_version = software_versions()["triton"]
+    for p in opts.problems:
+        lines.append(f"problem {p.key}  ({', '.join(p.layers)})")
+        for name in opts.engines:
+            if name in p.engines:
+                lines.append(f"  {name:7s} {ENGINES[name].table_relpath(k.table_kind, p.params, gpu.cuda_name, triton_version)}")
+        sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
+        lines.append("  configs after pruning, per M: " + " ".join(sizes))
+        floor = [f"{m}:{max(k.bytes_moved(p.params, m) / (gpu.hbm_tb_s * 1e6), k.flops(p.params, m) / (gpu.fp8_tflops * 1e6)):.1f}"
+                 for m in opts.batch_sizes]
+        lines.append("  datasheet floor, us per M: " + " ".join(floor))
+    total = len(opts.problems) * len(opts.batch_sizes)
+    lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
+                 f"at most {total * opts.settings.budget} measured configs")
+    return "\n".join(lines)
+
+
+# -- seeds from shipped tables ----------------------------------------------------------
+def load_baseline_table(baseline_dir: str, opts: RunOptions, problem: Problem) -> dict | None:
+    """The engines' shipped table for this problem and GPU, if the folder holds one
+    (searched recursively, under either engine's file name)."""
+    root = Path(baseline_dir)
+    names = {ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name, "0.0.0")
+             .rsplit("/", 1)[-1] for e in ENGINES}
+    for path in sorted(root.rglob("*.json")):
+        if path.name in names:
+            try:
+                table = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise TunerError(f"baseline table {path} is not readable JSON: {e}") from None
+            return {k: v for k, v in table.items() if k != "triton_version"}
+    return None
+
+
+# -- the run ----------------------------------------------------------------------------
+def make_measurer(opts: RunOptions, progress: Progress):
+    if opts.replay:
+        land = read_landscape(opts.replay, opts.kernel)
+        if land.header["device"] != opts.gpu.cuda_name:
+            raise TunerError(f"landscape {opts.replay} was recorded on {land.header['device']!r}, "
+                             f"but --gpu is {opts.gpu.cuda_name!r}")
+        return ReplayMeasurer(land)
+    from tuner.measure_gpu import GpuMeasurer
+    gpu_m = GpuMeasurer(opts.kernel, opts.gpu, compile_workers=opts.compile_workers)
+    if not opts.record:
+        return gpu_m
+    env = gpu_m.environment()
+    header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, "device": env["device"],
+              "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
+              "driver": env.get("driver"), "recorded": now_iso()}
+    writer = LandscapeWriter(opts.record, opts.kernel, header)
+    land = Landscape(header, opts.kernel, str(opts.record))
+    grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
+    return RecordingMeasurer(gpu_m, writer, land, grid, progress=progress.note)
+
+
+def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
+    """Tune every (problem, M), write the tables and the manifest; returns the results."""
+    import optuna
+
+    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet)
+    measurer = make_measurer(opts, progress)
+    problems = opts.problems
+    plan_ms = {p.key: list(opts.batch_sizes) for p in problems}
+    if isinstance(measurer, ReplayMeasurer):
+        problems, plan_ms = _replay_coverage(opts, measurer, progress)
+        progress.total = max(1, sum(len(v) for v in plan_ms.values()))
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    storage_url = opts.storage or default_storage(opts.out_dir)
+    try:
+        storage = optuna.storages.get_storage(storage_url)
+    except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
+        raise TunerError(f"cannot open storage {storage_url}: {str(e).splitlines()[0]}") from None
+
+    runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
+                         on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]))
+    env = measurer.environment()
+    run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": measurer.label, "environment": env,
+                "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
+                           "patience": opts.settings.patience, "space": opts.space.source}}
+    all_results: dict[str, list[StudyResult]] = {}
+    t0 = time.monotonic()
+    try:
+        for problem in problems:
+            baseline = load_baseline_table(opts.baseline, opts, problem) if opts.baseline else None
+            results: list[StudyResult] = []
+            neighbour = None
+            for M in sorted(plan_ms[problem.key]):
+                progress.start_study(f"{problem.key} M={M}")
+                seeds = [("default", opts.kernel.default_config(problem.params, M))]
+                seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
+                if baseline:
+                    seeds.append(("baseline", lookup_nearest(baseline, M)))
+                if neighbour:
+                    seeds.append(("neighbour", neighbour))
+                r = runner.tune(problem, M, seeds)
+                results.append(r)
+                neighbour = r.config or neighbour
+                progress.end_study(_summary(r))
+            all_results[problem.key] = results
+            files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name,
+                                 env.get("triton") or software_versions()["triton"], opts.engines)
+            update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k != "environment"},
+                            [manifest_entry(opts.kernel, problem, results, files, run_info)])
+    finally:
+        measurer.close()
+    progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
+    return all_results
+
+
+def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):
+    covered, plan_ms = [], {}
+    for p in opts.problems:
+        ms = [m for m in opts.batch_sizes if measurer.covers(p, m)]
+        missing = [m for m in opts.batch_sizes if m not in ms]
+        if not ms:
+            progress.note(f"skip {p.key}: the landscape has no timings for it")
+            continue
+        if missing:
+            progress.note(f"{p.key}: the landscape lacks M={','.join(map(str, missing))}; tuning M={','.join(map(str, ms))}")
+        covered.append(p)
+        plan_ms[p.key] = ms
+    if not covered:
+        raise TunerError(f"landscape {opts.replay} covers none of the planned problems and batch sizes")
+    return covered, plan_ms
+
+
+def _summary(r: StudyResult) -> str:
+    if r.config is None:
+        return f"no config ({r.numerics.get('detail', r.stopped)})"
+    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    return f"{r.time_us:.2f} us{sp} after {r.trials} trials ({r.stopped})"
+
+
+def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) -> pd.DataFrame:
+    rows = []
+    for pkey, rs in results.items():
+        for r in rs:
+            rows.append({
+                "problem": pkey, "M": r.M,
+                "config": " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
+                "time_us": round(r.time_us, 2) if r.time_us else None,
+                "default_us": round(r.default_time_us, 2) if r.default_time_us else None,
+                "speedup": round(r.speedup, 3) if r.speedup else None,
+                "trials": r.trials,
+                "numerics": r.numerics.get("status", "-"),
+            })
+    return pd.DataFrame(rows)
