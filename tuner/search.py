@@ -45,7 +45,7 @@ def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
     if s.sampler == "tpe":
         return optuna.samplers.TPESampler(
             seed=s.seed, n_startup_trials=max(4, min(10, s.budget // 4)), multivariate=True,
-            constant_liar=True, warn_independent_sampling=False)
+            constant_liar=True)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "cmaes":

@@ -1,0 +1,25 @@
+import os
+import sys
+from pathlib import Path
+
+# Without a GPU, Triton kernels run in Triton's interpreter (NumPy on the CPU).
+try:
+    import torch
+    _has_gpu = torch.cuda.is_available()
+except Exception:  # pragma: no cover
+    _has_gpu = False
+if not _has_gpu:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+
+
+@pytest.fixture
+def shared_dir():
+    """../shared beside the checkout: the engines' facts and shipped tables."""
+    d = Path(__file__).resolve().parents[2] / "shared"
+    if not (d / "baselines").is_dir():
+        pytest.skip("../shared/baselines is not beside this checkout")
+    return d
