@@ -1,0 +1,101 @@
+"""Bad input: one clear line on stderr, a non-zero exit, no traceback, no files."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_main(capsys, tmp_path, *argv):
+    out = tmp_path / "out"
+    rc = main([*argv, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    return rc, err, out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["gemm", "--model", "nope", "--gpu", "H200"], "unknown model 'nope'"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "B200"], "unknown GPU 'B200'"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "3"], "--tp 3 does not divide"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "0"], "--tp: must be at least 1"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--ep", "3"], "--ep 3 does not divide"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "bf16"], "--dtype bf16 is not supported"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--replay", "missing.jsonl"], "landscape missing.jsonl not found"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--batch-sizes", "0"], "--batch-sizes: must be at least 1"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--sampler", "grid"], "invalid choice: 'grid'"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--baseline", "nowhere"], "--baseline nowhere is not a folder"),
+    (["gemm", "--model", "models/none.json", "--gpu", "H200"], "model file models/none.json not found"),
+    (["gemm", "--gpu", "H200"], "--model"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200"], "no CUDA GPU is visible"),   # no GPU here
+])
+def test_bad_input_one_line_exit_2(capsys, tmp_path, argv, needle):
+    rc, err, out = run_main(capsys, tmp_path, *argv)
+    assert rc == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("tuner: error: ") and needle in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{broken", "is not valid JSON"),
+    ('{"hidden_size": 7168}', "lacks the field 'num_attention_heads'"),
+    ('{"hidden_size": "big", "num_attention_heads": 8}', "must be a non-negative integer"),
+    ('[1, 2]', "does not hold a mapping"),
+])
+def test_malformed_model_files(capsys, tmp_path, content, needle):
+    f = tmp_path / "config.json"
+    f.write_text(content)
+    rc, err, out = run_main(capsys, tmp_path, "gemm", "--model", str(f), "--gpu", "H200", "--dry-run")
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("", "is empty"),
+    ('{"format": "other"}\n', "must be a header"),
+    ('{"format": "tuner-landscape/1", "kernel": "fused_moe", "device": "NVIDIA H200"}\n', "holds kernel 'fused_moe'"),
+    ('{"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200"}\n{"M": 1}\n', "line 2 is malformed"),
+])
+def test_malformed_landscapes(capsys, tmp_path, content, needle):
+    f = tmp_path / "land.jsonl"
+    f.write_text(content)
+    rc, err, out = run_main(capsys, tmp_path, "gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                            "--replay", str(f))
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_dry_run_writes_nothing_and_names_files(capsys, tmp_path):
+    rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--dry-run",
+               "--out", str(tmp_path / "out"), "--batch-sizes", "1", "64"])
+    text = capsys.readouterr().out
+    assert rc == 0 and not (tmp_path / "out").exists()
+    assert "2880 configs before pruning" in text
+    assert "configs after pruning, per M: 1:64 64:320" in text
+    assert "vllm/fp8_gemm/N=4096,K=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json" in text
+    assert "sglang/fp8_gemm/N=4096,K=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json" in text
+    # SGLang fuses the shared expert: no SGLang file for its GEMMs
+    assert "sglang/fp8_gemm/N=512,K=7168" not in text and "vllm/fp8_gemm/N=512,K=7168" in text
+
+
+@pytest.mark.parametrize("tp,shape", [(1, "N=36864,K=7168"), (4, "N=9216,K=7168"), (8, "N=4608,K=7168")])
+def test_dry_run_plan_per_tp(capsys, tp, shape):
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H100", "--tp", str(tp), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert f"vllm/fp8_gemm/{shape},device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128,128].json" in text
+    assert "8 problems x 18 batch sizes = 144 studies" in text
+
+
+def test_no_traceback_from_the_real_command(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
+                        "--tp", "8", "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "--dry-run" in r.stderr and "--replay" in r.stderr

@@ -1,0 +1,79 @@
+"""Search-space pruning rules, and the landscape file format."""
+
+import gzip
+import json
+
+import pytest
+
+from kernels import get_kernel
+from tuner.errors import TunerError
+from tuner.gpus import get_gpu
+from tuner.landscape import LandscapeWriter, Point, read_landscape
+from tuner.space import load_space
+
+KERNEL = get_kernel("fp8_gemm")
+GPU = get_gpu("H200")
+P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
+
+
+def cfg(bm, bn, bk, g, w, s):
+    return dict(zip(KERNEL.config_keys, (bm, bn, bk, g, w, s)))
+
+
+def test_rules_prune_before_compiling():
+    space = load_space(KERNEL)
+    assert space.rejected_by(P, 64, GPU, cfg(64, 128, 256, 1, 4, 2)) == "block_k_divides_group"
+    # 4 stages x (256 + 256) x 128 bytes = 256 KiB > 227 KiB
+    assert space.rejected_by(P, 4096, GPU, cfg(256, 256, 128, 1, 8, 4)) == "shared_memory"
+    assert space.rejected_by(P, 4096, GPU, cfg(256, 128, 128, 1, 4, 2)) == "accumulator_registers"
+    assert space.rejected_by(P, 1, GPU, cfg(32, 128, 128, 1, 4, 2)) == "block_m_within_rows"
+    assert space.rejected_by(P, 20, GPU, cfg(32, 128, 128, 1, 4, 2)) is None
+    assert space.rejected_by(P, 4096, GPU, cfg(128, 128, 128, 8, 4, 3)) is None
+    kept = space.configs(P, 4096, GPU)
+    assert all(space.rejected_by(P, 4096, GPU, c) is None for c in kept)
+    assert 0 < len(kept) < space.size
+
+
+def test_group_size_equivalence_is_folded():
+    space = load_space(KERNEL)
+    # At M=100 with BLOCK_SIZE_M=64 there are 2 tiles of M: every GROUP_SIZE_M >= 2 walks
+    # them alike, so only 1 and the smallest value >= 2 (4) remain.
+    groups = {c["GROUP_SIZE_M"] for c in space.configs(P, 100, GPU) if c["BLOCK_SIZE_M"] == 64}
+    assert groups == {1, 4}
+    assert space.canonical(P, 100, GPU, cfg(64, 128, 128, 32, 4, 2))["GROUP_SIZE_M"] == 4
+    assert space.canonical(P, 4096, GPU, cfg(64, 128, 128, 32, 4, 2))["GROUP_SIZE_M"] == 32
+
+
+def test_bad_space_files(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("params: {BLOCK_SIZE_M: [16]}\n")
+    with pytest.raises(TunerError, match="missing BLOCK_SIZE_N"):
+        load_space(KERNEL, f)
+    f.write_text("params: {BLOCK_SIZE_M: [16], BLOCK_SIZE_N: [64], BLOCK_SIZE_K: [128], GROUP_SIZE_M: [1],"
+                 " num_warps: [4], num_stages: [2]}\nconstraints: {magic: {}}\n")
+    with pytest.raises(TunerError, match="unknown constraint 'magic'"):
+        load_space(KERNEL, f)
+
+
+def test_landscape_round_trip_gz_and_resume(tmp_path):
+    path = tmp_path / "l.jsonl.gz"
+    header = {"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200"}
+    w = LandscapeWriter(path, KERNEL, header)
+    w.write(P, 16, cfg(16, 64, 128, 1, 4, 3), Point(12.5, None, 0.02))
+    w._f.close()                     # a run killed here leaves only the .partial file
+    assert not path.exists() and w.partial.exists()
+    with open(w.partial, "a") as f:
+        f.write('{"problem": {"N": 71')   # and a line cut off mid-write
+    w2 = LandscapeWriter(path, KERNEL, header)
+    assert w2.has(P, 16, cfg(16, 64, 128, 1, 4, 3))
+    w2.write(P, 16, cfg(32, 64, 128, 1, 4, 3), Point(None, "out of resources"))
+    w2.close()
+    assert not w2.partial.exists()
+    with gzip.open(path, "rt") as f:
+        assert json.loads(f.readline())["format"] == "tuner-landscape/1"
+    land = read_landscape(path, KERNEL)
+    pts = land.lookup(P, 16)
+    assert len(pts) == 2
+    assert land.best(P, 16) == ((16, 64, 128, 1, 4, 3), 12.5)
+    # problem keys may come in any order in the file
+    assert land.lookup({"K": 2048, "block_shape": [128, 128], "N": 7168}, 16) is pts
