@@ -49,7 +49,7 @@ def _common_options() -> argparse.ArgumentParser:
     s.add_argument("--trials", type=_positive, default=48, help="measured configs per batch size (default 48)")
     s.add_argument("--patience", type=_positive, default=None,
                    help="stop a study after this many trials without a 0.5%% gain (default trials/3)")
-    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "cmaes", "qmc"))
+    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "cmaes"))
     s.add_argument("--seed", type=int, default=0, help="sampler seed")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",

@@ -68,6 +68,15 @@ def _open(path: Path, mode: str):
     return gzip.open(path, mode + "t") if path.name.endswith(".gz") else open(path, mode)
 
 
+def read_header(path: str | Path) -> dict:
+    """Line 1 of a landscape, e.g. to learn its kernel before reading the rest."""
+    try:
+        with _open(Path(path), "r") as f:
+            return json.loads(f.readline())
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TunerError(f"cannot read the header of landscape {path}: {e}") from None
+
+
 def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
     path = Path(path)
     if not path.is_file():

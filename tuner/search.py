@@ -26,7 +26,7 @@ from tuner.space import SearchSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-SAMPLERS = ("tpe", "random", "cmaes", "qmc")
+SAMPLERS = ("tpe", "random", "cmaes")
 
 
 @dataclass
@@ -50,8 +50,6 @@ def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=s.seed, warn_independent_sampling=False)
-    if s.sampler == "qmc":
-        return optuna.samplers.QMCSampler(seed=s.seed, warn_independent_sampling=False)
     raise TunerError(f"unknown sampler {s.sampler!r}; choose from {', '.join(SAMPLERS)}")
 
 
