@@ -1,0 +1,130 @@
+"""--record, --baseline seeding and the numerics gate, with a FAKE GPU measurer whose
+timings come from the synthetic cost model (tests/synthetic.py)."""
+
+import json
+
+import optuna
+import pytest
+
+from kernels import get_kernel
+from synthetic import fake_time_us
+from tuner import measure
+from tuner.cli import main
+from tuner.landscape import read_landscape
+from tuner.measure import Measurement, NumericsCheck
+from tuner.problems import Problem
+from tuner.search import study_name
+
+KERNEL = get_kernel("fp8_gemm")
+P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
+
+
+class FakeGpu:
+    """Stands in for tuner.measure_gpu.GpuMeasurer: synthetic times, scripted numerics."""
+    label = "gpu"
+    instances = []
+
+    def __init__(self, kernel, gpu, compile_workers=0, **kw):
+        self.kernel, self.calls, self.failing = kernel, [], set()
+        FakeGpu.instances.append(self)
+
+    def environment(self):
+        return {"device": "NVIDIA H200", "triton": "3.6.0", "torch": "fake", "cuda": "fake", "driver": "fake"}
+
+    def candidates(self, problem, M):
+        return None
+
+    def measure(self, problem, M, configs):
+        self.calls.extend(configs)
+        return [Measurement(t, 0.01, None) if (t := fake_time_us(problem.params, M, c)) else
+                Measurement(None, None, "synthetic failure") for c in configs]
+
+    def check_numerics(self, problem, M, config):
+        if tuple(config.values()) in self.failing:
+            return NumericsCheck("failed", 0.5, "scripted failure")
+        return NumericsCheck("passed", 0.003, "fake")
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    import tuner.measure_gpu
+    FakeGpu.instances.clear()
+    monkeypatch.setattr(tuner.measure_gpu, "GpuMeasurer", FakeGpu)
+    monkeypatch.setattr(measure, "require_gpu", lambda name: None)
+    return FakeGpu
+
+
+def gemm(out, *extra):
+    return main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--out", str(out),
+                 "--quiet", "--trials", "16", *extra])
+
+
+def test_record_writes_the_full_grid_and_replays_it(fake_gpu, tmp_path):
+    model = tmp_path / "small.yaml"   # three GEMM shapes keep this quick
+    model.write_text("hidden_size: 2048\nnum_attention_heads: 16\nhead_dim: 128\nintermediate_size: 2048\n"
+                     "quantization_config: {weight_block_size: [128, 128]}\n")
+    land_path = tmp_path / "rec.jsonl.gz"
+    args = ["--model", str(model), "--tp", "1", "--batch-sizes", "1", "16"]
+    assert gemm(tmp_path / "a", "--record", str(land_path), *args) == 0
+    land = read_landscape(land_path, KERNEL)
+    assert land.header["device"] == "NVIDIA H200" and land.header["kernel"] == "fp8_gemm"
+    # every problem of the plan, both Ms, the pruned grid (64 configs) plus the default seeds
+    assert len(land.problems) == 3
+    square = {"N": 2048, "K": 2048, "block_shape": [128, 128]}
+    assert len(land.lookup(square, 1)) >= 64
+    default = KERNEL.default_config(square, 1)
+    assert tuple(default.values()) in land.lookup(square, 1)
+    recorded_tables = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    # replaying the recording picks the same configs as the recording run did
+    assert gemm(tmp_path / "b", "--replay", str(land_path), *args) == 0
+    replayed = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    a = {json.dumps(t["problem"]): t["entries"] for t in recorded_tables["tables"]}
+    b = {json.dumps(t["problem"]): t["entries"] for t in replayed["tables"]}
+    assert a.keys() == b.keys()
+    for k in a:
+        for m in ("1", "16"):
+            assert a[k][m]["config"] == b[k][m]["config"]
+            assert a[k][m]["numerics"]["status"] == "passed"
+            assert b[k][m]["numerics"]["status"] == "not checked"
+
+
+def test_config_failing_numerics_is_never_emitted(fake_gpu, tmp_path, monkeypatch):
+    from tuner.search import StudyRunner
+    real_finish = StudyRunner._finish
+
+    def fail_the_fastest(self, problem, M, measured, default, stopped):
+        fastest = min((v, t) for t, v in measured.items() if v is not None)[1]
+        self.measurer.failing.add(fastest)
+        return real_finish(self, problem, M, measured, default, stopped)
+
+    monkeypatch.setattr(StudyRunner, "_finish", fail_the_fastest)
+    assert gemm(tmp_path / "o", "--batch-sizes", "16") == 0
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    for t in manifest["tables"]:
+        e = t["entries"]["16"]
+        assert e["rejected"] and e["rejected"][0]["numerics"]["status"] == "failed"
+        bad = e["rejected"][0]["config"]
+        assert e["config"] != bad
+        table = json.loads((tmp_path / "o" / t["files"]["vllm"]).read_text())
+        assert table["16"] == e["config"]
+
+
+def test_baseline_table_seeds_every_study(fake_gpu, tmp_path, shared_dir):
+    base = shared_dir / "baselines" / "vllm-0.33.0" / "fp8_gemm"
+    shipped = json.loads((base / "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
+                         .read_text())
+    assert gemm(tmp_path / "o", "--batch-sizes", "64", "--baseline", str(base)) == 0
+    study = optuna.load_study(study_name=study_name(Problem("fp8_gemm", P), 64),
+                              storage=f"sqlite:///{tmp_path / 'o' / 'studies.db'}")
+    seeded = [t.user_attrs["config"] for t in study.trials if t.user_attrs.get("seed") == "baseline"]
+    assert len(seeded) == 1
+    want = shipped["64"]
+    for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages"):
+        assert seeded[0][k] == want[k]
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    entry = next(t for t in manifest["tables"] if t["problem"] == P)["entries"]["64"]
+    baseline_time = next(t.value for t in study.trials if t.user_attrs.get("seed") == "baseline")
+    assert entry["time_us"] <= baseline_time   # never slower than the shipped table
