@@ -15,12 +15,11 @@ together for L2 reuse), num_warps, num_stages.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.interpreter_fixes import cast_for_store, interpreting, round_to_grid
 from tuner.kernel_api import Config, KernelSpec, Params
 
 FP8 = torch.float8_e4m3fn
@@ -36,7 +35,7 @@ def _per_token_group_quant_kernel(
     x_ptr, q_ptr, s_ptr,
     n_cols, stride_x_row, stride_q_row, stride_s_row,
     eps, fp8_min, fp8_max,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, ROUND_FIRST: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # One program quantizes one (row, group): find the group's absolute max,
     # scale it to the FP8 range, store the quantized values and the scale.
@@ -48,14 +47,8 @@ def _per_token_group_quant_kernel(
     amax = tl.maximum(tl.max(tl.abs(x)), eps)
     scale = amax / fp8_max
     q = tl.clamp(x / scale, fp8_min, fp8_max)
-    if ROUND_FIRST:
-        # Triton's CPU interpreter rounds float->fp8 wrongly (half-up, and a carry out of
-        # the mantissa is lost), so there we round to the e4m3 grid ourselves: the cast
-        # below is then exact. Compiled kernels skip this; the hardware rounds to nearest even.
-        e = tl.maximum(tl.floor(tl.log2(tl.abs(q))), -6.0)   # e4m3: 3 mantissa bits, min exponent -6
-        ulp = tl.exp2(e - 3.0)
-        magic = 12582912.0                                     # 1.5 * 2^23: fp32 add rounds to even
-        q = ((q / ulp + magic) - magic) * ulp
+    if INTERPRET:   # see kernels/interpreter_fixes.py: make the fp8 cast exact
+        q = round_to_grid(q, 3, -6.0)      # e4m3: 3 mantissa bits, smallest normal 2^-6
     tl.store(q_ptr + row * stride_q_row + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_s_row + grp, scale)
 
@@ -72,7 +65,7 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128, eps: float
             x, q, s, K, x.stride(0), q.stride(0), s.stride(0),
             eps, -FP8_MAX, FP8_MAX,
             GROUP=group_size, BLOCK=triton.next_power_of_2(group_size),
-            ROUND_FIRST=os.environ.get("TRITON_INTERPRET") == "1",
+            INTERPRET=interpreting(),
         )
     return q, s
 
@@ -109,7 +102,7 @@ def _w8a8_block_fp8_matmul_kernel(
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     stride_as_m, stride_as_k, stride_bs_k, stride_bs_n,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # Map the 1-D program id onto output tiles in groups of GROUP_SIZE_M rows of tiles:
     # programs running together then share the same B columns in L2.
@@ -148,7 +141,7 @@ def _w8a8_block_fp8_matmul_kernel(
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
 
-    c = acc.to(c_ptr.dtype.element_ty)
+    c = cast_for_store(acc, c_ptr.dtype.element_ty, INTERPRET)
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
@@ -182,7 +175,7 @@ def _launch(A, B, As, Bs, C, block_size, config: Config, warmup: bool = False):
             As.stride(0), As.stride(1), Bs.stride(1), Bs.stride(0))
     meta = dict(BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
                 BLOCK_SIZE_K=config["BLOCK_SIZE_K"], GROUP_SIZE_M=config["GROUP_SIZE_M"],
-                num_warps=config["num_warps"], num_stages=config["num_stages"])
+                num_warps=config["num_warps"], num_stages=config["num_stages"], INTERPRET=interpreting())
     if warmup:
         _w8a8_block_fp8_matmul_kernel.warmup(*args, grid=grid, **meta)
     else:

@@ -36,6 +36,8 @@ class KernelSpec:
     extra_seeds: Callable[[Params, int], list[Config]] = lambda params, M: []
     # Compile a config without running it (for parallel compile workers); may be None.
     compile_only: Callable[[Params, int, Config], None] | None = None
+    # How a problem's timing was taken, in words, for the manifest.
+    measurement_note: Callable[[Params], str] = lambda params: ""
     description: str = ""
     notes: dict = field(default_factory=dict)
 

@@ -1,0 +1,35 @@
+"""Work-arounds for Triton's CPU interpreter (TRITON_INTERPRET=1), which CI runs kernels in.
+
+Triton 3.6's interpreter truncates float32 -> bfloat16 casts, rounds float -> fp8 half-up
+(losing the carry out of the mantissa), and multiplies bfloat16 dot operands as their raw
+uint16 bits. Kernels take an `INTERPRET` constexpr and, only when it is set, round to the
+target grid themselves (so the cast is exact) or upcast dot operands. Compiled kernels
+never run this code: on a GPU the hardware rounds to nearest even.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def round_to_grid(x, mantissa_bits: tl.constexpr, min_exponent: tl.constexpr):
+    """x rounded to nearest-even on a float grid with `mantissa_bits` stored bits whose
+    smallest normal exponent is `min_exponent` (below it the grid is evenly spaced).
+    Adding and subtracting 1.5 * 2^23 rounds an fp32 to an integer, ties to even."""
+    e = tl.maximum(tl.floor(tl.log2(tl.where(x == 0.0, 1.0, tl.abs(x)))), min_exponent)
+    ulp = tl.exp2(e - mantissa_bits)
+    return tl.where(x == 0.0, x, ((x / ulp + 12582912.0) - 12582912.0) * ulp)
+
+
+@triton.jit
+def cast_for_store(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        if dtype == tl.bfloat16:
+            x = round_to_grid(x, 7, -126.0)
+    return x.to(dtype)
