@@ -14,10 +14,12 @@ from tuner.landscape import LandscapeWriter, Point
 
 
 def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float | None:
-    """Made-up GEMM time; None marks a config that 'fails' (about 3 % of them)."""
+    """Made-up time of a GEMM or a fused MoE; None marks a config that 'fails' (~3 %)."""
     h = int(hashlib.sha256(repr((sorted(params.items()), M, sorted(cfg.items()))).encode()).hexdigest(), 16)
     if h % 97 < 3:
         return None
+    if "E" in params:
+        return _fake_moe_time_us(params, M, cfg, h)
     N, K = params["N"], params["K"]
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
@@ -30,6 +32,20 @@ def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float 
     group = 1.0 + 0.02 * abs(math.log2(cfg["GROUP_SIZE_M"]) - 3)
     noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
     return (max(compute, memory) + 2.0) * group * noise
+
+
+def _fake_moe_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
+    E, N, K, topk = params["E"], params["N"], params["K"], params["topk"]
+    mats = {"op": 3, "up": 2, "down": 1}[params.get("part", "op")]
+    bm, bn = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"]
+    touched = E * (1 - (1 - topk / E) ** M)
+    rows = M * topk / max(touched, 1)                      # tokens per touched expert
+    padded = touched * math.ceil(rows / bm) * bm           # rows computed, padding included
+    compute = padded * mats * N * K / 2.5e8 * (1 + 0.5 / cfg["num_stages"]) * (1.1 if bn == 32 else 1.0)
+    memory = touched * mats * N * K / 4.0e6 * (1.0 + 0.1 * abs(math.log2(bn / 128)))
+    warps = 1.0 + 0.05 * (cfg["num_warps"] == 8) * (bm * bn < 64 * 128)
+    noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
+    return (max(compute, memory) + 4.0) * warps * noise
 
 
 def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], batch_sizes: list[int],

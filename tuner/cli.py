@@ -14,7 +14,8 @@ from tuner import __version__
 from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
 
-DTYPES = {"gemm": ("fp8_w8a8",)}
+DEFAULT_TRIALS = {"gemm": 48, "moe": 32}
+DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16")}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +47,8 @@ def _common_options() -> argparse.ArgumentParser:
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
                    help="whose tables to write (default both)")
     s = p.add_argument_group("search")
-    s.add_argument("--trials", type=_positive, default=48, help="measured configs per batch size (default 48)")
+    s.add_argument("--trials", type=_positive, default=None,
+                   help="measured configs per batch size (default 48 for gemm, 32 for moe)")
     s.add_argument("--patience", type=_positive, default=None,
                    help="stop a study after this many trials without a 0.5%% gain (default trials/3)")
     s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "cmaes"))
@@ -75,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     sub.add_parser("gemm", parents=[common], help="tune the block-FP8 GEMM of every linear layer",
                    description="Tune the block-scaled FP8 GEMM for every linear-layer shape a model runs per GPU.")
+    moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
+                         description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
+                         "SGLang's up and _down tables.")
+    moe.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
+                     help="top-k routing used for timing: uniformly random like the engines' tuners "
+                     "(default), or Zipf-skewed like real traffic")
     return parser
 
 
@@ -99,7 +107,8 @@ def _load_common(args, kernel_name: str, command: str):
     model = load_model(args.model)
     kernel = get_kernel(kernel_name)
     space = load_space(kernel, args.space)
-    settings = SearchSettings(budget=args.trials, patience=args.patience or max(8, args.trials // 3),
+    trials = args.trials or DEFAULT_TRIALS[command]
+    settings = SearchSettings(budget=trials, patience=args.patience or max(8, trials // 3),
                               sampler=args.sampler, seed=args.seed)
     return model, gpu, kernel, space, settings
 
@@ -111,16 +120,15 @@ def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
     return Path("runs") / name
 
 
-def cmd_gemm(args) -> int:
-    from tuner.models import gemm_problems
+def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
+    """What every kernel command does once it knows how to turn a model into problems."""
     from tuner.tune import RunOptions, plan_text, results_table, run_tuning
 
-    model, gpu, kernel, space, settings = _load_common(args, "fp8_gemm", "gemm")
-    problems = gemm_problems(model, args.tp, args.ep)
+    model, gpu, kernel, space, settings = _load_common(args, kernel_name, command)
     opts = RunOptions(
-        kernel=kernel, space=space, gpu=gpu, problems=problems,
+        kernel=kernel, space=space, gpu=gpu, problems=make_problems(model),
         batch_sizes=sorted(set(args.batch_sizes)), settings=settings,
-        out_dir=_out_dir(args, "gemm", model.name, gpu.key), storage=args.storage,
+        out_dir=_out_dir(args, command, model.name, gpu.key), storage=args.storage,
         engines=args.engines, replay=args.replay, record=args.record, baseline=args.baseline,
         compile_workers=args.compile_workers,
         run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
@@ -141,7 +149,18 @@ def cmd_gemm(args) -> int:
     return 0
 
 
-COMMANDS = {"gemm": cmd_gemm}
+def cmd_gemm(args) -> int:
+    from tuner.models import gemm_problems
+    return _run_command(args, "gemm", "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep))
+
+
+def cmd_moe(args) -> int:
+    from tuner.models import moe_problems
+    return _run_command(args, "moe", "fused_moe", lambda model: moe_problems(
+        model, args.tp, args.ep, args.dtype, args.routing, args.engines))
+
+
+COMMANDS = {"gemm": cmd_gemm, "moe": cmd_moe}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,8 +71,9 @@ class Engine:
             name = self.gemm_filename(params["N"], params["K"], cuda_name, params["block_shape"])
             return f"{self.name}/{kind}/{name}"
         if kind == "fused_moe":
-            name = self.moe_filename(params["E"], params["N"], cuda_name, params.get("dtype"),
-                                     params.get("block_shape"), down)
+            dtype = None if params.get("dtype") in (None, "bf16", "fp16") else params["dtype"]
+            down = down or params.get("part") == "down"
+            name = self.moe_filename(params["E"], params["N"], cuda_name, dtype, params.get("block_shape"), down)
             sub = self.moe_subfolder(triton_version)
             return f"{self.name}/{kind}/{sub + '/' if sub else ''}{name}"
         raise ValueError(f"no {self.name} table family {kind!r}")

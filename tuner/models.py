@@ -256,3 +256,51 @@ def gemm_problems(model: Model, tp: int, ep: int = 1) -> list[Problem]:
                 tuple(e for e in ("vllm", "sglang") if e in engines))
         for (n, k), (names, engines) in merged.items()
     ]
+
+
+def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uniform",
+                 engines=("vllm", "sglang")) -> list[Problem]:
+    """The fused-MoE problems one GPU runs, per engine: vLLM's whole-layer table, and
+    SGLang's up table plus its `_down` table (tied to the up table's BLOCK_SIZE_M)."""
+    from tuner.engines import ENGINES
+
+    check_parallel(model, tp, ep)
+    if not model.is_moe:
+        raise TunerError(f"{model.name} has no routed experts; `tuner moe` tunes MoE layers")
+    if dtype == "fp8_w8a8":
+        block = list(model.weight_block_size) if model.weight_block_size else None
+    elif dtype == "bf16":
+        block = None
+    else:
+        raise TunerError(f"--dtype {dtype} is not supported by `tuner moe`; choose fp8_w8a8 or bf16")
+    inter, experts = model.moe_intermediate_size, model.n_routed_experts
+    if inter is None:
+        raise TunerError(f"{model.name} lacks moe_intermediate_size")
+    out: list[Problem] = []
+    for name in engines:
+        engine = ENGINES[name]
+        if name == "vllm":
+            # vLLM: tensor parallel splits every expert; expert parallel splits the experts.
+            E, N = (experts // ep, inter) if ep > 1 else (experts, inter // tp)
+            if ep == 1 and inter % tp:
+                raise TunerError(f"--tp {tp} does not divide {model.name}'s moe_intermediate_size ({inter})")
+        else:
+            fused = (engine.fuses_shared_expert and model.n_shared_experts == 1
+                     and model.shared_intermediate == inter)
+            shards = tp // ep
+            if inter % shards:
+                raise TunerError(f"--tp {tp} / --ep {ep} does not divide {model.name}'s moe_intermediate_size ({inter})")
+            E, N = experts // ep + (1 if fused else 0), inter // shards
+        if block and N % block[0]:
+            raise TunerError(f"--tp {tp} leaves {model.name}'s experts {N} wide, not a multiple of the "
+                             f"{block[0]}-wide weight blocks (the engines refuse it); try a smaller --tp or --ep")
+        base = {"E": E, "N": N, "K": model.hidden_size, "topk": model.num_experts_per_tok, "dtype": dtype,
+                "block_shape": block}
+        if name == "vllm":
+            out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), ("vllm",)))
+        else:
+            up = Problem("fused_moe", {**base, "part": "up", "routing": routing}, ("experts.w13",), ("sglang",))
+            down = Problem("fused_moe", {**base, "part": "down", "routing": routing}, ("experts.w2",), ("sglang",),
+                           tied_to=up.key, tied_keys=("BLOCK_SIZE_M",))
+            out += [up, down]
+    return out

@@ -70,6 +70,7 @@ def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResu
         "layers": list(problem.layers),
         "files": files,
         "measured": run_info.get("measured_by"),
+        "how": kernel.measurement_note(problem.params),
         "environment": run_info.get("environment"),
         "numerics_passed": all(r.numerics.get("status") == "passed" for r in results if r.config),
         "entries": {str(r.M): r.as_dict() for r in sorted(results, key=lambda r: r.M)},

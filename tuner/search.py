@@ -104,17 +104,22 @@ class StudyRunner:
     def _suggest(self, trial: optuna.Trial, choices: dict) -> Config:
         return {k: choices[k][trial.suggest_int(k, 0, len(choices[k]) - 1)] for k in self.kernel.config_keys}
 
-    def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]]) -> StudyResult:
+    def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
+             fixed: Config | None = None) -> StudyResult:
+        """`fixed` pins some config keys (e.g. BLOCK_SIZE_M tied to another table)."""
         kernel, s = self.kernel, self.settings
         params = problem.params
-        default = self.space.canonical(params, M, self.gpu, kernel.default_config(params, M))
-        allowed = {config_tuple(kernel, c) for c in self.space.configs(params, M, self.gpu)}
+        fixed = fixed or {}
+        pin = lambda cfg: self.space.canonical(params, M, self.gpu, {**cfg, **fixed})  # noqa: E731
+        default = pin(kernel.default_config(params, M))
+        allowed = {config_tuple(kernel, c) for c in self.space.configs(params, M, self.gpu)
+                   if all(c[k] == v for k, v in fixed.items())}
         available = self.measurer.candidates(problem, M)
         seed_cfgs = []
         for label, cfg in seeds:
             if cfg is None:
                 continue
-            cfg = self.space.canonical(params, M, self.gpu, cfg)
+            cfg = pin(cfg)
             t = config_tuple(kernel, cfg)
             if available is not None and t not in available:
                 continue

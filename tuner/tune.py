@@ -63,7 +63,8 @@ def plan_text(opts: RunOptions) -> str:
              f"  output {opts.out_dir}/"]
     triton_version = software_versions()["triton"]
     for p in opts.problems:
-        lines.append(f"problem {p.key}  ({', '.join(p.layers)})")
+        lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
+                     + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
         for name in opts.engines:
             if name in p.engines:
                 lines.append(f"  {name:7s} {ENGINES[name].table_relpath(k.table_kind, p.params, gpu.cuda_name, triton_version)}")
@@ -142,33 +143,59 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
                            "patience": opts.settings.patience, "space": opts.space.source}}
     all_results: dict[str, list[StudyResult]] = {}
+    by_key = {p.key: p for p in problems}
     t0 = time.monotonic()
     try:
         for problem in problems:
             baseline = load_baseline_table(opts.baseline, opts, problem) if opts.baseline else None
+            tied = {r.M: r.config for r in all_results.get(problem.tied_to, [])} if problem.tied_to else None
             results: list[StudyResult] = []
             neighbour = None
             for M in sorted(plan_ms[problem.key]):
-                progress.start_study(f"{problem.key} M={M}")
+                fixed = None
+                if tied is not None:
+                    if not tied.get(M):
+                        continue            # nothing to tie to at this M: leave it out of both tables
+                    fixed = {k: tied[M][k] for k in problem.tied_keys}
+                progress.start_study(f"{_label(problem)} M={M}")
                 seeds = [("default", opts.kernel.default_config(problem.params, M))]
                 seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
                 if baseline:
                     seeds.append(("baseline", lookup_nearest(baseline, M)))
                 if neighbour:
                     seeds.append(("neighbour", neighbour))
-                r = runner.tune(problem, M, seeds)
+                r = runner.tune(problem, M, seeds, fixed)
                 results.append(r)
                 neighbour = r.config or neighbour
                 progress.end_study(_summary(r))
             all_results[problem.key] = results
-            files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name,
-                                 env.get("triton") or software_versions()["triton"], opts.engines)
-            update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k != "environment"},
-                            [manifest_entry(opts.kernel, problem, results, files, run_info)])
+            # Tables tied together are written together, over the batch sizes both have.
+            if any(p.tied_to == problem.key for p in problems):
+                continue
+            group = [by_key[problem.tied_to], problem] if problem.tied_to else [problem]
+            _emit(opts, group, [all_results[p.key] for p in group], env, run_info)
     finally:
         measurer.close()
     progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
     return all_results
+
+
+def _label(problem: Problem) -> str:
+    return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
+
+
+def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
+          run_info: dict) -> None:
+    if len(group) > 1:
+        common = set.intersection(*({r.M for r in rs if r.config} for rs in group_results))
+        group_results = [[r for r in rs if r.M in common] for rs in group_results]
+    triton_version = env.get("triton") or software_versions()["triton"]
+    entries = []
+    for problem, results in zip(group, group_results):
+        files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name,
+                             triton_version, opts.engines)
+        entries.append(manifest_entry(opts.kernel, problem, results, files, run_info))
+    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k != "environment"}, entries)
 
 
 def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):
