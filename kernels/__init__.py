@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-KERNEL_MODULES = ("fp8_gemm", "fused_moe")
+KERNEL_MODULES = ("fp8_gemm", "fused_moe", "mla_decode")
 
 
 def get_kernel(name: str):

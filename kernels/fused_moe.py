@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kernels.fp8_gemm import (FP8, FP8_MAX, block_quant_weight, per_token_group_quant_fp8,
                               per_token_group_quant_fp8_reference)
-from kernels.interpreter_fixes import cast_for_store, interpreting
+from kernels.interpreter_fixes import cast_for_store, dot, interpreting
 from tuner.kernel_api import Config, KernelSpec, Params
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
@@ -116,10 +116,8 @@ def _moe_gemm_kernel(
             a_s = tl.load(as_ptrs + scale_k * stride_as_k, mask=valid, other=0.0)
             b_s = tl.load(bs_ptrs + scale_k * stride_bs_k)
             acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
-        elif INTERPRET and QUANT == 0:
-            acc += tl.dot(a.to(tl.float32), b.to(tl.float32))   # see kernels/interpreter_fixes.py
         else:
-            acc += tl.dot(a, b)
+            acc += dot(a, b, INTERPRET)
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
 

@@ -33,3 +33,12 @@ def cast_for_store(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
         if dtype == tl.bfloat16:
             x = round_to_grid(x, 7, -126.0)
     return x.to(dtype)
+
+
+@triton.jit
+def dot(a, b, INTERPRET: tl.constexpr):
+    """tl.dot, with bfloat16 operands upcast under the interpreter (fp32 accumulation)."""
+    if INTERPRET:
+        if a.dtype == tl.bfloat16:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)

@@ -20,6 +20,8 @@ def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float 
         return None
     if "E" in params:
         return _fake_moe_time_us(params, M, cfg, h)
+    if "heads" in params:
+        return _fake_mla_time_us(params, M, cfg, h)
     N, K = params["N"], params["K"]
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
@@ -46,6 +48,17 @@ def _fake_moe_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
     warps = 1.0 + 0.05 * (cfg["num_warps"] == 8) * (bm * bn < 64 * 128)
     noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
     return (max(compute, memory) + 4.0) * warps * noise
+
+
+def _fake_mla_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
+    heads, ctx = params["heads"], params["context"]
+    programs = M * math.ceil(heads / cfg["BLOCK_H"]) * cfg["num_kv_splits"]
+    occupancy = min(1.0, programs / (2 * 132))              # too few programs: bandwidth idles
+    stream = M * ctx * 576 * 2 / 4.0e6 / max(occupancy, 0.05)
+    stream *= 1.0 + 0.3 / cfg["num_stages"] + (0.2 if cfg["BLOCK_N"] == 16 else 0.0)
+    merge = M * heads * cfg["num_kv_splits"] * 512 * 4 / 4.0e6 * (1.2 if cfg["merge_warps"] == 1 else 1.0)
+    noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
+    return (stream + merge + 3.0) * (1.1 if cfg["num_warps"] == 2 else 1.0) * noise
 
 
 def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], batch_sizes: list[int],

@@ -14,8 +14,9 @@ from tuner import __version__
 from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
 
-DEFAULT_TRIALS = {"gemm": 48, "moe": 32}
-DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16")}
+DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
+DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
+MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,11 +40,12 @@ def _common_options() -> argparse.ArgumentParser:
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
-    g.add_argument("--dtype", default="fp8_w8a8", help="weight/activation precision (default fp8_w8a8)")
+    g.add_argument("--dtype", default=None, help="precision (gemm, moe: fp8_w8a8 (default); moe: bf16; "
+                   "mla: bf16 KV cache)")
     g.add_argument("--tp", type=_positive, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--ep", type=_positive, default=1, help="expert-parallel size (default 1)")
-    g.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=DEFAULT_BATCH_SIZES,
-                   help="batch sizes to tune (default: the engines' grid, 1 to 4096)")
+    g.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+                   help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
                    help="whose tables to write (default both)")
     s = p.add_argument_group("search")
@@ -83,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     moe.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
                      help="top-k routing used for timing: uniformly random like the engines' tuners "
                      "(default), or Zipf-skewed like real traffic")
+    mla = sub.add_parser("mla", parents=[common], help="tune MLA decode attention",
+                         description="Tune the two-stage MLA decode kernel per batch size and context bucket.")
+    mla.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None,
+                     help="context buckets (default 1024 ... 65536, as far as the model reaches)")
+    mla.add_argument("--page-size", type=_positive, default=64, help="KV cache page size (default 64)")
     return parser
 
 
@@ -94,6 +101,9 @@ def _load_common(args, kernel_name: str, command: str):
     from tuner.search import SearchSettings
     from tuner.space import load_space
 
+    args.dtype = args.dtype or DTYPES[command][0]
+    if args.batch_sizes is None:
+        args.batch_sizes = MLA_BATCH_SIZES if command == "mla" else DEFAULT_BATCH_SIZES
     if args.dtype not in DTYPES[command]:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner {command}`; "
                          f"choose from {', '.join(DTYPES[command])}")
@@ -146,6 +156,10 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
     if not table.empty:
         print("config = " + " ".join(kernel.config_keys))
         print(table.to_string(index=False))
+    if kernel.engine_hints:
+        by_key = {p.key: p for p in opts.problems}
+        for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
+            print(line)
     return 0
 
 
@@ -160,7 +174,18 @@ def cmd_moe(args) -> int:
         model, args.tp, args.ep, args.dtype, args.routing, args.engines))
 
 
-COMMANDS = {"gemm": cmd_gemm, "moe": cmd_moe}
+def cmd_mla(args) -> int:
+    from tuner.models import DEFAULT_CONTEXTS, mla_problems
+
+    def make(model):
+        problems, skipped = mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS, args.page_size)
+        if skipped and args.contexts:
+            print(f"tuner: skipping contexts beyond {model.name}'s positions: {skipped}", file=sys.stderr)
+        return problems
+    return _run_command(args, "mla", "mla_decode", make)
+
+
+COMMANDS = {"gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla}
 
 
 def main(argv: list[str] | None = None) -> int:

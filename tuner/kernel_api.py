@@ -36,6 +36,12 @@ class KernelSpec:
     extra_seeds: Callable[[Params, int], list[Config]] = lambda params, M: []
     # Compile a config without running it (for parallel compile workers); may be None.
     compile_only: Callable[[Params, int, Config], None] | None = None
+    # Kernels no engine reads tables for write their own format: given [(problem, results)]
+    # and the CUDA device name, return ({relative path: JSON object}, {problem key: path}).
+    # None: the engines' tables.
+    emit_table: Callable[[list, str], dict] | None = None
+    # Lines telling the user what the engines can take from the results, printed at the end.
+    engine_hints: Callable[[list], list[str]] | None = None
     # How a problem's timing was taken, in words, for the manifest.
     measurement_note: Callable[[Params], str] = lambda params: ""
     description: str = ""

@@ -304,3 +304,28 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
                            tied_to=up.key, tied_keys=("BLOCK_SIZE_M",))
             out += [up, down]
     return out
+
+
+DEFAULT_CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+
+
+def mla_problems(model: Model, tp: int, contexts: list[int], page_size: int) -> tuple[list[Problem], list[int]]:
+    """MLA decode problems, one per context bucket; returns (problems, contexts skipped
+    because the model cannot reach them)."""
+    check_parallel(model, tp, 1)
+    if not model.is_mla:
+        raise TunerError(f"{model.name} does not use multi-head latent attention (no kv_lora_rank)")
+    if model.kv_lora_rank != 512 or model.qk_rope_head_dim != 64:
+        raise TunerError(f"{model.name} has kv_lora_rank {model.kv_lora_rank} and rope dim "
+                         f"{model.qk_rope_head_dim}; the MLA kernel is built for 512 + 64 (DeepSeek)")
+    if page_size < 1:
+        raise TunerError(f"--page-size must be at least 1 (got {page_size})")
+    limit = model.max_position_embeddings or max(contexts)
+    kept = [c for c in sorted(set(contexts)) if c <= limit]
+    skipped = [c for c in sorted(set(contexts)) if c > limit]
+    if not kept:
+        raise TunerError(f"every --contexts value exceeds {model.name}'s {limit} positions")
+    heads = model.num_attention_heads // tp
+    return [Problem("mla_decode", {"heads": heads, "kv_lora_rank": 512, "qk_rope_dim": 64,
+                                   "page_size": page_size, "context": c},
+                    ("self_attn (decode)",), ("tuner",)) for c in kept], skipped

@@ -40,7 +40,7 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
 
 
 def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
-    """Merge this run's tables into OUT/manifest.json (keyed by table file), atomically."""
+    """Merge this run's entries into OUT/manifest.json (one per kernel and problem), atomically."""
     path = out_dir / MANIFEST
     old = {}
     if path.exists():
@@ -48,9 +48,12 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
             old = json.loads(path.read_text())
         except json.JSONDecodeError:
             old = {}
-    tables = {json.dumps(t.get("files"), sort_keys=True): t for t in old.get("tables", [])}
+    def key(entry):
+        return json.dumps([entry.get("kernel"), entry.get("problem")], sort_keys=True)
+
+    tables = {key(t): t for t in old.get("tables", [])}
     for e in entries:
-        tables[json.dumps(e.get("files"), sort_keys=True)] = e
+        tables[key(e)] = e
     manifest = {
         "format": "tuner-manifest/1",
         "tool": f"tuner {__version__}",

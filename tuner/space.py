@@ -53,10 +53,16 @@ def _shared_memory(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return ctx.kernel.shared_memory(ctx.params, cfg) <= limit
 
 
+def _dim(cfg: Config, value) -> int:
+    """A rule option naming a config key, or a plain number."""
+    return cfg[value] if isinstance(value, str) else int(value)
+
+
 @rule("accumulator_registers")
 def _accumulator_registers(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
-    per_thread = cfg["BLOCK_SIZE_M"] * cfg["BLOCK_SIZE_N"] / (32 * cfg["num_warps"])
-    return per_thread <= opts.get("max_per_thread", 128)
+    # fp32 accumulator tile (rows x cols) spread over the program's threads
+    tile = _dim(cfg, opts.get("rows", "BLOCK_SIZE_M")) * _dim(cfg, opts.get("cols", "BLOCK_SIZE_N"))
+    return tile / (32 * cfg["num_warps"]) <= opts.get("max_per_thread", 128)
 
 
 def _useful_block_m(ctx: RuleContext, opts: dict) -> int:
@@ -67,7 +73,7 @@ def _useful_block_m(ctx: RuleContext, opts: dict) -> int:
 @rule("block_m_within_rows")
 def _block_m_within_rows(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     # A tile taller than the next power of two of the rows only adds masked work.
-    return cfg["BLOCK_SIZE_M"] <= _useful_block_m(ctx, opts)
+    return cfg[opts.get("key", "BLOCK_SIZE_M")] <= _useful_block_m(ctx, opts)
 
 
 def _canonical_group_m(ctx: RuleContext, cfg: Config) -> int:

@@ -22,6 +22,7 @@ from tuner.landscape import Landscape, LandscapeWriter, read_landscape
 from tuner.measure import RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
 from tuner.progress import Progress
+from tuner.paths import atomic_write_json
 from tuner.results import manifest_entry, update_manifest, write_tables
 from tuner.search import SearchSettings, StudyResult, StudyRunner
 from tuner.space import SearchSpace
@@ -65,9 +66,8 @@ def plan_text(opts: RunOptions) -> str:
     for p in opts.problems:
         lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
                      + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
-        for name in opts.engines:
-            if name in p.engines:
-                lines.append(f"  {name:7s} {ENGINES[name].table_relpath(k.table_kind, p.params, gpu.cuda_name, triton_version)}")
+        for name, path in planned_files(opts, p, triton_version):
+            lines.append(f"  {name:7s} {path}")
         sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
         lines.append("  configs after pruning, per M: " + " ".join(sizes))
         floor = [f"{m}:{max(k.bytes_moved(p.params, m) / (gpu.hbm_tb_s * 1e6), k.flops(p.params, m) / (gpu.fp8_tflops * 1e6)):.1f}"
@@ -77,6 +77,18 @@ def plan_text(opts: RunOptions) -> str:
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {total * opts.settings.budget} measured configs")
     return "\n".join(lines)
+
+
+def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
+    """(who reads it, relative path) of each file a problem's results go to."""
+    k = opts.kernel
+    if k.emit_table is not None:
+        m = opts.batch_sizes[0]
+        stand_in = StudyResult(p, m, k.default_config(p.params, m), None, None, {}, None, 0, "plan")
+        _, file_of = k.emit_table([(p, [stand_in])], opts.gpu.cuda_name)
+        return [("tuner", file_of[p.key])]
+    return [(name, ENGINES[name].table_relpath(k.table_kind, p.params, opts.gpu.cuda_name, triton_version))
+            for name in opts.engines if name in p.engines]
 
 
 # -- seeds from shipped tables ----------------------------------------------------------
@@ -169,6 +181,9 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
                 neighbour = r.config or neighbour
                 progress.end_study(_summary(r))
             all_results[problem.key] = results
+            if opts.kernel.emit_table is not None:
+                _emit_own_format(opts, [p for p in problems if p.key in all_results], all_results, run_info)
+                continue
             # Tables tied together are written together, over the batch sizes both have.
             if any(p.tied_to == problem.key for p in problems):
                 continue
@@ -182,6 +197,18 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
 
 def _label(problem: Problem) -> str:
     return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
+
+
+def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, run_info: dict) -> None:
+    """Kernels that no engine reads tables for write their own files (rewritten as each
+    problem finishes, so a stopped run keeps what it has)."""
+    pairs = [(p, all_results[p.key]) for p in done]
+    tables, file_of = opts.kernel.emit_table(pairs, opts.gpu.cuda_name)
+    for rel, obj in tables.items():
+        atomic_write_json(opts.out_dir / rel, obj)
+    entries = [manifest_entry(opts.kernel, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {},
+                              run_info) for p, results in pairs]
+    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k != "environment"}, entries)
 
 
 def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
