@@ -66,6 +66,10 @@ def _common_options() -> argparse.ArgumentParser:
     o.add_argument("--record", default=None, metavar="FILE", help="time the whole pruned grid on the GPU into a landscape")
     o.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
                    help="parallel compile processes on a GPU run (default: CPU count, at most 16)")
+    o.add_argument("--measure-timeout", type=_positive, default=300, metavar="S",
+                   help="seconds one config may take (compile included) before it counts as hung (default 300)")
+    o.add_argument("--recycle-after", type=_positive, default=256, metavar="N",
+                   help="configs a measuring worker serves before it is replaced (default 256)")
     o.add_argument("--dry-run", action="store_true", help="print the plan and stop (no GPU needed)")
     o.add_argument("--quiet", action="store_true", help="no progress output")
     return p
@@ -140,7 +144,8 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
         batch_sizes=sorted(set(args.batch_sizes)), settings=settings,
         out_dir=_out_dir(args, command, model.name, gpu.key), storage=args.storage,
         engines=args.engines, replay=args.replay, record=args.record, baseline=args.baseline,
-        compile_workers=args.compile_workers,
+        compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
+        recycle_after=args.recycle_after,
         run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
                   "dtype": args.dtype},
         quiet=args.quiet,

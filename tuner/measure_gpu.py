@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from tuner.environment import nvml_snapshot, software_versions
@@ -33,6 +35,25 @@ def _compile_in_worker(kernel_name: str, params: dict, M: int, config: Config) -
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
+# NVML clocks-event reasons that mean the clocks were pulled down under us (power cap,
+# thermal slowdowns, power brake); idle and application-clock settings do not count.
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+
+def _poisons_context(error: str) -> bool:
+    """Errors after which CUDA refuses every further call in this process."""
+    text = error.lower()
+    return any(s in text for s in ("illegal memory access", "illegal instruction", "misaligned address",
+                                   "unspecified launch failure", "device-side assert", "cuda error"))
+
+
+def make_gpu_measurer(kernel: str, gpu: str, compile_workers: int = 8) -> "GpuMeasurer":
+    """Factory run inside the isolated measuring worker (tuner.isolation)."""
+    from kernels import get_kernel
+    from tuner.gpus import get_gpu
+    return GpuMeasurer(get_kernel(kernel), get_gpu(gpu), compile_workers=compile_workers)
+
+
 def _short_error(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
@@ -42,10 +63,23 @@ class GpuMeasurer:
     label = "gpu"
 
     def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8,
-                 input_sets: int = 4, reps: int = 40):
+                 input_sets: int = 4, reps: int = 40, compile_timeout_s: float = 600.0,
+                 max_retakes: int = 3, cooldown_s: float = 2.0):
         require_gpu(gpu.cuda_name)
         import torch
         self.torch = torch
+        self.poisoned = False
+        self.compile_timeout_s = compile_timeout_s
+        self._compile_workers = compile_workers
+        self.max_retakes, self.cooldown_s = max_retakes, cooldown_s
+        self.throttled_retakes = self.throttled_kept = 0
+        self._nvml = self._nvml_handle = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nvml, self._nvml_handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:  # noqa: BLE001 - timing still works, unwatched
+            self._nvml = None
         self.kernel = kernel
         self.gpu = gpu
         self.input_sets = input_sets
@@ -63,7 +97,8 @@ class GpuMeasurer:
                      "sm_count": props.multi_processor_count, "l2_bytes": l2}
 
     def environment(self) -> dict:
-        return dict(self._env)
+        return {**self._env, "clocks_now": nvml_snapshot(self.torch.cuda.current_device()),
+                "throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept}
 
     def candidates(self, problem: Problem, M: int):
         return None
@@ -79,21 +114,61 @@ class GpuMeasurer:
         return self._inputs
 
     def measure(self, problem: Problem, M: int, configs: list[Config]) -> list[Measurement]:
+        return list(self.measure_iter(problem, M, configs))
+
+    def measure_iter(self, problem: Problem, M: int, configs: list[Config]):
+        """Yield each config's measurement as soon as it is taken (the isolation layer
+        forwards them one by one, so a crash loses only the config it happened on)."""
         futures = []
         if self._pool is not None:
-            futures = [self._pool.submit(_compile_in_worker, self.kernel.name, problem.params, M, c)
-                       for c in configs]
-        out = []
+            try:
+                futures = [self._pool.submit(_compile_in_worker, self.kernel.name, problem.params, M, c)
+                           for c in configs]
+            except BrokenProcessPool:
+                self._restart_pool()
         for i, cfg in enumerate(configs):
             if futures:
                 try:
-                    futures[i].result(timeout=600)
-                except Exception:   # a dead worker only loses the head start
+                    futures[i].result(timeout=self.compile_timeout_s)
+                except BrokenProcessPool:       # a compile crashed its worker: new pool, no head start
+                    futures = []
+                    self._restart_pool()
+                except Exception:               # a hung or failed compile only loses the head start
                     pass
-            out.append(self._time(problem, M, cfg))
-        return out
+            m = self._time(problem, M, cfg)
+            if m.error and _poisons_context(m.error):
+                self.poisoned = True
+            yield m
+            if self.poisoned:
+                return
+
+    def _restart_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = ProcessPoolExecutor(self._compile_workers, mp_context=get_context("spawn"))
 
     def _time(self, problem: Problem, M: int, cfg: Config) -> Measurement:
+        """Time one config; a run during which NVML saw the clocks throttled is taken again."""
+        for attempt in range(self.max_retakes + 1):
+            before = self._throttle_reasons()
+            m = self._time_once(problem, M, cfg)
+            seen = before | self._throttle_reasons()
+            if m.error or not (seen & THROTTLE_MASK):
+                return m
+            self.throttled_retakes += 1
+            time.sleep(self.cooldown_s)
+        self.throttled_kept += 1      # the GPU would not stop throttling: keep the last, counted
+        return m
+
+    def _throttle_reasons(self) -> int:
+        if self._nvml is None:
+            return 0
+        try:
+            return int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(self._nvml_handle))
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def _time_once(self, problem: Problem, M: int, cfg: Config) -> Measurement:
         torch = self.torch
         sets = self._input_sets(problem, M)
         try:

@@ -43,6 +43,8 @@ class RunOptions:
     record: str | None = None
     baseline: str | None = None
     compile_workers: int = 8
+    measure_timeout: float = 300.0   # seconds one config may take before its worker is replaced
+    recycle_after: int = 256         # configs a measuring worker serves before a fresh one
     run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
     quiet: bool = False
 
@@ -116,8 +118,12 @@ def make_measurer(opts: RunOptions, progress: Progress):
             raise TunerError(f"landscape {opts.replay} was recorded on {land.header['device']!r}, "
                              f"but --gpu is {opts.gpu.cuda_name!r}")
         return ReplayMeasurer(land)
-    from tuner.measure_gpu import GpuMeasurer
-    gpu_m = GpuMeasurer(opts.kernel, opts.gpu, compile_workers=opts.compile_workers)
+    from tuner.isolation import IsolatedMeasurer
+    # Every compile and timing happens in a replaceable child process (tuner/isolation.py).
+    gpu_m = IsolatedMeasurer(opts.kernel, "tuner.measure_gpu:make_gpu_measurer",
+                             {"kernel": opts.kernel.name, "gpu": opts.gpu.key,
+                              "compile_workers": opts.compile_workers},
+                             timeout_s=opts.measure_timeout, recycle_after=opts.recycle_after)
     if not opts.record:
         return gpu_m
     env = gpu_m.environment()
