@@ -20,11 +20,12 @@ P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
 
 
 class FakeGpu:
-    """Stands in for tuner.measure_gpu.GpuMeasurer: synthetic times, scripted numerics."""
+    """Stands in for the isolated GPU measurer: synthetic times, scripted numerics."""
     label = "gpu"
     instances = []
 
-    def __init__(self, kernel, gpu, compile_workers=0, **kw):
+    def __init__(self, kernel, factory, kwargs, **kw):
+        assert factory == "tuner.measure_gpu:make_gpu_measurer" and kwargs["gpu"] == "H200"
         self.kernel, self.calls, self.failing = kernel, [], set()
         FakeGpu.instances.append(self)
 
@@ -50,9 +51,9 @@ class FakeGpu:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    import tuner.measure_gpu
+    import tuner.isolation
     FakeGpu.instances.clear()
-    monkeypatch.setattr(tuner.measure_gpu, "GpuMeasurer", FakeGpu)
+    monkeypatch.setattr(tuner.isolation, "IsolatedMeasurer", FakeGpu)
     monkeypatch.setattr(measure, "require_gpu", lambda name: None)
     return FakeGpu
 

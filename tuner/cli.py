@@ -60,10 +60,16 @@ def _common_options() -> argparse.ArgumentParser:
                    help="folder of shipped tables: seeds each study with the shipped config")
     s.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage URL (default sqlite:///OUT/studies.db); a stopped run resumes from it")
+    s.add_argument("--study-prefix", default="", metavar="NAME",
+                   help="prefix of this run's study names, so several runs can share one storage "
+                   "(and `tuner worker` processes can join it)")
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
     o.add_argument("--record", default=None, metavar="FILE", help="time the whole pruned grid on the GPU into a landscape")
+    o.add_argument("--gpus", default=None, metavar="LIST",
+                   help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU); more than one runs a "
+                   "worker process per GPU on shared studies")
     o.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
                    help="parallel compile processes on a GPU run (default: CPU count, at most 16)")
     o.add_argument("--measure-timeout", type=_positive, default=300, metavar="S",
@@ -83,6 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     sub.add_parser("gemm", parents=[common], help="tune the block-FP8 GEMM of every linear layer",
                    description="Tune the block-scaled FP8 GEMM for every linear-layer shape a model runs per GPU.")
+    worker = sub.add_parser("worker", help="join a run stored in a shared storage and measure on this GPU",
+                            description="Measure trials of the runs stored under a study prefix, on this "
+                            "machine's GPU (or a replayed landscape). Start any number, on any hosts.")
+    worker.add_argument("--storage", required=True, metavar="URL", help="the run's Optuna storage URL")
+    worker.add_argument("--study-prefix", default="", metavar="NAME")
+    worker.add_argument("--replay", default=None, metavar="FILE", help="measure by replaying a landscape")
+    worker.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
+    worker.add_argument("--measure-timeout", type=_positive, default=300, metavar="S")
+    worker.add_argument("--recycle-after", type=_positive, default=256, metavar="N")
+    worker.add_argument("--quiet", action="store_true")
+    collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",
+                             description="Write each engine's tables and the manifest from the finished "
+                             "studies of the runs under a study prefix.")
+    collect.add_argument("--storage", required=True, metavar="URL")
+    collect.add_argument("--study-prefix", default="", metavar="NAME")
+    collect.add_argument("--out", required=True, metavar="DIR")
+    collect.add_argument("--wait", action="store_true", help="wait until every study has finished")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -145,7 +168,7 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
         out_dir=_out_dir(args, command, model.name, gpu.key), storage=args.storage,
         engines=args.engines, replay=args.replay, record=args.record, baseline=args.baseline,
         compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
-        recycle_after=args.recycle_after,
+        recycle_after=args.recycle_after, prefix=args.study_prefix, gpus=_gpu_list(args.gpus),
         run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
                   "dtype": args.dtype},
         quiet=args.quiet,
@@ -165,6 +188,55 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
         by_key = {p.key: p for p in opts.problems}
         for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
             print(line)
+    return 0
+
+
+def _gpu_list(text: str | None) -> list[int]:
+    if text is None:
+        try:
+            import torch
+            return list(range(torch.cuda.device_count()))
+        except Exception:  # noqa: BLE001
+            return []
+    try:
+        gpus = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TunerError(f"--gpus takes GPU indexes like 0,1,2,3, not {text!r}") from None
+    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+        raise TunerError(f"--gpus takes distinct GPU indexes like 0,1,2,3, not {text!r}")
+    return gpus
+
+
+def cmd_worker(args) -> int:
+    from tuner.measure import require_gpu
+    from tuner.progress import Progress
+    from tuner.tune import load_plans, make_measurer, open_storage, tune_all
+
+    storage = open_storage(args.storage)
+    for opts in load_plans(storage, args.study_prefix, replay=args.replay, storage=args.storage,
+                           compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
+                           recycle_after=args.recycle_after):
+        if not args.replay:
+            require_gpu(opts.gpu.cuda_name)
+        progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet)
+        measurer = make_measurer(opts, progress)
+        try:
+            tune_all(opts, storage, measurer, progress)
+        finally:
+            measurer.close()
+    return 0
+
+
+def cmd_collect(args) -> int:
+    from tuner.tune import collect, load_plans, open_storage, results_table
+
+    storage = open_storage(args.storage)
+    for opts in load_plans(storage, args.study_prefix, out_dir=Path(args.out), storage=args.storage):
+        results = collect(opts, storage, wait=args.wait)
+        table = results_table(results, opts.kernel.config_keys)
+        if not table.empty:
+            print(table.to_string(index=False))
+    print(f"tables and manifest in {args.out}/")
     return 0
 
 
@@ -190,7 +262,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla}
+COMMANDS = {"gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:

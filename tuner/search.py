@@ -12,7 +12,11 @@ the storage, so a run started again continues where it stopped.
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import threading
+import time
 from dataclasses import dataclass, field
 
 import optuna
@@ -27,6 +31,64 @@ from tuner.space import SearchSpace
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 SAMPLERS = ("tpe", "random", "cmaes")
+
+# Who measures a trial: host and process, so that a restarted run can tell at once which
+# RUNNING trials belong to a process that no longer exists on this host.
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+ACTIVE_TRIALS: set[int] = set()      # trial ids this process is measuring right now
+
+
+def _gone(worker: str | None, trial_id: int) -> bool:
+    if not worker or ":" not in worker:
+        return False
+    host, pid = worker.rsplit(":", 1)
+    if host != socket.gethostname():
+        return False                 # another machine's: Optuna's heartbeat decides
+    if int(pid) == os.getpid():
+        return trial_id not in ACTIVE_TRIALS
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _heartbeat_enabled(storage) -> bool:
+    return getattr(storage, "get_heartbeat_interval", lambda: None)() is not None
+
+
+class _Heartbeat:
+    """Records Optuna heartbeats for the trials being measured (RDB storages with a
+    heartbeat interval), so other workers can fail them if this machine dies."""
+
+    def __init__(self, storage, trial_ids):
+        self.storage, self.ids = storage, list(trial_ids)
+        self.enabled = _heartbeat_enabled(storage)
+        self._stop = threading.Event()
+
+    def _beat(self):
+        interval = self.storage.get_heartbeat_interval() or 30
+        while not self._stop.wait(interval):
+            for tid in self.ids:
+                try:
+                    self.storage.record_heartbeat(tid)
+                except Exception:  # noqa: BLE001 - a missed beat is retried next interval
+                    pass
+
+    def __enter__(self):
+        if self.enabled:
+            for tid in self.ids:
+                self.storage.record_heartbeat(tid)
+            self._thread = threading.Thread(target=self._beat, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._stop.set()
+            self._thread.join(5)
 
 
 @dataclass
@@ -80,15 +142,15 @@ class StudyResult:
                 "numerics": self.numerics, "rejected": self.rejected}
 
 
-def study_name(problem: Problem, M: int) -> str:
-    return f"{problem.kernel}:{problem.key}:M={M}"
+def study_name(problem: Problem, M: int, prefix: str = "") -> str:
+    return f"{prefix}{problem.kernel}:{problem.key}:M={M}"
 
 
 class StudyRunner:
     """Runs the study of one (problem, M) against a measurer and returns its result."""
 
     def __init__(self, kernel: KernelSpec, space: SearchSpace, gpu: GpuSpec, measurer,
-                 storage, settings: SearchSettings, on_trial=None):
+                 storage, settings: SearchSettings, on_trial=None, prefix: str = ""):
         self.kernel = kernel
         self.space = space
         self.gpu = gpu
@@ -96,6 +158,8 @@ class StudyRunner:
         self.storage = storage
         self.settings = settings
         self.on_trial = on_trial or (lambda **kw: None)
+        self.poll_s = 2.0          # how often to look again while other workers hold the last trials
+        self.prefix = prefix
 
     # -- the study's parameter encoding -------------------------------------------------
     def _encode(self, choices: dict, cfg: Config) -> dict:
@@ -133,7 +197,7 @@ class StudyRunner:
                                {"status": "not checked", "detail": "no config survives pruning"})
 
         choices = {k: sorted({t[i] for t in allowed}) for i, k in enumerate(kernel.config_keys)}
-        study = optuna.create_study(study_name=study_name(problem, M), storage=self.storage,
+        study = optuna.create_study(study_name=study_name(problem, M, self.prefix), storage=self.storage,
                                     direction="minimize", sampler=make_sampler(s), load_if_exists=True)
         stored = study.user_attrs.get("choices")
         if stored is None:
@@ -146,28 +210,37 @@ class StudyRunner:
 
         done = study.user_attrs.get("result")
         if done and (done["stopped"] != "budget" or done["trials"] >= s.budget):
-            return self._result_from_attrs(problem, M, done)
+            return self.result_from_dict(problem, M, done)
 
-        measured = self._recover(study, choices)
+        self._fail_stale(study, choices)
+        measured, running = self._state(study)
         for label, cfg in seed_cfgs:
             if config_tuple(kernel, cfg) not in measured:
                 study.enqueue_trial(self._encode(choices, cfg), user_attrs={"seed": label}, skip_if_exists=True)
 
-        rng = random.Random(f"{s.seed}:{study_name(problem, M)}")
-        best = min((v for v in measured.values() if v is not None), default=None)
-        since_gain = self._trials_since_gain(study)
+        rng = random.Random(f"{s.seed}:{study_name(problem, M)}:{os.getpid()}")
         idle_batches = 0
-        stopped = "budget"
-        while len(measured) < s.budget:
+        while True:
+            # Other workers may share this study: read its state from the storage every round.
+            measured, running = self._state(study)
+            if len(measured) >= s.budget:
+                stopped = "budget"
+                break
             if len(measured) >= len(allowed):
                 stopped = "exhausted"
                 break
-            if since_gain >= s.patience and len(measured) >= min(s.budget, len(seed_cfgs) + s.patience):
+            if (self._trials_since_gain(study) >= s.patience
+                    and len(measured) >= min(s.budget, len(seed_cfgs) + s.patience)):
                 stopped = "converged"
                 break
-            want = min(s.batch, s.budget - len(measured))
+            room = s.budget - len(measured) - len(running)
+            if room <= 0:                     # the last trials are out with other workers
+                time.sleep(self.poll_s)
+                self._fail_stale(study, choices)
+                continue
+            want = min(s.batch, room)
             batch: list[tuple[optuna.Trial, Config]] = []
-            pending: set[tuple] = set()
+            pending = set(running)
             for _ in range(want * 4):                 # a few tries to fill the batch
                 if len(batch) >= want:
                     break
@@ -183,12 +256,14 @@ class StudyRunner:
                     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 else:
                     trial.set_user_attr("config", cfg)
+                    trial.set_user_attr("worker", WORKER_ID)
                     batch.append((trial, cfg))
                     pending.add(t)
+            batch = self._claim(study, batch, s.budget)
             if not batch:
                 # The sampler keeps proposing what is done or excluded: add fresh points.
                 idle_batches += 1
-                left = sorted(allowed - set(measured))
+                left = sorted(allowed - set(measured) - set(running))
                 for t in rng.sample(left, min(want, len(left))):
                     study.enqueue_trial(self._encode(choices, config_dict(kernel, t)),
                                         user_attrs={"seed": "random-fill"})
@@ -197,20 +272,23 @@ class StudyRunner:
                     break
                 continue
             idle_batches = 0
-            results = self.measurer.measure(problem, M, [c for _, c in batch])
-            for (trial, cfg), m in zip(batch, results):
-                self._tell(study, trial, m)
-                measured[config_tuple(kernel, cfg)] = m.time_us
-                if m.time_us is not None and (best is None or m.time_us < best * (1 - s.min_gain)):
-                    since_gain = 0
-                else:
-                    since_gain += 1
-                if m.time_us is not None and (best is None or m.time_us < best):
-                    best = m.time_us
-                self.on_trial(problem=problem, M=M, done=len(measured), budget=s.budget, best=best)
+            ids = {t._trial_id for t, _ in batch}
+            ACTIVE_TRIALS.update(ids)
+            try:
+                with _Heartbeat(self.storage, ids):
+                    results = self.measurer.measure(problem, M, [c for _, c in batch])
+                for (trial, cfg), m in zip(batch, results):
+                    self._tell(study, trial, m)
+            finally:
+                ACTIVE_TRIALS.difference_update(ids)
+            best = min((v for v in self._state(study)[0].values() if v is not None), default=None)
+            self.on_trial(problem=problem, M=M, done=min(len(measured) + len(batch), s.budget),
+                          budget=s.budget, best=best)
 
         result = self._finish(problem, M, measured, default, stopped)
         study.set_user_attr("result", result.as_dict())
+        study.set_user_attr("environment", self.measurer.environment())
+        study.set_user_attr("measured_by", self.measurer.label)
         return result
 
     # -- helpers --------------------------------------------------------------------
@@ -223,32 +301,73 @@ class StudyRunner:
                 trial.set_user_attr("spread", m.spread)
             study.tell(trial, m.time_us)
 
-    def _recover(self, study, choices: dict) -> dict[tuple, float | None]:
-        """Configs already measured in this study; trials a killed run left RUNNING are
-        failed as 'interrupted' and their configs queued again."""
-        measured: dict[tuple, float | None] = {}
+    @staticmethod
+    def _counts(tr) -> bool:
+        """A finished trial that measured something (not pruned, not interrupted)."""
+        return ("config" in tr.user_attrs and tr.user_attrs.get("error") != "interrupted"
+                and (tr.state == optuna.trial.TrialState.COMPLETE
+                     or (tr.state == optuna.trial.TrialState.FAIL and "error" in tr.user_attrs)))
+
+    def _state(self, study) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
+        """(configs measured: time or None, configs being measured now: trial number)."""
+        measured, running = {}, {}
         for tr in study.get_trials(deepcopy=False):
             cfg = tr.user_attrs.get("config")
-            if tr.state == optuna.trial.TrialState.RUNNING:
+            if not cfg:
+                continue
+            t = config_tuple(self.kernel, cfg)
+            if self._counts(tr):
+                measured[t] = tr.value if tr.state == optuna.trial.TrialState.COMPLETE else None
+            elif tr.state == optuna.trial.TrialState.RUNNING:
+                running[t] = tr.number
+        return measured, running
+
+    def _claim(self, study, batch, budget: int):
+        """Keep the trials this worker may measure. Two workers can ask for the same config,
+        or together for more than the budget, at the same moment; the lower trial number wins,
+        and trials are counted against the budget in number order."""
+        if not batch:
+            return batch
+        mine = {tr.number for tr, _ in batch}
+        order = []
+        for tr in study.get_trials(deepcopy=False):
+            if "config" in tr.user_attrs and (self._counts(tr) or tr.state == optuna.trial.TrialState.RUNNING):
+                order.append((tr.number, config_tuple(self.kernel, tr.user_attrs["config"])))
+        order.sort()
+        first_of, kept = {}, []
+        for rank, (number, t) in enumerate(order):
+            first_of.setdefault(t, number)
+            if number in mine:
+                trial, cfg = next(b for b in batch if b[0].number == number)
+                reason = ("repeat" if first_of[t] != number else "over budget" if rank >= budget else None)
+                if reason:
+                    trial.set_user_attr("pruned", reason)
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    kept.append((trial, cfg))
+        return kept
+
+    def _fail_stale(self, study, choices: dict) -> None:
+        """Trials left RUNNING by a worker that is gone are failed as 'interrupted' and their
+        configs queued again: at once for a dead process on this host, after Optuna's
+        heartbeat grace period for one elsewhere."""
+        for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if _gone(tr.user_attrs.get("worker"), tr._trial_id):
                 stale = optuna.Trial(study, tr._trial_id)
                 stale.set_user_attr("error", "interrupted")
                 study.tell(stale, state=optuna.trial.TrialState.FAIL)
-                if cfg:
-                    study.enqueue_trial(self._encode(choices, cfg), user_attrs={"seed": "requeued"})
-                continue
-            if not cfg or tr.user_attrs.get("error") == "interrupted":
-                continue
-            if tr.state == optuna.trial.TrialState.COMPLETE:
-                measured[config_tuple(self.kernel, cfg)] = tr.value
-            elif tr.state == optuna.trial.TrialState.FAIL:
-                measured[config_tuple(self.kernel, cfg)] = None
-        return measured
+                if tr.user_attrs.get("config"):
+                    study.enqueue_trial(self._encode(choices, tr.user_attrs["config"]),
+                                        user_attrs={"seed": "requeued"})
+        if _heartbeat_enabled(self.storage):
+            optuna.storages.fail_stale_trials(study)      # requeues through requeue_stale_trial
+
 
     def _trials_since_gain(self, study) -> int:
         best, since = None, 0
         for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                           optuna.trial.TrialState.FAIL)):
-            if "config" not in tr.user_attrs or tr.user_attrs.get("error") == "interrupted":
+            if not self._counts(tr):
                 continue
             v = tr.value
             if v is not None and (best is None or v < best * (1 - self.settings.min_gain)):
@@ -286,7 +405,24 @@ class StudyRunner:
         return StudyResult(problem, M, None, None, None, default, default_time, len(measured), "no config",
                            {"status": "failed", "detail": "every finalist failed the numerics check"}, rejected)
 
-    def _result_from_attrs(self, problem: Problem, M: int, d: dict) -> StudyResult:
+    @staticmethod
+    def result_from_dict(problem: Problem, M: int, d: dict) -> StudyResult:
         return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
                            d.get("rejected", []))
+
+
+def requeue_stale_trial(study, trial) -> None:
+    """Optuna's heartbeat callback: a trial whose worker stopped beating is measured again."""
+    if trial.params:
+        study.enqueue_trial(trial.params, user_attrs={"seed": "requeued"})
+
+
+def open_storage(url: str):
+    """An Optuna storage for a URL. Databases get Optuna's heartbeat, so that workers on
+    other machines can take over the trials of one that died."""
+    if url.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql"):
+        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20, grace_period=90,
+                                          failed_trial_callback=requeue_stale_trial)
+    return optuna.storages.get_storage(url)

@@ -6,7 +6,11 @@ problems; everything after that is here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +28,7 @@ from tuner.problems import Problem
 from tuner.progress import Progress
 from tuner.paths import atomic_write_json
 from tuner.results import manifest_entry, update_manifest, write_tables
-from tuner.search import SearchSettings, StudyResult, StudyRunner
+from tuner.search import SearchSettings, StudyResult, StudyRunner, open_storage, study_name
 from tuner.space import SearchSpace
 
 
@@ -47,6 +51,14 @@ class RunOptions:
     recycle_after: int = 256         # configs a measuring worker serves before a fresh one
     run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
     quiet: bool = False
+    prefix: str = ""                 # study-name prefix: several runs can share one storage
+    gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
+    plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
+
+    def ms_for(self, problem: Problem) -> list[int]:
+        if self.plan_ms is not None:
+            return list(self.plan_ms.get(problem.key, []))
+        return list(self.batch_sizes)
 
 
 def default_storage(out_dir: Path) -> str:
@@ -136,69 +148,213 @@ def make_measurer(opts: RunOptions, progress: Progress):
     return RecordingMeasurer(gpu_m, writer, land, grid, progress=progress.note)
 
 
-def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
-    """Tune every (problem, M), write the tables and the manifest; returns the results."""
-    import optuna
-
-    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet)
-    measurer = make_measurer(opts, progress)
-    problems = opts.problems
-    plan_ms = {p.key: list(opts.batch_sizes) for p in problems}
-    if isinstance(measurer, ReplayMeasurer):
-        problems, plan_ms = _replay_coverage(opts, measurer, progress)
-        progress.total = max(1, sum(len(v) for v in plan_ms.values()))
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    storage_url = opts.storage or default_storage(opts.out_dir)
+def open_run_storage(opts: RunOptions):
+    url = opts.storage or default_storage(opts.out_dir)
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
-        storage = optuna.storages.get_storage(storage_url)
+        return open_storage(url)
     except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
-        raise TunerError(f"cannot open storage {storage_url}: {str(e).splitlines()[0]}") from None
+        raise TunerError(f"cannot open storage {url}: {str(e).strip().splitlines()[0]}") from None
 
+
+def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
+    """Tune every (problem, M) (here, or in one worker process per GPU), then write the
+    tables and the manifest from what the storage holds; returns the results."""
+    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet)
+    t0 = time.monotonic()
+    if len(opts.gpus) > 1 and not opts.replay:
+        storage = open_run_storage(opts)
+        save_plan(storage, opts)
+        run_gpu_workers(opts, progress)
+    else:
+        measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+        storage = open_run_storage(opts)
+        try:
+            if isinstance(measurer, ReplayMeasurer):
+                opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
+                progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
+            save_plan(storage, opts)
+            tune_all(opts, storage, measurer, progress,
+                     after_problem=lambda: collect(opts, storage, quiet=True))
+        finally:
+            measurer.close()
+    results = collect(opts, storage)
+    progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
+    return results
+
+
+def tune_all(opts: RunOptions, storage, measurer, progress: Progress, after_problem=None) -> None:
+    """Run every study of the plan against one measurer. Several processes may do this at
+    once on one storage (workers): they share the studies."""
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
-                         on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]))
-    env = measurer.environment()
-    run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": measurer.label, "environment": env,
+                         on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
+                         prefix=opts.prefix)
+    for problem in opts.problems:
+        baseline = load_baseline_table(opts.baseline, opts, problem) if opts.baseline else None
+        neighbour = None
+        for M in sorted(opts.ms_for(problem)):
+            fixed = None
+            if problem.tied_to:
+                tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
+                if not tied or not tied.get("config"):
+                    continue            # nothing to tie to at this M: left out of both tables
+                fixed = {k: tied["config"][k] for k in problem.tied_keys}
+            progress.start_study(f"{_label(problem)} M={M}")
+            seeds = [("default", opts.kernel.default_config(problem.params, M))]
+            seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
+            if baseline:
+                seeds.append(("baseline", lookup_nearest(baseline, M)))
+            if neighbour:
+                seeds.append(("neighbour", neighbour))
+            r = runner.tune(problem, M, seeds, fixed)
+            neighbour = r.config or neighbour
+            progress.end_study(_summary(r))
+        if after_problem:
+            after_problem()
+
+
+def by_key(opts: RunOptions) -> dict[str, Problem]:
+    return {p.key: p for p in opts.problems}
+
+
+def stored_result(storage, opts: RunOptions, problem: Problem, M: int) -> dict | None:
+    import optuna
+    try:
+        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix), storage=storage)
+    except KeyError:
+        return None
+    result = study.user_attrs.get("result")
+    if result is not None:
+        result = {**result, "environment": study.user_attrs.get("environment", {}),
+                  "measured_by": study.user_attrs.get("measured_by")}
+    return result
+
+
+def wait_for_result(storage, opts: RunOptions, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:
+    """The finished result of a study another worker may still be running."""
+    while True:
+        r = stored_result(storage, opts, problem, M)
+        if r is not None or M not in opts.ms_for(problem):
+            return r
+        time.sleep(poll_s)
+
+
+def collect(opts: RunOptions, storage, quiet: bool = False, wait: bool = False) -> dict[str, list[StudyResult]]:
+    """Write the tables and the manifest from the studies' stored results (tuner collect,
+    and the end of every run). Batch sizes whose study has not finished are left out."""
+    results: dict[str, list[StudyResult]] = {}
+    envs, labels = [], set()
+    missing = 0
+    for problem in opts.problems:
+        rs = []
+        for M in sorted(opts.ms_for(problem)):
+            d = wait_for_result(storage, opts, problem, M) if wait else stored_result(storage, opts, problem, M)
+            if d is None:
+                missing += 1
+                continue
+            envs.append(d.pop("environment"))
+            labels.add(d.pop("measured_by") or "")
+            rs.append(StudyRunner.result_from_dict(problem, M, d))
+        if rs:
+            results[problem.key] = rs
+    env = next((e for e in envs if e), {})
+    run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": ", ".join(sorted(x for x in labels if x)),
+                "environment": env,
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
                            "patience": opts.settings.patience, "space": opts.space.source}}
-    all_results: dict[str, list[StudyResult]] = {}
-    by_key = {p.key: p for p in problems}
-    t0 = time.monotonic()
-    try:
-        for problem in problems:
-            baseline = load_baseline_table(opts.baseline, opts, problem) if opts.baseline else None
-            tied = {r.M: r.config for r in all_results.get(problem.tied_to, [])} if problem.tied_to else None
-            results: list[StudyResult] = []
-            neighbour = None
-            for M in sorted(plan_ms[problem.key]):
-                fixed = None
-                if tied is not None:
-                    if not tied.get(M):
-                        continue            # nothing to tie to at this M: leave it out of both tables
-                    fixed = {k: tied[M][k] for k in problem.tied_keys}
-                progress.start_study(f"{_label(problem)} M={M}")
-                seeds = [("default", opts.kernel.default_config(problem.params, M))]
-                seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
-                if baseline:
-                    seeds.append(("baseline", lookup_nearest(baseline, M)))
-                if neighbour:
-                    seeds.append(("neighbour", neighbour))
-                r = runner.tune(problem, M, seeds, fixed)
-                results.append(r)
-                neighbour = r.config or neighbour
-                progress.end_study(_summary(r))
-            all_results[problem.key] = results
-            if opts.kernel.emit_table is not None:
-                _emit_own_format(opts, [p for p in problems if p.key in all_results], all_results, run_info)
-                continue
+    done = [p for p in opts.problems if p.key in results]
+    if opts.kernel.emit_table is not None:
+        if done:
+            _emit_own_format(opts, done, results, run_info)
+    else:
+        keys = by_key(opts)
+        for problem in done:
             # Tables tied together are written together, over the batch sizes both have.
-            if any(p.tied_to == problem.key for p in problems):
-                continue
-            group = [by_key[problem.tied_to], problem] if problem.tied_to else [problem]
-            _emit(opts, group, [all_results[p.key] for p in group], env, run_info)
-    finally:
-        measurer.close()
-    progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
-    return all_results
+            if problem.tied_to or any(q.tied_to == problem.key for q in opts.problems):
+                if not problem.tied_to or problem.tied_to not in results:
+                    continue
+                group = [keys[problem.tied_to], problem]
+            else:
+                group = [problem]
+            _emit(opts, group, [results[p.key] for p in group], env, run_info)
+    if missing and not quiet:
+        print(f"tuner: {missing} studies have no result yet; their batch sizes are left out", file=sys.stderr)
+    return results
+
+
+# -- plans in the storage, and workers -------------------------------------------------
+PLAN_FORMAT = "tuner-plan/1"
+
+
+def plan_study_name(prefix: str, kernel_name: str) -> str:
+    return f"{prefix}tuner-plan:{kernel_name}"
+
+
+def save_plan(storage, opts: RunOptions) -> None:
+    """Store what to tune beside the studies, so `tuner worker` and `tuner collect` need
+    only the storage URL and the study prefix."""
+    import optuna
+    study = optuna.create_study(study_name=plan_study_name(opts.prefix, opts.kernel.name), storage=storage,
+                                load_if_exists=True)
+    study.set_user_attr("plan", {
+        "format": PLAN_FORMAT, "kernel": opts.kernel.name, "gpu": opts.gpu.key,
+        "problems": [{"params": p.params, "layers": list(p.layers), "engines": list(p.engines),
+                      "tied_to": p.tied_to, "tied_keys": list(p.tied_keys)} for p in opts.problems],
+        "batch_sizes": {p.key: sorted(opts.ms_for(p)) for p in opts.problems},
+        "settings": dataclasses.asdict(opts.settings),
+        "space": {"choices": opts.space.choices, "constraints": opts.space.constraints,
+                  "source": opts.space.source},
+        "engines": opts.engines, "baseline": opts.baseline, "run_info": opts.run_info,
+    })
+
+
+def load_plans(storage, prefix: str, out_dir: Path | None = None, **overrides) -> list[RunOptions]:
+    import optuna
+    from kernels import get_kernel
+    from tuner.gpus import get_gpu
+
+    names = [n for n in optuna.get_all_study_names(storage) if n.startswith(plan_study_name(prefix, ""))]
+    plans = []
+    for name in sorted(names):
+        plan = optuna.load_study(study_name=name, storage=storage).user_attrs.get("plan")
+        if not plan or plan.get("format") != PLAN_FORMAT:
+            continue
+        kernel = get_kernel(plan["kernel"])
+        space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
+                            plan["space"]["constraints"], plan["space"]["source"])
+        problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),
+                            d.get("tied_to"), tuple(d.get("tied_keys", ()))) for d in plan["problems"]]
+        opts = RunOptions(kernel=kernel, space=space, gpu=get_gpu(plan["gpu"]), problems=problems,
+                          batch_sizes=sorted({m for ms in plan["batch_sizes"].values() for m in ms}),
+                          settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
+                          engines=plan["engines"], baseline=plan["baseline"], run_info=plan["run_info"],
+                          prefix=prefix, plan_ms=plan["batch_sizes"])
+        for k, v in overrides.items():
+            setattr(opts, k, v)
+        plans.append(opts)
+    if not plans:
+        raise TunerError(f"the storage holds no tuning plan under the study prefix {prefix!r}; "
+                         "start one with `tuner gemm|moe|mla ... --storage URL --study-prefix NAME`")
+    return plans
+
+
+def run_gpu_workers(opts: RunOptions, progress: Progress) -> None:
+    """One `tuner worker` process per GPU, all on the run's storage; wait for them."""
+    url = opts.storage or default_storage(opts.out_dir)
+    procs = []
+    for gpu in opts.gpus:
+        cmd = [sys.executable, "-m", "tuner", "worker", "--storage", url, "--study-prefix", opts.prefix,
+               "--compile-workers", str(max(1, opts.compile_workers // len(opts.gpus))),
+               "--measure-timeout", str(int(opts.measure_timeout)), "--recycle-after", str(opts.recycle_after),
+               "--quiet"]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        procs.append(subprocess.Popen(cmd, env=env))
+        progress.note(f"worker on GPU {gpu}: pid {procs[-1].pid}")
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        progress.note(f"{len(failed)} of {len(procs)} workers failed; the studies they left are finished by the rest "
+                      "or by running the command again")
 
 
 def _label(problem: Problem) -> str:
