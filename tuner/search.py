@@ -12,11 +12,13 @@ the storage, so a run started again continues where it stopped.
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import optuna
@@ -29,6 +31,8 @@ from tuner.problems import Problem
 from tuner.space import SearchSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+# We drive trials with ask/tell and record heartbeats ourselves (_Heartbeat below).
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 SAMPLERS = ("tpe", "random", "cmaes")
 
@@ -360,7 +364,9 @@ class StudyRunner:
                     study.enqueue_trial(self._encode(choices, tr.user_attrs["config"]),
                                         user_attrs={"seed": "requeued"})
         if _heartbeat_enabled(self.storage):
-            optuna.storages.fail_stale_trials(study)      # requeues through requeue_stale_trial
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(study)      # requeues through requeue_stale_trial
 
 
     def _trials_since_gain(self, study) -> int:
@@ -423,6 +429,12 @@ def open_storage(url: str):
     other machines can take over the trials of one that died."""
     if url.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql"):
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20, grace_period=90,
-                                          failed_trial_callback=requeue_stale_trial)
+        # Optuna 4.9 renamed the stale-trial callback argument.
+        callback = ("heartbeat_stale_trial_callback"
+                    if "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
+                    else "failed_trial_callback")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20, grace_period=90,
+                                              **{callback: requeue_stale_trial})
     return optuna.storages.get_storage(url)

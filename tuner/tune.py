@@ -309,15 +309,17 @@ def save_plan(storage, opts: RunOptions) -> None:
     })
 
 
-def load_plans(storage, prefix: str, out_dir: Path | None = None, **overrides) -> list[RunOptions]:
+def load_plans(store, prefix: str, out_dir: Path | None = None, **overrides) -> list[RunOptions]:
+    """The plans stored under a prefix, as run options; `overrides` set options the plan
+    leaves to each worker (replay file, storage URL, compile workers...)."""
     import optuna
     from kernels import get_kernel
     from tuner.gpus import get_gpu
 
-    names = [n for n in optuna.get_all_study_names(storage) if n.startswith(plan_study_name(prefix, ""))]
+    names = [n for n in optuna.get_all_study_names(store) if n.startswith(plan_study_name(prefix, ""))]
     plans = []
     for name in sorted(names):
-        plan = optuna.load_study(study_name=name, storage=storage).user_attrs.get("plan")
+        plan = optuna.load_study(study_name=name, storage=store).user_attrs.get("plan")
         if not plan or plan.get("format") != PLAN_FORMAT:
             continue
         kernel = get_kernel(plan["kernel"])
