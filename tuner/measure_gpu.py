@@ -155,8 +155,9 @@ class GpuMeasurer:
             seen = before | self._throttle_reasons()
             if m.error or not (seen & THROTTLE_MASK):
                 return m
-            self.throttled_retakes += 1
-            time.sleep(self.cooldown_s)
+            if attempt < self.max_retakes:
+                self.throttled_retakes += 1
+                time.sleep(self.cooldown_s)
         self.throttled_kept += 1      # the GPU would not stop throttling: keep the last, counted
         return m
 
