@@ -106,6 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--study-prefix", default="", metavar="NAME")
     collect.add_argument("--out", required=True, metavar="DIR")
     collect.add_argument("--wait", action="store_true", help="wait until every study has finished")
+    inst = sub.add_parser("install", help="put a results folder's tables where an engine reads them",
+                          description="Install tuned tables into an engine's package (or a folder for its "
+                          "config-directory variable); replaced files are backed up, --restore undoes it.")
+    inst.add_argument("results", nargs="?", help="a results folder (with manifest.json)")
+    inst.add_argument("--engine", required=True, choices=ENGINE_NAMES)
+    inst.add_argument("--site-packages", default=None, metavar="DIR",
+                      help="the site-packages of the environment that runs the engine (default: this Python's)")
+    inst.add_argument("--moe-config-dir", default=None, metavar="DIR",
+                      help="put MoE tables in DIR for VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR instead")
+    inst.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
+    inst.add_argument("--force", action="store_true",
+                      help="install tables measured on another device or Triton, or not numerically checked")
+    inst.add_argument("--restore", action="store_true", help="undo the last install for --engine")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -240,6 +253,38 @@ def cmd_collect(args) -> int:
     return 0
 
 
+def cmd_install(args) -> int:
+    from tuner import install as inst
+
+    if args.restore:
+        for line in inst.restore(args.engine):
+            print(line)
+        return 0
+    if not args.results:
+        raise TunerError("give a results folder to install (or --restore)")
+    results = Path(args.results)
+    if not results.is_dir():
+        raise TunerError(f"results folder {results} not found")
+    site = inst.find_site_packages(args.engine, args.site_packages)
+    config_dir = Path(args.moe_config_dir) if args.moe_config_dir else None
+    copies, notes = inst.plan_install(results, args.engine, site, args.force, config_dir)
+    extra = inst.plan_config_dir(site, args.engine, config_dir) if config_dir else []
+    for note in notes:
+        print(f"tuner: {note}", file=sys.stderr)
+    if extra:
+        print(f"{'would copy' if args.dry_run else 'copying'} {len(extra)} shipped {args.engine} MoE tables "
+              f"into {config_dir} (the variable hides the package's own)")
+    for c in copies:
+        print(f"{'would install' if args.dry_run else 'install'} {c.dest}")
+    if args.dry_run:
+        return 0
+    backup = inst.install(copies, args.engine, extra)
+    print(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {args.engine}`)")
+    if config_dir:
+        print(f"export {inst.ENV_VARS[args.engine]}={config_dir.resolve()}")
+    return 0
+
+
 def cmd_gemm(args) -> int:
     from tuner.models import gemm_problems
     return _run_command(args, "gemm", "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep))
@@ -262,7 +307,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"install": cmd_install, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:
