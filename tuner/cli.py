@@ -119,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--force", action="store_true",
                       help="install tables measured on another device or Triton, or not numerically checked")
     inst.add_argument("--restore", action="store_true", help="undo the last install for --engine")
+    rep = sub.add_parser("report", help="tables and plots of a results folder",
+                         description="Print a results folder's tuned times and speedups, and write a Markdown "
+                         "report with plots (RUN/report/report.md).")
+    rep.add_argument("run", help="a results folder (with manifest.json)")
+    rep.add_argument("--out", default=None, metavar="FILE", help="where the Markdown goes")
+    dif = sub.add_parser("diff", help="compare two results folders",
+                         description="Per problem and M: old time, new time, change, and whether it is "
+                         "beyond noise; writes a Markdown report with plots.")
+    dif.add_argument("old")
+    dif.add_argument("new")
+    dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
+    dif.add_argument("--noise", type=float, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -285,6 +297,26 @@ def cmd_install(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from tuner.report import write_report
+    df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
+    print(df.to_string(index=False))
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from tuner.report import write_diff
+    out = Path(args.out) if args.out else Path(args.new) / "diff"
+    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise)
+    cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    counts = df["verdict"].value_counts().to_dict()
+    print(f"{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower, {counts.get('same', 0)} same; "
+          f"report: {path}")
+    return 0
+
+
 def cmd_gemm(args) -> int:
     from tuner.models import gemm_problems
     return _run_command(args, "gemm", "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep))
@@ -307,7 +339,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"install": cmd_install, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:
