@@ -131,6 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("new")
     dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
     dif.add_argument("--noise", type=float, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
+    drift = sub.add_parser("drift", help="does a table still beat the default config here?",
+                           description="Time each table's configs against the engines' default config on "
+                           "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
+    drift.add_argument("tables", nargs="+", help="table files or folders (an engine's configs folder, a results folder)")
+    drift.add_argument("--gpu", required=True)
+    drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
+    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
+    drift.add_argument("--noise", type=float, default=0.02)
+    drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -297,6 +307,30 @@ def cmd_install(args) -> int:
     return 0
 
 
+def cmd_drift(args) -> int:
+    from tuner.drift import Measurers, find_tables, measure_drift
+    from tuner.gpus import get_gpu
+    from tuner.models import load_model
+    from tuner.paths import atomic_write_json
+
+    gpu = get_gpu(args.gpu)
+    if args.replay and not Path(args.replay).is_file():
+        raise TunerError(f"landscape {args.replay} not found")
+    tables = find_tables(args.tables, load_model(args.model) if args.model else None, args.routing)
+    measurers = Measurers(gpu, args.replay)
+    try:
+        df = measure_drift(tables, measurers, args.noise)
+    finally:
+        measurers.close()
+    print(df.drop(columns=["table", "error"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    losing = df[df["verdict"].isin(["loses", "fails"])]
+    print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
+          else f"all {len(df)} entries still win or tie")
+    if args.out:
+        atomic_write_json(Path(args.out), df.to_dict(orient="records"))
+    return 0
+
+
 def cmd_report(args) -> int:
     from tuner.report import write_report
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
@@ -339,7 +373,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,143 @@
+"""`tuner drift`: does an installed (or given) table still beat the default config here?
+
+Each table file is recognised by its name (the engines' naming rules, tuner/engines.py),
+its configs and the engines' default config are timed together on the present GPU and
+software (or a replayed landscape), and every M gets a verdict. Two configs per M, not a
+search: minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from tuner.errors import TunerError
+from tuner.problems import Problem
+
+_GEMM = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=(\w+),block_shape=\[(\d+),( ?)(\d+)\]\.json$")
+_MOE = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=(\w+))?"
+                  r"(?:,block_shape=\[(\d+),( ?)(\d+)\])?(_down)?\.json$")
+
+
+@dataclass
+class TableFile:
+    path: Path
+    engine: str           # "vllm" or "sglang", from the file's naming
+    device: str           # the device_name part
+    problem: Problem
+    table: dict
+
+
+def parse_table_file(path: Path, model=None, routing: str = "uniform") -> TableFile | None:
+    """The problem a table file is for, or None for files that are not config tables.
+    MoE names lack the hidden size and top-k: they come from `model`."""
+    name = path.name
+    try:
+        table = {k: v for k, v in json.loads(path.read_text()).items() if k != "triton_version"}
+    except (OSError, json.JSONDecodeError):
+        return None
+    if m := _GEMM.match(name):
+        n, k, dev, dtype, bn, space, bk = m.groups()
+        engine = "sglang" if space else "vllm"
+        return TableFile(path, engine, dev, Problem("fp8_gemm", {"N": int(n), "K": int(k),
+                                                                 "block_shape": [int(bn), int(bk)]}), table)
+    if m := _MOE.match(name):
+        if model is None:
+            raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
+        e, n, dev, dtype, bn, space, bk, down = m.groups()
+        engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
+        params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok,
+                  "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None,
+                  "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
+        return TableFile(path, engine, dev, Problem("fused_moe", params), table)
+    return None
+
+
+def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[TableFile]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("*.json"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise TunerError(f"{p} not found")
+    tables = [t for t in (parse_table_file(f, model, routing) for f in files) if t is not None]
+    if not tables:
+        raise TunerError(f"no engine config tables (fp8_gemm or fused_moe file names) in {', '.join(paths)}")
+    return tables
+
+
+def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) -> pd.DataFrame:
+    """measurer_for(kernel_name) -> a Measurer. Per table and M: the table's config and the
+    default config, timed in the same call."""
+    from kernels import get_kernel
+    from tuner.space import load_space
+    rows = []
+    for t in tables:
+        kernel = get_kernel(t.problem.kernel)
+        space = load_space(kernel)
+        measurer = measurer_for(kernel.name)
+        for key in sorted(t.table, key=int):
+            M = int(key)
+            # equivalent forms (GROUP_SIZE_M folding) are one point of a landscape
+            same = lambda c: space.canonical(t.problem.params, M, measurer_for.gpu, c)  # noqa: E731
+            cfg = same({k: int(t.table[key][k]) for k in kernel.config_keys})
+            default = same(kernel.default_config(t.problem.params, M))
+            mine, base = measurer.measure(t.problem, M, [cfg, default])
+            band = max(noise, mine.spread or 0, base.spread or 0)
+            if mine.time_us is None:
+                verdict = "fails"
+            elif base.time_us is None:
+                verdict = "wins"
+            elif mine.time_us < base.time_us * (1 - band):
+                verdict = "wins"
+            elif mine.time_us > base.time_us * (1 + band):
+                verdict = "loses"
+            else:
+                verdict = "same"
+            rows.append({"table": str(t.path), "engine": t.engine, "kernel": kernel.name,
+                         "problem": t.problem.key, "M": M, "table_us": mine.time_us, "default_us": base.time_us,
+                         "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
+                         "verdict": verdict, "error": mine.error})
+    return pd.DataFrame(rows)
+
+
+class Measurers:
+    """One measurer per kernel, made on first use: a replayed landscape or the GPU."""
+
+    def __init__(self, gpu, replay: str | None = None, compile_workers: int = 8):
+        self.gpu, self.replay, self.compile_workers = gpu, replay, compile_workers
+        self._made: dict = {}
+
+    def __call__(self, kernel_name: str):
+        if kernel_name not in self._made:
+            from kernels import get_kernel
+            kernel = get_kernel(kernel_name)
+            if self.replay:
+                from tuner.landscape import read_landscape
+                from tuner.measure import ReplayMeasurer
+                land = read_landscape(self.replay, kernel)
+                if land.header["device"] != self.gpu.cuda_name:
+                    raise TunerError(f"landscape {self.replay} was recorded on {land.header['device']!r}, "
+                                     f"not {self.gpu.cuda_name!r}")
+                self._made[kernel_name] = ReplayMeasurer(land)
+            else:
+                from tuner.isolation import IsolatedMeasurer
+                from tuner.measure import require_gpu
+                require_gpu(self.gpu.cuda_name)
+                self._made[kernel_name] = IsolatedMeasurer(
+                    kernel, "tuner.measure_gpu:make_gpu_measurer",
+                    {"kernel": kernel_name, "gpu": self.gpu.key, "compile_workers": self.compile_workers})
+        return self._made[kernel_name]
+
+    def environment(self) -> dict:
+        return next((m.environment() for m in self._made.values()), {})
+
+    def close(self) -> None:
+        for m in self._made.values():
+            m.close()
