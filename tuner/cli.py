@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
     drift.add_argument("--noise", type=float, default=0.02)
     drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
+    night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
+                           description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
+                           "fine, 3 a table regressed, 1 a job failed.")
+    night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
+    night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -331,6 +336,11 @@ def cmd_drift(args) -> int:
     return 0
 
 
+def cmd_nightly(args) -> int:
+    from tuner.nightly import run_night
+    return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True))
+
+
 def cmd_report(args) -> int:
     from tuner.report import write_report
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
@@ -373,7 +383,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,6 +71,7 @@ def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResu
         "kernel": kernel.name,
         "problem": problem.params,
         "layers": list(problem.layers),
+        "tied_to": problem.tied_to,         # tables that must change together (SGLang's up and _down)
         "files": files,
         "measured": run_info.get("measured_by"),
         "how": kernel.measurement_note(problem.params),

@@ -1,0 +1,119 @@
+"""`tuner nightly` and scripts/nightly_retune.sh over SYNTHETIC landscapes: night 2 changes
+Triton and makes one job's GPU faster and the other's slower."""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernels import get_kernel
+from synthetic import write_synthetic_landscape
+from tuner.cli import main
+from tuner.gpus import get_gpu
+from tuner.landscape import LandscapeWriter, Point, read_landscape
+from tuner.models import gemm_problems, load_model
+from tuner.space import load_space
+
+REPO = Path(__file__).resolve().parents[1]
+KERNEL = get_kernel("fp8_gemm")
+MS = [1, 16]
+
+
+def scaled(src: Path, dst: Path, factor: float, triton: str) -> Path:
+    land = read_landscape(src, KERNEL)
+    w = LandscapeWriter(dst, KERNEL, {**land.header, "triton": triton})
+    for (key, M), pts in land.points.items():
+        params = land.problems[key]
+        for cfg, p in pts.items():
+            w.write(params, M, dict(zip(KERNEL.config_keys, cfg)),
+                    Point(p.time_us * factor if p.time_us else None, p.error, p.spread))
+    w.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("nightly")
+    model = d / "tiny.yaml"
+    model.write_text("hidden_size: 1024\nnum_attention_heads: 8\nhead_dim: 128\n"
+                     "quantization_config: {weight_block_size: [128, 128]}\n")
+    problems = [p.params for p in gemm_problems(load_model(str(model)), 1)]
+    base = d / "base.jsonl"
+    write_synthetic_landscape(base, KERNEL, load_space(KERNEL), get_gpu("H200"), problems, MS)
+    lands = {"a1": base, "b1": base,
+             "a2": scaled(base, d / "a2.jsonl", 0.8, "3.7.0"),     # job a: the new stack is faster
+             "b2": scaled(base, d / "b2.jsonl", 1.3, "3.7.0")}     # job b: and slower here
+    return d, model, lands
+
+
+def config(d: Path, model: Path, a: Path, b: Path, name: str) -> Path:
+    job = {"kernel": "gemm", "model": str(model), "gpu": "H200", "tp": 1, "trials": 10, "batch_sizes": MS}
+    cfg = {"runs_dir": str(d / "runs"), "noise": 0.02,
+           "jobs": [{**job, "name": "a", "replay": str(a)}, {**job, "name": "b", "replay": str(b)}]}
+    path = d / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_three_nights(world, capsys):
+    d, model, lands = world
+    night1 = config(d, model, lands["a1"], lands["b1"], "night1.yaml")
+    night2 = config(d, model, lands["a2"], lands["b2"], "night2.yaml")
+    assert main(["nightly", str(night1), "--night", "n1"]) == 0
+    summary = json.loads((d / "runs/n1/summary.json").read_text())
+    assert [r["status"] for r in summary] == ["fresh", "fresh"]
+
+    # Triton changed: both retune; a got faster, b slower even with its old configs kept
+    assert main(["nightly", str(night2), "--night", "n2"]) == 3
+    summary = {r["job"]: r for r in json.loads((d / "runs/n2/summary.json").read_text())}
+    assert summary["a"]["status"] == "improved" and summary["a"]["slower"] == 0
+    assert summary["b"]["status"] == "regressed" and summary["b"]["slower"] > 0
+    report = (d / "runs/n2/report.md").read_text()
+    assert "| a | improved |" in report and "| b | regressed |" in report
+    assert "environment changed" in report
+    diff_b = Path(summary["b"]["diff"]).read_text()
+    assert "+30.0%" in diff_b
+    # b's new tables keep last night's configs where the new ones were not faster
+    manifest_b = json.loads((d / "runs/n2/b/manifest.json").read_text())
+    kept = [e for t in manifest_b["tables"] for e in t["entries"].values() if e.get("kept_previous")]
+    assert len(kept) == summary["b"]["kept_previous"] > 0
+    for t in manifest_b["tables"]:
+        table = json.loads((d / "runs/n2/b" / t["files"]["vllm"]).read_text())
+        assert {m: e["config"] for m, e in t["entries"].items()} == table
+
+    # nothing changed since: drift says the tables still win, nothing is retuned
+    assert main(["nightly", str(night2), "--night", "n3"]) == 0
+    summary = json.loads((d / "runs/n3/summary.json").read_text())
+    assert [r["status"] for r in summary] == ["unchanged", "unchanged"]
+    assert not (d / "runs/n3/a").exists()
+
+
+def test_bad_nightly_config(tmp_path, capsys):
+    f = tmp_path / "n.yaml"
+    f.write_text("jobs:\n  - name: x\n    kernel: conv\n    model: deepseek-v3\n    gpu: H200\n")
+    assert main(["nightly", str(f)]) == 2
+    assert "kernel must be one of" in capsys.readouterr().err
+
+
+def test_script_lock_log_and_exit_status(world, tmp_path):
+    d, model, lands = world
+    cfg = config(tmp_path, model, lands["a1"], lands["b1"], "n.yaml")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_NIGHT": "s1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    script = REPO / "scripts" / "nightly_retune.sh"
+    (REPO / "logs").mkdir(exist_ok=True)
+    with open(REPO / "logs" / ".nightly.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # another night holds the lock
+        busy = subprocess.run(["bash", str(script), str(cfg)], env=env, capture_output=True, text=True)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert busy.returncode == 75 and "another night" in busy.stderr
+    done = subprocess.run(["bash", str(script), str(cfg)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    log = (REPO / "logs" / "nightly-s1.log").read_text()
+    assert "exit 0" in log and "a fresh" in log
+    (REPO / "logs" / "nightly-s1.log").unlink()

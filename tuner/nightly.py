@@ -1,0 +1,228 @@
+"""`tuner nightly configs/nightly.yaml`: keep a set of tables fresh.
+
+For each job of the YAML, a night:
+  1. compares the environment (device, driver, torch, Triton) with the last night's;
+  2. if it is the same, checks drift: do last night's tables still beat the default config?
+  3. retunes when there is no table yet, the environment changed, or a table lost;
+  4. keeps, per M (and per tied group of tables), the previous config where the new one is
+     not faster beyond noise, both timed now, in the same call;
+  5. writes the tables, a diff against the previous run, and installs where configured.
+The night's folder is named by its date, so a night started again after a crash resumes
+from the studies its runs already stored. Exit status: 0 fine, 3 a table regressed (the
+environment made it slower than last night beyond noise), 1 a job failed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+import yaml
+
+from tuner.environment import nvml_snapshot, software_versions
+from tuner.errors import TunerError
+from tuner.paths import atomic_write_json, atomic_write_text
+
+ENV_KEYS = ("device", "driver", "torch", "triton")
+COMMANDS = {"gemm", "moe", "mla"}
+EXIT_OK, EXIT_FAILED, EXIT_REGRESSED = 0, 1, 3
+
+
+def load_config(path: Path) -> dict:
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise TunerError(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise TunerError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("jobs"), list) or not cfg["jobs"]:
+        raise TunerError(f"{path} needs a non-empty 'jobs' list")
+    names = set()
+    for i, job in enumerate(cfg["jobs"]):
+        if not isinstance(job, dict):
+            raise TunerError(f"{path}: job {i + 1} is not a mapping")
+        for key in ("name", "kernel", "model", "gpu"):
+            if not job.get(key):
+                raise TunerError(f"{path}: job {i + 1} lacks {key!r}")
+        if job["kernel"] not in COMMANDS:
+            raise TunerError(f"{path}: job {job['name']!r}: kernel must be one of {', '.join(sorted(COMMANDS))}")
+        if job["name"] in names:
+            raise TunerError(f"{path}: two jobs are named {job['name']!r}")
+        names.add(job["name"])
+    return cfg
+
+
+def job_argv(job: dict, out: Path) -> list[str]:
+    argv = [job["kernel"], "--model", str(job["model"]), "--gpu", str(job["gpu"]), "--out", str(out), "--quiet"]
+    for key, flag in (("tp", "--tp"), ("ep", "--ep"), ("dtype", "--dtype"), ("trials", "--trials"),
+                      ("replay", "--replay"), ("routing", "--routing"), ("sampler", "--sampler")):
+        if job.get(key) is not None:
+            argv += [flag, str(job[key])]
+    for key, flag in (("batch_sizes", "--batch-sizes"), ("contexts", "--contexts")):
+        if job.get(key):
+            argv += [flag, *map(str, job[key])]
+    return argv
+
+
+def environment_now(job: dict) -> dict:
+    """What the timings of this job would be taken on: the landscape's header when it
+    replays, this machine otherwise."""
+    if job.get("replay"):
+        from tuner.landscape import read_header
+        h = read_header(job["replay"])
+        return {k: h.get(k) for k in ENV_KEYS}
+    env = {**software_versions(), **nvml_snapshot(0)}
+    try:
+        import torch
+        env["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        env["device"] = None
+    return {k: env.get(k) for k in ENV_KEYS}
+
+
+def _tables_of(run: Path) -> dict:
+    manifest = json.loads((run / "manifest.json").read_text())
+    return {json.dumps([t["kernel"], t["problem"]], sort_keys=True): t for t in manifest["tables"]}
+
+
+def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
+    """Where the previous config is not slower than the new one now, keep it (tied tables
+    decide together). Rewrites the new run's tables and manifest; returns how many entries
+    were kept."""
+    from kernels import get_kernel
+    from tuner.drift import Measurers
+    from tuner.gpus import get_gpu
+    from tuner.problems import Problem
+    from tuner.results import table_json
+
+    old, new = _tables_of(prev_run), _tables_of(new_run)
+    measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"))
+    kept = 0
+    try:
+        by_problem_key = {Problem(t["kernel"], t["problem"]).key: k for k, t in new.items()}
+        groups: dict[str, list[str]] = {}
+        for k, t in new.items():
+            root = by_problem_key.get(t.get("tied_to"), k) if t.get("tied_to") else k
+            groups.setdefault(root, []).append(k)
+        for keys in groups.values():
+            if any(k not in old or "tuner" in new[k]["files"] for k in keys):
+                continue          # nothing to compare, or a table format of our own: keep the new one
+            kernel = get_kernel(new[keys[0]]["kernel"])
+            measure = measurers(kernel.name)
+            for M in sorted(set.intersection(*(set(new[k]["entries"]) & set(old[k]["entries"]) for k in keys)), key=int):
+                prev_total = new_total = 0.0
+                timed = []
+                for k in keys:
+                    problem = Problem(kernel.name, new[k]["problem"])
+                    a, b = old[k]["entries"][M]["config"], new[k]["entries"][M]["config"]
+                    if not a or not b:
+                        break
+                    ma, mb = measure.measure(problem, int(M), [a, b])
+                    if ma.time_us is None or mb.time_us is None:
+                        break
+                    prev_total += ma.time_us
+                    new_total += mb.time_us
+                    timed.append((k, a, ma))
+                else:
+                    if new_total >= prev_total * (1 - noise):
+                        for k, a, ma in timed:
+                            e = new[k]["entries"][M]
+                            e.update({"config": a, "time_us": ma.time_us, "spread": ma.spread, "kept_previous": True})
+                        kept += 1
+    finally:
+        measurers.close()
+    # rewrite every engine table of the new run from its (possibly updated) entries
+    for t in new.values():
+        for rel in t["files"].values():
+            if "tuner" in t["files"]:
+                continue
+            table = {int(m): e["config"] for m, e in t["entries"].items() if e.get("config")}
+            atomic_write_text(new_run / rel, table_json(table))
+    manifest = json.loads((new_run / "manifest.json").read_text())
+    manifest["tables"] = list(new.values())
+    atomic_write_json(new_run / "manifest.json", manifest, indent=2)
+    return kept
+
+
+def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
+    from tuner.cli import main as tuner_main
+    from tuner.drift import Measurers, find_tables, measure_drift
+    from tuner.gpus import get_gpu
+    from tuner.models import load_model
+    from tuner.report import write_diff
+
+    name = job["name"]
+    prev = state.get(name)
+    prev_run = Path(prev["run"]) if prev and Path(prev["run"], "manifest.json").is_file() else None
+    env = environment_now(job)
+    changed = prev_run is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
+    drifted = False
+    if prev_run is not None and not changed and job["kernel"] != "mla":
+        measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"))
+        try:
+            model = load_model(job["model"]) if job["kernel"] == "moe" else None
+            df = measure_drift(find_tables([str(prev_run)], model, job.get("routing", "uniform")), measurers, noise)
+        finally:
+            measurers.close()
+        drifted = bool((df["verdict"].isin(["loses", "fails"])).any())
+    if prev_run is not None and not changed and not drifted:
+        log(f"{name}: environment unchanged and every table still wins: kept {prev_run}")
+        return {"job": name, "status": "unchanged", "run": str(prev_run)}
+    why = "first run" if prev_run is None else ("environment changed" if changed else "a table lost to the default")
+    out = night_dir / name
+    log(f"{name}: retuning ({why}) into {out}")
+    rc = tuner_main(job_argv(job, out))
+    if rc != 0:
+        raise TunerError(f"{name}: the tuning run failed (exit {rc})")
+    result = {"job": name, "run": str(out), "why": why}
+    if prev_run is None:
+        result["status"] = "fresh"
+    else:
+        result["kept_previous"] = keep_better(prev_run, out, job, noise)
+        diff, md = write_diff(prev_run, out, out / "diff", noise)
+        slower, faster = int((diff["verdict"] == "slower").sum()), int((diff["verdict"] == "faster").sum())
+        result.update({"faster": faster, "slower": slower, "diff": str(md),
+                       "status": "regressed" if slower else ("improved" if faster else "same")})
+    if job.get("install"):
+        inst = job["install"]
+        argv = ["install", str(out), "--engine", inst["engine"]]
+        if inst.get("site_packages"):
+            argv += ["--site-packages", str(inst["site_packages"])]
+        if inst.get("moe_config_dir"):
+            argv += ["--moe-config-dir", str(inst["moe_config_dir"])]
+        result["installed"] = tuner_main(argv) == 0
+    state[name] = {"run": str(out), "environment": env}
+    return result
+
+
+def run_night(config_path: Path, night: str | None = None, log=print) -> int:
+    cfg = load_config(config_path)
+    runs_dir = Path(cfg.get("runs_dir", "runs/nightly"))
+    noise = float(cfg.get("noise", 0.02))
+    night = night or _dt.date.today().isoformat()
+    night_dir = runs_dir / night
+    state_path = runs_dir / "state.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    results = []
+    for job in cfg["jobs"]:
+        try:
+            results.append(run_job(job, night_dir, state, noise, log))
+        except TunerError as e:
+            log(f"{job['name']}: FAILED: {e}")
+            results.append({"job": job["name"], "status": "failed", "error": str(e)})
+        atomic_write_json(state_path, state)        # a later job's crash keeps this one's state
+    lines = [f"# Nightly retune {night}", "", "| job | status | details |", "| --- | --- | --- |"]
+    for r in results:
+        details = r.get("error") or ", ".join(f"{k} {r[k]}" for k in ("why", "faster", "slower", "kept_previous")
+                                             if k in r)
+        link = f" ([diff]({Path(r['diff']).relative_to(night_dir)}))" if r.get("diff") else ""
+        lines.append(f"| {r['job']} | {r['status']} | {details}{link} |")
+    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n")
+    atomic_write_json(night_dir / "summary.json", results)
+    log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
+    if any(r["status"] == "failed" for r in results):
+        return EXIT_FAILED
+    if any(r["status"] == "regressed" for r in results):
+        return EXIT_REGRESSED
+    return EXIT_OK
