@@ -1,0 +1,85 @@
+"""Tables written by a replay run and put in place by `tuner install` are read back through
+vLLM 0.33's and SGLang 0.5.23's own loader functions (tests/engine_loaders.py says how CI
+gets that code). Tables come from SYNTHETIC landscapes; install needs --force for them."""
+
+import json
+
+import pytest
+
+from engine_loaders import load_loaders, wheel_dir
+from kernels import get_kernel
+from synthetic import write_synthetic_landscape
+from tuner.cli import main
+from tuner.gpus import get_gpu
+from tuner.models import load_model, moe_problems
+from tuner.space import load_space
+
+pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+
+H200 = "NVIDIA H200"
+MS = [1, 64]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loaders")
+    gemm, moe = get_kernel("fp8_gemm"), get_kernel("fused_moe")
+    g_land, m_land = d / "g.jsonl", d / "m.jsonl"
+    write_synthetic_landscape(g_land, gemm, load_space(gemm), get_gpu("H200"),
+                              [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], MS)
+    write_synthetic_landscape(m_land, moe, load_space(moe), get_gpu("H200"),
+                              [p.params for p in moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8")], MS)
+    out = d / "out"
+    common = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--out", str(out), "--trials", "8",
+              "--batch-sizes", *map(str, MS), "--quiet"]
+    assert main(["gemm", "--replay", str(g_land), *common]) == 0
+    assert main(["moe", "--replay", str(m_land), *common]) == 0
+    return out
+
+
+def site(tmp_path, engine):
+    s = tmp_path / engine
+    (s / engine).mkdir(parents=True)
+    (s / engine / "__init__.py").write_text("")
+    (s / "triton-3.6.0.dist-info").mkdir()
+    return s
+
+
+def ours(results, rel):
+    return {int(k): v for k, v in json.loads((results / rel).read_text()).items()}
+
+
+def test_vllm_reads_what_we_install(results, tmp_path, monkeypatch):
+    s = site(tmp_path, "vllm")
+    assert main(["install", str(results), "--engine", "vllm", "--site-packages", str(s), "--force"]) == 0
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    f = load_loaders("vllm", s, H200, "3.6.0")
+    moe = f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128)
+    assert moe == ours(results, "vllm/fused_moe/E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
+    assert set(moe) == set(MS)
+    gemm = f["get_w8a8_block_fp8_configs"](7168, 2048, 128, 128)
+    assert gemm == ours(results, "vllm/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
+    # and through VLLM_TUNED_CONFIG_FOLDER
+    cfg_dir = tmp_path / "vllm-moe"
+    assert main(["install", str(results), "--engine", "vllm", "--site-packages", str(site(tmp_path / "b", "vllm")),
+                 "--moe-config-dir", str(cfg_dir), "--force"]) == 0
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(cfg_dir))
+    f = load_loaders("vllm", tmp_path / "nowhere", H200, "3.6.0")   # nothing in the package folder
+    assert f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128) == moe
+
+
+def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch):
+    s = site(tmp_path, "sglang")
+    assert main(["install", str(results), "--engine", "sglang", "--site-packages", str(s), "--force"]) == 0
+    monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
+    f = load_loaders("sglang", s, H200, "3.6.0")
+    base = "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    up = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128)
+    down = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128, down_moe=True)
+    assert up == ours(results, base + ".json") and down == ours(results, base + "_down.json")
+    assert all(up[m]["BLOCK_SIZE_M"] == down[m]["BLOCK_SIZE_M"] for m in MS)
+    gemm = f["get_w8a8_block_fp8_configs"](7168, 2048, 128, 128)
+    assert gemm == ours(results, "sglang/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
+    # SGLang under another Triton falls back to the newest triton_* folder it has
+    f = load_loaders("sglang", s, H200, "3.7.0")
+    assert f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128) == up
