@@ -80,16 +80,18 @@ def test_sglang_goes_to_its_triton_folder_and_config_dir_keeps_shipped(tmp_path,
 @pytest.mark.parametrize("kwargs,needle", [
     ({"triton": "3.5.1"}, "measured under Triton 3.6.0, the target runs 3.5.1"),
     ({"passed": False}, "numerics check did not pass"),
+    ({"gpu": "H100"}, "measured on NVIDIA H200, the target GPU is NVIDIA H100 80GB HBM3"),
 ])
 def test_refusals_change_nothing(tmp_path, capsys, kwargs, needle):
     res = results_folder(tmp_path / "res", passed=kwargs.get("passed", True))
     site = site_packages(tmp_path / "site", triton=kwargs.get("triton", "3.6.0"))
     before = sorted(str(p) for p in site.rglob("*"))
-    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site)]) == 2
+    gpu = ["--gpu", kwargs["gpu"]] if "gpu" in kwargs else []
+    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site), *gpu]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "--force" in err and len(err.splitlines()) == 1
     assert sorted(str(p) for p in site.rglob("*")) == before
-    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site), "--force"]) == 0
+    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site), *gpu, "--force"]) == 0
 
 
 def test_install_errors(tmp_path, capsys):

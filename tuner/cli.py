@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the site-packages of the environment that runs the engine (default: this Python's)")
     inst.add_argument("--moe-config-dir", default=None, metavar="DIR",
                       help="put MoE tables in DIR for VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR instead")
+    inst.add_argument("--gpu", default=None, help="the GPU the engine runs on (default: this machine's, if any)")
     inst.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
     inst.add_argument("--force", action="store_true",
                       help="install tables measured on another device or Triton, or not numerically checked")
@@ -294,7 +295,9 @@ def cmd_install(args) -> int:
         raise TunerError(f"results folder {results} not found")
     site = inst.find_site_packages(args.engine, args.site_packages)
     config_dir = Path(args.moe_config_dir) if args.moe_config_dir else None
-    copies, notes = inst.plan_install(results, args.engine, site, args.force, config_dir)
+    from tuner.gpus import get_gpu
+    target = get_gpu(args.gpu).cuda_name if args.gpu else None
+    copies, notes = inst.plan_install(results, args.engine, site, args.force, config_dir, target)
     extra = inst.plan_config_dir(site, args.engine, config_dir) if config_dir else []
     for note in notes:
         print(f"tuner: {note}", file=sys.stderr)

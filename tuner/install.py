@@ -69,7 +69,7 @@ def local_gpu_name() -> str | None:
 
 
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
-                 moe_config_dir: Path | None = None) -> tuple[list[Copy], list[str]]:
+                 moe_config_dir: Path | None = None, target_gpu: str | None = None) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen."""
     manifest_path = results / "manifest.json"
     if not manifest_path.is_file():
@@ -83,7 +83,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         raise TunerError(f"{results} holds no {engine} tables")
     eng = ENGINES[engine]
     target_triton = installed_version(site, "triton")
-    gpu = local_gpu_name()
+    gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
     copies, notes = [], []
     for t in tables:
         rel = t["files"][engine]
@@ -97,7 +97,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
             problems.append(f"it was measured under Triton {env['triton']}, the target runs {target_triton}")
         if gpu and env.get("device") and env["device"] != gpu:
-            problems.append(f"it was measured on {env['device']}, this machine has {gpu}")
+            problems.append(f"it was measured on {env['device']}, the target GPU is {gpu}")
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
