@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter_fixes import cast_for_store, interpreting, round_to_grid
-from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0
@@ -272,7 +272,7 @@ KERNEL = KernelSpec(
     name="fp8_gemm",
     table_kind="fp8_gemm",
     problem_keys=("N", "K", "block_shape"),
-    config_keys=("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"),
+    config_keys=MATMUL_CONFIG_KEYS,
     make_inputs=make_inputs,
     run=run,
     reference=reference,

@@ -25,7 +25,7 @@ import triton.language as tl
 from kernels.fp8_gemm import (FP8, FP8_MAX, block_quant_weight, per_token_group_quant_fp8,
                               per_token_group_quant_fp8_reference)
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
 PARTS = ("op", "up", "down")   # the whole layer (vLLM's table), or one projection (SGLang's two)
@@ -470,7 +470,7 @@ KERNEL = KernelSpec(
     name="fused_moe",
     table_kind="fused_moe",
     problem_keys=("E", "N", "K", "topk", "dtype", "block_shape", "part", "routing"),
-    config_keys=("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"),
+    config_keys=MATMUL_CONFIG_KEYS,
     make_inputs=make_inputs,
     run=run,
     reference=reference,

@@ -1,7 +1,6 @@
 """`tuner report` and `tuner diff` over two replay runs of SYNTHETIC landscapes, one of
 which is made slower at some batch sizes."""
 
-import json
 
 import pytest
 

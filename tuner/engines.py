@@ -27,7 +27,6 @@ class Engine:
     gemm_folder: str                # where the package reads block-FP8 GEMM tables
     moe_folder: str                 # where the package reads fused-MoE tables
     moe_folder_per_triton: bool     # SGLang keys its MoE folder by Triton version
-    has_down_table: bool            # SGLang reads an optional `_down` MoE table
 
     def device_name(self, cuda_name: str) -> str:
         """The device_name= part of a file name for a GPU CUDA calls `cuda_name`."""
@@ -87,7 +86,6 @@ ENGINES: dict[str, Engine] = {
         gemm_folder="vllm/model_executor/layers/quantization/utils/configs",
         moe_folder="vllm/model_executor/layers/fused_moe/configs",
         moe_folder_per_triton=False,
-        has_down_table=False,
     ),
     "sglang": Engine(
         name="sglang",
@@ -96,7 +94,6 @@ ENGINES: dict[str, Engine] = {
         gemm_folder="sglang/kernels/ops/gemm/configs",
         moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
         moe_folder_per_triton=True,
-        has_down_table=True,
     ),
 }
 

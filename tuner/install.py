@@ -21,6 +21,7 @@ from tuner.engines import ENGINES
 from tuner.environment import now_iso
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.results import read_manifest
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
 ENV_VARS = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
@@ -71,13 +72,7 @@ def local_gpu_name() -> str | None:
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen."""
-    manifest_path = results / "manifest.json"
-    if not manifest_path.is_file():
-        raise TunerError(f"{results} holds no manifest.json: not a tuner results folder")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
-        raise TunerError(f"{manifest_path} is not valid JSON: {e}") from None
+    manifest = read_manifest(results)
     tables = [t for t in manifest.get("tables", []) if t.get("files", {}).get(engine)]
     if not tables:
         raise TunerError(f"{results} holds no {engine} tables")

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 Config = dict[str, int]
+# The launch-config keys of the engines' Triton matmul kernels (GEMM and fused MoE), in
+# the order their tables list them.
+MATMUL_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 Params = dict[str, Any]   # a problem's shape/dtype keys, e.g. {"N": 7168, "K": 2048, "block_shape": [128, 128]}
 
 

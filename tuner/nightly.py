@@ -82,7 +82,8 @@ def environment_now(job: dict) -> dict:
 
 
 def _tables_of(run: Path) -> dict:
-    manifest = json.loads((run / "manifest.json").read_text())
+    from tuner.results import read_manifest
+    manifest = read_manifest(run)
     return {json.dumps([t["kernel"], t["problem"]], sort_keys=True): t for t in manifest["tables"]}
 
 

@@ -7,7 +7,6 @@ what got slower, and by how much.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pandas as pd
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_text
 from tuner.problems import Problem
+from tuner.results import read_manifest
 
 
 def _label(entry: dict) -> str:
@@ -24,13 +24,7 @@ def _label(entry: dict) -> str:
 
 def manifest_frame(run: Path) -> pd.DataFrame:
     """One row per (table, M) of a results folder's manifest."""
-    path = Path(run) / "manifest.json"
-    if not path.is_file():
-        raise TunerError(f"{run} holds no manifest.json: not a tuner results folder")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise TunerError(f"{path} is not valid JSON: {e}") from None
+    manifest = read_manifest(run)
     rows = []
     for t in manifest.get("tables", []):
         for m, e in (t.get("entries") or {}).items():
@@ -43,7 +37,7 @@ def manifest_frame(run: Path) -> pd.DataFrame:
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
             })
     if not rows:
-        raise TunerError(f"{path} lists no tuned entries")
+        raise TunerError(f"{run}/manifest.json lists no tuned entries")
     return pd.DataFrame(rows).sort_values(["problem", "M"]).reset_index(drop=True)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from tuner import __version__
 from tuner.engines import ENGINES
 from tuner.environment import now_iso
+from tuner.errors import TunerError
 from tuner.kernel_api import KernelSpec
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.problems import Problem
@@ -63,6 +64,17 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
     }
     atomic_write_json(path, manifest, indent=2)
     return path
+
+
+def read_manifest(folder: Path) -> dict:
+    """A results folder's manifest; one clear error when the folder is not one."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise TunerError(f"{folder} holds no {MANIFEST}: not a tuner results folder")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TunerError(f"{path} is not valid JSON: {e}") from None
 
 
 def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResult], files: dict,
