@@ -18,6 +18,30 @@ def software_versions() -> dict:
             "cuda": torch.version.cuda, "python": platform.python_version()}
 
 
+def _uuid_key(text) -> str:
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return text.lower().replace("-", "").removeprefix("gpu")
+
+
+def nvml_index(torch_device: int = 0) -> int:
+    """NVML numbers GPUs physically, torch after CUDA_VISIBLE_DEVICES: match them by UUID
+    (falls back to the torch index)."""
+    try:
+        import pynvml
+        import torch
+        want = _uuid_key(torch.cuda.get_device_properties(torch_device).uuid)
+        pynvml.nvmlInit()
+        try:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                if _uuid_key(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) == want:
+                    return i
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        pass
+    return torch_device
+
+
 def nvml_snapshot(index: int = 0) -> dict:
     """Driver, clocks, temperature and power of one GPU through NVML; {} without one."""
     try:

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
-from tuner.environment import nvml_snapshot, software_versions
+from tuner.environment import nvml_index, nvml_snapshot, software_versions
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import Config, KernelSpec
 from tuner.measure import Measurement, NumericsCheck, require_gpu
@@ -74,10 +74,11 @@ class GpuMeasurer:
         self.max_retakes, self.cooldown_s = max_retakes, cooldown_s
         self.throttled_retakes = self.throttled_kept = 0
         self._nvml = self._nvml_handle = None
+        self._nvml_index = nvml_index(torch.cuda.current_device())
         try:
             import pynvml
             pynvml.nvmlInit()
-            self._nvml, self._nvml_handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            self._nvml, self._nvml_handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(self._nvml_index)
         except Exception:  # noqa: BLE001 - timing still works, unwatched
             self._nvml = None
         self.kernel = kernel
@@ -93,11 +94,11 @@ class GpuMeasurer:
         self._pool = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = ProcessPoolExecutor(compile_workers, mp_context=get_context("spawn"))
-        self._env = {"device": torch.cuda.get_device_name(), **software_versions(), **nvml_snapshot(0),
+        self._env = {"device": torch.cuda.get_device_name(), **software_versions(), **nvml_snapshot(self._nvml_index),
                      "sm_count": props.multi_processor_count, "l2_bytes": l2}
 
     def environment(self) -> dict:
-        return {**self._env, "clocks_now": nvml_snapshot(self.torch.cuda.current_device()),
+        return {**self._env, "clocks_now": nvml_snapshot(self._nvml_index),
                 "throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept}
 
     def candidates(self, problem: Problem, M: int):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from tuner.environment import nvml_snapshot, software_versions
+from tuner.environment import nvml_index, nvml_snapshot, software_versions
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_json, atomic_write_text
 
@@ -72,7 +72,7 @@ def environment_now(job: dict) -> dict:
         from tuner.landscape import read_header
         h = read_header(job["replay"])
         return {k: h.get(k) for k in ENV_KEYS}
-    env = {**software_versions(), **nvml_snapshot(0)}
+    env = {**software_versions(), **nvml_snapshot(nvml_index(0))}
     try:
         import torch
         env["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
