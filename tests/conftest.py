@@ -23,3 +23,10 @@ def shared_dir():
     if not (d / "baselines").is_dir():
         pytest.skip("../shared/baselines is not beside this checkout")
     return d
+
+
+@pytest.fixture(autouse=True)
+def _backups_in_tmp(tmp_path, monkeypatch):
+    """`tuner install` backs up into ~/.cache by default; tests keep theirs in tmp_path."""
+    from tuner import install
+    monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")

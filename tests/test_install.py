@@ -47,12 +47,6 @@ def site_packages(root: Path, triton="3.6.0") -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def backups(tmp_path, monkeypatch):
-    from tuner import install
-    monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")
-
-
 def test_install_then_restore_vllm(tmp_path, capsys):
     res, site = results_folder(tmp_path / "res"), site_packages(tmp_path / "site")
     shipped = (site / "vllm/model_executor/layers/fused_moe/configs" / MOE).read_text()
