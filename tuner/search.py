@@ -217,7 +217,7 @@ class StudyRunner:
             return self.result_from_dict(problem, M, done)
 
         self._fail_stale(study, choices)
-        measured, running = self._state(study)
+        measured, running = self._state(study.get_trials(deepcopy=False))
         for label, cfg in seed_cfgs:
             if config_tuple(kernel, cfg) not in measured:
                 study.enqueue_trial(self._encode(choices, cfg), user_attrs={"seed": label}, skip_if_exists=True)
@@ -226,14 +226,15 @@ class StudyRunner:
         idle_batches = 0
         while True:
             # Other workers may share this study: read its state from the storage every round.
-            measured, running = self._state(study)
+            trials = study.get_trials(deepcopy=False)
+            measured, running = self._state(trials)
             if len(measured) >= s.budget:
                 stopped = "budget"
                 break
             if len(measured) >= len(allowed):
                 stopped = "exhausted"
                 break
-            if (self._trials_since_gain(study) >= s.patience
+            if (self._trials_since_gain(trials) >= s.patience
                     and len(measured) >= min(s.budget, len(seed_cfgs) + s.patience)):
                 stopped = "converged"
                 break
@@ -285,7 +286,8 @@ class StudyRunner:
                     self._tell(study, trial, m)
             finally:
                 ACTIVE_TRIALS.difference_update(ids)
-            best = min((v for v in self._state(study)[0].values() if v is not None), default=None)
+            times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
+            best = min(times, default=None)
             self.on_trial(problem=problem, M=M, done=min(len(measured) + len(batch), s.budget),
                           budget=s.budget, best=best)
 
@@ -312,10 +314,10 @@ class StudyRunner:
                 and (tr.state == optuna.trial.TrialState.COMPLETE
                      or (tr.state == optuna.trial.TrialState.FAIL and "error" in tr.user_attrs)))
 
-    def _state(self, study) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
+    def _state(self, trials) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
         """(configs measured: time or None, configs being measured now: trial number)."""
         measured, running = {}, {}
-        for tr in study.get_trials(deepcopy=False):
+        for tr in trials:
             cfg = tr.user_attrs.get("config")
             if not cfg:
                 continue
@@ -369,10 +371,9 @@ class StudyRunner:
                 optuna.storages.fail_stale_trials(study)      # requeues through requeue_stale_trial
 
 
-    def _trials_since_gain(self, study) -> int:
+    def _trials_since_gain(self, trials) -> int:
         best, since = None, 0
-        for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
-                                                          optuna.trial.TrialState.FAIL)):
+        for tr in trials:
             if not self._counts(tr):
                 continue
             v = tr.value
