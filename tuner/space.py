@@ -115,17 +115,20 @@ class SearchSpace:
         for values in itertools.product(*(self.choices[k] for k in keys)):
             yield dict(zip(keys, values))
 
-    def rejected_by(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> str | None:
-        """The first rule that drops cfg, or None when cfg is kept."""
-        ctx = self._ctx(params, M, gpu)
+    def _first_rule_against(self, ctx: RuleContext, cfg: Config) -> str | None:
         for name, opts in self.constraints.items():
             if not RULES[name](ctx, opts, cfg):
                 return name
         return None
 
+    def rejected_by(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> str | None:
+        """The first rule that drops cfg, or None when cfg is kept."""
+        return self._first_rule_against(self._ctx(params, M, gpu), cfg)
+
     def configs(self, params: Params, M: int, gpu: GpuSpec) -> list[Config]:
         """Every config that survives pruning for this problem and batch size."""
-        return [c for c in self.all_configs() if self.rejected_by(params, M, gpu, c) is None]
+        ctx = self._ctx(params, M, gpu)
+        return [c for c in self.all_configs() if self._first_rule_against(ctx, c) is None]
 
     def canonical(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> Config:
         """An equivalent config in the space's canonical form (e.g. GROUP_SIZE_M folded),
