@@ -119,20 +119,13 @@ class Measurers:
             from kernels import get_kernel
             kernel = get_kernel(kernel_name)
             if self.replay:
-                from tuner.landscape import read_landscape
                 from tuner.measure import ReplayMeasurer
-                land = read_landscape(self.replay, kernel)
-                if land.header["device"] != self.gpu.cuda_name:
-                    raise TunerError(f"landscape {self.replay} was recorded on {land.header['device']!r}, "
-                                     f"not {self.gpu.cuda_name!r}")
-                self._made[kernel_name] = ReplayMeasurer(land)
+                self._made[kernel_name] = ReplayMeasurer.from_file(self.replay, kernel, self.gpu.cuda_name)
             else:
-                from tuner.isolation import IsolatedMeasurer
+                from tuner.isolation import isolated_gpu_measurer
                 from tuner.measure import require_gpu
                 require_gpu(self.gpu.cuda_name)
-                self._made[kernel_name] = IsolatedMeasurer(
-                    kernel, "tuner.measure_gpu:make_gpu_measurer",
-                    {"kernel": kernel_name, "gpu": self.gpu.key, "compile_workers": self.compile_workers})
+                self._made[kernel_name] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers)
         return self._made[kernel_name]
 
     def environment(self) -> dict:

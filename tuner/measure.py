@@ -59,6 +59,16 @@ class ReplayMeasurer:
         self.label = f"replay:{landscape.path}" if landscape.path else "replay"
         self.validator = validator   # a GPU measurer that can still check numerics
 
+    @classmethod
+    def from_file(cls, path: str, kernel: KernelSpec, cuda_name: str) -> "ReplayMeasurer":
+        """Replay a landscape file, refusing one recorded on another device."""
+        from tuner.landscape import read_landscape
+        land = read_landscape(path, kernel)
+        if land.header["device"] != cuda_name:
+            raise TunerError(f"landscape {path} was recorded on {land.header['device']!r}, "
+                             f"but --gpu is {cuda_name!r}")
+        return cls(land)
+
     def environment(self) -> dict:
         h = self.landscape.header
         env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded")}

@@ -22,7 +22,7 @@ from tuner.environment import now_iso, software_versions
 from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import KernelSpec
-from tuner.landscape import Landscape, LandscapeWriter, read_landscape
+from tuner.landscape import Landscape, LandscapeWriter
 from tuner.measure import RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
 from tuner.progress import Progress
@@ -125,17 +125,11 @@ def load_baseline_table(baseline_dir: str, opts: RunOptions, problem: Problem) -
 # -- the run ----------------------------------------------------------------------------
 def make_measurer(opts: RunOptions, progress: Progress):
     if opts.replay:
-        land = read_landscape(opts.replay, opts.kernel)
-        if land.header["device"] != opts.gpu.cuda_name:
-            raise TunerError(f"landscape {opts.replay} was recorded on {land.header['device']!r}, "
-                             f"but --gpu is {opts.gpu.cuda_name!r}")
-        return ReplayMeasurer(land)
-    from tuner.isolation import IsolatedMeasurer
+        return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.gpu.cuda_name)
+    from tuner import isolation
     # Every compile and timing happens in a replaceable child process (tuner/isolation.py).
-    gpu_m = IsolatedMeasurer(opts.kernel, "tuner.measure_gpu:make_gpu_measurer",
-                             {"kernel": opts.kernel.name, "gpu": opts.gpu.key,
-                              "compile_workers": opts.compile_workers},
-                             timeout_s=opts.measure_timeout, recycle_after=opts.recycle_after)
+    gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
+                                            opts.measure_timeout, opts.recycle_after)
     if not opts.record:
         return gpu_m
     env = gpu_m.environment()
