@@ -18,6 +18,7 @@ from tuner.errors import TunerError  # noqa: E402
 from tuner.gpus import get_gpu  # noqa: E402
 from tuner.landscape import read_header, read_landscape  # noqa: E402
 from tuner.offline import search_efficiency, summary_table  # noqa: E402
+from tuner.report import markdown_table  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 
 
@@ -37,17 +38,8 @@ def main() -> int:
         return 2
     if land.header.get("synthetic"):
         print("**SYNTHETIC landscape: these figures describe a cost model, not a GPU.**\n")
-    print(summary_table(runs, args.budget).to_markdown(index=False) if _has_tabulate()
-          else summary_table(runs, args.budget).to_string(index=False))
+    print(markdown_table(summary_table(runs, args.budget)))
     return 0
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 if __name__ == "__main__":

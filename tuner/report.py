@@ -97,8 +97,7 @@ def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path
         sp = part.dropna(subset=["speedup"])
         _plot(png, problem, series, ("speedup over default", list(sp["M"]), list(sp["speedup"])))
         lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
-                  part.drop(columns=["problem"]).to_markdown(index=False) if _tabulate() else
-                  "```\n" + part.drop(columns=["problem"]).to_string(index=False) + "\n```", ""]
+                  markdown_table(part.drop(columns=["problem"])), ""]
     atomic_write_text(out, "\n".join(lines) + "\n")
     return df, out
 
@@ -147,15 +146,14 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02) -> tupl
               ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])))
         table = part.drop(columns=["problem"])
         lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
-                  table.to_markdown(index=False, floatfmt=".2f") if _tabulate() else
-                  "```\n" + table.to_string(index=False) + "\n```", ""]
+                  markdown_table(table, floatfmt=".2f"), ""]
     atomic_write_text(out, "\n".join(lines) + "\n")
     return df, out
 
 
-def _tabulate() -> bool:
+def markdown_table(df: pd.DataFrame, **kw) -> str:
+    """A Markdown table (pandas needs the tabulate package for that); else a code block."""
     try:
-        import tabulate  # noqa: F401
-        return True
+        return df.to_markdown(index=False, **kw)
     except ImportError:
-        return False
+        return "```\n" + df.to_string(index=False) + "\n```"
