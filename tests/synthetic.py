@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 
-from tuner.landscape import LandscapeWriter, Point
+from tuner.landscape import LandscapeWriter, Point, read_landscape
 
 
 def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float | None:
@@ -75,3 +75,42 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
                 t = fake_time_us(params, M, cfg)
                 w.write(params, M, cfg, Point(t, None if t else "synthetic failure", 0.01 if t else None))
     w.close()
+
+
+def scaled_landscape(src, dst, kernel, factor: float, only_m=None, **header):
+    """A copy of a landscape with every time (at batch sizes `only_m`, default all) times
+    `factor`, and header fields replaced: a GPU or software stack that got faster or slower."""
+    land = read_landscape(src, kernel)
+    w = LandscapeWriter(dst, kernel, {**land.header, **header})
+    for (key, M), pts in land.points.items():
+        f = factor if only_m is None or M in only_m else 1.0
+        for cfg, p in pts.items():
+            w.write(land.problems[key], M, dict(zip(kernel.config_keys, cfg)),
+                    Point(p.time_us * f if p.time_us else None, p.error, p.spread))
+    w.close()
+    return dst
+
+
+def slowed_cli(seconds_per_config: float) -> str:
+    """Python source that runs the tuner's command line with replayed measurements slowed
+    down, so that test processes overlap (python -c SOURCE ARGS...)."""
+    return f"""
+import sys, time
+from tuner import measure
+real = measure.ReplayMeasurer.measure
+def slow(self, problem, M, configs):
+    time.sleep({seconds_per_config} * len(configs))
+    return real(self, problem, M, configs)
+measure.ReplayMeasurer.measure = slow
+from tuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def block_fp8_model(path, hidden: int, heads: int, intermediate: int | None = None):
+    """A small model YAML (128-wide heads, 128x128 FP8 weight blocks) with few GEMM shapes."""
+    text = f"hidden_size: {hidden}\nnum_attention_heads: {heads}\nhead_dim: 128\n"
+    if intermediate:
+        text += f"intermediate_size: {intermediate}\n"
+    path.write_text(text + "quantization_config: {weight_block_size: [128, 128]}\n")
+    return path

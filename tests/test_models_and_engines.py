@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from synthetic import block_fp8_model
+
 from tuner.engines import ENGINES, lookup_nearest
 from tuner.errors import TunerError
 from tuner.models import gemm_problems, load_model
@@ -39,9 +41,7 @@ def test_deepseek_v3_shapes_at_other_tp(tp, expected):
 
 def test_same_shapes_merge_layers(tmp_path):
     # o_proj [1024, 8*128] and down_proj [1024, 1024] are one GEMM shape: tuned once.
-    f = tmp_path / "tiny.yaml"
-    f.write_text("hidden_size: 1024\nnum_attention_heads: 8\nhead_dim: 128\nintermediate_size: 1024\n"
-                 "quantization_config: {weight_block_size: [128, 128]}\n")
+    f = block_fp8_model(tmp_path / "tiny.yaml", 1024, 8, 1024)
     got = shapes(load_model(str(f)), 1)
     assert got[(1024, 1024)].layers == ("o_proj", "mlp.down_proj")
     assert len(got) == 3

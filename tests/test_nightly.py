@@ -12,10 +12,9 @@ import pytest
 import yaml
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
+from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
-from tuner.landscape import LandscapeWriter, Point, read_landscape
 from tuner.models import gemm_problems, load_model
 from tuner.space import load_space
 
@@ -24,30 +23,16 @@ KERNEL = get_kernel("fp8_gemm")
 MS = [1, 16]
 
 
-def scaled(src: Path, dst: Path, factor: float, triton: str) -> Path:
-    land = read_landscape(src, KERNEL)
-    w = LandscapeWriter(dst, KERNEL, {**land.header, "triton": triton})
-    for (key, M), pts in land.points.items():
-        params = land.problems[key]
-        for cfg, p in pts.items():
-            w.write(params, M, dict(zip(KERNEL.config_keys, cfg)),
-                    Point(p.time_us * factor if p.time_us else None, p.error, p.spread))
-    w.close()
-    return dst
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     d = tmp_path_factory.mktemp("nightly")
-    model = d / "tiny.yaml"
-    model.write_text("hidden_size: 1024\nnum_attention_heads: 8\nhead_dim: 128\n"
-                     "quantization_config: {weight_block_size: [128, 128]}\n")
+    model = block_fp8_model(d / "tiny.yaml", 1024, 8)
     problems = [p.params for p in gemm_problems(load_model(str(model)), 1)]
     base = d / "base.jsonl"
     write_synthetic_landscape(base, KERNEL, load_space(KERNEL), get_gpu("H200"), problems, MS)
     lands = {"a1": base, "b1": base,
-             "a2": scaled(base, d / "a2.jsonl", 0.8, "3.7.0"),     # job a: the new stack is faster
-             "b2": scaled(base, d / "b2.jsonl", 1.3, "3.7.0")}     # job b: and slower here
+             "a2": scaled_landscape(base, d / "a2.jsonl", KERNEL, 0.8, triton="3.7.0"),   # job a: faster
+             "b2": scaled_landscape(base, d / "b2.jsonl", KERNEL, 1.3, triton="3.7.0")}   # job b: slower
     return d, model, lands
 
 

@@ -7,7 +7,7 @@ import optuna
 import pytest
 
 from kernels import get_kernel
-from synthetic import fake_time_us
+from synthetic import block_fp8_model, fake_time_us
 from tuner import measure
 from tuner.cli import main
 from tuner.landscape import read_landscape
@@ -64,9 +64,7 @@ def gemm(out, *extra):
 
 
 def test_record_writes_the_full_grid_and_replays_it(fake_gpu, tmp_path):
-    model = tmp_path / "small.yaml"   # three GEMM shapes keep this quick
-    model.write_text("hidden_size: 2048\nnum_attention_heads: 16\nhead_dim: 128\nintermediate_size: 2048\n"
-                     "quantization_config: {weight_block_size: [128, 128]}\n")
+    model = block_fp8_model(tmp_path / "small.yaml", 2048, 16, 2048)   # three GEMM shapes keep this quick
     land_path = tmp_path / "rec.jsonl.gz"
     args = ["--model", str(model), "--tp", "1", "--batch-sizes", "1", "16"]
     assert gemm(tmp_path / "a", "--record", str(land_path), *args) == 0

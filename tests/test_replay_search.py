@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
+from synthetic import slowed_cli, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.landscape import read_landscape
@@ -111,25 +111,12 @@ def test_resume_counts_stored_trials_against_the_budget(landscape, tmp_path, mon
     assert first > 0
 
 
-KILL_SCRIPT = """
-import sys, time
-from tuner import measure
-real = measure.ReplayMeasurer.measure
-def slow(self, problem, M, configs):
-    time.sleep(0.02 * len(configs))
-    return real(self, problem, M, configs)
-measure.ReplayMeasurer.measure = slow
-from tuner.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_kill_9_then_resume(landscape, tmp_path):
     out = tmp_path / "out"
     args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(landscape),
             "--out", str(out), "--trials", "20", "--patience", "100", "--batch-sizes", *map(str, MS), "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, *args], env=env, cwd=tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", slowed_cli(0.02), *args], env=env, cwd=tmp_path)
     url = f"sqlite:///{out / 'studies.db'}"
     deadline = time.time() + 120
     while time.time() < deadline:

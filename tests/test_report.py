@@ -5,10 +5,9 @@ which is made slower at some batch sizes."""
 import pytest
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
+from synthetic import scaled_landscape, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
-from tuner.landscape import LandscapeWriter, Point, read_landscape
 from tuner.space import load_space
 
 KERNEL = get_kernel("fp8_gemm")
@@ -27,14 +26,7 @@ def two_runs(tmp_path_factory):
     land = d / "a.jsonl"
     write_synthetic_landscape(land, KERNEL, load_space(KERNEL), get_gpu("H200"), [P], MS)
     # the same landscape with every time at M=128 made 30 % slower
-    slow = d / "b.jsonl"
-    a = read_landscape(land, KERNEL)
-    w = LandscapeWriter(slow, KERNEL, a.header)
-    for (key, M), pts in a.points.items():
-        for cfg, p in pts.items():
-            t = p.time_us * (1.3 if M == 128 and p.time_us else 1.0) if p.time_us else None
-            w.write(P, M, dict(zip(KERNEL.config_keys, cfg)), Point(t, p.error, p.spread))
-    w.close()
+    slow = scaled_landscape(land, d / "b.jsonl", KERNEL, 1.3, only_m={128})
     run(land, d / "old")
     run(slow, d / "new")
     return d / "old", d / "new"

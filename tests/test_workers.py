@@ -16,7 +16,7 @@ import optuna
 import pytest
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
+from synthetic import block_fp8_model, slowed_cli, write_synthetic_landscape
 from tuner.gpus import get_gpu
 from tuner.models import gemm_problems, load_model
 from tuner.search import study_name
@@ -26,27 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
 MS = [1, 16]
 BUDGET = 12
-SLOW = """
-import sys, time
-from tuner import measure
-real = measure.ReplayMeasurer.measure
-def slow(self, problem, M, configs):
-    time.sleep(0.15 * len(configs))
-    return real(self, problem, M, configs)
-measure.ReplayMeasurer.measure = slow
-from tuner.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
 STORAGES = ["sqlite"] + (["postgresql"] if os.environ.get("TUNER_TEST_POSTGRES_URL") else [])
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("workers")
-    model = d / "small.yaml"
-    model.write_text("hidden_size: 2048\nnum_attention_heads: 16\nhead_dim: 128\nintermediate_size: 2048\n"
-                     "quantization_config: {weight_block_size: [128, 128]}\n")
+    model = block_fp8_model(d / "small.yaml", 2048, 16, 2048)
     problems = gemm_problems(load_model(str(model)), 1)
     land = d / "land.jsonl.gz"
     write_synthetic_landscape(land, KERNEL, load_space(KERNEL), get_gpu("H200"), [p.params for p in problems], MS)
@@ -54,7 +40,7 @@ def setup(tmp_path_factory):
 
 
 def _run(args, env):
-    return subprocess.Popen([sys.executable, "-c", SLOW, *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", slowed_cli(0.15), *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
