@@ -107,6 +107,27 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def cli_killed_mid_claim(claim: int) -> str:
+    """Python source that runs the tuner's command line and SIGKILLs itself between the two
+    attribute writes that claim a trial (worker and config), on the `claim`-th claim: the
+    narrowest window a kill can hit (python -c SOURCE ARGS...)."""
+    return f"""
+import os, signal, sys
+import optuna
+real = optuna.trial.Trial.set_user_attr
+writes = [0]
+def write_then_maybe_die(self, key, value):
+    real(self, key, value)
+    if key in ("worker", "config"):
+        writes[0] += 1
+        if writes[0] == 2 * {claim} - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+optuna.trial.Trial.set_user_attr = write_then_maybe_die
+from tuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def block_fp8_model(path, hidden: int, heads: int, intermediate: int | None = None):
     """A small model YAML (128-wide heads, 128x128 FP8 weight blocks) with few GEMM shapes."""
     text = f"hidden_size: {hidden}\nnum_attention_heads: {heads}\nhead_dim: 128\n"

@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from kernels import get_kernel
-from synthetic import slowed_cli, write_synthetic_landscape
+from synthetic import cli_killed_mid_claim, slowed_cli, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.landscape import read_landscape
@@ -143,3 +143,62 @@ def test_kill_9_then_resume(landscape, tmp_path):
             assert len({tuple(t.user_attrs["config"].values()) for t in trials}) == 20
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["tables"]) == 2
+
+
+def test_kill_between_claim_writes_then_resume(landscape, tmp_path):
+    """A process killed after naming a trial's config but before (or after) naming itself
+    leaves no claim that blocks the resumed run."""
+    out = tmp_path / "out"
+    args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(landscape),
+            "--out", str(out), "--trials", "12", "--patience", "100", "--batch-sizes", "1", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    killed = subprocess.run([sys.executable, "-c", cli_killed_mid_claim(5), *args], env=env, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    url = f"sqlite:///{out / 'studies.db'}"
+    running = [t for s in optuna.get_all_study_names(url) for t in optuna.load_study(study_name=s, storage=url).trials
+               if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs]
+    half_claimed = [t for t in running if len({"worker", "config"} & t.user_attrs.keys()) == 1]
+    assert len(half_claimed) == 1     # the kill landed between the two writes
+    done = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for params in PROBLEMS:
+        trials = measured_trials(url, params, 1)
+        assert len({tuple(t.user_attrs["config"].values()) for t in trials}) == len(trials) == 12
+
+
+def test_an_unnamed_claim_from_an_older_run_is_cleared(landscape, monkeypatch):
+    """A RUNNING trial that names a config but no worker (a process killed between the two
+    writes, in the order older versions used) is failed once it is old, not waited on."""
+    from tuner import search
+    from tuner.measure import ReplayMeasurer
+    from tuner.search import SearchSettings, StudyRunner
+
+    gpu, space = get_gpu("H200"), load_space(KERNEL)
+    measurer = ReplayMeasurer.from_file(str(landscape), KERNEL, gpu.cuda_name)
+    storage = optuna.storages.InMemoryStorage()
+    problem = Problem("fp8_gemm", PROBLEMS[0])
+    runner = StudyRunner(KERNEL, space, gpu, measurer, storage,
+                         SearchSettings(budget=4, patience=1000, batch=2, seed=1))
+    runner.poll_s = 0.0
+    runner.tune(problem, 1, [])
+    study = optuna.load_study(study_name=study_name(problem, 1), storage=storage)
+    measured = {tuple(t.user_attrs["config"].values()) for t in study.trials if "config" in t.user_attrs}
+    cfg = next(c for c in space.configs(problem.params, 1, gpu) if tuple(c.values()) not in measured)
+    orphan = study.ask()
+    orphan.set_user_attr("config", cfg)
+
+    sleeps = []
+
+    def sleep(seconds):               # a broken recovery would wait forever: give up loudly
+        sleeps.append(seconds)
+        if len(sleeps) > 200:
+            raise AssertionError("the run waited on the orphaned trial")
+
+    monkeypatch.setattr(search.time, "sleep", sleep)
+    monkeypatch.setattr(search, "ORPHAN_AFTER_S", -1)
+    runner.settings = SearchSettings(budget=8, patience=1000, batch=2, seed=1)
+    result = runner.tune(problem, 1, [])
+    assert result.trials == 8
+    left = study.trials[orphan.number]
+    assert left.state == optuna.trial.TrialState.FAIL and left.user_attrs["error"] == "interrupted"

@@ -12,6 +12,7 @@ the storage, so a run started again continues where it stopped.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import os
 import random
@@ -40,6 +41,9 @@ SAMPLERS = ("tpe", "random", "cmaes")
 # RUNNING trials belong to a process that no longer exists on this host.
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 ACTIVE_TRIALS: set[int] = set()      # trial ids this process is measuring right now
+# A live worker names itself on a trial right after asking for it; a RUNNING trial still
+# unnamed after this long was asked for by a process killed in between.
+ORPHAN_AFTER_S = 300
 
 
 def _gone(worker: str | None, trial_id: int) -> bool:
@@ -260,8 +264,10 @@ class StudyRunner:
                     trial.set_user_attr("pruned", "repeat")
                     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 else:
-                    trial.set_user_attr("config", cfg)
+                    # Worker first: a trial that names a config always names who measures it,
+                    # so a kill between the two writes cannot leave a claim nobody can clear.
                     trial.set_user_attr("worker", WORKER_ID)
+                    trial.set_user_attr("config", cfg)
                     batch.append((trial, cfg))
                     pending.add(t)
             batch = self._claim(study, batch, s.budget)
@@ -357,8 +363,12 @@ class StudyRunner:
         """Trials left RUNNING by a worker that is gone are failed as 'interrupted' and their
         configs queued again: at once for a dead process on this host, after Optuna's
         heartbeat grace period for one elsewhere."""
+        now = datetime.datetime.now()
         for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if _gone(tr.user_attrs.get("worker"), tr._trial_id):
+            worker = tr.user_attrs.get("worker")
+            orphan = (worker is None and tr.datetime_start is not None
+                      and (now - tr.datetime_start).total_seconds() > ORPHAN_AFTER_S)
+            if orphan or _gone(worker, tr._trial_id):
                 stale = optuna.Trial(study, tr._trial_id)
                 stale.set_user_attr("error", "interrupted")
                 study.tell(stale, state=optuna.trial.TrialState.FAIL)
