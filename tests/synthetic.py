@@ -107,20 +107,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def cli_killed_mid_claim(claim: int) -> str:
-    """Python source that runs the tuner's command line and SIGKILLs itself between the two
-    attribute writes that claim a trial (worker and config), on the `claim`-th claim: the
-    narrowest window a kill can hit (python -c SOURCE ARGS...)."""
+def cli_killed_at_claim(claim: int) -> str:
+    """Python source that runs the tuner's command line and SIGKILLs itself the instant it
+    has written the config of its `claim`-th claimed trial, before measuring it (python -c
+    SOURCE ARGS...)."""
     return f"""
 import os, signal, sys
 import optuna
 real = optuna.trial.Trial.set_user_attr
-writes = [0]
+claims = [0]
 def write_then_maybe_die(self, key, value):
     real(self, key, value)
-    if key in ("worker", "config"):
-        writes[0] += 1
-        if writes[0] == 2 * {claim} - 1:
+    if key == "config":
+        claims[0] += 1
+        if claims[0] == {claim}:
             os.kill(os.getpid(), signal.SIGKILL)
 optuna.trial.Trial.set_user_attr = write_then_maybe_die
 from tuner.cli import main

@@ -89,7 +89,8 @@ def test_workers_share_studies_and_survive_a_kill(setup, tmp_path, backend):
             configs = [tuple(t.user_attrs["config"].values()) for t in measured]
             assert len(configs) == BUDGET, (p.key, m)          # no trial lost, none beyond the budget
             assert len(set(configs)) == BUDGET, (p.key, m)     # none run twice
-            assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+            # every trial a worker named (all but one asked in the instant of the kill) finished
+            assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and t.user_attrs]
             workers |= {t.user_attrs["worker"] for t in measured}
     assert victim_id in workers and len(workers) >= 2              # the work really was shared
     manifest = json.loads((out / "manifest.json").read_text())

@@ -254,6 +254,9 @@ class StudyRunner:
                 if len(batch) >= want:
                     break
                 trial = study.ask()
+                # Named at once: a RUNNING trial always says whose it is (a kill between two
+                # writes must not leave a claim nobody can clear), pruned ones included.
+                trial.set_user_attr("worker", WORKER_ID)
                 cfg = self._suggest(trial, choices)
                 t = config_tuple(kernel, cfg)
                 if t not in allowed:
@@ -264,9 +267,6 @@ class StudyRunner:
                     trial.set_user_attr("pruned", "repeat")
                     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 else:
-                    # Worker first: a trial that names a config always names who measures it,
-                    # so a kill between the two writes cannot leave a claim nobody can clear.
-                    trial.set_user_attr("worker", WORKER_ID)
                     trial.set_user_attr("config", cfg)
                     batch.append((trial, cfg))
                     pending.add(t)
