@@ -216,6 +216,16 @@ def emit_table(problem_results, cuda_name: str):
     return {rel: t for rel, t in files.items() if t["configs"]}, file_of
 
 
+def read_table(obj: dict) -> list:
+    """[(problem params, {batch: config})] of one of our tables, one per context bucket."""
+    if not isinstance(obj, dict) or obj.get("format") != TABLE_FORMAT:
+        return []
+    base = {"heads": int(obj["heads"]), "kv_lora_rank": int(obj["kv_lora_rank"]),
+            "qk_rope_dim": int(obj["qk_rope_dim"]), "page_size": int(obj["page_size"])}
+    return [({**base, "context": int(ctx)}, {int(b): dict(cfg) for b, cfg in row.items()})
+            for ctx, row in obj["configs"].items()]
+
+
 def engine_hints(problem_results) -> list[str]:
     """What the engines can take from the tuned table today."""
     splits = sorted({r.config["num_kv_splits"] for _, rs in problem_results for r in rs if r.config})
@@ -338,6 +348,7 @@ KERNEL = KernelSpec(
     extra_seeds=sglang_default,
     compile_only=compile_only,
     emit_table=emit_table,
+    read_table=read_table,
     engine_hints=engine_hints,
     measurement_note=lambda p: (f"both stages, batch of M requests with lengths uniform in "
                                 f"[0.75, 1.25] x {p['context']}, pages scattered"),

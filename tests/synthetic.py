@@ -77,14 +77,16 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
     w.close()
 
 
-def scaled_landscape(src, dst, kernel, factor: float, only_m=None, **header):
-    """A copy of a landscape with every time (at batch sizes `only_m`, default all) times
-    `factor`, and header fields replaced: a GPU or software stack that got faster or slower."""
+def scaled_landscape(src, dst, kernel, factor: float, only_m=None, only=None, **header):
+    """A copy of a landscape with every time (at batch sizes `only_m`, default all; of the
+    points only(params, M, config) picks, default all) times `factor`, and header fields
+    replaced: a GPU or software stack that got faster or slower."""
     land = read_landscape(src, kernel)
     w = LandscapeWriter(dst, kernel, {**land.header, **header})
     for (key, M), pts in land.points.items():
-        f = factor if only_m is None or M in only_m else 1.0
         for cfg, p in pts.items():
+            picked = only is None or only(land.problems[key], M, dict(zip(kernel.config_keys, cfg)))
+            f = factor if (only_m is None or M in only_m) and picked else 1.0
             w.write(land.problems[key], M, dict(zip(kernel.config_keys, cfg)),
                     Point(p.time_us * f if p.time_us else None, p.error, p.spread))
     w.close()

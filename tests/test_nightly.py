@@ -15,7 +15,9 @@ from kernels import get_kernel
 from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
+from tuner.landscape import read_landscape
 from tuner.models import gemm_problems, load_model
+from tuner.problems import Problem
 from tuner.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,3 +104,62 @@ def test_script_lock_log_and_exit_status(world, tmp_path):
     log = (REPO / "logs" / "nightly-s1.log").read_text()
     assert "exit 0" in log and "a fresh" in log
     (REPO / "logs" / "nightly-s1.log").unlink()
+
+
+def test_mla_tables_drift_retune_and_never_get_slower(tmp_path, capsys):
+    """MLA decode tables (our own format) go through the same night: drift re-times them,
+    a retune is seeded with them, and the new table is never slower than the old one."""
+    import kernels.mla_decode as md
+    from tuner.models import mla_problems
+
+    kernel, gpu = get_kernel("mla_decode"), get_gpu("H200")
+    space = load_space(kernel)
+    problems, _ = mla_problems(load_model("deepseek-v3"), 8, [4096], 64)
+    base = tmp_path / "mla1.jsonl"
+    write_synthetic_landscape(base, kernel, space, gpu, [p.params for p in problems], MS)
+    job = {"name": "mla", "kernel": "mla", "model": "deepseek-v3", "gpu": "H200", "tp": 8, "trials": 12,
+           "batch_sizes": MS, "contexts": [4096]}
+
+    def night(land, name):
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "noise": 0.02,
+                                       "jobs": [{**job, "replay": str(land)}]}))
+        return main(["nightly", str(cfg), "--night", name])
+
+    def table_of(name):
+        path = tmp_path / "runs" / name / "mla/tuner/mla_decode" / md.table_filename(16, 64, "NVIDIA H200")
+        return {(p["context"], M): (p, c) for p, rows in md.read_table(json.loads(path.read_text()))
+                for M, c in rows.items()}
+
+    assert night(base, "n1") == 0
+    old = table_of("n1")
+    default = {k: space.canonical(p, k[1], gpu, kernel.default_config(p, k[1])) for k, (p, _) in old.items()}
+    beaten = [k for k, (_, c) in old.items() if c != default[k]]
+    assert beaten                                  # the first night found better than the default
+
+    # Same software, but last night's winners got 3x slower here: drift sees them lose.
+    slow = scaled_landscape(base, tmp_path / "mla2.jsonl", kernel, 3.0,
+                            only=lambda p, M, c: old.get((p["context"], M), (None, None))[1] == c)
+    rows = tmp_path / "drift.json"
+    assert main(["drift", str(tmp_path / "runs/n1/mla"), "--gpu", "H200", "--replay", str(slow),
+                 "--out", str(rows)]) == 0
+    losing = {(4096, r["M"]) for r in json.loads(rows.read_text()) if r["verdict"] == "loses"}
+    assert losing and losing <= set(beaten)
+    assert f"{len(losing)} of {len(old)} entries no longer beat the default" in capsys.readouterr().out
+    assert night(slow, "n2") in (0, 3)
+    summary = json.loads((tmp_path / "runs/n2/summary.json").read_text())[0]
+    assert summary["why"] == "a table lost to the default"
+    new = table_of("n2")
+    times = read_landscape(slow, kernel)
+    for k, (p, c) in new.items():
+        point = lambda cfg: times.points[(Problem("mla_decode", p).key, k[1])][tuple(cfg[x] for x in kernel.config_keys)]
+        assert point(c).time_us <= point(old[k][1]).time_us        # never slower than last night's config
+        if k in losing:
+            assert c != old[k][1]
+    manifest = json.loads((tmp_path / "runs/n2/mla/manifest.json").read_text())
+    entries = {(t["problem"]["context"], int(M)): e["config"] for t in manifest["tables"] for M, e in t["entries"].items()}
+    assert entries == {k: c for k, (_, c) in new.items()}           # the file says what the manifest says
+
+    # nothing changed since: the new table still wins, nothing is retuned
+    assert night(slow, "n3") == 0
+    assert json.loads((tmp_path / "runs/n3/summary.json").read_text())[0]["status"] == "unchanged"

@@ -32,19 +32,23 @@ class TableFile:
     table: dict
 
 
-def parse_table_file(path: Path, model=None, routing: str = "uniform") -> TableFile | None:
-    """The problem a table file is for, or None for files that are not config tables.
+def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
+    """The problems a table file is for ([] for files that are not config tables): one for
+    an engine's table, one per problem it holds for a kernel's own format (MLA decode).
     MoE names lack the hidden size and top-k: they come from `model`."""
     name = path.name
     try:
-        table = {k: v for k, v in json.loads(path.read_text()).items() if k != "triton_version"}
-    except (OSError, json.JSONDecodeError):
-        return None
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    if not isinstance(raw, dict):
+        return []
+    table = {k: v for k, v in raw.items() if k != "triton_version"}
     if m := _GEMM.match(name):
         n, k, dev, dtype, bn, space, bk = m.groups()
         engine = "sglang" if space else "vllm"
-        return TableFile(path, engine, dev, Problem("fp8_gemm", {"N": int(n), "K": int(k),
-                                                                 "block_shape": [int(bn), int(bk)]}), table)
+        return [TableFile(path, engine, dev, Problem("fp8_gemm", {"N": int(n), "K": int(k),
+                                                                  "block_shape": [int(bn), int(bk)]}), table)]
     if m := _MOE.match(name):
         if model is None:
             raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
@@ -53,8 +57,17 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> TableF
         params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok,
                   "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None,
                   "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
-        return TableFile(path, engine, dev, Problem("fused_moe", params), table)
-    return None
+        return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]
+    from kernels import KERNEL_MODULES, get_kernel
+    for kernel in map(get_kernel, KERNEL_MODULES):
+        if kernel.read_table is None:
+            continue
+        held = kernel.read_table(raw)
+        if held:
+            dev = str(raw.get("device_name", ""))
+            return [TableFile(path, "tuner", dev, Problem(kernel.name, params), {str(M): c for M, c in rows.items()})
+                    for params, rows in held]
+    return []
 
 
 def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[TableFile]:
@@ -66,9 +79,10 @@ def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[
             files.append(p)
         else:
             raise TunerError(f"{p} not found")
-    tables = [t for t in (parse_table_file(f, model, routing) for f in files) if t is not None]
+    tables = [t for f in files for t in parse_table_file(f, model, routing)]
     if not tables:
-        raise TunerError(f"no engine config tables (fp8_gemm or fused_moe file names) in {', '.join(paths)}")
+        raise TunerError(f"no config tables (the engines' fp8_gemm or fused_moe files, or our MLA decode "
+                         f"tables) in {', '.join(paths)}")
     return tables
 
 

@@ -43,6 +43,9 @@ class KernelSpec:
     # and the CUDA device name, return ({relative path: JSON object}, {problem key: path}).
     # None: the engines' tables.
     emit_table: Callable[[list, str], dict] | None = None
+    # The reverse, for re-timing such tables (tuner drift, nightly): a JSON object ->
+    # [(problem params, {M: config})], [] when the object is not this kernel's table.
+    read_table: Callable[[dict], list] | None = None
     # Lines telling the user what the engines can take from the results, printed at the end.
     engine_hints: Callable[[list], list[str]] | None = None
     # How a problem's timing was taken, in words, for the manifest.

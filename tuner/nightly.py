@@ -53,8 +53,12 @@ def load_config(path: Path) -> dict:
     return cfg
 
 
-def job_argv(job: dict, out: Path) -> list[str]:
+def job_argv(job: dict, out: Path, baseline: Path | None = None) -> list[str]:
+    """The tuning command of a job; `baseline` (the last run) seeds every study with the
+    configs in use, so the retune starts from what it must beat."""
     argv = [job["kernel"], "--model", str(job["model"]), "--gpu", str(job["gpu"]), "--out", str(out), "--quiet"]
+    if baseline is not None:
+        argv += ["--baseline", str(baseline)]
     for key, flag in (("tp", "--tp"), ("ep", "--ep"), ("dtype", "--dtype"), ("trials", "--trials"),
                       ("replay", "--replay"), ("routing", "--routing"), ("sampler", "--sampler")):
         if job.get(key) is not None:
@@ -96,6 +100,7 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     from tuner.gpus import get_gpu
     from tuner.problems import Problem
     from tuner.results import table_json
+    from tuner.search import StudyRunner
 
     old, new = _tables_of(prev_run), _tables_of(new_run)
     measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"))
@@ -107,8 +112,8 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
             root = by_problem_key.get(t.get("tied_to"), k) if t.get("tied_to") else k
             groups.setdefault(root, []).append(k)
         for keys in groups.values():
-            if any(k not in old or "tuner" in new[k]["files"] for k in keys):
-                continue          # nothing to compare, or a table format of our own: keep the new one
+            if any(k not in old for k in keys):
+                continue          # nothing to compare: keep the new one
             kernel = get_kernel(new[keys[0]]["kernel"])
             measure = measurers(kernel.name)
             for M in sorted(set.intersection(*(set(new[k]["entries"]) & set(old[k]["entries"]) for k in keys)), key=int):
@@ -129,17 +134,28 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
                     if new_total >= prev_total * (1 - noise):
                         for k, a, ma in timed:
                             e = new[k]["entries"][M]
-                            e.update({"config": a, "time_us": ma.time_us, "spread": ma.spread, "kept_previous": True})
+                            e.update({"config": a, "time_us": ma.time_us, "spread": ma.spread, "kept_previous": True,
+                                      "speedup": (e["default_time_us"] / ma.time_us
+                                                  if e.get("default_time_us") else None)})
                         kept += 1
     finally:
         measurers.close()
-    # rewrite every engine table of the new run from its (possibly updated) entries
+    # rewrite every table of the new run from its (possibly updated) entries
+    own_format: dict[str, list] = {}
     for t in new.values():
+        kernel = get_kernel(t["kernel"])
+        if kernel.emit_table is not None:          # one file may hold several problems
+            problem = Problem(kernel.name, t["problem"])
+            results = [StudyRunner.result_from_dict(problem, int(m), e) for m, e in t["entries"].items()]
+            own_format.setdefault(kernel.name, []).append((problem, results))
+            continue
+        table = {int(m): e["config"] for m, e in t["entries"].items() if e.get("config")}
         for rel in t["files"].values():
-            if "tuner" in t["files"]:
-                continue
-            table = {int(m): e["config"] for m, e in t["entries"].items() if e.get("config")}
             atomic_write_text(new_run / rel, table_json(table))
+    for name, pairs in own_format.items():
+        tables, _ = get_kernel(name).emit_table(pairs, get_gpu(job["gpu"]).cuda_name)
+        for rel, obj in tables.items():
+            atomic_write_json(new_run / rel, obj)
     manifest = json.loads((new_run / "manifest.json").read_text())
     manifest["tables"] = list(new.values())
     atomic_write_json(new_run / "manifest.json", manifest, indent=2)
@@ -159,7 +175,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     env = environment_now(job)
     changed = prev_run is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
     drifted = False
-    if prev_run is not None and not changed and job["kernel"] != "mla":
+    if prev_run is not None and not changed:
         measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"))
         try:
             model = load_model(job["model"]) if job["kernel"] == "moe" else None
@@ -173,7 +189,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     why = "first run" if prev_run is None else ("environment changed" if changed else "a table lost to the default")
     out = night_dir / name
     log(f"{name}: retuning ({why}) into {out}")
-    rc = tuner_main(job_argv(job, out))
+    rc = tuner_main(job_argv(job, out, prev_run))
     if rc != 0:
         raise TunerError(f"{name}: the tuning run failed (exit {rc})")
     result = {"job": name, "run": str(out), "why": why}

@@ -27,7 +27,7 @@ from tuner.measure import RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
 from tuner.progress import Progress
 from tuner.paths import atomic_write_json
-from tuner.results import manifest_entry, update_manifest, write_tables
+from tuner.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
 from tuner.search import SearchSettings, StudyResult, StudyRunner, open_storage, study_name
 from tuner.space import SearchSpace
 
@@ -107,9 +107,17 @@ def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tup
 
 # -- seeds from shipped tables ----------------------------------------------------------
 def load_baseline_table(baseline_dir: str, opts: RunOptions, problem: Problem) -> dict | None:
-    """The engines' shipped table for this problem and GPU, if the folder holds one
-    (searched recursively, under either engine's file name)."""
+    """The table to beat for this problem and GPU: from an earlier run of ours (its
+    manifest, any kernel), or the engines' shipped file (searched recursively, under either
+    engine's file name)."""
     root = Path(baseline_dir)
+    if (root / MANIFEST).is_file():
+        manifest = read_manifest(root)
+        for t in manifest.get("tables", []) if manifest.get("gpu") == opts.gpu.key else []:
+            if t.get("kernel") == opts.kernel.name and Problem(t["kernel"], t["problem"]).key == problem.key:
+                table = {m: e["config"] for m, e in t.get("entries", {}).items() if e.get("config")}
+                if table:
+                    return table
     names = {ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name, "0.0.0")
              .rsplit("/", 1)[-1] for e in ENGINES}
     for path in sorted(root.rglob("*.json")):
