@@ -118,7 +118,7 @@ def test_kill_9_then_resume(landscape, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", slowed_cli(0.02), *args], env=env, cwd=tmp_path)
     url = f"sqlite:///{out / 'studies.db'}"
-    deadline = time.time() + 120
+    deadline = time.time() + 300         # generous: a slow machine only waits longer
     while time.time() < deadline:
         time.sleep(0.5)
         try:

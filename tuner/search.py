@@ -41,9 +41,13 @@ SAMPLERS = ("tpe", "random", "cmaes")
 # RUNNING trials belong to a process that no longer exists on this host.
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 ACTIVE_TRIALS: set[int] = set()      # trial ids this process is measuring right now
-# A live worker names itself on a trial right after asking for it; a RUNNING trial still
-# unnamed after this long was asked for by a process killed in between.
+# A live worker names itself on a trial and gives it a config (or prunes it) within moments
+# of asking for it; a RUNNING trial still unnamed or without a config after this long was
+# asked for by a process that died in between.
 ORPHAN_AFTER_S = 300
+# Unnamed trials (asked, the next write not yet done) are not failed that early, but after
+# this long they stop holding a budget slot for the trials asked after them.
+UNNAMED_GRACE_S = 20
 
 
 def _gone(worker: str | None, trial_id: int) -> bool:
@@ -270,7 +274,12 @@ class StudyRunner:
                     trial.set_user_attr("config", cfg)
                     batch.append((trial, cfg))
                     pending.add(t)
-            batch = self._claim(study, batch, s.budget)
+            batch, waiting = self._claim(study, batch, s.budget)
+            if not batch and waiting:
+                # The last slots are held by other workers' trials: see how they end.
+                time.sleep(self.poll_s)
+                self._fail_stale(study, choices)
+                continue
             if not batch:
                 # The sampler keeps proposing what is done or excluded: add fresh points.
                 idle_batches += 1
@@ -335,29 +344,61 @@ class StudyRunner:
         return measured, running
 
     def _claim(self, study, batch, budget: int):
-        """Keep the trials this worker may measure. Two workers can ask for the same config,
-        or together for more than the budget, at the same moment; the lower trial number wins,
-        and trials are counted against the budget in number order."""
+        """Keep the trials this worker may measure. Workers ask and write concurrently and
+        Optuna has no compare-and-set, so each decides from what it can see, conservatively:
+        - a config another trial already holds (measured, or claimed and running) is a
+          repeat. Of two claims of one config, the later-written one always sees the other,
+          so at most one is measured (rarely both step back; the config stays unmeasured);
+        - trials count against the budget in number order, and a lower-numbered trial that
+          is still being set up (asked, config not yet written) counts as taking a slot: a
+          number is given at ask time, so every trial that could be kept ahead of this one
+          is already visible (an unnamed one only for UNNAMED_GRACE_S, so that a process
+          killed right after asking does not hold a slot for long). Budget that stays
+          unused is filled in the next round. Returns (kept, whether some waited for a slot)."""
         if not batch:
-            return batch
-        mine = {tr.number for tr, _ in batch}
-        order = []
+            return batch, False
+        mine = {tr.number: (tr, cfg) for tr, cfg in batch}
+        now = datetime.datetime.now()
+        holders = []                            # (number, config tuple or None)
         for tr in study.get_trials(deepcopy=False):
-            if "config" in tr.user_attrs and (self._counts(tr) or tr.state == optuna.trial.TrialState.RUNNING):
-                order.append((tr.number, config_tuple(self.kernel, tr.user_attrs["config"])))
-        order.sort()
-        first_of, kept = {}, []
-        for rank, (number, t) in enumerate(order):
-            first_of.setdefault(t, number)
-            if number in mine:
-                trial, cfg = next(b for b in batch if b[0].number == number)
-                reason = ("repeat" if first_of[t] != number else "over budget" if rank >= budget else None)
-                if reason:
-                    trial.set_user_attr("pruned", reason)
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                else:
-                    kept.append((trial, cfg))
-        return kept
+            cfg = tr.user_attrs.get("config")
+            if self._counts(tr):
+                holders.append((tr.number, config_tuple(self.kernel, cfg)))
+            elif tr.state != optuna.trial.TrialState.RUNNING or "pruned" in tr.user_attrs:
+                continue
+            elif cfg:
+                holders.append((tr.number, config_tuple(self.kernel, cfg)))
+            elif not self._abandoned(tr, now, UNNAMED_GRACE_S):
+                holders.append((tr.number, None))
+        holders.sort()
+        kept, waiting = [], False
+        for rank, (number, t) in enumerate(holders):
+            if number not in mine:
+                continue
+            trial, cfg = mine[number]
+            repeat = any(t == other and n != number for n, other in holders)
+            reason = "repeat" if repeat else "over budget" if rank >= budget else None
+            if reason:
+                trial.set_user_attr("pruned", reason)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                waiting |= reason == "over budget"
+            else:
+                kept.append((trial, cfg))
+        return kept, waiting
+
+    @staticmethod
+    def _abandoned(tr, now, unnamed_after_s: float | None = None) -> bool:
+        """A RUNNING trial nobody will finish: its process is gone, or it was never named
+        (or never given a config) long after it was asked for."""
+        if unnamed_after_s is None:
+            unnamed_after_s = ORPHAN_AFTER_S
+        worker = tr.user_attrs.get("worker")
+        age = (now - tr.datetime_start).total_seconds() if tr.datetime_start is not None else 0.0
+        if worker is None:
+            return age > unnamed_after_s
+        if "config" not in tr.user_attrs and age > ORPHAN_AFTER_S:
+            return True
+        return _gone(worker, tr._trial_id)
 
     def _fail_stale(self, study, choices: dict) -> None:
         """Trials left RUNNING by a worker that is gone are failed as 'interrupted' and their
@@ -365,10 +406,7 @@ class StudyRunner:
         heartbeat grace period for one elsewhere."""
         now = datetime.datetime.now()
         for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            worker = tr.user_attrs.get("worker")
-            orphan = (worker is None and tr.datetime_start is not None
-                      and (now - tr.datetime_start).total_seconds() > ORPHAN_AFTER_S)
-            if orphan or _gone(worker, tr._trial_id):
+            if self._abandoned(tr, now):
                 stale = optuna.Trial(study, tr._trial_id)
                 stale.set_user_attr("error", "interrupted")
                 study.tell(stale, state=optuna.trial.TrialState.FAIL)

@@ -1,0 +1,80 @@
+"""How concurrent workers claim trials of one study (tuner/search.py StudyRunner._claim),
+with the other worker's steps played by hand in between, in the orders that used to lose a
+trial or measure one twice. The 'other worker' is named after PID 1, a live process."""
+
+import socket
+
+import optuna
+import pytest
+
+from kernels import get_kernel
+from tuner import search
+from tuner.gpus import get_gpu
+from tuner.search import WORKER_ID, SearchSettings, StudyRunner
+from tuner.space import load_space
+
+KERNEL = get_kernel("fp8_gemm")
+OTHER = f"{socket.gethostname()}:1"
+X = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}
+Y = {**X, "num_stages": 4}
+
+
+@pytest.fixture
+def setup():
+    runner = StudyRunner(KERNEL, load_space(KERNEL), get_gpu("H200"), None, optuna.storages.InMemoryStorage(),
+                         SearchSettings(budget=1))
+    return runner, optuna.create_study(storage=runner.storage)
+
+
+def ask(study, worker, config=None):
+    trial = study.ask()
+    if worker:
+        trial.set_user_attr("worker", worker)
+    if config:
+        trial.set_user_attr("config", config)
+    return trial
+
+
+def state(study, trial):
+    return study.trials[trial.number].state
+
+
+def test_a_slot_is_held_by_an_earlier_trial_still_being_set_up(setup):
+    runner, study = setup
+    theirs = ask(study, OTHER)                  # asked first; its config not written yet
+    mine = ask(study, WORKER_ID, X)
+    kept, waiting = runner._claim(study, [(mine, X)], budget=1)
+    assert kept == [] and waiting               # the earlier trial may take the only slot
+    assert study.trials[mine.number].user_attrs["pruned"] == "over budget"
+    theirs.set_user_attr("config", Y)           # ...and it does: one trial, not two
+    assert [t for t, _ in runner._claim(study, [(theirs, Y)], budget=1)[0]] == [theirs]
+
+
+def test_an_unnamed_trial_stops_holding_a_slot_after_a_grace(setup, monkeypatch):
+    runner, study = setup
+    ask(study, None)                            # a process killed right after asking
+    mine = ask(study, WORKER_ID, X)
+    monkeypatch.setattr(search, "UNNAMED_GRACE_S", -1.0)
+    kept, waiting = runner._claim(study, [(mine, X)], budget=1)
+    assert [t for t, _ in kept] == [mine] and not waiting
+
+
+def test_a_config_claimed_first_by_a_later_trial_is_not_measured_twice(setup):
+    runner, study = setup
+    theirs = ask(study, OTHER)                  # lower number, config written late
+    mine = ask(study, WORKER_ID, X)
+    assert [t for t, _ in runner._claim(study, [(mine, X)], budget=2)[0]] == [mine]
+    theirs.set_user_attr("config", X)           # the same config, written after mine
+    kept, waiting = runner._claim(study, [(theirs, X)], budget=2)
+    assert kept == [] and not waiting
+    assert state(study, theirs) == optuna.trial.TrialState.PRUNED
+    assert study.trials[theirs.number].user_attrs["pruned"] == "repeat"
+    assert state(study, mine) == optuna.trial.TrialState.RUNNING
+
+
+def test_a_dead_workers_unfinished_setup_holds_no_slot(setup):
+    runner, study = setup
+    gone = ask(study, f"{socket.gethostname()}:{2 ** 22 + 12345}")    # no such process
+    mine = ask(study, WORKER_ID, X)
+    assert [t for t, _ in runner._claim(study, [(mine, X)], budget=1)[0]] == [mine]
+    assert state(study, gone) == optuna.trial.TrialState.RUNNING          # left to _fail_stale
