@@ -10,6 +10,7 @@ import pytest
 from kernels import get_kernel
 from tuner import search
 from tuner.gpus import get_gpu
+from tuner.measure import Measurement
 from tuner.search import WORKER_ID, SearchSettings, StudyRunner
 from tuner.space import load_space
 
@@ -78,3 +79,28 @@ def test_a_dead_workers_unfinished_setup_holds_no_slot(setup):
     mine = ask(study, WORKER_ID, X)
     assert [t for t, _ in runner._claim(study, [(mine, X)], budget=1)[0]] == [mine]
     assert state(study, gone) == optuna.trial.TrialState.RUNNING          # left to _fail_stale
+
+
+def test_a_trial_another_worker_finished_first_is_left_as_it_is(setup):
+    """SQLite lets two workers pop one queued trial, and two workers may fail the same dead
+    worker's trial at once: the second write must neither raise nor overwrite the first."""
+    runner, study = setup
+    trial = ask(study, WORKER_ID, X)
+    study.tell(trial, 12.5)                                   # the other worker's result
+    runner._tell(study, trial, Measurement(99.0, 0.01, None))  # ours arrives second
+    runner._tell(study, trial, Measurement(None, None, "boom"))
+    assert not search._finish(study, trial, optuna.trial.TrialState.FAIL, error="interrupted")
+    done = study.trials[trial.number]
+    assert done.state == optuna.trial.TrialState.COMPLETE and done.value == 12.5
+    assert "error" not in done.user_attrs and "spread" not in done.user_attrs
+    fresh = ask(study, WORKER_ID, Y)
+    assert search._finish(study, fresh, optuna.trial.TrialState.FAIL, error="interrupted")
+    assert study.trials[fresh.number].user_attrs["error"] == "interrupted"
+
+
+def test_a_claim_on_a_trial_finished_meanwhile_is_dropped(setup):
+    runner, study = setup
+    mine = ask(study, WORKER_ID, X)
+    study.tell(mine, 3.0)                       # the other popper measured it first
+    kept, _ = runner._claim(study, [(mine, X)], budget=5)
+    assert kept == []

@@ -67,6 +67,27 @@ def _gone(worker: str | None, trial_id: int) -> bool:
     return False
 
 
+def _finish(study, trial, state=None, value: float | None = None, **attrs) -> bool:
+    """Write a trial's attributes, then tell it. False when another worker finished it
+    first: with SQLite two workers can both pop one queued trial, and two can fail the same
+    dead worker's trial at once; the first to finish it stands."""
+    try:
+        for key, v in attrs.items():
+            trial.set_user_attr(key, v)
+        if value is not None:
+            study.tell(trial, value)
+        else:
+            study.tell(trial, state=state)
+        return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    except ValueError:
+        # tell() refuses a trial that is no longer RUNNING
+        if study._storage.get_trial(trial._trial_id).state.is_finished():
+            return False
+        raise
+
+
 def _heartbeat_enabled(storage) -> bool:
     return getattr(storage, "get_heartbeat_interval", lambda: None)() is not None
 
@@ -258,22 +279,23 @@ class StudyRunner:
                 if len(batch) >= want:
                     break
                 trial = study.ask()
-                # Named at once: a RUNNING trial always says whose it is (a kill between two
-                # writes must not leave a claim nobody can clear), pruned ones included.
-                trial.set_user_attr("worker", WORKER_ID)
-                cfg = self._suggest(trial, choices)
-                t = config_tuple(kernel, cfg)
-                if t not in allowed:
-                    reason = self.space.rejected_by(params, M, self.gpu, cfg) or "not in the landscape"
-                    trial.set_user_attr("pruned", reason)
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                elif t in measured or t in pending:
-                    trial.set_user_attr("pruned", "repeat")
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                else:
-                    trial.set_user_attr("config", cfg)
-                    batch.append((trial, cfg))
-                    pending.add(t)
+                try:
+                    # Named at once: a RUNNING trial always says whose it is (a kill between
+                    # two writes must not leave a claim nobody can clear), pruned ones included.
+                    trial.set_user_attr("worker", WORKER_ID)
+                    cfg = self._suggest(trial, choices)
+                    t = config_tuple(kernel, cfg)
+                    if t not in allowed:
+                        reason = self.space.rejected_by(params, M, self.gpu, cfg) or "not in the landscape"
+                        _finish(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
+                    elif t in measured or t in pending:
+                        _finish(study, trial, optuna.trial.TrialState.PRUNED, pruned="repeat")
+                    else:
+                        trial.set_user_attr("config", cfg)
+                        batch.append((trial, cfg))
+                        pending.add(t)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue                  # another worker popped and finished it first
             batch, waiting = self._claim(study, batch, s.budget)
             if not batch and waiting:
                 # The last slots are held by other workers' trials: see how they end.
@@ -306,6 +328,7 @@ class StudyRunner:
             self.on_trial(problem=problem, M=M, done=min(len(measured) + len(batch), s.budget),
                           budget=s.budget, best=best)
 
+        self._fail_stale(study, choices)      # leave no dead worker's trial RUNNING behind
         result = self._finish(problem, M, measured, default, stopped)
         study.set_user_attr("result", result.as_dict())
         study.set_user_attr("environment", self.measurer.environment())
@@ -315,12 +338,11 @@ class StudyRunner:
     # -- helpers --------------------------------------------------------------------
     def _tell(self, study, trial, m: Measurement) -> None:
         if m.time_us is None:
-            trial.set_user_attr("error", m.error or "failed")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            _finish(study, trial, optuna.trial.TrialState.FAIL, error=m.error or "failed")
+        elif m.spread is not None:
+            _finish(study, trial, value=m.time_us, spread=m.spread)
         else:
-            if m.spread is not None:
-                trial.set_user_attr("spread", m.spread)
-            study.tell(trial, m.time_us)
+            _finish(study, trial, value=m.time_us)
 
     @staticmethod
     def _counts(tr) -> bool:
@@ -360,7 +382,10 @@ class StudyRunner:
         mine = {tr.number: (tr, cfg) for tr, cfg in batch}
         now = datetime.datetime.now()
         holders = []                            # (number, config tuple or None)
+        still_running = set()
         for tr in study.get_trials(deepcopy=False):
+            if tr.number in mine and tr.state == optuna.trial.TrialState.RUNNING:
+                still_running.add(tr.number)    # (not if another worker finished it meanwhile)
             cfg = tr.user_attrs.get("config")
             if self._counts(tr):
                 holders.append((tr.number, config_tuple(self.kernel, cfg)))
@@ -379,10 +404,9 @@ class StudyRunner:
             repeat = any(t == other and n != number for n, other in holders)
             reason = "repeat" if repeat else "over budget" if rank >= budget else None
             if reason:
-                trial.set_user_attr("pruned", reason)
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                _finish(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
                 waiting |= reason == "over budget"
-            else:
+            elif number in still_running:
                 kept.append((trial, cfg))
         return kept, waiting
 
@@ -408,8 +432,8 @@ class StudyRunner:
         for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if self._abandoned(tr, now):
                 stale = optuna.Trial(study, tr._trial_id)
-                stale.set_user_attr("error", "interrupted")
-                study.tell(stale, state=optuna.trial.TrialState.FAIL)
+                if not _finish(study, stale, optuna.trial.TrialState.FAIL, error="interrupted"):
+                    continue                  # another worker got there first and requeues it
                 if tr.user_attrs.get("config"):
                     study.enqueue_trial(self._encode(choices, tr.user_attrs["config"]),
                                         user_attrs={"seed": "requeued"})
