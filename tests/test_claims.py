@@ -89,12 +89,12 @@ def test_a_trial_another_worker_finished_first_is_left_as_it_is(setup):
     study.tell(trial, 12.5)                                   # the other worker's result
     runner._tell(study, trial, Measurement(99.0, 0.01, None))  # ours arrives second
     runner._tell(study, trial, Measurement(None, None, "boom"))
-    assert not search._finish(study, trial, optuna.trial.TrialState.FAIL, error="interrupted")
+    assert not search._close_trial(study, trial, optuna.trial.TrialState.FAIL, error="interrupted")
     done = study.trials[trial.number]
     assert done.state == optuna.trial.TrialState.COMPLETE and done.value == 12.5
     assert "error" not in done.user_attrs and "spread" not in done.user_attrs
     fresh = ask(study, WORKER_ID, Y)
-    assert search._finish(study, fresh, optuna.trial.TrialState.FAIL, error="interrupted")
+    assert search._close_trial(study, fresh, optuna.trial.TrialState.FAIL, error="interrupted")
     assert study.trials[fresh.number].user_attrs["error"] == "interrupted"
 
 

@@ -67,7 +67,7 @@ def _gone(worker: str | None, trial_id: int) -> bool:
     return False
 
 
-def _finish(study, trial, state=None, value: float | None = None, **attrs) -> bool:
+def _close_trial(study, trial, state=None, value: float | None = None, **attrs) -> bool:
     """Write a trial's attributes, then tell it. False when another worker finished it
     first: with SQLite two workers can both pop one queued trial, and two can fail the same
     dead worker's trial at once; the first to finish it stands."""
@@ -287,9 +287,9 @@ class StudyRunner:
                     t = config_tuple(kernel, cfg)
                     if t not in allowed:
                         reason = self.space.rejected_by(params, M, self.gpu, cfg) or "not in the landscape"
-                        _finish(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
+                        _close_trial(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
                     elif t in measured or t in pending:
-                        _finish(study, trial, optuna.trial.TrialState.PRUNED, pruned="repeat")
+                        _close_trial(study, trial, optuna.trial.TrialState.PRUNED, pruned="repeat")
                     else:
                         trial.set_user_attr("config", cfg)
                         batch.append((trial, cfg))
@@ -338,11 +338,11 @@ class StudyRunner:
     # -- helpers --------------------------------------------------------------------
     def _tell(self, study, trial, m: Measurement) -> None:
         if m.time_us is None:
-            _finish(study, trial, optuna.trial.TrialState.FAIL, error=m.error or "failed")
+            _close_trial(study, trial, optuna.trial.TrialState.FAIL, error=m.error or "failed")
         elif m.spread is not None:
-            _finish(study, trial, value=m.time_us, spread=m.spread)
+            _close_trial(study, trial, value=m.time_us, spread=m.spread)
         else:
-            _finish(study, trial, value=m.time_us)
+            _close_trial(study, trial, value=m.time_us)
 
     @staticmethod
     def _counts(tr) -> bool:
@@ -404,7 +404,7 @@ class StudyRunner:
             repeat = any(t == other and n != number for n, other in holders)
             reason = "repeat" if repeat else "over budget" if rank >= budget else None
             if reason:
-                _finish(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
+                _close_trial(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
                 waiting |= reason == "over budget"
             elif number in still_running:
                 kept.append((trial, cfg))
@@ -432,7 +432,7 @@ class StudyRunner:
         for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             if self._abandoned(tr, now):
                 stale = optuna.Trial(study, tr._trial_id)
-                if not _finish(study, stale, optuna.trial.TrialState.FAIL, error="interrupted"):
+                if not _close_trial(study, stale, optuna.trial.TrialState.FAIL, error="interrupted"):
                     continue                  # another worker got there first and requeues it
                 if tr.user_attrs.get("config"):
                     study.enqueue_trial(self._encode(choices, tr.user_attrs["config"]),
