@@ -2,6 +2,7 @@
 with the other worker's steps played by hand in between, in the orders that used to lose a
 trial or measure one twice. The 'other worker' is named after PID 1, a live process."""
 
+import functools
 import socket
 
 import optuna
@@ -104,3 +105,32 @@ def test_a_claim_on_a_trial_finished_meanwhile_is_dropped(setup):
     study.tell(mine, 3.0)                       # the other popper measured it first
     kept, _ = runner._claim(study, [(mine, X)], budget=5)
     assert kept == []
+
+
+def test_opening_a_fresh_database_that_another_process_is_creating(tmp_path, monkeypatch):
+    """Workers started together on a new database race to create its tables; the loser
+    sees 'table ... already exists' and must simply open what the winner made."""
+    real = optuna.storages.RDBStorage
+    calls = []
+
+    @functools.wraps(real)                     # keeps RDBStorage's signature for open_storage
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("(sqlite3.OperationalError) table studies already exists")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    monkeypatch.setattr(search.time, "sleep", lambda s: None)
+    storage = search.open_storage(f"sqlite:///{tmp_path / 'fresh.db'}")
+    assert len(calls) == 3 and isinstance(storage, real)
+    calls.clear()
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("(sqlite3.OperationalError) unable to open database file")
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(RuntimeError, match="unable to open"):
+        search.open_storage(f"sqlite:///{tmp_path / 'fresh.db'}")
+    assert len(calls) == 1                     # other errors are not retried

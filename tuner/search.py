@@ -48,6 +48,7 @@ ORPHAN_AFTER_S = 300
 # Unnamed trials (asked, the next write not yet done) are not failed that early, but after
 # this long they stop holding a budget slot for the trials asked after them.
 UNNAMED_GRACE_S = 20
+SCHEMA_RACE_RETRIES = 5
 
 
 def _gone(worker: str | None, trial_id: int) -> bool:
@@ -506,8 +507,16 @@ def open_storage(url: str):
         callback = ("heartbeat_stale_trial_callback"
                     if "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
                     else "failed_trial_callback")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20, grace_period=90,
-                                              **{callback: requeue_stale_trial})
+        for attempt in range(SCHEMA_RACE_RETRIES + 1):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20,
+                                                      grace_period=90, **{callback: requeue_stale_trial})
+            except Exception as e:  # noqa: BLE001 - sqlalchemy's errors differ by database
+                # Processes opening a fresh database at once all create its tables; the
+                # losers see "already exists" and find the tables there on the next try.
+                if "already exists" not in str(e) or attempt == SCHEMA_RACE_RETRIES:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
     return optuna.storages.get_storage(url)
