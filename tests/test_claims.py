@@ -116,8 +116,10 @@ def test_opening_a_fresh_database_that_another_process_is_creating(tmp_path, mon
     @functools.wraps(real)                     # keeps RDBStorage's signature for open_storage
     def racing(*args, **kwargs):
         calls.append(1)
-        if len(calls) < 3:
+        if len(calls) == 1:
             raise RuntimeError("(sqlite3.OperationalError) table studies already exists")
+        if len(calls) == 2:
+            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)

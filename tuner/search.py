@@ -49,6 +49,8 @@ ORPHAN_AFTER_S = 300
 # this long they stop holding a budget slot for the trials asked after them.
 UNNAMED_GRACE_S = 20
 SCHEMA_RACE_RETRIES = 5
+# What SQLite and PostgreSQL say when another process created the same tables first.
+SCHEMA_RACE_MESSAGES = ("already exists", "alembic_version", "unique constraint", "duplicate key")
 
 
 def _gone(worker: str | None, trial_id: int) -> bool:
@@ -514,9 +516,9 @@ def open_storage(url: str):
                     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20,
                                                       grace_period=90, **{callback: requeue_stale_trial})
             except Exception as e:  # noqa: BLE001 - sqlalchemy's errors differ by database
-                # Processes opening a fresh database at once all create its tables; the
-                # losers see "already exists" and find the tables there on the next try.
-                if "already exists" not in str(e) or attempt == SCHEMA_RACE_RETRIES:
+                # Processes opening a fresh database at once all create its tables (and
+                # Optuna's schema-version row); the losers find them there on the next try.
+                if not any(m in str(e).lower() for m in SCHEMA_RACE_MESSAGES) or attempt == SCHEMA_RACE_RETRIES:
                     raise
                 time.sleep(0.2 * (attempt + 1))
     return optuna.storages.get_storage(url)
