@@ -153,7 +153,7 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
         for rel in t["files"].values():
             atomic_write_text(new_run / rel, table_json(table))
     for name, pairs in own_format.items():
-        tables, _ = get_kernel(name).emit_table(pairs, get_gpu(job["gpu"]).cuda_name)
+        tables, _ = get_kernel(name).emit_table(pairs, measurers.gpu.cuda_name)
         for rel, obj in tables.items():
             atomic_write_json(new_run / rel, obj)
     manifest = json.loads((new_run / "manifest.json").read_text())

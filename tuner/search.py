@@ -12,6 +12,7 @@ the storage, so a run started again continues where it stopped.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import inspect
 import os
@@ -399,13 +400,13 @@ class StudyRunner:
             elif not self._abandoned(tr, now, UNNAMED_GRACE_S):
                 holders.append((tr.number, None))
         holders.sort()
+        held = collections.Counter(t for _, t in holders)    # my own trial is one of them
         kept, waiting = [], False
         for rank, (number, t) in enumerate(holders):
             if number not in mine:
                 continue
             trial, cfg = mine[number]
-            repeat = any(t == other and n != number for n, other in holders)
-            reason = "repeat" if repeat else "over budget" if rank >= budget else None
+            reason = "repeat" if held[t] > 1 else "over budget" if rank >= budget else None
             if reason:
                 _close_trial(study, trial, optuna.trial.TrialState.PRUNED, pruned=reason)
                 waiting |= reason == "over budget"
@@ -414,11 +415,9 @@ class StudyRunner:
         return kept, waiting
 
     @staticmethod
-    def _abandoned(tr, now, unnamed_after_s: float | None = None) -> bool:
+    def _abandoned(tr, now, unnamed_after_s: float) -> bool:
         """A RUNNING trial nobody will finish: its process is gone, or it was never named
-        (or never given a config) long after it was asked for."""
-        if unnamed_after_s is None:
-            unnamed_after_s = ORPHAN_AFTER_S
+        (after `unnamed_after_s`) or never given a config long after it was asked for."""
         worker = tr.user_attrs.get("worker")
         age = (now - tr.datetime_start).total_seconds() if tr.datetime_start is not None else 0.0
         if worker is None:
@@ -433,7 +432,7 @@ class StudyRunner:
         heartbeat grace period for one elsewhere."""
         now = datetime.datetime.now()
         for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if self._abandoned(tr, now):
+            if self._abandoned(tr, now, ORPHAN_AFTER_S):
                 stale = optuna.Trial(study, tr._trial_id)
                 if not _close_trial(study, stale, optuna.trial.TrialState.FAIL, error="interrupted"):
                     continue                  # another worker got there first and requeues it
