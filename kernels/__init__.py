@@ -1,14 +1,58 @@
-"""Triton kernels, one per file, each exposing a `KERNEL` (tuner.kernel_api.KernelSpec)."""
+"""Triton kernels, one per file, each exposing a `KERNEL` (tuner.kernel_api.KernelSpec).
+
+These are our own kernels: the neutral reference, and what runs where no engine is at
+hand. The engines' own kernels enter through tuner.kernel_sources, which builds a
+KernelSpec of the same shape from the engine's code (see get_kernel's `source`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import importlib
+import re
+from pathlib import Path
 
 KERNEL_MODULES = ("fp8_gemm", "fused_moe", "mla_decode")
+KERNEL_SOURCES = ("ours", "vllm", "sglang")
+_HERE = Path(__file__).resolve().parent
 
 
-def get_kernel(name: str):
+def _own_files(module: str) -> list[Path]:
+    """A kernel module's file and every kernels/ module it imports, recursively."""
+    seen: list[Path] = []
+    todo = [module]
+    while todo:
+        path = _HERE / f"{todo.pop()}.py"
+        if path in seen:
+            continue
+        seen.append(path)
+        todo += re.findall(r"^from kernels\.(\w+) import", path.read_text(), flags=re.M)
+    return sorted(seen)
+
+
+@functools.lru_cache(maxsize=None)
+def _ours(name: str):
+    from tuner import __version__
+    spec = importlib.import_module(f"kernels.{name}").KERNEL
+    digest = hashlib.sha256()
+    for path in _own_files(name):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return dataclasses.replace(spec, source="ours", source_version=__version__, origin=str(_HERE),
+                               code_version=digest.hexdigest()[:16])
+
+
+def get_kernel(name: str, source: str = "ours", origin: str | None = None):
+    """The KernelSpec of kernel `name` from `source`: our file in kernels/ ("ours"), or an
+    engine's own kernel ("vllm", "sglang"), read from the installed engine or from
+    `origin` (its wheel, or a folder of files extracted from it)."""
+    from tuner.errors import TunerError
     if name not in KERNEL_MODULES:
-        from tuner.errors import TunerError
         raise TunerError(f"unknown kernel {name!r}; known: {', '.join(KERNEL_MODULES)}")
-    return importlib.import_module(f"kernels.{name}").KERNEL
+    if source == "ours":
+        return _ours(name)
+    if source not in KERNEL_SOURCES:
+        raise TunerError(f"unknown kernel source {source!r}; known: {', '.join(KERNEL_SOURCES)}")
+    from tuner.kernel_sources import engine_kernel
+    return engine_kernel(name, source, origin or None)

@@ -52,6 +52,26 @@ class KernelSpec:
     measurement_note: Callable[[Params], str] = lambda params: ""
     description: str = ""
     notes: dict = field(default_factory=dict)
+    # Whose code this is: "ours" (kernels/), or an engine's own kernel ("vllm", "sglang")
+    # loaded at run time from the user's engine or its wheel (tuner/kernel_sources.py).
+    source: str = "ours"
+    source_version: str = ""        # the engine's version ("0.33.0"); ours: the tuner's
+    origin: str = ""                # where the code was read from (package, wheel, folder)
+    # A hash of every piece of code that decides a timing (the Triton kernel and the
+    # launcher; for an engine, its kernel and the wrapper our launcher mirrors). Resumable
+    # state (studies, landscapes, manifests) records it, so that timings of other code are
+    # never silently reused.
+    code_version: str = ""
+
+    @property
+    def source_label(self) -> str:
+        """'ours', or 'vllm 0.33.0'."""
+        return self.source if self.source == "ours" else f"{self.source} {self.source_version}".strip()
+
+    @property
+    def ref(self) -> dict:
+        """What another process needs to build this same spec (kernels.get_kernel(**ref))."""
+        return {"name": self.name, "source": self.source, "origin": self.origin}
 
 
 def config_tuple(spec: KernelSpec, config: Config) -> tuple:
