@@ -40,17 +40,19 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return min(num_pairs + num_experts * (block_m - 1), num_pairs * block_m)
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, rows: int | None = None):
     """Returns (sorted_ids, expert_ids, num_rows):
       sorted_ids [R] int32  flat (token * topk + k) indices grouped by expert, each group
                             padded to a multiple of block_m with the sentinel M * topk;
       expert_ids [R/block_m] int32  the expert of each block of block_m rows;
       num_rows   [1] int32  the padded length actually used (R is an upper bound).
-    Shapes do not depend on the data, so this can be captured in a CUDA graph."""
+    Shapes do not depend on the data, so this can be captured in a CUDA graph. `rows` sizes
+    sorted_ids (at least the default bound; engines size it their own way, which sets how
+    many programs a launch has)."""
     flat = topk_ids.flatten().long()
     n = flat.numel()
     dev = flat.device
-    rows = max_padded_rows(n, num_experts, block_m)
+    rows = max(rows or 0, max_padded_rows(n, num_experts, block_m))
     counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
@@ -276,28 +278,43 @@ def _weights(params: Params, device: str):
     return out
 
 
-def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device: str):
+def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device: str, shared: int = 0):
     """Top-k experts per token: uniformly random like the engines' tuners, or Zipf-skewed
-    (expert popularity ~ 1/rank^1.2 over a random ranking), since real routing is uneven."""
+    (expert popularity ~ 1/rank^1.2 over a random ranking), since real routing is uneven.
+    `shared` fused shared experts (SGLang folds DeepSeek's shared expert into the MoE as
+    the last expert) are drawn by no router: every token also goes to each of them, so the
+    launch is top-(k + shared) with those experts always full."""
+    routed = E - shared
     if routing == "uniform":
-        scores = torch.rand((M, E), generator=gen, device=device)
+        scores = torch.rand((M, routed), generator=gen, device=device)
     elif routing == "zipf":
-        rank = torch.randperm(E, generator=gen, device=device).float() + 1.0
-        probs = (rank ** -1.2).expand(M, E)
+        rank = torch.randperm(routed, generator=gen, device=device).float() + 1.0
+        probs = (rank ** -1.2).expand(M, routed)
         # Gumbel top-k draws k distinct experts with these probabilities.
-        scores = probs.log() - torch.log(-torch.log(torch.rand((M, E), generator=gen, device=device)))
+        scores = probs.log() - torch.log(-torch.log(torch.rand((M, routed), generator=gen, device=device)))
     else:
         raise ValueError(f"unknown routing {routing!r}")
     ids = scores.topk(topk, dim=1).indices.to(torch.int32)
     weights = torch.softmax(torch.randn((M, topk), generator=gen, device=device), dim=1)
+    if shared:
+        always = torch.arange(routed, E, dtype=torch.int32, device=device).expand(M, shared)
+        ids = torch.cat([ids, always], dim=1)
+        weights = torch.cat([weights, torch.ones((M, shared), device=device)], dim=1)
     return weights.float(), ids
 
 
+def pairs_per_token(params: Params) -> int:
+    """Experts each token runs through: its top-k plus any fused shared experts."""
+    return params["topk"] + params.get("shared_experts", 0)
+
+
 def make_inputs(params: Params, M: int, device: str = "cuda", seed: int = 0) -> dict:
-    E, N, K, topk = params["E"], params["N"], params["K"], params["topk"]
+    E, N, K = params["E"], params["N"], params["K"]
+    topk = pairs_per_token(params)
     part = params.get("part", "op")
     gen = torch.Generator(device=device).manual_seed(seed)
-    weights, ids = route(M, E, topk, params.get("routing", "uniform"), gen, device)
+    weights, ids = route(M, E, params["topk"], params.get("routing", "uniform"), gen, device,
+                         params.get("shared_experts", 0))
     inputs = {**_weights(params, device), "topk_weights": weights, "topk_ids": ids, "params": params,
               "quant": _quant_mode(params["dtype"] == "fp8_w8a8", params.get("block_shape"))}
     x = torch.randn((M, K), generator=gen, device=device).to(torch.bfloat16)
@@ -327,7 +344,7 @@ def run(inputs: dict, config: Config):
     if part == "up":
         a, a_s = _quantize(inputs["x"], quant, gk)
         _grouped_gemm(a, a_s, inputs["w1"], inputs["w1_scale"], inputs["out"], align, inputs["topk_weights"],
-                      p["topk"], False, quant, block_shape, config)
+                      inputs["topk_ids"].shape[1], False, quant, block_shape, config)
     else:
         a, a_s = _quantize(inputs["act"], quant, gk)
         _grouped_gemm(a, a_s, inputs["w2"], inputs["w2_scale"], inputs["out"], align, inputs["topk_weights"],
@@ -397,7 +414,8 @@ def reference(inputs: dict) -> torch.Tensor:
 
 def compile_only(params: Params, M: int, config: Config) -> None:
     """Compile the config's GEMM variants on the current GPU without launching them."""
-    E, N, K, topk = params["E"], params["N"], params["K"], params["topk"]
+    E, N, K = params["E"], params["N"], params["K"]
+    topk = pairs_per_token(params)
     block_shape = params.get("block_shape")
     quant = _quant_mode(params["dtype"] == "fp8_w8a8", block_shape)
     wdt = torch.bfloat16 if quant == QUANT_NONE else FP8
@@ -431,13 +449,14 @@ def compile_only(params: Params, M: int, config: Config) -> None:
 def expected_experts_touched(params: Params, M: int) -> float:
     """Expected number of distinct experts M tokens route to (uniform routing; a Zipf
     skew touches fewer, so this stays an upper bound on the weight bytes read)."""
-    E, topk = params["E"], params["topk"]
-    return E * (1.0 - (1.0 - topk / E) ** M)
+    shared = params.get("shared_experts", 0)
+    routed = params["E"] - shared
+    return routed * (1.0 - (1.0 - params["topk"] / routed) ** M) + shared
 
 
 def flops(params: Params, M: int) -> float:
     per_pair = {"op": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
-    return 2.0 * M * params["topk"] * per_pair
+    return 2.0 * M * pairs_per_token(params) * per_pair
 
 
 def bytes_moved(params: Params, M: int) -> float:
@@ -445,9 +464,10 @@ def bytes_moved(params: Params, M: int) -> float:
     wbytes = 2 if params["dtype"] == "bf16" else 1
     mats = {"op": 3, "up": 2, "down": 1}[part]
     weights = expected_experts_touched(params, M) * mats * params["N"] * params["K"] * wbytes
+    pairs = M * pairs_per_token(params)
     io = {"op": 2 * M * params["K"] * 2,
-          "up": M * params["K"] * 2 + M * params["topk"] * 2 * params["N"] * 2,
-          "down": M * params["topk"] * (params["N"] + params["K"]) * 2}[part]
+          "up": M * params["K"] * 2 + pairs * 2 * params["N"] * 2,
+          "down": pairs * (params["N"] + params["K"]) * 2}[part]
     return weights + io
 
 
@@ -463,13 +483,15 @@ def measurement_note(params: Params) -> str:
         "up": "the first grouped GEMM (w1: gate and up) with its alignment and activation quantization",
         "down": "the second grouped GEMM (w2) with its alignment and activation quantization, "
                 "BLOCK_SIZE_M fixed to the up table's at each M",
-    }[params.get("part", "op")] + f"; {params.get('routing', 'uniform')} top-{params['topk']} routing"
+    }[params.get("part", "op")] + f"; {params.get('routing', 'uniform')} top-{params['topk']} routing" + (
+        f" plus {params['shared_experts']} fused shared expert(s) every token goes to"
+        if params.get("shared_experts") else "")
 
 
 KERNEL = KernelSpec(
     name="fused_moe",
     table_kind="fused_moe",
-    problem_keys=("E", "N", "K", "topk", "dtype", "block_shape", "part", "routing"),
+    problem_keys=("E", "N", "K", "topk", "shared_experts", "dtype", "block_shape", "part", "routing"),
     config_keys=MATMUL_CONFIG_KEYS,
     make_inputs=make_inputs,
     run=run,

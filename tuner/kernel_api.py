@@ -62,6 +62,11 @@ class KernelSpec:
     # state (studies, landscapes, manifests) records it, so that timings of other code are
     # never silently reused.
     code_version: str = ""
+    # Config keys an engine reads with a default when a table lacks them (SGLang's
+    # USE_TMA, SWAP_AB, SPLIT_K): filled in when a table is read, and written to a table
+    # only where they differ from the default. Keys in bool_keys are JSON true/false there.
+    optional_keys: dict = field(default_factory=dict)
+    bool_keys: tuple[str, ...] = ()
 
     @property
     def source_label(self) -> str:
@@ -72,6 +77,25 @@ class KernelSpec:
     def ref(self) -> dict:
         """What another process needs to build this same spec (kernels.get_kernel(**ref))."""
         return {"name": self.name, "source": self.source, "origin": self.origin}
+
+
+def config_from_entry(spec: KernelSpec, entry: dict) -> Config:
+    """A table entry (or any config-like dict) as this kernel's config: optional keys
+    filled with their defaults, booleans as 0/1, keys the kernel does not take dropped."""
+    merged = {**spec.optional_keys, **entry}
+    return {k: int(merged[k]) for k in spec.config_keys}
+
+
+def table_entry(spec: KernelSpec, config: Config) -> dict:
+    """A config as an engine's table holds it: keys in table order, optional keys only
+    where they differ from the engine's default, booleans as JSON booleans."""
+    out = {}
+    for k in spec.config_keys:
+        v = int(config[k])
+        if k in spec.optional_keys and v == spec.optional_keys[k]:
+            continue
+        out[k] = bool(v) if k in spec.bool_keys else v
+    return out
 
 
 def config_tuple(spec: KernelSpec, config: Config) -> tuple:

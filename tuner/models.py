@@ -291,6 +291,7 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
             if inter % shards:
                 raise TunerError(f"--tp {tp} / --ep {ep} does not divide {model.name}'s moe_intermediate_size ({inter})")
             E, N = experts // ep + (1 if fused else 0), inter // shards
+            shared = {"shared_experts": 1} if fused else {}
         if block and N % block[0]:
             raise TunerError(f"--tp {tp} leaves {model.name}'s experts {N} wide, not a multiple of the "
                              f"{block[0]}-wide weight blocks (the engines refuse it); try a smaller --tp or --ep")
@@ -299,9 +300,11 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
         if name == "vllm":
             out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), ("vllm",)))
         else:
-            up = Problem("fused_moe", {**base, "part": "up", "routing": routing}, ("experts.w13",), ("sglang",))
-            down = Problem("fused_moe", {**base, "part": "down", "routing": routing}, ("experts.w2",), ("sglang",),
-                           tied_to=up.key, tied_keys=("BLOCK_SIZE_M",))
+            # With the shared expert fused, every token also goes to expert E-1 (top-k+1).
+            up = Problem("fused_moe", {**base, **shared, "part": "up", "routing": routing}, ("experts.w13",),
+                         ("sglang",))
+            down = Problem("fused_moe", {**base, **shared, "part": "down", "routing": routing}, ("experts.w2",),
+                           ("sglang",), tied_to=up.key, tied_keys=("BLOCK_SIZE_M",))
             out += [up, down]
     return out
 

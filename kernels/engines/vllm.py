@@ -1,0 +1,277 @@
+"""vLLM's own Triton kernels (fused MoE, block-FP8 GEMM), launched as vLLM 0.33.0 launches them.
+
+Mirrored from vLLM's wrappers (all in this file, checked against MIRRORED's hashes):
+- fused MoE (`fused_experts_impl`, `_prepare_expert_assignment`,
+  `invoke_fused_moe_triton_kernel`, `enable_swap_ab`, `moe_align_block_size`):
+  * swap-AB: fp8_w8a8 configs with BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64 run with
+    SWAP_AB on compute capability 9.0 (wgmma with the weight tile as the M side);
+  * small batches skip the alignment when M * topk * 4 <= E ("naive block assignment":
+    one (token, expert) pair per program, grid M * topk * BLOCK_SIZE_M rows);
+  * the grid covers min(sorted length, M * topk * BLOCK_SIZE_M) rows when M < BLOCK_SIZE_M;
+  * BLOCK_SIZE_K is clamped to the smaller weight-block side (256 runs as 128);
+  * the sorted length is numel + E * (BLOCK_SIZE_M - 1), at most numel * BLOCK_SIZE_M.
+  What is ours, not vLLM's (same math, other code): the activation quantization, the
+  alignment sort, silu-and-mul and the top-k sum (vLLM runs CUDA ops there).
+- block-FP8 GEMM (`w8a8_triton_block_scaled_mm`): the kernel as launched, with vLLM's
+  default config when a table has no entry.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+import kernels
+from kernels.engines.base import engine_spec, gemm_phantoms, jit_functions, phantom, target_capability
+from kernels.fused_moe import (QUANT_BLOCK, QUANT_NONE, _quant_mode, _quantize, max_padded_rows,
+                               moe_align_block_size, pairs_per_token, silu_and_mul)
+from tuner.kernel_api import Config, KernelSpec, Params
+
+ENGINE = "vllm"
+WRITTEN_FOR = "0.33.0"
+MOE_FILE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+GEMM_FILE = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
+KERNEL_FUNCTIONS = {
+    "fused_moe": {MOE_FILE: ["fused_moe_kernel"]},
+    "fp8_gemm": {GEMM_FILE: ["_w8a8_triton_block_scaled_mm"]},
+}
+# The wrapper functions this module mirrors, with the hash of their source in vLLM 0.33.0
+# (tuner.kernel_sources.source_hash of the function's text). A test fails when the wheel
+# CI reads has other wrappers; at run time a mismatch is reported in the plan and manifest.
+MIRRORED = {
+    "fused_moe": {
+        f"{MOE_FILE}:invoke_fused_moe_triton_kernel": "3b6d8285a010b8eb",
+        f"{MOE_FILE}:_prepare_expert_assignment": "7876dff758589184",
+        f"{MOE_FILE}:fused_experts_impl": "9bafa096d6a2b3b1",
+        f"{MOE_FILE}:get_default_config": "b20a248171029381",
+        "vllm/model_executor/layers/fused_moe/utils.py:enable_swap_ab": "aa95821acc13f6b4",
+        "vllm/model_executor/layers/fused_moe/moe_align_block_size.py:moe_align_block_size": "6584999e6bee4352",
+    },
+    "fp8_gemm": {
+        f"{GEMM_FILE}:w8a8_triton_block_scaled_mm": "0094934606cd2df9",
+    },
+}
+# Every file a launcher here reads (what `tuner engine-source extract` copies).
+FILES = sorted({rel for fns in KERNEL_FUNCTIONS.values() for rel in fns}
+               | {key.rsplit(":", 1)[0] for m in MIRRORED.values() for key in m})
+
+
+# -- fused MoE ---------------------------------------------------------------------------
+def swap_ab(config: Config) -> bool:
+    """enable_swap_ab: the operand swap vLLM applies on sm_90 (fp8_w8a8 only)."""
+    return target_capability() == (9, 0) and config["BLOCK_SIZE_M"] < 64 and config["BLOCK_SIZE_N"] >= 64
+
+
+def naive_block_assignment(M: int, topk: int, E: int) -> bool:
+    """vLLM's small-batch path: no alignment when so few pairs meet so many experts."""
+    return M * topk * 4 <= E
+
+
+def moe_default_config(params: Params, M: int) -> Config:
+    """get_default_config (CUDA branch): what vLLM runs for a batch size with no table."""
+    block = params.get("block_shape")
+    dtype = params["dtype"]
+    if dtype == "fp8_w8a8" and block:
+        if M <= 8 and block[0] % 64 == 0:
+            bn, stages = 64, (4 if M <= 4 else 3)
+        else:
+            bn, stages = block[0], 3
+        return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": block[1],
+                "GROUP_SIZE_M": 1 if M <= 16 else 32, "num_warps": 4, "num_stages": stages}
+    bm = 16 if M <= 32 else 32 if M <= 96 else 64 if M <= 512 else 128
+    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": 64 if M <= 64 else 128,
+            "BLOCK_SIZE_K": 128 if dtype == "fp8_w8a8" or M <= 64 else 64,
+            "GROUP_SIZE_M": 16 if M // max(params["E"], 1) > 128 else 1,
+            "num_warps": 4 if M <= 128 else 8, "num_stages": 4 if M <= 32 else 3}
+
+
+def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, sorted_ids, expert_ids, num_post_padded,
+            mul_routed_weight: bool, top_k: int, config: Config, quant: int, block_shape, warmup: bool = False):
+    """invoke_fused_moe_triton_kernel for fp8_w8a8 (block or per-tensor) and bf16; with
+    `warmup` it compiles the launch without running it."""
+    (kernel,) = jit_functions(code, MOE_FILE, ["fused_moe_kernel"])
+    use_fp8 = quant != QUANT_NONE
+    M = A.size(0)
+    num_tokens = M * top_k
+    if sorted_ids is not None:
+        EM = sorted_ids.size(0)
+        if A.size(0) < config["BLOCK_SIZE_M"]:
+            EM = min(sorted_ids.size(0), A.size(0) * top_k * config["BLOCK_SIZE_M"])
+    else:
+        EM = num_tokens * config["BLOCK_SIZE_M"]
+    block_k = config["BLOCK_SIZE_K"]
+    if block_shape is not None:
+        block_k = min(block_k, min(block_shape))
+    grid = (triton.cdiv(EM, config["BLOCK_SIZE_M"]) * triton.cdiv(B.size(1), config["BLOCK_SIZE_N"]),)
+    if A_scale is not None and A_scale.ndim == 0:
+        A_scale = A_scale.reshape(1)
+    args = (
+        A, B, C, None, A_scale, B_scale, topk_weights, sorted_ids, expert_ids, num_post_padded,
+        B.size(1), B.size(2), EM, num_tokens,
+        A.stride(0), A.stride(1), B.stride(0), B.stride(2), B.stride(1), C.stride(1), C.stride(2),
+        A_scale.stride(0) if A_scale is not None and A_scale.ndim == 2 else 0,
+        A_scale.stride(1) if A_scale is not None and A_scale.ndim == 2 else 0,
+        B_scale.stride(0) if B_scale is not None else 0,
+        B_scale.stride(2) if B_scale is not None and B_scale.ndim == 3 else 0,
+        B_scale.stride(1) if B_scale is not None and B_scale.ndim >= 2 and B_scale.size(1) > 1 else 0,
+        0, 0,
+        0 if block_shape is None else block_shape[0],
+        0 if block_shape is None else block_shape[1])
+    meta = dict(
+        MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=tl.bfloat16,
+        use_fp8_w8a8=use_fp8, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
+        naive_block_assignment=sorted_ids is None, HAS_BIAS=False, BLOCK_SIZE_K=block_k,
+        SWAP_AB=use_fp8 and swap_ab(config), USE_TD=False,
+        BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
+        GROUP_SIZE_M=config["GROUP_SIZE_M"], SPLIT_K=1,
+        num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if warmup:
+        kernel.warmup(*args, grid=grid, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def expert_assignment(topk_ids, config: Config, E: int):
+    """_prepare_expert_assignment (no expert map, weights on the GPU)."""
+    M, topk = topk_ids.shape
+    if naive_block_assignment(M, topk, E):
+        import torch
+        return None, topk_ids.view(-1), torch.full((1,), topk_ids.numel() * config["BLOCK_SIZE_M"],
+                                                   dtype=torch.int32, device=topk_ids.device)
+    return moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
+
+
+def moe_run(code):
+    """The whole layer, as fused_experts_impl runs it with one config (vLLM's table)."""
+    def run(inputs: dict, config: Config):
+        import torch
+        p = inputs["params"]
+        block_shape = p.get("block_shape")
+        quant = inputs["quant"]
+        x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
+        ids, weights = inputs["topk_ids"], inputs["topk_weights"]
+        M, K = x.shape
+        E, two_n, _ = w1.shape
+        top_k = ids.shape[1]
+        gk = block_shape[1] if block_shape else 0
+        cache1 = torch.empty((M, top_k, two_n), dtype=x.dtype, device=x.device)
+        cache3 = torch.empty((M, top_k, K), dtype=x.dtype, device=x.device)
+        a1, a1_scale = _quantize(x, quant, gk)
+        sorted_ids, expert_ids, num_post_padded = expert_assignment(ids, config, E)
+        _invoke(code, a1, w1, cache1, a1_scale, inputs["w1_scale"], weights, sorted_ids, expert_ids,
+                num_post_padded, False, top_k, config, quant, block_shape)
+        act = silu_and_mul(cache1.view(-1, two_n))
+        a2, a2_scale = _quantize(act, quant, gk)
+        _invoke(code, a2, w2, cache3, a2_scale, inputs["w2_scale"], weights, sorted_ids, expert_ids,
+                num_post_padded, True, 1, config, quant, block_shape)
+        return torch.sum(cache3, dim=1, out=inputs["out"])
+    return run
+
+
+def moe_compile_only(code):
+    """Compile a config's two GEMM launches without running them, on tensors of the timed
+    run's shapes, strides and alignment (so the timed run finds them in Triton's cache).
+    The weights are views of a few bytes: nothing runs, so nothing is read."""
+    def compile_only(params: Params, M: int, config: Config) -> None:
+        import torch
+        dev = "cuda"
+        E, N, K = params["E"], params["N"], params["K"]
+        top_k = pairs_per_token(params)
+        block_shape = params.get("block_shape")
+        quant = _quant_mode(params["dtype"] == "fp8_w8a8", block_shape)
+        wdt = torch.bfloat16 if quant == QUANT_NONE else torch.float8_e4m3fn
+        ids = torch.zeros((M, top_k), dtype=torch.int32, device=dev)
+        weights = torch.empty((M, top_k), dtype=torch.float32, device=dev)
+        if naive_block_assignment(M, top_k, E):
+            assign = (None, ids.view(-1), torch.empty(1, dtype=torch.int32, device=dev))
+        else:
+            rows = max_padded_rows(M * top_k, E, config["BLOCK_SIZE_M"])
+            assign = (torch.empty(rows, dtype=torch.int32, device=dev),
+                      torch.empty(triton.cdiv(rows, config["BLOCK_SIZE_M"]), dtype=torch.int32, device=dev),
+                      torch.empty(1, dtype=torch.int32, device=dev))
+        for rows_a, k_in, n_out, tk, mul in ((M, K, 2 * N, top_k, False), (M * top_k, N, K, 1, True)):
+            a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
+            b = phantom((E, n_out, k_in), wdt)
+            c = torch.empty((M, top_k, n_out), dtype=torch.bfloat16, device=dev)
+            a_s = b_s = None
+            if quant == QUANT_BLOCK:
+                a_s = torch.empty((rows_a, triton.cdiv(k_in, block_shape[1])), dtype=torch.float32, device=dev)
+                b_s = torch.empty((E, triton.cdiv(n_out, block_shape[0]), triton.cdiv(k_in, block_shape[1])),
+                                  dtype=torch.float32, device=dev)
+            elif quant != QUANT_NONE:
+                a_s = torch.empty(1, dtype=torch.float32, device=dev)
+                b_s = torch.empty(E, dtype=torch.float32, device=dev)
+            _invoke(code, a, b, c, a_s, b_s, weights, *assign, mul, tk, config, quant, block_shape, warmup=True)
+    return compile_only
+
+
+def base_moe() -> KernelSpec:
+    return kernels.get_kernel("fused_moe")
+
+
+def moe_note(params: Params) -> str:
+    return ("vLLM's fused_moe_kernel, launched as fused_experts does (swap-AB on sm_90, the "
+            "small-batch path when M*topk*4 <= E); " + base_moe().measurement_note(params))
+
+
+# -- block-FP8 GEMM ----------------------------------------------------------------------
+def gemm_default_config(params: Params, M: int) -> Config:
+    bn, bk = params["block_shape"]
+    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 32,
+            "num_warps": 4, "num_stages": 2}
+
+
+def _gemm_launch(code, A, B, As, Bs, C, block_size, config: Config, warmup: bool = False):
+    """w8a8_triton_block_scaled_mm's launch."""
+    (kernel,) = jit_functions(code, GEMM_FILE, ["_w8a8_triton_block_scaled_mm"])
+    block_n, block_k = block_size
+    M, K = A.shape
+    N = B.shape[0]
+    grid = (triton.cdiv(M, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),)
+    args = (A, B, C, As, Bs, M, N, K, block_n, block_k,
+            A.stride(-2), A.stride(-1), B.stride(1), B.stride(0), C.stride(-2), C.stride(-1),
+            As.stride(-2), As.stride(-1), Bs.stride(1), Bs.stride(0))
+    meta = dict(BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
+                BLOCK_SIZE_K=config["BLOCK_SIZE_K"], GROUP_SIZE_M=config["GROUP_SIZE_M"],
+                num_warps=config["num_warps"], num_stages=config["num_stages"])
+    if warmup:
+        kernel.warmup(*args, grid=grid, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def gemm_run(code):
+    def run(inputs: dict, config: Config):
+        _gemm_launch(code, inputs["A"], inputs["B"], inputs["As"], inputs["Bs"], inputs["out"],
+                     inputs["block_size"], config)
+        return inputs["out"]
+    return run
+
+
+def gemm_compile_only(code):
+    def compile_only(params: Params, M: int, config: Config) -> None:
+        _gemm_launch(code, *gemm_phantoms(params, M), params["block_shape"], config, warmup=True)
+    return compile_only
+
+
+# -- the specs -----------------------------------------------------------------------------
+def kernel_spec(name: str, code) -> KernelSpec:
+    from tuner.errors import TunerError
+    if name == "fused_moe":
+        base = base_moe()
+        return engine_spec(
+            base, code, ENGINE, KERNEL_FUNCTIONS[name], MIRRORED[name], __file__, WRITTEN_FOR,
+            run=moe_run(code), compile_only=moe_compile_only(code), default_config=moe_default_config,
+            extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90)")
+    if name == "fp8_gemm":
+        base = kernels.get_kernel("fp8_gemm")
+        return engine_spec(
+            base, code, ENGINE, KERNEL_FUNCTIONS[name], MIRRORED[name], __file__, WRITTEN_FOR,
+            run=gemm_run(code), compile_only=gemm_compile_only(code), default_config=gemm_default_config,
+            extra_seeds=lambda params, M: [],
+            description="vLLM's block-scaled FP8 GEMM (_w8a8_triton_block_scaled_mm)")
+    raise TunerError(f"vLLM reads no {name} table: its {name} launch is fixed (tune our kernel with "
+                     "--kernel-source ours)")
+
+
