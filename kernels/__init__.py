@@ -43,10 +43,11 @@ def _ours(name: str):
                                code_version=digest.hexdigest()[:16])
 
 
-def get_kernel(name: str, source: str = "ours", origin: str | None = None):
+def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_code: bool = True):
     """The KernelSpec of kernel `name` from `source`: our file in kernels/ ("ours"), or an
     engine's own kernel ("vllm", "sglang"), read from the installed engine or from
-    `origin` (its wheel, or a folder of files extracted from it)."""
+    `origin` (its wheel, or a folder of files extracted from it). load_code=False: an
+    engine's kernel without its code (keys, space, defaults), to replay or plan."""
     from tuner.errors import TunerError
     if name not in KERNEL_MODULES:
         raise TunerError(f"unknown kernel {name!r}; known: {', '.join(KERNEL_MODULES)}")
@@ -55,4 +56,4 @@ def get_kernel(name: str, source: str = "ours", origin: str | None = None):
     if source not in KERNEL_SOURCES:
         raise TunerError(f"unknown kernel source {source!r}; known: {', '.join(KERNEL_SOURCES)}")
     from tuner.kernel_sources import engine_kernel
-    return engine_kernel(name, source, origin or None)
+    return engine_kernel(name, source, origin or None, load_code)

@@ -63,6 +63,14 @@ def _common_options() -> argparse.ArgumentParser:
     s.add_argument("--study-prefix", default="", metavar="NAME",
                    help="prefix of this run's study names, so several runs can share one storage "
                    "(and `tuner worker` processes can join it)")
+    k = p.add_argument_group("whose kernel is timed")
+    k.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
+                   help="engine (default): each engine's tables are timed on that engine's own Triton kernel, "
+                   "read from the installed engine or --engine-source; ours: on our kernels in kernels/ "
+                   "(with --replay: the landscape's)")
+    k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                   help="the engines' released wheels, folders holding them, or folders made by "
+                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS)")
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
@@ -162,12 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_common(args, kernel_name: str, command: str):
-    """Everything the kernel commands share: model, GPU, space, search settings."""
-    from kernels import get_kernel
+    """Everything the kernel commands share: model, GPU, search settings."""
     from tuner.gpus import get_gpu
     from tuner.models import load_model
     from tuner.search import SearchSettings
-    from tuner.space import load_space
 
     args.dtype = args.dtype or DTYPES[command][0]
     if args.batch_sizes is None:
@@ -183,12 +189,60 @@ def _load_common(args, kernel_name: str, command: str):
         raise TunerError(f"--baseline {args.baseline} is not a folder")
     gpu = get_gpu(args.gpu)
     model = load_model(args.model)
-    kernel = get_kernel(kernel_name)
-    space = load_space(kernel, args.space)
     trials = args.trials or DEFAULT_TRIALS[command]
     settings = SearchSettings(budget=trials, patience=args.patience or max(8, trials // 3),
                               sampler=args.sampler, seed=args.seed)
-    return model, gpu, kernel, space, settings
+    return model, gpu, settings
+
+
+def _kernel_source_mode(args) -> str:
+    """engine or ours; with --replay the landscape's (a landscape holds one kernel's timings)."""
+    if not args.replay:
+        return args.kernel_source or "engine"
+    from tuner.landscape import read_header
+    try:
+        header = read_header(args.replay)
+    except TunerError:
+        return "ours"            # reading the whole landscape says precisely what is wrong with it
+    recorded = header.get("kernel_source", "ours") if isinstance(header, dict) else "ours"
+    wanted = args.kernel_source
+    if wanted is not None and wanted != "engine" and wanted != recorded:
+        raise TunerError(f"--kernel-source {wanted}, but landscape {args.replay} was recorded on "
+                         f"{recorded}'s kernel")
+    return recorded
+
+
+def kernel_runs(args, kernel_name: str, problems: list, notes: list) -> list:
+    """[(kernel, its problems)]: the problems each kernel times. With engine kernels a
+    problem several engines read (a GEMM shape) becomes one problem per engine, each timed
+    on that engine's kernel and written to that engine's table only."""
+    import dataclasses
+    from tuner.kernel_sources import kernel_for
+
+    mode = _kernel_source_mode(args)
+    runs: dict = {}
+    for p in problems:
+        engines = [e for e in p.engines if e in args.engines] or list(p.engines)
+        for engine in engines:
+            try:
+                kernel = kernel_for(kernel_name, engine, mode, args.engine_source, load_code=not args.replay)
+            except TunerError as e:
+                if not args.dry_run:
+                    raise
+                notes.append(str(e))
+                kernel = kernel_for(kernel_name, engine, mode, args.engine_source, load_code=False)
+            if kernel.source == "ours":
+                # one problem for every engine whose table ours times
+                runs.setdefault(("ours", kernel.name), (kernel, []))
+                if p not in runs[("ours", kernel.name)][1]:
+                    runs[("ours", kernel.name)][1].append(p)
+            else:
+                runs.setdefault((kernel.source, kernel.name), (kernel, []))[1].append(
+                    dataclasses.replace(p, engines=(engine,)))
+    if args.replay and mode != "ours" and not runs:
+        raise TunerError(f"landscape {args.replay} was recorded on {mode}'s kernel, which times none of "
+                         f"the tables asked for (--engines {' '.join(args.engines)})")
+    return list(runs.values())
 
 
 def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
@@ -198,37 +252,57 @@ def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
     return Path("runs") / name
 
 
+def _record_path(record: str | None, kernel, several: bool) -> str | None:
+    """One landscape per kernel: with several (each engine's own), the source goes into the
+    name (land.jsonl.gz -> land.vllm.jsonl.gz)."""
+    if not record or not several or kernel.source == "ours":
+        return record
+    path = Path(record)
+    stem, dot, ext = path.name.partition(".")
+    return str(path.with_name(f"{stem}.{kernel.source}{dot}{ext}"))
+
+
 def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
-    """What every kernel command does once it knows how to turn a model into problems."""
+    """What every kernel command does once it knows how to turn a model into problems: one
+    tuning run per kernel that times some of the tables (each engine's own, or ours)."""
+    from tuner.space import load_space
     from tuner.tune import RunOptions, plan_text, results_table, run_tuning
 
-    model, gpu, kernel, space, settings = _load_common(args, kernel_name, command)
-    opts = RunOptions(
-        kernel=kernel, space=space, gpu=gpu, problems=make_problems(model),
-        batch_sizes=sorted(set(args.batch_sizes)), settings=settings,
-        out_dir=_out_dir(args, command, model.name, gpu.key), storage=args.storage,
-        engines=args.engines, replay=args.replay, record=args.record, baseline=args.baseline,
-        compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
-        recycle_after=args.recycle_after, prefix=args.study_prefix, gpus=_gpu_list(args.gpus),
-        run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
-                  "dtype": args.dtype},
-        quiet=args.quiet,
-    )
+    model, gpu, settings = _load_common(args, kernel_name, command)
+    notes: list[str] = []
+    runs = kernel_runs(args, kernel_name, make_problems(model), notes)
+    all_opts = []
+    for kernel, problems in runs:
+        all_opts.append(RunOptions(
+            kernel=kernel, space=load_space(kernel, args.space), gpu=gpu, problems=problems,
+            batch_sizes=sorted(set(args.batch_sizes)), settings=settings,
+            out_dir=_out_dir(args, command, model.name, gpu.key), storage=args.storage,
+            engines=args.engines, replay=args.replay, record=_record_path(args.record, kernel, len(runs) > 1),
+            baseline=args.baseline, compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
+            recycle_after=args.recycle_after, prefix=args.study_prefix, gpus=_gpu_list(args.gpus),
+            run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
+                      "dtype": args.dtype},
+            quiet=args.quiet,
+        ))
     if args.dry_run:
-        print(plan_text(opts))
+        for line in dict.fromkeys(notes):
+            print(f"note: {line}")
+        print("\n\n".join(plan_text(opts) for opts in all_opts))
         return 0
     if not args.replay:
         from tuner.measure import require_gpu
         require_gpu(gpu.cuda_name)
-    results = run_tuning(opts)
-    table = results_table(results, kernel.config_keys)
-    if not table.empty:
-        print("config = " + " ".join(kernel.config_keys))
-        print(table.to_string(index=False))
-    if kernel.engine_hints:
-        by_key = {p.key: p for p in opts.problems}
-        for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
-            print(line)
+    for opts in all_opts:
+        kernel = opts.kernel
+        results = run_tuning(opts)
+        table = results_table(results, kernel.config_keys)
+        if not table.empty:
+            print(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
+            print(table.to_string(index=False))
+        if kernel.engine_hints:
+            by_key = {p.key: p for p in opts.problems}
+            for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
+                print(line)
     return 0
 
 

@@ -210,5 +210,5 @@ def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int
                           timeout_s: float = 300.0, recycle_after: int = 256) -> "IsolatedMeasurer":
     """The GPU measurer (tuner.measure_gpu) in a replaceable child process."""
     return IsolatedMeasurer(kernel, "tuner.measure_gpu:make_gpu_measurer",
-                            {"kernel": kernel.name, "gpu": gpu_key, "compile_workers": compile_workers},
+                            {"kernel": kernel.ref, "gpu": gpu_key, "compile_workers": compile_workers},
                             timeout_s=timeout_s, recycle_after=recycle_after)

@@ -290,3 +290,53 @@ def extract(engine: str, source: str, out: Path) -> Path:
     atomic_write_json(out / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
                                                 "extracted_from": code.where, "files": hashes})
     return out
+
+
+# -- which kernel times which engine's tables -------------------------------------------
+KERNEL_SOURCE_MODES = ("engine", "ours")
+
+
+def has_engine_kernel(name: str, engine: str) -> bool:
+    """Whether `engine` reads tables for kernel `name` and we can launch its own kernel."""
+    try:
+        return name in _launcher(engine).KERNEL_FUNCTIONS
+    except TunerError:
+        return False
+
+
+def origin_for(engine: str, origins: list[str] | None) -> str | None:
+    """Of the --engine-source paths given, the one that holds `engine` (wheels and folders
+    of several engines may be given together); None when none does."""
+    for origin in origins or []:
+        path = Path(origin)
+        if path.is_file() and _wheel_version(path, engine) is not None:
+            return origin
+        if path.is_dir():
+            try:
+                if path.name == engine and (path / "__init__.py").is_file():
+                    return origin
+                if _from_folder(path, engine) is not None:
+                    return origin
+            except TunerError:
+                continue
+    for origin in origins or []:
+        if not Path(origin).exists():
+            raise TunerError(f"--engine-source {origin} not found")
+    return None
+
+
+def kernel_for(name: str, engine: str, mode: str, origins: list[str] | None = None, load_code: bool = True):
+    """The kernel that times `engine`'s table of kernel `name`: with mode "engine", the
+    engine's own kernel where it has one we can launch (else ours: tables no engine
+    reads, such as MLA decode); with "ours", ours; with an engine's name, that engine's."""
+    import kernels
+    source = engine if mode == "engine" else mode
+    if source == "ours" or not has_engine_kernel(name, source):
+        if mode not in ("engine", "ours"):
+            raise TunerError(f"{source} has no {name} kernel that reads a table; use --kernel-source ours")
+        return kernels.get_kernel(name)
+    origin = origin_for(source, origins)
+    if origins and origin is None and load_code:
+        raise TunerError(f"none of --engine-source {' '.join(origins)} holds {source}'s code "
+                         f"(a {source}-<version>-....whl or a folder from `tuner engine-source extract`)")
+    return kernels.get_kernel(name, source, origin, load_code=load_code)

@@ -64,6 +64,10 @@ class ReplayMeasurer:
         """Replay a landscape file, refusing one recorded on another device."""
         from tuner.landscape import read_landscape
         land = read_landscape(path, kernel)
+        recorded = land.header.get("kernel_source", "ours")
+        if recorded != kernel.source:
+            raise TunerError(f"landscape {path} was recorded on {recorded}'s {kernel.name} kernel, "
+                             f"not {kernel.source_label}'s")
         if land.header["device"] != cuda_name:
             raise TunerError(f"landscape {path} was recorded on {land.header['device']!r}, "
                              f"but --gpu is {cuda_name!r}")

@@ -24,12 +24,12 @@ from tuner.measure import Measurement, NumericsCheck, require_gpu
 from tuner.problems import Problem
 
 
-def _compile_in_worker(kernel_name: str, params: dict, M: int, config: Config) -> str | None:
+def _compile_in_worker(kernel_ref: dict, params: dict, M: int, config: Config) -> str | None:
     """Runs in a compile worker: build one config into Triton's cache. Returns the
     error text, or None. The timing process compiles anything this could not."""
     try:
         from kernels import get_kernel
-        get_kernel(kernel_name).compile_only(params, M, config)
+        get_kernel(**kernel_ref).compile_only(params, M, config)
         return None
     except Exception as e:  # noqa: BLE001 - any failure is data about this config
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -47,11 +47,12 @@ def _poisons_context(error: str) -> bool:
                                    "unspecified launch failure", "device-side assert", "cuda error"))
 
 
-def make_gpu_measurer(kernel: str, gpu: str, compile_workers: int = 8) -> "GpuMeasurer":
-    """Factory run inside the isolated measuring worker (tuner.isolation)."""
+def make_gpu_measurer(kernel: dict, gpu: str, compile_workers: int = 8) -> "GpuMeasurer":
+    """Factory run inside the isolated measuring worker (tuner.isolation); `kernel` is a
+    KernelSpec.ref (our kernel, or an engine's and where its code is)."""
     from kernels import get_kernel
     from tuner.gpus import get_gpu
-    return GpuMeasurer(get_kernel(kernel), get_gpu(gpu), compile_workers=compile_workers)
+    return GpuMeasurer(get_kernel(**kernel), get_gpu(gpu), compile_workers=compile_workers)
 
 
 def _short_error(e: BaseException) -> str:
@@ -123,7 +124,7 @@ class GpuMeasurer:
         futures = []
         if self._pool is not None:
             try:
-                futures = [self._pool.submit(_compile_in_worker, self.kernel.name, problem.params, M, c)
+                futures = [self._pool.submit(_compile_in_worker, self.kernel.ref, problem.params, M, c)
                            for c in configs]
             except BrokenProcessPool:
                 self._restart_pool()

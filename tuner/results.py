@@ -9,7 +9,7 @@ from tuner import __version__
 from tuner.engines import ENGINES
 from tuner.environment import now_iso
 from tuner.errors import TunerError
-from tuner.kernel_api import KernelSpec
+from tuner.kernel_api import KernelSpec, table_entry
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.problems import Problem
 from tuner.search import StudyResult
@@ -26,7 +26,7 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
                  cuda_name: str, triton_version: str, engines: list[str]) -> dict[str, str]:
     """Write one table per engine that runs this problem; returns {engine: relative path}.
     M values without a validated config are left out (the engine then uses the nearest)."""
-    table = {r.M: r.config for r in results if r.config is not None}
+    table = {r.M: table_entry(kernel, r.config) for r in results if r.config is not None}
     files = {}
     if not table:
         return files
@@ -49,12 +49,9 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
             old = json.loads(path.read_text())
         except json.JSONDecodeError:
             old = {}
-    def key(entry):
-        return json.dumps([entry.get("kernel"), entry.get("problem")], sort_keys=True)
-
-    tables = {key(t): t for t in old.get("tables", [])}
+    tables = {table_key(t): t for t in old.get("tables", [])}
     for e in entries:
-        tables[key(e)] = e
+        tables[table_key(e)] = e
     manifest = {
         "format": "tuner-manifest/1",
         "tool": f"tuner {__version__}",
@@ -77,10 +74,29 @@ def read_manifest(folder: Path) -> dict:
         raise TunerError(f"{path} is not valid JSON: {e}") from None
 
 
+def table_key(entry: dict) -> str:
+    """A manifest entry's identity: kernel, whose code timed it, problem. The same GEMM
+    shape timed on vLLM's and on SGLang's kernel is two entries."""
+    return json.dumps([entry.get("kernel"), (entry.get("kernel_source") or {}).get("source", "ours"),
+                       entry.get("problem")], sort_keys=True)
+
+
+def kernel_source_info(kernel: KernelSpec) -> dict:
+    """Whose kernel code timed a table, as the manifest records it (tuner install compares
+    the version with the target engine's)."""
+    info = {"source": kernel.source, "version": kernel.source_version, "origin": kernel.origin,
+            "code_version": kernel.code_version}
+    for key in ("launcher_written_for", "launcher_matches_engine", "changed_wrappers"):
+        if key in kernel.notes:
+            info[key] = kernel.notes[key]
+    return info
+
+
 def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResult], files: dict,
                    run_info: dict) -> dict:
     return {
         "kernel": kernel.name,
+        "kernel_source": kernel_source_info(kernel),
         "problem": problem.params,
         "layers": list(problem.layers),
         "tied_to": problem.tied_to,         # tables that must change together (SGLang's up and _down)

@@ -179,8 +179,11 @@ class StudyResult:
                 "numerics": self.numerics, "rejected": self.rejected}
 
 
-def study_name(problem: Problem, M: int, prefix: str = "") -> str:
-    return f"{prefix}{problem.kernel}:{problem.key}:M={M}"
+def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
+    """One study per (kernel source, problem, M): a problem timed on our kernel and on an
+    engine's is two studies ('fused_moe@vllm:E=..:M=16')."""
+    kernel = problem.kernel if source == "ours" else f"{problem.kernel}@{source}"
+    return f"{prefix}{kernel}:{problem.key}:M={M}"
 
 
 class StudyRunner:
@@ -234,7 +237,8 @@ class StudyRunner:
                                {"status": "not checked", "detail": "no config survives pruning"})
 
         choices = {k: sorted({t[i] for t in allowed}) for i, k in enumerate(kernel.config_keys)}
-        study = optuna.create_study(study_name=study_name(problem, M, self.prefix), storage=self.storage,
+        study = optuna.create_study(study_name=study_name(problem, M, self.prefix, kernel.source),
+                                    storage=self.storage,
                                     direction="minimize", sampler=make_sampler(s), load_if_exists=True)
         stored = study.user_attrs.get("choices")
         if stored is None:
@@ -255,7 +259,7 @@ class StudyRunner:
             if config_tuple(kernel, cfg) not in measured:
                 study.enqueue_trial(self._encode(choices, cfg), user_attrs={"seed": label}, skip_if_exists=True)
 
-        rng = random.Random(f"{s.seed}:{study_name(problem, M)}:{os.getpid()}")
+        rng = random.Random(f"{s.seed}:{study_name(problem, M, source=kernel.source)}:{os.getpid()}")
         idle_batches = 0
         while True:
             # Other workers may share this study: read its state from the storage every round.

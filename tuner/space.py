@@ -16,7 +16,7 @@ import yaml
 
 from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
-from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.kernel_api import Config, KernelSpec, Params, config_from_entry
 from tuner.paths import SPACES_DIR
 
 
@@ -45,6 +45,33 @@ def rule(name: str):
 def _block_k_divides_group(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     block_shape = ctx.params.get("block_shape")
     return not block_shape or block_shape[1] % cfg["BLOCK_SIZE_K"] == 0
+
+
+@rule("block_k_clamped")
+def _block_k_clamped(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    # An engine that clamps K tiles to the weight block runs a wider one as the block-wide
+    # one: keep that form only (seeds are folded onto it, see CANONICALIZERS).
+    block_shape = ctx.params.get("block_shape")
+    return not block_shape or cfg["BLOCK_SIZE_K"] <= min(block_shape)
+
+
+@rule("tiny_block_m_needs_swap")
+def _tiny_block_m_needs_swap(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    # A tensor-core dot needs 16 rows on its M side; fewer compile only where the engine
+    # swaps the operands (FP8, BLOCK_SIZE_N >= min_n), putting them on the N side.
+    if cfg["BLOCK_SIZE_M"] >= 16:
+        return True
+    return ctx.params.get("dtype") == "fp8_w8a8" and cfg["BLOCK_SIZE_N"] >= opts.get("min_n", 64)
+
+
+@rule("tma_needs_block_fp8")
+def _tma_needs_block_fp8(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    return not cfg.get("USE_TMA") or (ctx.params.get("dtype") == "fp8_w8a8" and bool(ctx.params.get("block_shape")))
+
+
+@rule("split_k_within_k_steps")
+def _split_k_within_k_steps(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    return cfg.get("SPLIT_K", 1) <= math.ceil(ctx.params["K"] / cfg["BLOCK_SIZE_K"])
 
 
 @rule("shared_memory")
@@ -93,7 +120,13 @@ def _group_m_equivalence(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return _canonical_group_m(ctx, cfg) == cfg["GROUP_SIZE_M"]
 
 
-CANONICALIZERS = {"group_m_equivalence": lambda ctx, cfg: cfg | {"GROUP_SIZE_M": _canonical_group_m(ctx, cfg)}}
+def _clamped_block_k(ctx: RuleContext, cfg: Config) -> Config:
+    block_shape = ctx.params.get("block_shape")
+    return cfg | {"BLOCK_SIZE_K": min(cfg["BLOCK_SIZE_K"], min(block_shape))} if block_shape else cfg
+
+
+CANONICALIZERS = {"group_m_equivalence": lambda ctx, cfg: cfg | {"GROUP_SIZE_M": _canonical_group_m(ctx, cfg)},
+                  "block_k_clamped": _clamped_block_k}
 
 
 @dataclass
@@ -134,15 +167,22 @@ class SearchSpace:
         """An equivalent config in the space's canonical form (e.g. GROUP_SIZE_M folded),
         so a seed from a table lands on the point the search measures."""
         ctx = self._ctx(params, M, gpu)
-        cfg = {k: int(cfg[k]) for k in self.kernel.config_keys}
+        cfg = config_from_entry(self.kernel, cfg)
         for name in self.constraints:
             if name in CANONICALIZERS:
                 cfg = CANONICALIZERS[name](ctx, cfg)
         return cfg
 
 
+def space_file(kernel: KernelSpec) -> Path:
+    """configs/spaces/<kernel>.<source>.yaml for an engine's kernel with keys or limits of
+    its own, else configs/spaces/<kernel>.yaml."""
+    own = SPACES_DIR / f"{kernel.name}.{kernel.source}.yaml"
+    return own if own.is_file() else SPACES_DIR / f"{kernel.name}.yaml"
+
+
 def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpace:
-    path = Path(path) if path else SPACES_DIR / f"{kernel.name}.yaml"
+    path = Path(path) if path else space_file(kernel)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
@@ -153,6 +193,9 @@ def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpac
         raise TunerError(f"search space {path} needs a 'params' mapping")
     if data.get("kernel", kernel.name) != kernel.name:
         raise TunerError(f"search space {path} is for kernel {data.get('kernel')!r}, not {kernel.name!r}")
+    if data.get("source", kernel.source) != kernel.source:
+        raise TunerError(f"search space {path} is for {data.get('source')}'s {kernel.name}, "
+                         f"not {kernel.source_label}'s")
     params = data["params"]
     missing = [k for k in kernel.config_keys if k not in params]
     extra = [k for k in params if k not in kernel.config_keys]
@@ -163,9 +206,11 @@ def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpac
     choices = {}
     for k in kernel.config_keys:
         vals = params[k]
+        least = 0 if k in kernel.optional_keys else 1      # switches (USE_TMA...) take 0 for off
         if (not isinstance(vals, list) or not vals
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in vals)):
-            raise TunerError(f"search space {path}: {k} must be a list of positive integers")
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= least for v in vals)):
+            raise TunerError(f"search space {path}: {k} must be a list of "
+                             f"{'non-negative' if least == 0 else 'positive'} integers")
         choices[k] = sorted(set(vals))
     constraints = data.get("constraints") or {}
     if not isinstance(constraints, dict):

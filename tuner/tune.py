@@ -71,7 +71,9 @@ def plan_text(opts: RunOptions) -> str:
     lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
              f"  {opts.run_info.get('model', '')}  " + "  ".join(
                  f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
-             f"  search space {opts.space.source}: {opts.space.size} configs before pruning",
+             f"  kernel: {kernel_origin_text(k)}",
+             f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
+             f"keys {', '.join(k.config_keys)}",
              f"  budget {opts.settings.budget} trials per batch size, sampler {opts.settings.sampler}, "
              f"patience {opts.settings.patience}",
              f"  storage {opts.storage or default_storage(opts.out_dir)}",
@@ -91,6 +93,19 @@ def plan_text(opts: RunOptions) -> str:
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {total * opts.settings.budget} measured configs")
     return "\n".join(lines)
+
+
+def kernel_origin_text(kernel: KernelSpec) -> str:
+    """Whose code times the tables, its version and where it was read from, in words."""
+    if kernel.source == "ours":
+        return f"ours (kernels/, tuner {kernel.source_version}, code {kernel.code_version})"
+    if not kernel.origin:
+        return f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken)"
+    text = f"{kernel.source_label}, read from {kernel.origin} (code {kernel.code_version})"
+    if kernel.notes.get("launcher_matches_engine") is False:
+        text += (f"; WARNING: launcher written for {kernel.notes.get('launcher_written_for')}, and these "
+                 f"wrappers changed since: {', '.join(kernel.notes.get('changed_wrappers', []))}")
+    return text
 
 
 def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
@@ -114,20 +129,32 @@ def load_baseline_table(baseline_dir: str, opts: RunOptions, problem: Problem) -
     if (root / MANIFEST).is_file():
         manifest = read_manifest(root)
         for t in manifest.get("tables", []) if manifest.get("gpu") == opts.gpu.key else []:
-            if t.get("kernel") == opts.kernel.name and Problem(t["kernel"], t["problem"]).key == problem.key:
+            if (t.get("kernel") == opts.kernel.name and Problem(t["kernel"], t["problem"]).key == problem.key
+                    and set(t.get("files") or {}) & set(problem.engines or ENGINES)):
                 table = {m: e["config"] for m, e in t.get("entries", {}).items() if e.get("config")}
                 if table:
                     return table
-    names = {ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name, "0.0.0")
-             .rsplit("/", 1)[-1] for e in ENGINES}
-    for path in sorted(root.rglob("*.json")):
-        if path.name in names:
-            try:
-                table = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise TunerError(f"baseline table {path} is not readable JSON: {e}") from None
-            return {k: v for k, v in table.items() if k != "triton_version"}
+    # The problem's own engines' file names first (SGLang's up and _down tables, vLLM's).
+    order = [e for e in problem.engines if e in ENGINES] + [e for e in ENGINES if e not in problem.engines]
+    names = [ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name, "0.0.0")
+             .rsplit("/", 1)[-1] for e in order]
+    # Of one name in several triton_<version> folders, the newest first (as SGLang falls back).
+    files = sorted(root.rglob("*.json"), reverse=True)
+    for path in sorted((p for p in files if p.name in names), key=lambda p: names.index(p.name)):
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TunerError(f"baseline table {path} is not readable JSON: {e}") from None
+        return {k: v for k, v in table.items() if k != "triton_version"}
     return None
+
+
+def landscape_source(kernel: KernelSpec) -> dict:
+    """What a landscape's header says of the code it timed (none for our kernels, so that
+    older landscapes read the same)."""
+    if kernel.source == "ours":
+        return {}
+    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version}
 
 
 # -- the run ----------------------------------------------------------------------------
@@ -141,7 +168,8 @@ def make_measurer(opts: RunOptions, progress: Progress):
     if not opts.record:
         return gpu_m
     env = gpu_m.environment()
-    header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, "device": env["device"],
+    header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
+              "device": env["device"],
               "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
               "driver": env.get("driver"), "recorded": now_iso()}
     writer = LandscapeWriter(opts.record, opts.kernel, header)
@@ -223,7 +251,8 @@ def by_key(opts: RunOptions) -> dict[str, Problem]:
 def stored_result(storage, opts: RunOptions, problem: Problem, M: int) -> dict | None:
     import optuna
     try:
-        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix), storage=storage)
+        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix, opts.kernel.source),
+                                  storage=storage)
     except KeyError:
         return None
     result = study.user_attrs.get("result")
@@ -289,18 +318,18 @@ def collect(opts: RunOptions, storage, quiet: bool = False, wait: bool = False) 
 PLAN_FORMAT = "tuner-plan/1"
 
 
-def plan_study_name(prefix: str, kernel_name: str) -> str:
-    return f"{prefix}tuner-plan:{kernel_name}"
+def plan_study_name(prefix: str, kernel_name: str, source: str = "ours") -> str:
+    return f"{prefix}tuner-plan:{kernel_name}" + ("" if source == "ours" else f"@{source}")
 
 
 def save_plan(storage, opts: RunOptions) -> None:
     """Store what to tune beside the studies, so `tuner worker` and `tuner collect` need
     only the storage URL and the study prefix."""
     import optuna
-    study = optuna.create_study(study_name=plan_study_name(opts.prefix, opts.kernel.name), storage=storage,
-                                load_if_exists=True)
+    study = optuna.create_study(study_name=plan_study_name(opts.prefix, opts.kernel.name, opts.kernel.source),
+                                storage=storage, load_if_exists=True)
     study.set_user_attr("plan", {
-        "format": PLAN_FORMAT, "kernel": opts.kernel.name, "gpu": opts.gpu.key,
+        "format": PLAN_FORMAT, "kernel": opts.kernel.name, "kernel_ref": opts.kernel.ref, "gpu": opts.gpu.key,
         "problems": [{"params": p.params, "layers": list(p.layers), "engines": list(p.engines),
                       "tied_to": p.tied_to, "tied_keys": list(p.tied_keys)} for p in opts.problems],
         "batch_sizes": {p.key: sorted(opts.ms_for(p)) for p in opts.problems},
@@ -324,7 +353,9 @@ def load_plans(store, prefix: str, out_dir: Path | None = None, **overrides) -> 
         plan = optuna.load_study(study_name=name, storage=store).user_attrs.get("plan")
         if not plan or plan.get("format") != PLAN_FORMAT:
             continue
-        kernel = get_kernel(plan["kernel"])
+        ref = plan.get("kernel_ref") or {"name": plan["kernel"]}
+        # A worker replaying a landscape needs none of an engine's code, one on a GPU does.
+        kernel = get_kernel(**ref, load_code=not overrides.get("replay"))
         space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
                             plan["space"]["constraints"], plan["space"]["source"])
         problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),

@@ -290,9 +290,16 @@ def moe_compile_only(code):
 
 
 def moe_note(params: Params) -> str:
-    return ("SGLang's fused_moe_kernel, launched as its Triton runner does (swap-AB on sm_90, USE_TMA "
-            "from the table); the alignment (and, with USE_TMA, the sorted activation) made before "
-            "timing; " + kernels.get_kernel("fused_moe").measurement_note(params))
+    part = params.get("part", "op")
+    what = {"up": "the up GEMM (w1: gate and up) and its activation quantization, storing in token order",
+            "down": "the down GEMM (w2) and its activation quantization (over the sorted rows with USE_TMA), "
+                    "BLOCK_SIZE_M fixed to the up table's at each M",
+            "op": "the whole layer with one config for both GEMMs"}[part]
+    shared = params.get("shared_experts", 0)
+    return (f"SGLang's fused_moe_kernel as its Triton runner launches it (swap-AB on sm_90, USE_TMA from the "
+            f"table): {what}; the alignment (and, with USE_TMA, the sorted activation) made before timing; "
+            f"{params.get('routing', 'uniform')} top-{params['topk']} routing"
+            + (f" plus {shared} fused shared expert(s) every token goes to" if shared else ""))
 
 
 # -- block-FP8 GEMM ------------------------------------------------------------------------
