@@ -155,6 +155,36 @@ def build_parser() -> argparse.ArgumentParser:
                            "fine, 3 a table regressed, 1 a job failed.")
     night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
     night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
+    chk = sub.add_parser("check", help="run a table's configs against the reference on a chosen kernel",
+                         description="Run every config of a table (the engine's own format; every M in it, or "
+                         "those given) on a kernel against the float64 reference; one line per config, exit 1 "
+                         "if any fails. On a GPU the compiled kernel runs; without one, Triton's interpreter.")
+    chk.add_argument("--model", required=True, help="as for tuner gemm/moe/mla (a small HF config.json keeps a "
+                     "CPU check fast)")
+    chk.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
+    chk.add_argument("--table", required=True, metavar="FILE", help="the table to check")
+    chk.add_argument("--kernel-source", default="engine", choices=("engine", "ours", *ENGINE_NAMES),
+                     help="engine (default): the kernel of the engine the table is for; ours; or vllm/sglang")
+    chk.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                     help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    chk.add_argument("--tp", type=_positive, default=1)
+    chk.add_argument("--ep", type=_positive, default=1)
+    chk.add_argument("--dtype", default="fp8_w8a8", choices=("fp8_w8a8", "bf16"))
+    chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    chk.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+                     help="check these batch sizes (the entry the engine would use for each) instead of every M")
+    chk.add_argument("--seed", type=int, default=None, help="input seed (default: fresh random inputs)")
+    src = sub.add_parser("engine-source", help="copy the engine files the launchers need out of a wheel",
+                         description="Extract, from an engine's wheel (or the installed engine), the few source "
+                         "files whose kernels tuner times, into a folder small enough to carry to a GPU machine "
+                         "without network; give that folder as --engine-source.")
+    src_sub = src.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    ext = src_sub.add_parser("extract", help="extract the kernel files of an engine")
+    ext.add_argument("--engine", required=True, choices=ENGINE_NAMES)
+    ext.add_argument("--from", dest="source", default=None, metavar="PATH",
+                     help="the engine's wheel or a folder holding it (default: the installed engine, then "
+                     "$TUNER_ENGINE_WHEELS)")
+    ext.add_argument("--out", required=True, metavar="DIR")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -438,6 +468,40 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from tuner.check import run_check
+    from tuner.models import gemm_problems, load_model, moe_problems
+
+    table = Path(args.table)
+    if not table.is_file():
+        raise TunerError(f"table {table} not found")
+    kernel_name, make_problems = {
+        "gemm": ("fp8_gemm", lambda model, engine: gemm_problems(model, args.tp, args.ep)),
+        "moe": ("fused_moe", lambda model, engine: moe_problems(model, args.tp, args.ep, args.dtype,
+                                                                  args.routing, [engine])),
+        "mla": ("mla_decode", None),            # our own format: the table holds its problems
+    }[args.kernel]
+    rows = run_check(kernel_name, table, load_model(args.model), make_problems, args.routing, args.kernel_source,
+                     args.engine_source, args.batch_sizes, args.seed, log=lambda line: print(line, flush=True))
+    failed = sum(r.status != "pass" for r in rows)
+    print(f"{len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def cmd_engine_source(args) -> int:
+    from tuner.kernel_sources import extract
+    if args.action != "extract":
+        raise TunerError("say what to do: `tuner engine-source extract --engine vllm --out DIR`")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file")
+    folder = extract(args.engine, args.source, out)
+    files = sorted(p for p in folder.rglob("*.py"))
+    size = sum(p.stat().st_size for p in files)
+    print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) in {folder}/; use it as --engine-source {folder}")
+    return 0
+
+
 def cmd_gemm(args) -> int:
     from tuner.models import gemm_problems
     return _run_command(args, "gemm", "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep))
@@ -460,7 +524,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:

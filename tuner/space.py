@@ -55,13 +55,11 @@ def _block_k_clamped(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return not block_shape or cfg["BLOCK_SIZE_K"] <= min(block_shape)
 
 
-@rule("tiny_block_m_needs_swap")
-def _tiny_block_m_needs_swap(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
-    # A tensor-core dot needs 16 rows on its M side; fewer compile only where the engine
-    # swaps the operands (FP8, BLOCK_SIZE_N >= min_n), putting them on the N side.
-    if cfg["BLOCK_SIZE_M"] >= 16:
-        return True
-    return ctx.params.get("dtype") == "fp8_w8a8" and cfg["BLOCK_SIZE_N"] >= opts.get("min_n", 64)
+@rule("tiny_block_m_fp8_only")
+def _tiny_block_m_fp8_only(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    # Tiles under 16 rows: Triton takes them in FP8 dots (vLLM ships BLOCK_SIZE_M 8 for its
+    # small-batch path), not in 16-bit ones.
+    return cfg["BLOCK_SIZE_M"] >= 16 or ctx.params.get("dtype") == "fp8_w8a8"
 
 
 @rule("tma_needs_block_fp8")

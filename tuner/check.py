@@ -1,0 +1,164 @@
+"""`tuner check`: run every config of a table on a chosen kernel against the float64 reference.
+
+Before a table goes into a new engine version, or as the first step of a GPU run: each
+(problem, M) entry of the table runs on fresh random inputs into a NaN-poisoned output, and
+its relative error is compared with the kernel's tolerance. On a GPU the compiled kernel
+runs; without one, Triton's interpreter (slow: a small model keeps it fast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import TunerError
+from tuner.problems import Problem
+
+@dataclass
+class CheckRow:
+    problem: Problem
+    M: int
+    config: dict
+    status: str              # "pass", "fail"
+    rel_error: float | None
+    detail: str
+    seconds: float
+
+
+def read_table(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text())
+    except OSError as e:
+        raise TunerError(f"cannot read table {path}: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TunerError(f"table {path} is not valid JSON: {e}") from None
+    if not isinstance(obj, dict) or not obj:
+        raise TunerError(f"table {path} is not a JSON object of batch sizes and configs")
+    return obj
+
+
+def entries_of(table: dict, path: Path) -> dict[int, dict]:
+    """{M: config} of an engine's table (the 'triton_version' key vLLM's tuner writes is skipped)."""
+    out = {}
+    for key, cfg in table.items():
+        if key == "triton_version":
+            continue
+        try:
+            m = int(key)
+        except ValueError:
+            raise TunerError(f"table {path}: key {key!r} is not a batch size") from None
+        if not isinstance(cfg, dict):
+            raise TunerError(f"table {path}: the entry for M={key} is not a config object")
+        out[m] = cfg
+    return out
+
+
+def pick_batch_sizes(entries: dict[int, dict], wanted: list[int] | None) -> dict[int, dict]:
+    """Every M of the table, or the given ones with the entry the engine would use for them."""
+    if not wanted:
+        return dict(sorted(entries.items()))
+    from tuner.engines import lookup_nearest
+    table = {str(m): c for m, c in entries.items()}
+    return {m: lookup_nearest(table, m) for m in sorted(set(wanted))}
+
+
+def check_config(kernel, problem: Problem, M: int, config: dict, device: str, seed: int) -> CheckRow:
+    """One config on fresh inputs, the output poisoned with NaN first."""
+    import torch
+    t0 = time.monotonic()
+    try:
+        inputs = kernel.make_inputs(problem.params, M, device, seed)
+        inputs["out"].fill_(float("nan"))
+        out = kernel.run(inputs, config)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        got = out.double()
+        if torch.isnan(got).any():
+            return CheckRow(problem, M, config, "fail", None, f"NaN left in the output (seed {seed})",
+                            time.monotonic() - t0)
+        ref = kernel.reference(inputs)
+        rel = (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+    except TunerError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a config that does not compile or run fails its check
+        text = str(e).strip().splitlines()
+        return CheckRow(problem, M, config, "fail", None, f"{type(e).__name__}: {text[0] if text else ''}"[:300],
+                        time.monotonic() - t0)
+    status = "pass" if rel <= kernel.tolerance else "fail"
+    return CheckRow(problem, M, config, status, rel, f"tolerance {kernel.tolerance}, seed {seed}",
+                    time.monotonic() - t0)
+
+
+def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_problems, routing: str,
+                   engine_hint: str | None) -> tuple[str, list[tuple[Problem, dict]], list[str]]:
+    """(the engine whose table it is, [(problem, {M: config})], notes). The problems come from
+    the model (make_problems(model, engine), as the tuning commands make them); the table's
+    file name picks which of them it is for, or, where the model has no such shape (a small
+    model for a CPU check), the table's configs are run on every one of them."""
+    from kernels import get_kernel
+    from tuner.drift import parse_table_file
+
+    kernel = get_kernel(kernel_name)
+    if kernel.read_table is not None:                # our own format (MLA decode): problems inside
+        held = kernel.read_table(table)
+        if not held:
+            raise TunerError(f"{table_path} is not a {kernel_name} table of ours (format {table.get('format')!r})")
+        return "tuner", [(Problem(kernel_name, params, engines=("tuner",)), rows) for params, rows in held], []
+    entries = entries_of(table, table_path)
+    parsed = [t for t in parse_table_file(table_path, model, routing) if t.problem.kernel == kernel_name]
+    engine = parsed[0].engine if parsed else (engine_hint or "vllm")
+    # SGLang's `_down` file is the down projection's table; any other, the layer's or the up one's.
+    part = parsed[0].problem.params.get("part") if parsed else None
+    candidates = [p for p in make_problems(model, engine) if engine in p.engines]
+    candidates = [p for p in candidates if part is None or p.params.get("part") == part] or candidates
+    notes = []
+    if parsed:
+        named = parsed[0].problem.params
+        same = [p for p in candidates if all(p.params.get(k) == named[k] for k in ("E", "N", "K") if k in named)]
+        if same:
+            return engine, [(p, entries) for p in same], notes
+        notes.append(f"the table is for {parsed[0].problem.key}, which {model.name} does not run; "
+                     f"its configs run on {model.name}'s shapes instead")
+    return engine, [(p, entries) for p in candidates], notes
+
+
+def run_check(kernel_name: str, table_path: Path, model, make_problems, routing: str,
+              source: str, origins: list[str] | None, batch_sizes: list[int] | None, seed: int | None,
+              log=print) -> list[CheckRow]:
+    """Check every (problem, M) of the table on the chosen kernel; log one line each."""
+    import torch
+
+    from tuner.engines import ENGINE_NAMES
+    from tuner.kernel_api import config_from_entry
+    from tuner.kernel_sources import kernel_for
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")     # before any kernel module is imported
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    table = read_table(table_path)
+    hint = source if source in ENGINE_NAMES else None
+    engine, work, notes = table_problems(kernel_name, table_path, table, model, make_problems, routing, hint)
+    kernel = kernel_for(kernel_name, engine, source, origins)
+    log(f"kernel: {kernel.description} [{kernel.source_label}" + (f", {kernel.origin}]" if kernel.origin else "]"))
+    log("device: " + (torch.cuda.get_device_name() if device == "cuda"
+                      else "no GPU: Triton's interpreter on the CPU (slow; a small model keeps it fast)"))
+    for note in notes:
+        log(f"note: {note}")
+    rows = []
+    base_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+    for problem, entries in work:
+        for i, (M, entry) in enumerate(pick_batch_sizes(entries, batch_sizes).items()):
+            try:
+                config = config_from_entry(kernel, entry)
+            except (KeyError, TypeError, ValueError):
+                raise TunerError(f"{table_path}: the entry for M={M} lacks one of "
+                                 f"{', '.join(kernel.config_keys)}") from None
+            row = check_config(kernel, problem, M, config, device, base_seed + i)
+            rows.append(row)
+            rel = f"{row.rel_error:.2e}" if row.rel_error is not None else "-"
+            log(f"{row.status.upper():4s}  rel {rel:>8s}  M={M:<5d} {problem.key}  "
+                f"{' '.join(f'{k}={v}' for k, v in config.items())}  ({row.detail}; {row.seconds:.1f}s)")
+    return rows
