@@ -63,7 +63,9 @@ def _fake_mla_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
 
 def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], batch_sizes: list[int],
                               device: str = "NVIDIA H200") -> None:
-    header = {"format": "tuner-landscape/1", "kernel": kernel.name, "device": device, "triton": "3.6.0",
+    from tuner.tune import landscape_source
+    header = {"format": "tuner-landscape/1", "kernel": kernel.name, **landscape_source(kernel),
+              "device": device, "triton": "3.6.0",
               "torch": "synthetic", "cuda": "synthetic", "driver": "synthetic",
               "recorded": "2026-11-22T00:00:00+00:00", "synthetic": True}
     w = LandscapeWriter(path, kernel, header)
