@@ -227,16 +227,23 @@ def read_table(obj: dict) -> list:
 
 
 def engine_hints(problem_results) -> list[str]:
-    """What the engines can take from the tuned table today."""
+    """What the engines can take from the tuned table today: nothing they read (facts from
+    vLLM 0.33.0 and SGLang 0.5.23, ../shared/ENGINES.md)."""
     splits = sorted({r.config["num_kv_splits"] for _, rs in problem_results for r in rs if r.config})
     if not splits:
         return []
     per_ctx = ", ".join(f"{p.params['context']}: " + "/".join(str(r.config["num_kv_splits"]) for r in rs if r.config)
                         for p, rs in problem_results)
     return [f"tuned KV splits per context (over the batch sizes): {per_ctx}",
-            f"SGLang: --triton-attention-num-kv-splits {max(splits)} (its cap on the split count; "
-            "BLOCK_N/BLOCK_H/warps are fixed in its kernel)",
-            "vLLM: its Triton MLA backend takes no launch settings; use kernels.mla_decode with this table"]
+            "No engine reads this table: it is for kernels.mla_decode (looked up at run time). Neither engine "
+            "runs its Triton MLA decode on Hopper by default (vLLM prefers FlashAttention-MLA, FlashMLA, "
+            "FlashInfer-MLA; SGLang uses fa3), and where it does, BLOCK_N, BLOCK_H, warps and stages are fixed.",
+            "SGLang (Triton attention backend): --triton-attention-num-kv-splits only raises a cap, which is "
+            "already max(flag, min(next_pow2(SMs), next_pow2(context / 32))) = 256 on H100/H200; it changes "
+            f"nothing unless set above 256, and cannot give the per-(batch, context) counts tuned here "
+            f"({min(splits)} to {max(splits)}).",
+            "vLLM (Triton MLA backend): splits are min(next_pow2(max_seq_len // 512), 2 * SMs), with no "
+            "setting to change them."]
 
 
 # ---------------------------------------------------------------------------
