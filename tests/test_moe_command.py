@@ -24,7 +24,7 @@ def files(problems):
 @pytest.mark.parametrize("tp,ep,vllm,sglang", [
     (8, 1, "E=256,N=256", "E=257,N=256"),
     (4, 1, "E=256,N=512", "E=257,N=512"),
-    (8, 8, "E=32,N=2048", "E=33,N=2048"),
+    (8, 8, "E=32,N=2048", "E=32,N=2048"),        # SGLang fuses the shared expert only at EP 1
 ])
 def test_deepseek_v3_experts_per_engine(tp, ep, vllm, sglang):
     got = files(moe_problems(load_model("deepseek-v3"), tp, ep, "fp8_w8a8"))
@@ -37,7 +37,8 @@ def test_deepseek_v3_experts_per_engine(tp, ep, vllm, sglang):
 
 def test_other_models():
     kimi = moe_problems(load_model("kimi-k2"), 8, 1, "fp8_w8a8")
-    assert {(p.params["E"], p.params["N"], p.params["topk"]) for p in kimi} == {(384, 256, 8), (385, 256, 8)}
+    # SGLang 0.5.23 fuses the shared expert for 256 routed experts only (384: Quark checkpoints)
+    assert {(p.params["E"], p.params["N"], p.params["topk"]) for p in kimi} == {(384, 256, 8)}
     mixtral = moe_problems(load_model("mixtral-8x7b"), 2, 1, "bf16")
     assert "vllm/fused_moe/E=8,N=7168,device_name=NVIDIA_H200.json" in files(mixtral)
     qwen = moe_problems(load_model("qwen3-235b-a22b-fp8"), 4, 1, "fp8_w8a8")

@@ -23,10 +23,21 @@ def _underscored(cuda_name: str) -> str:
 class Engine:
     name: str
     block_shape_sep: str            # "," (vLLM) or ", " (SGLang) inside block_shape=[...]
-    fuses_shared_expert: bool       # SGLang folds DeepSeek's shared expert into the MoE
+    # Which models' shared expert the engine folds into its fused MoE as expert E-1 (SGLang:
+    # DeepSeek-V3/R1's, at expert-parallel size 1 on NVIDIA GPUs); None: it never does.
+    shared_expert_fusion: dict | None
     gemm_folder: str                # where the package reads block-FP8 GEMM tables
     moe_folder: str                 # where the package reads fused-MoE tables
     moe_folder_per_triton: bool     # SGLang keys its MoE folder by Triton version
+    # What makes this engine read each table family on Hopper (H100/H200), read from the
+    # source of the version named in `facts_for`; printed by the plan and by tuner install.
+    reads_on_hopper: dict = None
+    facts_for: str = ""
+
+    def fuses_shared_expert(self, architecture: str | None, routed: int, shared: int, ep: int) -> bool:
+        rule = self.shared_expert_fusion
+        return bool(rule) and (architecture in rule["architectures"] and routed in rule["routed_experts"]
+                               and shared == rule["shared_experts"] and ep <= rule["max_ep"])
 
     def device_name(self, cuda_name: str) -> str:
         """The device_name= part of a file name for a GPU CUDA calls `cuda_name`."""
@@ -82,18 +93,39 @@ ENGINES: dict[str, Engine] = {
     "vllm": Engine(
         name="vllm",
         block_shape_sep=",",
-        fuses_shared_expert=False,
+        shared_expert_fusion=None,
         gemm_folder="vllm/model_executor/layers/quantization/utils/configs",
         moe_folder="vllm/model_executor/layers/fused_moe/configs",
         moe_folder_per_triton=False,
+        facts_for="vLLM 0.33.0",
+        reads_on_hopper={
+            "fp8_gemm": "block-FP8 linear layers run FlashInfer/DeepGEMM, then CUTLASS, by default; the Triton "
+                        "GEMM reads these tables only with --linear-backend triton (or --kernel-config "
+                        "'{\"linear_backend_per_quant\":{\"fp8_block_w8a8\":\"triton\"}}')",
+            "fused_moe": "the Triton fused MoE reads these tables by default under tensor parallelism; with "
+                         "--enable-expert-parallel vLLM prefers FlashInfer's CUTLASS MoE (add --moe-backend "
+                         "triton), and VLLM_USE_DEEP_GEMM=1 or VLLM_MOE_USE_DEEP_GEMM=1 set explicitly runs "
+                         "DeepGEMM's MoE at every batch size instead",
+        },
     ),
     "sglang": Engine(
         name="sglang",
         block_shape_sep=", ",
-        fuses_shared_expert=True,
+        shared_expert_fusion={"architectures": ("DeepseekV3ForCausalLM",), "routed_experts": (256,),
+                              "shared_experts": 1, "max_ep": 1},
         gemm_folder="sglang/kernels/ops/gemm/configs",
         moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
         moe_folder_per_triton=True,
+        facts_for="SGLang 0.5.23",
+        reads_on_hopper={
+            "fp8_gemm": "block-FP8 linear layers run DeepGEMM by default; the Triton GEMM reads these tables only "
+                        "with --fp8-gemm-backend triton (or SGLANG_ENABLE_JIT_DEEPGEMM=0), or for shapes DeepGEMM "
+                        "cannot take",
+            "fused_moe": "the Triton MoE runner (--moe-runner-backend auto) reads these tables under tensor "
+                         "parallelism and under expert parallelism without a DeepEP-class all-to-all "
+                         "(--moe-a2a-backend deepep runs DeepGEMM); E counts the fused shared expert, which SGLang "
+                         "fuses by default at expert-parallel size 1 (--disable-shared-experts-fusion turns it off)",
+        },
     ),
 }
 

@@ -285,7 +285,8 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
             if ep == 1 and inter % tp:
                 raise TunerError(f"--tp {tp} does not divide {model.name}'s moe_intermediate_size ({inter})")
         else:
-            fused = (engine.fuses_shared_expert and model.n_shared_experts == 1
+            arch = (model.raw.get("architectures") or [None])[0]
+            fused = (engine.fuses_shared_expert(arch, experts, model.n_shared_experts, ep)
                      and model.shared_intermediate == inter)
             shards = tp // ep
             if inter % shards:

@@ -92,7 +92,14 @@ def plan_text(opts: RunOptions) -> str:
     total = len(opts.problems) * len(opts.batch_sizes)
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {total * opts.settings.budget} measured configs")
+    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
     return "\n".join(lines)
+
+
+def engine_reading_notes(table_kind: str, engines) -> list[str]:
+    """What makes each engine read tables of this kind on Hopper (tuner/engines.py)."""
+    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
+            for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
 
 
 def kernel_origin_text(kernel: KernelSpec) -> str:
