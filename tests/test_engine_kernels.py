@@ -282,3 +282,19 @@ def test_replay_refuses_another_kernel_source(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "recorded on vllm's kernel" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_drift_times_sglang_tables_on_sglang_kernel_with_their_use_tma(tmp_path, shared_dir):
+    """SGLang's shipped H200 tables (its _down table sets USE_TMA everywhere) re-timed on a
+    SYNTHETIC landscape of SGLang's kernel where TMA configs are 3x faster: the _down entries
+    are timed with TMA and beat the engine's default (which has none)."""
+    land = _engine_landscape(tmp_path, "sglang", lambda params, M, c: c["USE_TMA"] == 1)
+    folder = shared_dir / "baselines" / "sglang-0.5.23" / "fused_moe" / "triton_3_5_1"
+    out = tmp_path / "drift.json"
+    assert main(["drift", str(folder), "--gpu", "H200", "--model", "deepseek-v3", "--replay", str(land),
+                 "--out", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text()) if r["M"] in (1, 64)]
+    assert rows and {r["kernel_source"] for r in rows} == {"sglang"}
+    down = [r for r in rows if "part=down" in r["problem"]]
+    assert len(down) == 2 and all(r["verdict"] == "wins" and r["table_us"] for r in down)
+    assert all("shared_experts=1" in r["problem"] for r in rows)        # E=257: the fused shared expert

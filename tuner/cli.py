@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
     drift.add_argument("--noise", type=float, default=0.02)
+    drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
+                       help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
+                       "(with --replay: the landscape's)")
+    drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                       help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
     drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
     night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
                            description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
@@ -225,31 +230,14 @@ def _load_common(args, kernel_name: str, command: str):
     return model, gpu, settings
 
 
-def _kernel_source_mode(args) -> str:
-    """engine or ours; with --replay the landscape's (a landscape holds one kernel's timings)."""
-    if not args.replay:
-        return args.kernel_source or "engine"
-    from tuner.landscape import read_header
-    try:
-        header = read_header(args.replay)
-    except TunerError:
-        return "ours"            # reading the whole landscape says precisely what is wrong with it
-    recorded = header.get("kernel_source", "ours") if isinstance(header, dict) else "ours"
-    wanted = args.kernel_source
-    if wanted is not None and wanted != "engine" and wanted != recorded:
-        raise TunerError(f"--kernel-source {wanted}, but landscape {args.replay} was recorded on "
-                         f"{recorded}'s kernel")
-    return recorded
-
-
 def kernel_runs(args, kernel_name: str, problems: list, notes: list) -> list:
     """[(kernel, its problems)]: the problems each kernel times. With engine kernels a
     problem several engines read (a GEMM shape) becomes one problem per engine, each timed
     on that engine's kernel and written to that engine's table only."""
     import dataclasses
-    from tuner.kernel_sources import kernel_for
+    from tuner.kernel_sources import kernel_for, source_mode
 
-    mode = _kernel_source_mode(args)
+    mode = source_mode(args.kernel_source, args.replay)
     runs: dict = {}
     for p in problems:
         engines = [e for e in p.engines if e in args.engines] or list(p.engines)
@@ -429,7 +417,7 @@ def cmd_drift(args) -> int:
     if args.replay and not Path(args.replay).is_file():
         raise TunerError(f"landscape {args.replay} not found")
     tables = find_tables(args.tables, load_model(args.model) if args.model else None, args.routing)
-    measurers = Measurers(gpu, args.replay)
+    measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source)
     try:
         df = measure_drift(tables, measurers, args.noise)
     finally:

@@ -54,8 +54,13 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
             raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
         e, n, dev, dtype, bn, space, bk, down = m.groups()
         engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
+        from tuner.engines import ENGINES
+        arch = (model.raw.get("architectures") or [None])[0]
+        # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
+        shared = ({"shared_experts": 1} if int(e) == (model.n_routed_experts or 0) + 1 and ENGINES[engine]
+                  .fuses_shared_expert(arch, model.n_routed_experts, model.n_shared_experts, 1) else {})
         params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok,
-                  "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None,
+                  "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
                   "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
         return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]
     from kernels import KERNEL_MODULES, get_kernel
@@ -87,20 +92,20 @@ def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[
 
 
 def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) -> pd.DataFrame:
-    """measurer_for(kernel_name) -> a Measurer. Per table and M: the table's config and the
-    default config, timed in the same call."""
-    from kernels import get_kernel
+    """measurer_for: Measurers (the kernel that times each engine's table, and its
+    measurer). Per table and M: the table's config and the default config, timed in the
+    same call."""
     from tuner.space import load_space
     rows = []
     for t in tables:
-        kernel = get_kernel(t.problem.kernel)
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
         space = load_space(kernel)
-        measurer = measurer_for(kernel.name)
+        measurer = measurer_for(kernel)
         for key in sorted(t.table, key=int):
             M = int(key)
             # equivalent forms (GROUP_SIZE_M folding) are one point of a landscape
             same = lambda c: space.canonical(t.problem.params, M, measurer_for.gpu, c)  # noqa: E731
-            cfg = same({k: int(t.table[key][k]) for k in kernel.config_keys})
+            cfg = same(t.table[key])
             default = same(kernel.default_config(t.problem.params, M))
             mine, base = measurer.measure(t.problem, M, [cfg, default])
             band = max(noise, mine.spread or 0, base.spread or 0)
@@ -115,6 +120,7 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
             else:
                 verdict = "same"
             rows.append({"table": str(t.path), "engine": t.engine, "kernel": kernel.name,
+                         "kernel_source": kernel.source_label,
                          "problem": t.problem.key, "M": M, "table_us": mine.time_us, "default_us": base.time_us,
                          "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
                          "verdict": verdict, "error": mine.error})
@@ -122,25 +128,33 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
 
 
 class Measurers:
-    """One measurer per kernel, made on first use: a replayed landscape or the GPU."""
+    """The kernel that times each engine's tables (the engine's own by default, as tuning
+    does) and one measurer per kernel, made on first use: a replayed landscape or the GPU."""
 
-    def __init__(self, gpu, replay: str | None = None, compile_workers: int = 8):
+    def __init__(self, gpu, replay: str | None = None, compile_workers: int = 8,
+                 kernel_source: str | None = None, engine_source: list[str] | None = None):
+        from tuner.kernel_sources import source_mode
         self.gpu, self.replay, self.compile_workers = gpu, replay, compile_workers
+        self.mode = source_mode(kernel_source, replay)
+        self.engine_source = engine_source
         self._made: dict = {}
 
-    def __call__(self, kernel_name: str):
-        if kernel_name not in self._made:
-            from kernels import get_kernel
-            kernel = get_kernel(kernel_name)
+    def kernel(self, name: str, engine: str):
+        from tuner.kernel_sources import kernel_for
+        return kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay)
+
+    def __call__(self, kernel):
+        key = (kernel.name, kernel.source)
+        if key not in self._made:
             if self.replay:
                 from tuner.measure import ReplayMeasurer
-                self._made[kernel_name] = ReplayMeasurer.from_file(self.replay, kernel, self.gpu.cuda_name)
+                self._made[key] = ReplayMeasurer.from_file(self.replay, kernel, self.gpu.cuda_name)
             else:
                 from tuner.isolation import isolated_gpu_measurer
                 from tuner.measure import require_gpu
                 require_gpu(self.gpu.cuda_name)
-                self._made[kernel_name] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers)
-        return self._made[kernel_name]
+                self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers)
+        return self._made[key]
 
     def environment(self) -> dict:
         return next((m.environment() for m in self._made.values()), {})

@@ -340,3 +340,21 @@ def kernel_for(name: str, engine: str, mode: str, origins: list[str] | None = No
         raise TunerError(f"none of --engine-source {' '.join(origins)} holds {source}'s code "
                          f"(a {source}-<version>-....whl or a folder from `tuner engine-source extract`)")
     return kernels.get_kernel(name, source, origin, load_code=load_code)
+
+
+def source_mode(kernel_source: str | None, replay: str | None) -> str:
+    """engine, ours, or an engine's name: what times the tables. With a replayed landscape,
+    the kernel it was recorded on (a landscape holds one kernel's timings); a different
+    explicit --kernel-source is refused."""
+    if not replay:
+        return kernel_source or "engine"
+    from tuner.landscape import read_header
+    try:
+        header = read_header(replay)
+    except TunerError:
+        return kernel_source if kernel_source not in (None, "engine") else "ours"  # the full read says why
+    recorded = header.get("kernel_source", "ours") if isinstance(header, dict) else "ours"
+    if kernel_source not in (None, "engine") and kernel_source != recorded:
+        raise TunerError(f"--kernel-source {kernel_source}, but landscape {replay} was recorded on "
+                         f"{recorded}'s kernel")
+    return recorded

@@ -60,10 +60,11 @@ def job_argv(job: dict, out: Path, baseline: Path | None = None) -> list[str]:
     if baseline is not None:
         argv += ["--baseline", str(baseline)]
     for key, flag in (("tp", "--tp"), ("ep", "--ep"), ("dtype", "--dtype"), ("trials", "--trials"),
-                      ("replay", "--replay"), ("routing", "--routing"), ("sampler", "--sampler")):
+                      ("replay", "--replay"), ("routing", "--routing"), ("sampler", "--sampler"),
+                      ("kernel_source", "--kernel-source")):
         if job.get(key) is not None:
             argv += [flag, str(job[key])]
-    for key, flag in (("batch_sizes", "--batch-sizes"), ("contexts", "--contexts")):
+    for key, flag in (("batch_sizes", "--batch-sizes"), ("contexts", "--contexts"), ("engine_source", "--engine-source")):
         if job.get(key):
             argv += [flag, *map(str, job[key])]
     return argv
@@ -86,9 +87,9 @@ def environment_now(job: dict) -> dict:
 
 
 def _tables_of(run: Path) -> dict:
-    from tuner.results import read_manifest
+    from tuner.results import read_manifest, table_key
     manifest = read_manifest(run)
-    return {json.dumps([t["kernel"], t["problem"]], sort_keys=True): t for t in manifest["tables"]}
+    return {table_key(t): t for t in manifest["tables"]}
 
 
 def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
@@ -99,11 +100,13 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     from tuner.drift import Measurers
     from tuner.gpus import get_gpu
     from tuner.problems import Problem
+    from tuner.kernel_api import table_entry
     from tuner.results import table_json
     from tuner.search import StudyRunner
 
     old, new = _tables_of(prev_run), _tables_of(new_run)
-    measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"))
+    measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),
+                          engine_source=job.get("engine_source"))
     kept = 0
     try:
         by_problem_key = {Problem(t["kernel"], t["problem"]).key: k for k, t in new.items()}
@@ -114,8 +117,11 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
         for keys in groups.values():
             if any(k not in old for k in keys):
                 continue          # nothing to compare: keep the new one
-            kernel = get_kernel(new[keys[0]]["kernel"])
-            measure = measurers(kernel.name)
+            first = new[keys[0]]
+            # the kernel that timed the table: the engine's own, or ours
+            engine = next(iter(first.get("files") or {"tuner": None}))
+            kernel = measurers.kernel(first["kernel"], engine)
+            measure = measurers(kernel)
             for M in sorted(set.intersection(*(set(new[k]["entries"]) & set(old[k]["entries"]) for k in keys)), key=int):
                 prev_total = new_total = 0.0
                 timed = []
@@ -143,13 +149,13 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     # rewrite every table of the new run from its (possibly updated) entries
     own_format: dict[str, list] = {}
     for t in new.values():
-        kernel = get_kernel(t["kernel"])
+        kernel = measurers.kernel(t["kernel"], next(iter(t.get("files") or {"tuner": None})))
         if kernel.emit_table is not None:          # one file may hold several problems
             problem = Problem(kernel.name, t["problem"])
             results = [StudyRunner.result_from_dict(problem, int(m), e) for m, e in t["entries"].items()]
             own_format.setdefault(kernel.name, []).append((problem, results))
             continue
-        table = {int(m): e["config"] for m, e in t["entries"].items() if e.get("config")}
+        table = {int(m): table_entry(kernel, e["config"]) for m, e in t["entries"].items() if e.get("config")}
         for rel in t["files"].values():
             atomic_write_text(new_run / rel, table_json(table))
     for name, pairs in own_format.items():
@@ -176,7 +182,8 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     changed = prev_run is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
     drifted = False
     if prev_run is not None and not changed:
-        measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"))
+        measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),
+                              engine_source=job.get("engine_source"))
         try:
             model = load_model(job["model"]) if job["kernel"] == "moe" else None
             df = measure_drift(find_tables([str(prev_run)], model, job.get("routing", "uniform")), measurers, noise)

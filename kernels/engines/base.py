@@ -83,6 +83,7 @@ def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, mirrore
     defaults and keys; source and code version filled from the engine's code when given."""
     notes = dict(base.notes)
     notes["launcher_written_for"] = f"{engine} {written_for}"
+    changes.update(source_version="", origin="", code_version="")     # known only from the code
     if code is not None:
         changed = changed_wrappers(code, mirrored)
         notes["launcher_matches_engine"] = not changed
