@@ -238,7 +238,7 @@ def _engine_landscape(tmp_path, engine, faster):
     from tuner.gpus import get_gpu
     from tuner.models import load_model, moe_problems
     from tuner.space import load_space
-    kernel = kernels.get_kernel("fused_moe", engine, load_code=False)
+    kernel = kernels.get_kernel("fused_moe", engine)          # its version goes into the header
     problems = [p.params for p in moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8", "uniform", [engine])]
     raw, land = tmp_path / f"{engine}-raw.jsonl", tmp_path / f"{engine}.jsonl"
     write_synthetic_landscape(raw, kernel, load_space(kernel), get_gpu("H200"), problems, [1, 64])
@@ -294,7 +294,38 @@ def test_drift_times_sglang_tables_on_sglang_kernel_with_their_use_tma(tmp_path,
     assert main(["drift", str(folder), "--gpu", "H200", "--model", "deepseek-v3", "--replay", str(land),
                  "--out", str(out)]) == 0
     rows = [r for r in json.loads(out.read_text()) if r["M"] in (1, 64)]
-    assert rows and {r["kernel_source"] for r in rows} == {"sglang"}
+    assert rows and {r["kernel_source"] for r in rows} == {"sglang 0.5.23"}
     down = [r for r in rows if "part=down" in r["problem"]]
     assert len(down) == 2 and all(r["verdict"] == "wins" and r["table_us"] for r in down)
     assert all("shared_experts=1" in r["problem"] for r in rows)        # E=257: the fused shared expert
+
+
+def test_install_refuses_a_table_timed_on_another_engine_version(tmp_path, capsys):
+    """Tables timed (here: replayed) on SGLang 0.5.23's kernel, installed into an environment
+    running another SGLang: refused without --force, with one line; into 0.5.23: installed."""
+    land = _engine_landscape(tmp_path, "sglang", lambda params, M, c: False)
+    out = tmp_path / "out"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(land),
+                 "--engines", "sglang", "--batch-sizes", "1", "--trials", "8", "--out", str(out), "--quiet"]) == 0
+    entry = json.loads((out / "manifest.json").read_text())["tables"][0]
+    assert entry["kernel_source"]["source"] == "sglang" and entry["kernel_source"]["version"] == "0.5.23"
+
+    def site(version):
+        s = tmp_path / f"site-{version}"
+        (s / "sglang").mkdir(parents=True)
+        (s / "sglang" / "__init__.py").write_text("")
+        (s / f"sglang-{version}.dist-info").mkdir()
+        (s / "triton-3.6.0.dist-info").mkdir()
+        return s
+    capsys.readouterr()
+    newer = site("0.5.24")
+    rc = main(["install", str(out), "--engine", "sglang", "--site-packages", str(newer), "--gpu", "H200"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "timed on sglang 0.5.23's kernel, the target runs sglang 0.5.24" in err
+    assert len(err.splitlines()) == 1 and not list((newer / "sglang").rglob("*.json"))
+    same = site("0.5.23")
+    assert main(["install", str(out), "--engine", "sglang", "--site-packages", str(same), "--gpu", "H200",
+                 "--force"]) == 0                                   # --force: replayed tables have no numerics check
+    out_text = capsys.readouterr()
+    assert "--moe-runner-backend auto" in out_text.err                 # what makes SGLang read them
+    assert len(list((same / "sglang").rglob("*.json"))) == 2

@@ -235,7 +235,7 @@ def kernel_runs(args, kernel_name: str, problems: list, notes: list) -> list:
     problem several engines read (a GEMM shape) becomes one problem per engine, each timed
     on that engine's kernel and written to that engine's table only."""
     import dataclasses
-    from tuner.kernel_sources import kernel_for, source_mode
+    from tuner.kernel_sources import as_recorded, kernel_for, source_mode
 
     mode = source_mode(args.kernel_source, args.replay)
     runs: dict = {}
@@ -249,6 +249,7 @@ def kernel_runs(args, kernel_name: str, problems: list, notes: list) -> list:
                     raise
                 notes.append(str(e))
                 kernel = kernel_for(kernel_name, engine, mode, args.engine_source, load_code=False)
+            kernel = as_recorded(kernel, args.replay)
             if kernel.source == "ours":
                 # one problem for every engine whose table ours times
                 runs.setdefault(("ours", kernel.name), (kernel, []))

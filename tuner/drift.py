@@ -140,8 +140,9 @@ class Measurers:
         self._made: dict = {}
 
     def kernel(self, name: str, engine: str):
-        from tuner.kernel_sources import kernel_for
-        return kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay)
+        from tuner.kernel_sources import as_recorded, kernel_for
+        return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay),
+                           self.replay)
 
     def __call__(self, kernel):
         key = (kernel.name, kernel.source)

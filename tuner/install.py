@@ -78,6 +78,8 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         raise TunerError(f"{results} holds no {engine} tables")
     eng = ENGINES[engine]
     target_triton = installed_version(site, "triton")
+    target_engine = installed_version(site, engine)
+    timed_on_ours: list[str] = []
     gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
     copies, notes = [], []
     for t in tables:
@@ -93,6 +95,13 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
             problems.append(f"it was measured under Triton {env['triton']}, the target runs {target_triton}")
         if gpu and env.get("device") and env["device"] != gpu:
             problems.append(f"it was measured on {env['device']}, the target GPU is {gpu}")
+        timed_by = t.get("kernel_source") or {"source": "ours"}
+        if timed_by.get("source") == engine and timed_by.get("version") and target_engine \
+                and timed_by["version"] != target_engine:
+            problems.append(f"it was timed on {engine} {timed_by['version']}'s kernel, the target runs "
+                            f"{engine} {target_engine}")
+        elif timed_by.get("source") == "ours":
+            timed_on_ours.append(rel)
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
@@ -105,6 +114,12 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
             folder = eng.gemm_folder if kind == "fp8_gemm" else eng.moe_folder
             dest = site / folder / tail
         copies.append(Copy(source, dest, f"{kind} {t.get('problem')}"))
+    if timed_on_ours:
+        notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
+                     "(--kernel-source ours): the engine's kernel may rank configs differently")
+    for kind in sorted({t["files"][engine].split("/")[1] for t in tables}):
+        if kind in (eng.reads_on_hopper or {}):
+            notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {eng.reads_on_hopper[kind]}")
     return copies, notes
 
 

@@ -358,3 +358,17 @@ def source_mode(kernel_source: str | None, replay: str | None) -> str:
         raise TunerError(f"--kernel-source {kernel_source}, but landscape {replay} was recorded on "
                          f"{recorded}'s kernel")
     return recorded
+
+
+def as_recorded(kernel, replay: str | None):
+    """An engine's kernel set up without its code, for replaying a landscape: the version
+    it was recorded at, from the landscape's header (manifests and install compare it)."""
+    if not replay or kernel.source == "ours" or kernel.source_version:
+        return kernel
+    import dataclasses
+    from tuner.landscape import read_header
+    try:
+        version = str(read_header(replay).get("kernel_source_version") or "")
+    except (TunerError, AttributeError):
+        return kernel
+    return dataclasses.replace(kernel, source_version=version)
