@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
     worker.add_argument("--measure-timeout", type=_positive, default=300, metavar="S")
     worker.add_argument("--recycle-after", type=_positive, default=256, metavar="N")
+    worker.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                        help="where this machine has the engines' code, for plans timed on an engine's kernel "
+                        "(default: where the plan's machine had it, the installed engine, $TUNER_ENGINE_WHEELS)")
     worker.add_argument("--quiet", action="store_true")
     collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",
                              description="Write each engine's tables and the manifest from the finished "
@@ -347,7 +350,8 @@ def cmd_worker(args) -> int:
     from tuner.tune import load_plans, make_measurer, open_storage, tune_all
 
     storage = open_storage(args.storage)
-    for opts in load_plans(storage, args.study_prefix, replay=args.replay, storage=args.storage,
+    for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
+                           replay=args.replay, storage=args.storage,
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
                            recycle_after=args.recycle_after):
         if not args.replay:

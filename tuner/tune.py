@@ -347,9 +347,13 @@ def save_plan(storage, opts: RunOptions) -> None:
     })
 
 
-def load_plans(store, prefix: str, out_dir: Path | None = None, **overrides) -> list[RunOptions]:
+def load_plans(store, prefix: str, out_dir: Path | None = None, load_code: bool = False,
+               engine_source: list[str] | None = None, **overrides) -> list[RunOptions]:
     """The plans stored under a prefix, as run options; `overrides` set options the plan
-    leaves to each worker (replay file, storage URL, compile workers...)."""
+    leaves to each worker (replay file, storage URL, compile workers...). load_code: an
+    engine kernel's code is needed (a worker measuring on a GPU); it is read from
+    `engine_source` when given (another machine's paths mean nothing here), else from where
+    the plan's machine read it, the installed engine, or $TUNER_ENGINE_WHEELS."""
     import optuna
     from kernels import get_kernel
     from tuner.gpus import get_gpu
@@ -360,9 +364,11 @@ def load_plans(store, prefix: str, out_dir: Path | None = None, **overrides) -> 
         plan = optuna.load_study(study_name=name, storage=store).user_attrs.get("plan")
         if not plan or plan.get("format") != PLAN_FORMAT:
             continue
-        ref = plan.get("kernel_ref") or {"name": plan["kernel"]}
-        # A worker replaying a landscape needs none of an engine's code, one on a GPU does.
-        kernel = get_kernel(**ref, load_code=not overrides.get("replay"))
+        ref = dict(plan.get("kernel_ref") or {"name": plan["kernel"]})
+        if ref.get("source", "ours") != "ours" and (engine_source or not Path(ref.get("origin") or "").exists()):
+            from tuner.kernel_sources import origin_for
+            ref["origin"] = origin_for(ref["source"], engine_source)
+        kernel = get_kernel(**ref, load_code=load_code)
         space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
                             plan["space"]["constraints"], plan["space"]["source"])
         problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),
