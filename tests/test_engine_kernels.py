@@ -329,3 +329,22 @@ def test_install_refuses_a_table_timed_on_another_engine_version(tmp_path, capsy
     out_text = capsys.readouterr()
     assert "--moe-runner-backend auto" in out_text.err                 # what makes SGLang read them
     assert len(list((same / "sglang").rglob("*.json"))) == 2
+
+
+def test_check_finds_the_configs_an_engine_computes_wrong(tmp_path, capsys):
+    """A K tile of 256 over 128-wide scale blocks: SGLang's kernel computes wrong results with
+    it, vLLM's clamps it to 128. `tuner check` says so per config and by its exit status."""
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 2, "head_dim": 128,
+                                 "n_routed_experts": 8, "moe_intermediate_size": 256, "num_experts_per_tok": 2,
+                                 "quantization_config": {"weight_block_size": [128, 128]}}))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"1": cfg(16, 64, bk=256), "8": cfg(16, 64)}))
+    args = ["check", "--model", str(model), "--kernel", "moe", "--table", str(table), "--seed", "3"]
+    assert main(args + ["--kernel-source", "sglang"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    fails = [ln for ln in lines if ln.startswith("FAIL")]
+    assert len(fails) == 2 and all("BLOCK_SIZE_K=256" in ln for ln in fails)        # up and down at M=1
+    assert lines[-1] == "2 passed, 2 failed"
+    assert main(args + ["--kernel-source", "vllm"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "2 passed, 0 failed"
