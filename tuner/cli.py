@@ -163,6 +163,63 @@ def build_parser() -> argparse.ArgumentParser:
                            "fine, 3 a table regressed, 1 a job failed.")
     night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
     night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
+    land = sub.add_parser("landscape", help="make a SYNTHETIC landscape, or show what one covers",
+                          description="`synth`: write a landscape timed by a SYNTHETIC cost model (not a GPU), to "
+                          "try --replay without a GPU; `info FILE`: what a landscape covers.")
+    land_sub = land.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    synth = land_sub.add_parser("synth", help="write a SYNTHETIC landscape (a cost model; nothing is measured)")
+    synth.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
+    synth.add_argument("--model", required=True)
+    synth.add_argument("--gpu", required=True)
+    synth.add_argument("--tp", type=_positive, default=1)
+    synth.add_argument("--ep", type=_positive, default=1)
+    synth.add_argument("--dtype", default=None)
+    synth.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    synth.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
+    synth.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None)
+    synth.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None)
+    synth.add_argument("--page-size", type=_positive, default=64)
+    synth.add_argument("--kernel-source", choices=("ours", *ENGINE_NAMES), default="ours",
+                       help="whose kernel's configs (space, keys) it covers (default ours)")
+    synth.add_argument("--out", required=True, metavar="FILE", help="the landscape (.jsonl or .jsonl.gz)")
+    info = land_sub.add_parser("info", help="show what a landscape covers")
+    info.add_argument("file")
+    bench = sub.add_parser("bench", help="time every contender per batch size against the roofline",
+                           description="Per problem and M: the engine's default config, each shipped table "
+                           "(--baseline), our tuned table (--tuned), a landscape's best, and a reference outside "
+                           "Triton where one exists, timed together, with their spread and their fraction of the "
+                           "roofline. Writes bench-<device>-<date>.json, a Markdown report and a plot per problem.")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--gpu", required=True)
+    bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
+    bench.add_argument("--tp", type=_positive, default=1)
+    bench.add_argument("--ep", type=_positive, default=1)
+    bench.add_argument("--dtype", default=None, help="gemm, moe: fp8_w8a8 (default); moe: bf16")
+    bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    bench.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+                       help="default: the engines' grid (mla: 32 64 128)")
+    bench.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None,
+                       help="mla: context buckets (default 4096 8192 32768)")
+    bench.add_argument("--page-size", type=_positive, default=64, help="mla: KV cache page size")
+    bench.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
+    bench.add_argument("--tuned", default=None, metavar="RUN_DIR", help="one of our results folders")
+    bench.add_argument("--baseline", nargs="+", default=None, metavar="DIR",
+                       help="folders of shipped tables, e.g. ../shared/baselines/vllm-0.33.0")
+    bench.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape (no GPU)")
+    bench.add_argument("--kernel-source", nargs="+", choices=("engine", "ours"), default=["engine"],
+                       help="whose kernels time the configs; several side by side (default: engine)")
+    bench.add_argument("--engine-source", nargs="+", metavar="PATH", default=None)
+    bench.add_argument("--ceilings", default=None, metavar="FILE",
+                       help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
+    bench.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
+    bench.add_argument("--out", required=True, metavar="DIR")
+    bench.add_argument("--quiet", action="store_true")
+    ceil = sub.add_parser("ceilings", help="measure this GPU's copy bandwidth and matmul rates",
+                          description="Measure device-to-device copy bandwidth (bytes read plus written), FP8 "
+                          "and BF16 dense matmul rates at 8192^3, L2 size and SM count; bench, drift and the "
+                          "plan read them for rooflines. Needs the GPU.")
+    ceil.add_argument("--gpu", required=True)
+    ceil.add_argument("--out", default=None, metavar="FILE", help="default bench/ceilings/<gpu>.json")
     chk = sub.add_parser("check", help="run a table's configs against the reference on a chosen kernel",
                          description="Run every config of a table (the engine's own format; every M in it, or "
                          "those given) on a kernel against the float64 reference; one line per config, exit 1 "
@@ -461,6 +518,162 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def _problem_builder(args, command: str):
+    """(kernel name, model -> problems) of a kernel command, as tuning builds them."""
+    from tuner.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    if command == "gemm":
+        return "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep)
+    if command == "moe":
+        return "fused_moe", lambda model: moe_problems(model, args.tp, args.ep, args.dtype, args.routing, args.engines)
+    return "mla_decode", lambda model: mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS,
+                                                    args.page_size)[0]
+
+
+def cmd_bench(args) -> int:
+    import copy
+
+    from tuner import bench as bench_mod
+    from tuner import ceilings as ceilings_mod
+    from tuner.gpus import get_gpu
+    from tuner.models import load_model
+
+    args.dtype = args.dtype or DTYPES[args.kernel][0]
+    if args.dtype not in DTYPES[args.kernel]:
+        raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
+    if args.kernel == "mla":
+        args.contexts = args.contexts or [4096, 8192, 32768]
+    batch_sizes = sorted(set(args.batch_sizes or ([32, 64, 128] if args.kernel == "mla" else DEFAULT_BATCH_SIZES)))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    if args.replay and not Path(args.replay).is_file():
+        raise TunerError(f"landscape {args.replay} not found")
+    for folder in args.baseline or []:
+        if not Path(folder).is_dir():
+            raise TunerError(f"--baseline {folder} is not a folder")
+    tuned = Path(args.tuned) if args.tuned else None
+    if tuned is not None and not (tuned / "manifest.json").is_file():
+        raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
+    gpu = get_gpu(args.gpu)
+    model = load_model(args.model)
+    ceilings = ceilings_mod.load(gpu, args.ceilings)
+    kernel_name, make_problems = _problem_builder(args, args.kernel)
+    problems = make_problems(model)
+    baselines = [(Path(d).name, d) for d in args.baseline or []]
+    if not args.replay:
+        from tuner.measure import require_gpu
+        require_gpu(gpu.cuda_name)
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    rows, measurers, notes = [], [], []
+    try:
+        modes = list(dict.fromkeys(args.kernel_source))
+        if args.replay:
+            from tuner.kernel_sources import source_mode
+            recorded = source_mode(None, args.replay)
+            if len(modes) > 1:
+                say(f"note: a landscape holds one kernel's timings: benching {recorded}'s only")
+            modes = [recorded if m == "engine" else m for m in modes[:1]]
+        for mode in modes:
+            ns = copy.copy(args)
+            ns.kernel_source, ns.dry_run = mode, False
+            for kernel, probs in kernel_runs(ns, kernel_name, problems, notes):
+                measurer = _bench_measurer(args, kernel, gpu)
+                measurers.append(measurer)
+                landscape = getattr(measurer, "landscape", None)
+                ms = {}
+                for p in probs:
+                    covered = [m for m in batch_sizes if landscape is None or landscape.lookup(p.params, m)]
+                    if len(covered) < len(batch_sizes):
+                        say(f"note: {p.key}: the landscape lacks M={','.join(str(m) for m in batch_sizes if m not in covered)}")
+                    ms[p.key] = covered
+                rows += bench_mod.bench_kernel(kernel, probs, ms, gpu, ceilings, measurer, baselines, tuned,
+                                               landscape, progress=say)
+        header = bench_mod.bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": args.tp, "ep": args.ep,
+                                                                    "kernel": kernel_name}, out)
+        json_path, md_path = bench_mod.write_outputs(rows, out, header)
+    finally:
+        for m in measurers:
+            m.close()
+    if not rows:
+        raise TunerError("nothing was benched: no problem and batch size is covered")
+    print(header["banner"])
+    import pandas as pd
+    df = pd.DataFrame([r.as_dict() for r in rows])
+    df["time_us"] = [f"{t:.3g}" if t == t and t is not None else "-" for t in df["time_us"]]
+    df["of_roofline"] = [f"{f:.0%}" if f == f and f is not None else "-" for f in df["roofline_fraction"]]
+    df["note"] = [e[:60] if isinstance(e, str) else "" for e in df["error"]]
+    show = df[["kernel_source", "problem", "M", "contender", "time_us", "of_roofline", "note"]]
+    print(show.to_string(index=False))
+    print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
+    return 0
+
+
+def _bench_measurer(args, kernel, gpu):
+    if args.replay:
+        from tuner.measure import ReplayMeasurer
+        return ReplayMeasurer.from_file(args.replay, kernel, gpu.cuda_name)
+    from tuner.isolation import isolated_gpu_measurer
+    return isolated_gpu_measurer(kernel, gpu.key, args.compile_workers)
+
+
+def cmd_landscape(args) -> int:
+    from tuner.landscape import describe, read_header, read_landscape
+    if args.action == "info":
+        from kernels import KERNEL_MODULES, get_kernel
+        header = read_header(args.file)
+        if not isinstance(header, dict) or header.get("kernel") not in KERNEL_MODULES:
+            raise TunerError(f"{args.file} is not a landscape of a known kernel (header: {str(header)[:80]})")
+        source = header.get("kernel_source", "ours")
+        kernel = get_kernel(header["kernel"], source, load_code=False) if source != "ours" else get_kernel(header["kernel"])
+        for line in describe(read_landscape(args.file, kernel)):
+            print(line)
+        return 0
+    if args.action != "synth":
+        raise TunerError("say what to do: `tuner landscape synth ...` or `tuner landscape info FILE`")
+    from kernels import get_kernel
+    from tuner.gpus import get_gpu
+    from tuner.models import load_model
+    from tuner.space import load_space
+    from tuner.synthetic import write_synthetic_landscape
+
+    args.dtype = args.dtype or DTYPES[args.kernel][0]
+    if args.dtype not in DTYPES[args.kernel]:
+        raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
+    out = Path(args.out)
+    if out.exists():
+        raise TunerError(f"{out} exists; remove it or give another --out")
+    gpu = get_gpu(args.gpu)
+    kernel_name, make = _problem_builder(args, args.kernel)
+    kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
+        else get_kernel(kernel_name)
+    problems = make(load_model(args.model))
+    if args.kernel_source != "ours":
+        problems = [p for p in problems if args.kernel_source in p.engines]
+        if not problems:
+            raise TunerError(f"{args.kernel_source} reads none of this model's {kernel_name} tables")
+    ms = sorted(set(args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if args.kernel == "mla"
+                                         else DEFAULT_BATCH_SIZES)))
+    n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
+    print(f"wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: a cost model, "
+          "not a GPU; replay it with --replay to try the tool, never to choose configs")
+    return 0
+
+
+def cmd_ceilings(args) -> int:
+    from tuner import ceilings as ceilings_mod
+    from tuner.gpus import get_gpu
+    gpu = get_gpu(args.gpu)
+    path = Path(args.out) if args.out else ceilings_mod.default_path(gpu)
+    if path.exists() and path.is_dir():
+        raise TunerError(f"--out {path} is a folder; give a file name")
+    data = ceilings_mod.measure(gpu)
+    ceilings_mod.write(data, path)
+    for line in ceilings_mod.summary_lines(data):
+        print(line)
+    print(f"ceilings: {path}")
+    return 0
+
+
 def cmd_check(args) -> int:
     from tuner.check import run_check
     from tuner.models import gemm_problems, load_model, moe_problems
@@ -517,7 +730,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"landscape": cmd_landscape, "bench": cmd_bench, "ceilings": cmd_ceilings, "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -179,3 +179,26 @@ class LandscapeWriter:
             os.unlink(self.partial)
         else:
             os.replace(self.partial, self.path)
+
+
+def describe(land: Landscape) -> list[str]:
+    """What a landscape covers, in lines: source, device and versions, then per problem its
+    batch sizes, points and failures."""
+    h = land.header
+    source = h.get("kernel_source", "ours")
+    lines = [f"landscape {land.path}",
+             f"  kernel {h['kernel']} ({source}'s" + (f" {h['kernel_source_version']}" if h.get("kernel_source_version")
+                                                    else "") + " code)",
+             f"  device {h['device']}; triton {h.get('triton')}, torch {h.get('torch')}, cuda {h.get('cuda')}, "
+             f"driver {h.get('driver')}; recorded {h.get('recorded')}"]
+    if h.get("synthetic"):
+        lines.append("  *** SYNTHETIC: made by a cost model, not measured on any GPU ***")
+    total = failed = 0
+    for key, params in sorted(land.problems.items()):
+        ms = land.batch_sizes(params)
+        pts = [p for m in ms for p in (land.lookup(params, m) or {}).values()]
+        bad = sum(p.time_us is None for p in pts)
+        total, failed = total + len(pts), failed + bad
+        lines.append(f"  problem {key}: M={','.join(map(str, ms))}; {len(pts)} points, {bad} failed")
+    lines.append(f"  {len(land.problems)} problems, {total} points, {failed} failed")
+    return lines

@@ -9,15 +9,14 @@ spread recorded.
 
 from __future__ import annotations
 
-import math
 import os
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from tuner.environment import nvml_index, nvml_snapshot, software_versions
+from tuner.gpu_timing import graph_times, l2_flush_buffer, summarize
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import Config, KernelSpec
 from tuner.measure import Measurement, NumericsCheck, require_gpu
@@ -88,8 +87,7 @@ class GpuMeasurer:
         self.reps = reps
         props = torch.cuda.get_device_properties(0)
         l2 = getattr(props, "L2_cache_size", gpu.l2_bytes) or gpu.l2_bytes
-        # Writing twice the L2's size evicts whatever the last run left in it.
-        self._flush = torch.empty(2 * l2, dtype=torch.int8, device="cuda")
+        self._flush = l2_flush_buffer(torch, l2)
         self._inputs_key = None
         self._inputs: list[dict] = []
         self._pool = None
@@ -172,36 +170,14 @@ class GpuMeasurer:
             return 0
 
     def _time_once(self, problem: Problem, M: int, cfg: Config) -> Measurement:
-        torch = self.torch
         sets = self._input_sets(problem, M)
         try:
-            for inp in sets:                      # warm-up: load the binary, touch the data
-                self.kernel.run(inp, cfg)
-            torch.cuda.synchronize()
-            graphs = []
-            for inp in sets:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    self.kernel.run(inp, cfg)
-                graphs.append(g)
-            for g in graphs:
-                g.replay()
-            torch.cuda.synchronize()
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-            for r in range(self.reps):
-                self._flush.zero_()   # queued ahead of the timed replay, so it does not count
-                starts[r].record()
-                graphs[r % len(graphs)].replay()
-                ends[r].record()
-            torch.cuda.synchronize()
-            times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+            times = graph_times(self.torch, [lambda inp=inp: self.kernel.run(inp, cfg) for inp in sets],
+                                self._flush, self.reps)
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
             return Measurement(None, None, _short_error(e))
-        med = statistics.median(times)
-        p20 = times[int(0.2 * (len(times) - 1))]
-        p80 = times[int(math.ceil(0.8 * (len(times) - 1)))]
-        return Measurement(med, (p80 - p20) / med if med > 0 else None, None)
+        t = summarize(times)
+        return Measurement(t.median_us, t.spread, None)
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
         """Run on fresh random inputs into a NaN-poisoned output and compare with the

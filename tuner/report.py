@@ -151,9 +151,15 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02) -> tupl
     return df, out
 
 
-def markdown_table(df: pd.DataFrame, **kw) -> str:
-    """A Markdown table (pandas needs the tabulate package for that); else a code block."""
-    try:
-        return df.to_markdown(index=False, **kw)
-    except ImportError:
-        return "```\n" + df.to_string(index=False) + "\n```"
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
+    """A Markdown table of a frame: numbers formatted, missing values as '-'."""
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return str(v).replace("|", "\\|").replace("\n", " ")
+    head = "| " + " | ".join(str(c) for c in df.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])

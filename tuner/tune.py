@@ -128,22 +128,22 @@ def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tup
 
 
 # -- seeds from shipped tables ----------------------------------------------------------
-def load_baseline_table(baseline_dir: str, opts: RunOptions, problem: Problem) -> dict | None:
+def load_baseline_table(baseline_dir: str, kernel: KernelSpec, gpu: GpuSpec, problem: Problem) -> dict | None:
     """The table to beat for this problem and GPU: from an earlier run of ours (its
-    manifest, any kernel), or the engines' shipped file (searched recursively, under either
-    engine's file name)."""
+    manifest: the table of the same kernel, problem and engine), or the engines' shipped
+    file (searched recursively; the problem's own engines' file names first)."""
     root = Path(baseline_dir)
     if (root / MANIFEST).is_file():
         manifest = read_manifest(root)
-        for t in manifest.get("tables", []) if manifest.get("gpu") == opts.gpu.key else []:
-            if (t.get("kernel") == opts.kernel.name and Problem(t["kernel"], t["problem"]).key == problem.key
+        for t in manifest.get("tables", []) if manifest.get("gpu") == gpu.key else []:
+            if (t.get("kernel") == kernel.name and Problem(t["kernel"], t["problem"]).key == problem.key
                     and set(t.get("files") or {}) & set(problem.engines or ENGINES)):
                 table = {m: e["config"] for m, e in t.get("entries", {}).items() if e.get("config")}
                 if table:
                     return table
     # The problem's own engines' file names first (SGLang's up and _down tables, vLLM's).
     order = [e for e in problem.engines if e in ENGINES] + [e for e in ENGINES if e not in problem.engines]
-    names = [ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name, "0.0.0")
+    names = [ENGINES[e].table_relpath(kernel.table_kind, problem.params, gpu.cuda_name, "0.0.0")
              .rsplit("/", 1)[-1] for e in order]
     # Of one name in several triton_<version> folders, the newest first (as SGLang falls back).
     files = sorted(root.rglob("*.json"), reverse=True)
@@ -228,7 +228,7 @@ def tune_all(opts: RunOptions, storage, measurer, progress: Progress, after_prob
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
                          prefix=opts.prefix)
     for problem in opts.problems:
-        baseline = load_baseline_table(opts.baseline, opts, problem) if opts.baseline else None
+        baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         neighbour = None
         for M in sorted(opts.ms_for(problem)):
             fixed = None

@@ -1,0 +1,127 @@
+"""tuner bench, tuner ceilings and tuner landscape synth/info, on CPU: benches over SYNTHETIC
+landscapes (labelled so), the ceilings file's checks and fallbacks, the timing statistics."""
+
+import json
+
+import pytest
+
+from tuner import ceilings
+from tuner.cli import main
+from tuner.errors import TunerError
+from tuner.gpu_timing import summarize
+from tuner.gpus import get_gpu
+
+COMMON = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8"]
+
+
+@pytest.fixture(scope="module")
+def gemm_landscape(tmp_path_factory):
+    path = tmp_path_factory.mktemp("land") / "gemm.jsonl.gz"
+    assert main(["landscape", "synth", "--kernel", "gemm", *COMMON, "--batch-sizes", "1", "64",
+                 "--out", str(path)]) == 0
+    return path
+
+
+def test_landscape_synth_and_info(gemm_landscape, capsys):
+    assert main(["landscape", "info", str(gemm_landscape)]) == 0
+    out = capsys.readouterr().out
+    assert "SYNTHETIC" in out and "kernel fp8_gemm" in out and "device NVIDIA H200" in out
+    assert "problem N=7168,K=2048,block_shape=[128,128]: M=1,64" in out
+    # never over an existing file
+    assert main(["landscape", "synth", "--kernel", "gemm", *COMMON, "--out", str(gemm_landscape)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "exists" in err
+
+
+def test_bench_over_a_landscape(gemm_landscape, tmp_path, capsys, shared_dir):
+    out = tmp_path / "bench"
+    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(gemm_landscape),
+                 "--baseline", str(shared_dir / "baselines" / "vllm-0.33.0"), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].startswith("*** SYNTHETIC")
+    [result] = out.glob("bench-NVIDIA_H200-*.json")
+    data = json.loads(result.read_text())
+    assert data["synthetic"] is True and "SYNTHETIC" in data["time_source"]
+    assert data["ceilings"] == "datasheet figures for the H200"
+    rows = data["rows"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["problem"], r["M"]), {})[r["contender"]] = r
+    assert len(by) == 8 * 2
+    for (problem, M), row in by.items():
+        assert {"default", "landscape best", "reference"} <= set(row)
+        assert row["reference"]["time_us"] is None and "needs a GPU" in row["reference"]["error"]
+        timed = [r["time_us"] for r in row.values() if r["time_us"]]
+        assert row["landscape best"]["time_us"] == min(timed)
+        for r in row.values():
+            if r["time_us"]:
+                assert r["roofline_fraction"] == pytest.approx(r["floor_us"] / r["time_us"])
+                assert 0 < r["roofline_fraction"] < 1
+    # vLLM's shipped tables hold this shape (o_proj) and M=64's entry is timed from the landscape
+    assert by[("N=7168,K=2048,block_shape=[128,128]", 64)]["shipped vllm-0.33.0"]["config"]
+    md = result.with_suffix(".md").read_text()
+    assert "SYNTHETIC" in md and md.count("![") == 8
+    assert len(list(out.glob("*.png"))) == 8
+
+
+def test_bench_times_our_tuned_table(gemm_landscape, tmp_path):
+    run = tmp_path / "run"
+    assert main(["gemm", *COMMON, "--batch-sizes", "1", "64", "--replay", str(gemm_landscape), "--trials", "8",
+                 "--out", str(run), "--quiet"]) == 0
+    out = tmp_path / "bench"
+    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(gemm_landscape),
+                 "--tuned", str(run), "--out", str(out), "--quiet"]) == 0
+    rows = json.loads(next(out.glob("*.json")).read_text())["rows"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    tuned = {(r["problem"], r["M"]): r for r in rows if r["contender"] == "tuned"}
+    assert len(tuned) == 16
+    from tuner.problems import Problem
+    for t in manifest["tables"]:
+        key = Problem(t["kernel"], t["problem"]).key
+        for m, e in t["entries"].items():
+            assert tuned[(key, int(m))]["time_us"] == pytest.approx(e["time_us"])   # the same landscape point
+
+
+def test_bench_refuses_without_gpu_or_landscape(tmp_path, capsys):
+    assert main(["bench", *COMMON, "--kernel", "gemm", "--kernel-source", "ours", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "GPU" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_ceilings_file_checks_and_fallback(tmp_path):
+    gpu = get_gpu("H200")
+    assert ceilings.load(gpu, None).source.startswith("datasheet")
+    good = {"format": ceilings.FORMAT, "device": "NVIDIA H200", "measured": "2026-11-22T10:00:00+00:00",
+            "copy_tb_s": 4.3, "fp8_tflops": 1300.0, "bf16_tflops": 790.0}
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(good))
+    c = ceilings.load(gpu, f)
+    assert c.copy_tb_s == 4.3 and "measured on NVIDIA H200 2026-11-22" in c.source
+    # a 4.3 TB/s copy: 4.3 MB take 1 us; 1.3 PFLOP/s: 1.3 GFLOP take 1 us
+    assert c.floor_us(4.3e6, 1.0) == pytest.approx(1.0)
+    assert c.floor_us(1.0, 2.6e9) == pytest.approx(2.0)
+    for bad in ({**good, "copy_tb_s": -1}, {**good, "copy_tb_s": float("nan")}, {**good, "format": "x"},
+                {**good, "fp8_tflops": "fast"}):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(TunerError):
+            ceilings.load(gpu, f)
+    f.write_text(json.dumps({**good, "device": "NVIDIA H100 80GB HBM3"}))
+    with pytest.raises(TunerError, match="measured on 'NVIDIA H100"):
+        ceilings.load(gpu, f)
+    f.write_text(json.dumps({**good, "fp8_tflops": None}))       # a torch without FP8 matmul
+    assert ceilings.load(gpu, f).fp8_tflops == gpu.fp8_tflops and "datasheet" in ceilings.load(gpu, f).source
+
+
+def test_ceilings_needs_a_gpu(tmp_path, capsys):
+    assert main(["ceilings", "--gpu", "H200", "--out", str(tmp_path / "c.json")]) == 2
+    assert "GPU" in capsys.readouterr().err and not (tmp_path / "c.json").exists()
+
+
+def test_timing_statistics():
+    t = summarize([5.0, 1.0, 2.0, 4.0, 3.0, 100.0])
+    assert t.median_us == 3.5 and t.samples == 6
+    # p20 = 2.0 (index 1 of the sorted six), p80 = 5.0 (index 4): (5 - 2) / 3.5
+    assert t.spread == pytest.approx(3.0 / 3.5)
+    with pytest.raises(ValueError):
+        summarize([])

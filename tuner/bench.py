@@ -1,0 +1,292 @@
+"""`tuner bench`: every contender for each (problem, M), timed in one call, against the roofline.
+
+Contenders, per problem and batch size M:
+  default            the engine's launch with no table (the kernel's default config);
+  shipped <name>     each --baseline folder's table (the engines' shipped ones), its entry for M;
+  tuned              our table (--tuned RUN_DIR), its entry for M;
+  landscape best     the best config of a replayed or recorded landscape, where one covers it;
+  reference          an implementation outside Triton where the device's software has one
+                     (GEMM: torch._scaled_mm with block scales, DeepGEMM if importable).
+Configs are timed together on one measurer (a GPU, or with --replay a landscape), so they
+are comparable; the roofline floor is the larger of bytes / copy bandwidth and FLOPs / FP8
+rate, from measured ceilings where bench/ceilings/<gpu>.json exists, else the datasheet.
+Every time is labelled with where it came from.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.ceilings import Ceilings
+from tuner.engines import lookup_nearest
+from tuner.environment import now_iso, software_versions
+from tuner.errors import TunerError
+from tuner.kernel_api import KernelSpec, config_dict, config_from_entry
+from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.problems import Problem
+from tuner.provenance import banner, is_synthetic, time_source
+
+
+@dataclass
+class Contender:
+    name: str
+    config: dict | None = None          # None: a reference implementation, not a config
+    note: str = ""
+
+
+@dataclass
+class BenchRow:
+    kernel_source: str
+    problem: str
+    M: int
+    contender: str
+    config: dict | None
+    time_us: float | None
+    spread: float | None
+    floor_us: float
+    source: str                          # where the time came from
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def roofline_fraction(self) -> float | None:
+        return self.floor_us / self.time_us if self.time_us else None
+
+    def as_dict(self) -> dict:
+        return {"kernel_source": self.kernel_source, "problem": self.problem, "M": self.M,
+                "contender": self.contender, "config": self.config, "time_us": self.time_us,
+                "spread": self.spread, "floor_us": self.floor_us, "roofline_fraction": self.roofline_fraction,
+                "time_source": self.source, "error": self.error, **self.extra}
+
+
+def tuned_table(run_dir: Path, kernel: KernelSpec, problem: Problem) -> dict | None:
+    """Our table for this problem, timed on this kernel source, from a run's manifest."""
+    from tuner.results import read_manifest
+    for t in read_manifest(run_dir).get("tables", []):
+        src = (t.get("kernel_source") or {}).get("source", "ours")
+        if (t.get("kernel") == kernel.name and src == kernel.source
+                and Problem(t["kernel"], t["problem"]).key == problem.key):
+            table = {m: e["config"] for m, e in (t.get("entries") or {}).items() if e.get("config")}
+            return table or None
+    return None
+
+
+def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: list[tuple[str, str]],
+               tuned: Path | None, landscape=None) -> list[Contender]:
+    """The configs (and references) to time for one problem and M."""
+    from tuner.space import load_space
+    from tuner.tune import load_baseline_table
+    space = load_space(kernel)
+    # equivalent forms (GROUP_SIZE_M folding, clamped K tiles) are one point: the one timed
+    same = lambda entry: space.canonical(problem.params, M, gpu, config_from_entry(kernel, entry))  # noqa: E731
+    out = [Contender("default", same(kernel.default_config(problem.params, M)),
+                     f"{kernel.source_label}'s launch with no table")]
+    for label, folder in baselines:
+        table = load_baseline_table(folder, kernel, gpu, problem)
+        if table:
+            out.append(Contender(f"shipped {label}", same(lookup_nearest(table, M))))
+    if tuned is not None:
+        table = tuned_table(tuned, kernel, problem)
+        if table:
+            out.append(Contender("tuned", same(lookup_nearest(table, M))))
+    if landscape is not None:
+        best = landscape.best(problem.params, M)
+        if best:
+            out.append(Contender("landscape best", config_dict(kernel, best[0])))
+    return out
+
+
+# -- references outside Triton ------------------------------------------------------------
+def reference_note(kernel: KernelSpec) -> str:
+    """What exists outside Triton for this kernel, in words (also where nothing does)."""
+    return {
+        "fp8_gemm": "torch._scaled_mm with 1x128 / 128x128 block scales where the device's torch takes them; "
+                    "DeepGEMM if importable",
+        "fused_moe": "no fused-MoE op in torch; the engines' non-Triton MoE (DeepGEMM, FlashInfer CUTLASS) "
+                     "need the engines installed and are not timed here",
+        "mla_decode": "no MLA decode op in torch; FlashMLA / FlashAttention-MLA need their packages and are "
+                      "not timed here",
+    }.get(kernel.table_kind, "none known")
+
+
+def gemm_reference_candidates() -> list[tuple[str, str, object]]:
+    """[(family, variant, build(inputs) -> callable)]: block-FP8 GEMMs outside Triton. The
+    scale layouts torch._scaled_mm takes differ between torch versions, so several are tried;
+    per family the first that computes the right answer is timed."""
+    import torch
+
+    def scaled_mm(sa, sb):
+        return lambda i: (lambda: torch._scaled_mm(i["A"], i["B"].t(), scale_a=sa(i), scale_b=sb(i),
+                                                   out_dtype=torch.bfloat16))
+    out = [("torch._scaled_mm", "As, Bs^T", scaled_mm(lambda i: i["As"], lambda i: i["Bs"].t())),
+           ("torch._scaled_mm", "As column-major, Bs^T",
+            scaled_mm(lambda i: i["As"].t().contiguous().t(), lambda i: i["Bs"].t())),
+           ("torch._scaled_mm", "As column-major, Bs^T contiguous",
+            scaled_mm(lambda i: i["As"].t().contiguous().t(), lambda i: i["Bs"].t().contiguous()))]
+    try:
+        import deep_gemm
+
+        def deep(i):
+            C = torch.empty((i["A"].shape[0], i["B"].shape[0]), dtype=torch.bfloat16, device=i["A"].device)
+            return lambda: (deep_gemm.fp8_gemm_nt((i["A"], i["As"]), (i["B"], i["Bs"]), C), C)[1]
+        out.append(("DeepGEMM", "fp8_gemm_nt", deep))
+    except ImportError:
+        pass
+    return out
+
+
+def check_reference(fn, inputs: dict, reference) -> str | None:
+    """None when fn computes the GEMM right, else why not."""
+    import torch
+    try:
+        got = fn().double()
+    except Exception as e:  # noqa: BLE001 - an unsupported layout raises: that is the answer
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0][:160] if text else ''}"
+    rel = (torch.linalg.vector_norm(got - reference) / torch.linalg.vector_norm(reference)).item()
+    return None if rel <= 2e-2 else f"wrong result (relative error {rel:.2e})"
+
+
+# -- the run --------------------------------------------------------------------------------
+def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict, gpu, ceilings: Ceilings,
+                 measurer, baselines, tuned, landscape, progress=print) -> list[BenchRow]:
+    """All contenders of every (problem, M) of one kernel, timed on `measurer`."""
+    rows: list[BenchRow] = []
+    source = time_source(measurer.environment(), measurer.label)
+    on_gpu = not measurer.label.startswith("replay")
+    for problem in problems:
+        for M in batch_sizes[problem.key]:
+            floor = ceilings.floor_us(kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M))
+            cands = contenders(kernel, gpu, problem, M, baselines, tuned, landscape)
+            # one call: the configs are timed under the same conditions
+            unique = {json.dumps(c.config, sort_keys=True): c.config for c in cands}
+            times = dict(zip(unique, measurer.measure(problem, M, list(unique.values()))))
+            for c in cands:
+                m = times[json.dumps(c.config, sort_keys=True)]
+                rows.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
+                                     floor, source, m.error))
+            rows += reference_rows(kernel, problem, M, floor, gpu, on_gpu)
+            best = min((r for r in rows[-len(cands):] if r.time_us), key=lambda r: r.time_us, default=None)
+            progress(f"{kernel.source_label} {problem.key} M={M}: "
+                     + (f"best {best.contender} {best.time_us:.2f} us" if best else "nothing timed")
+                     + f" [{source}]")
+    return rows
+
+
+def reference_rows(kernel: KernelSpec, problem: Problem, M: int, floor: float, gpu, on_gpu: bool) -> list[BenchRow]:
+    if kernel.table_kind != "fp8_gemm":
+        return [BenchRow(kernel.source_label, problem.key, M, "reference", None, None, None, floor, "-",
+                         reference_note(kernel))]
+    if not on_gpu:
+        return [BenchRow(kernel.source_label, problem.key, M, "reference", None, None, None, floor, "-",
+                         "needs a GPU (" + reference_note(kernel) + ")")]
+    import torch
+
+    from tuner.gpu_timing import graph_times, l2_flush_buffer, summarize
+    sets = [kernel.make_inputs(problem.params, M, "cuda", seed) for seed in range(4)]
+    reference = kernel.reference(sets[0])
+    flush = l2_flush_buffer(torch, gpu.l2_bytes)
+    device = f"measured on the GPU ({torch.cuda.get_device_name()})"
+    out, tried = [], {}
+    for family, variant, build in gemm_reference_candidates():
+        if family in tried and tried[family] is None:
+            continue                               # this family already has a working variant
+        why = check_reference(build(sets[0]), sets[0], reference)
+        if why:
+            tried[family] = (tried.get(family) or "") + f"{variant}: {why}; "
+            continue
+        tried[family] = None
+        t = summarize(graph_times(torch, [build(s) for s in sets], flush))
+        out.append(BenchRow(kernel.source_label, problem.key, M, f"{family} ({variant})", None, t.median_us,
+                            t.spread, floor, device))
+    out += [BenchRow(kernel.source_label, problem.key, M, family, None, None, None, floor, "-",
+                     f"not usable here: {why.rstrip('; ')}") for family, why in tried.items() if why]
+    if not any(f == "DeepGEMM" for f, _, _ in gemm_reference_candidates()):
+        out.append(BenchRow(kernel.source_label, problem.key, M, "DeepGEMM", None, None, None, floor, "-",
+                            "not importable here"))
+    return out
+
+
+def write_outputs(rows: list[BenchRow], out: Path, header: dict) -> tuple[Path, Path]:
+    """bench-<device>-<date>.json, the same as Markdown, and a plot per problem."""
+    device = str(header.get("device") or "unknown").replace(" ", "_")
+    date = _dt.date.today().isoformat()
+    stem = f"bench-{device}-{date}"
+    data = {**header, "rows": [r.as_dict() for r in rows]}
+    json_path = out / f"{stem}.json"
+    atomic_write_json(json_path, data, indent=2)
+    md_path = out / f"{stem}.md"
+    atomic_write_text(md_path, markdown(rows, header, stem))
+    return json_path, md_path
+
+
+def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
+    import pandas as pd
+
+    from tuner.report import markdown_table
+    lines = [f"# Bench: {header.get('model')} on {header.get('device')}", "",
+             str(header.get("banner")), "",
+             f"Roofline floor: {header.get('ceilings')}. Versions: "
+             + ", ".join(f"{k} {header.get(k)}" for k in ("torch", "triton", "driver", "cuda") if header.get(k)), ""]
+    df = pd.DataFrame([r.as_dict() for r in rows])
+    for i, ((src, problem), part) in enumerate(df.groupby(["kernel_source", "problem"], sort=False)):
+        png = f"{stem}-{i}.png"
+        plot(part, Path(header["out"]) / png, f"{problem} [{src}]", header.get("banner", ""))
+        table = part[["M", "contender", "time_us", "spread", "floor_us", "roofline_fraction", "error"]].copy()
+        table["config"] = [" ".join(str(v) for v in c.values()) if isinstance(c, dict) else "-" for c in part["config"]]
+        lines += [f"## {problem} [{src}]", "", f"![{problem}]({png})", "",
+                  markdown_table(table, floatfmt=".3g"), ""]
+    notes = sorted({r.error for r in rows if r.contender.startswith(("reference", "torch", "DeepGEMM")) and r.error})
+    if notes:
+        lines += ["## References outside Triton", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(part, path: Path, title: str, subtitle: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    timed = part.dropna(subset=["time_us"])
+    for name, g in timed.groupby("contender", sort=False):
+        ax.plot(g["M"], g["time_us"], marker="o", label=name)
+    floor = part.drop_duplicates("M")
+    ax.plot(floor["M"], floor["floor_us"], linestyle="--", color="gray", label="roofline floor")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_xlabel("M (batch size)")
+    ax.set_ylabel("time (us)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{title}\n{subtitle}", fontsize=8, color="red" if "SYNTHETIC" in subtitle else "black")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def bench_header(measurers: list, gpu, ceilings: Ceilings, run_info: dict, out: Path) -> dict:
+    env = next((m.environment() for m in measurers), {}) or {}
+    label = next((m.label for m in measurers), "")
+    return {"format": "tuner-bench/1", "written": now_iso(), "out": str(out), **run_info,
+            "gpu": gpu.key, "device": env.get("device") or gpu.cuda_name, "environment": env,
+            **{k: env.get(k) for k in ("driver", "cuda", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz")},
+            **{k: v for k, v in software_versions().items() if k not in env or not env.get(k)},
+            **{k: env.get(k) for k in ("torch", "triton") if env.get(k)},
+            "time_source": time_source(env, label), "synthetic": is_synthetic(env),
+            "banner": banner(env, label), "ceilings": ceilings.source,
+            "ceiling_values": {"copy_tb_s": ceilings.copy_tb_s, "fp8_tflops": ceilings.fp8_tflops}}
+
+
+def finite(x) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
