@@ -87,7 +87,7 @@ def measure(gpu: GpuSpec, size: int = 8192, copy_bytes: int = 1 << 30, reps: int
 
     from tuner.gpu_timing import graph_times, summarize
     from tuner.measure import require_gpu
-    require_gpu(gpu.cuda_name)
+    require_gpu(gpu.cuda_name, "measuring the ceilings", "")
     props = torch.cuda.get_device_properties(0)
     out = {"format": FORMAT, "device": torch.cuda.get_device_name(), "measured": now_iso(),
            **software_versions(), **nvml_snapshot(nvml_index(torch.cuda.current_device())),

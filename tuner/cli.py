@@ -48,6 +48,9 @@ def _common_options() -> argparse.ArgumentParser:
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
                    help="whose tables to write (default both)")
+    g.add_argument("--only", nargs="+", metavar="TEXT", default=None,
+                   help="tune only the problems whose key holds one of these texts, e.g. N=7168,K=2048 "
+                   "(the plan lists the keys)")
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=_positive, default=None,
                    help="measured configs per batch size (default 48 for gemm, 32 for moe)")
@@ -202,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="mla: context buckets (default 4096 8192 32768)")
     bench.add_argument("--page-size", type=_positive, default=64, help="mla: KV cache page size")
     bench.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
+    bench.add_argument("--only", nargs="+", metavar="TEXT", default=None,
+                       help="bench only the problems whose key holds one of these texts")
     bench.add_argument("--tuned", default=None, metavar="RUN_DIR", help="one of our results folders")
     bench.add_argument("--baseline", nargs="+", default=None, metavar="DIR",
                        help="folders of shipped tables, e.g. ../shared/baselines/vllm-0.33.0")
@@ -214,6 +219,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
     bench.add_argument("--out", required=True, metavar="DIR")
     bench.add_argument("--quiet", action="store_true")
+    proof = sub.add_parser("proof", help="the whole GPU proof in one unattended call (scripts/gpu_proof.sh)",
+                           description="Environment and ceilings, kernels against the reference, landscapes, the "
+                           "DeepSeek-V3 TP8 MoE tune, benches and the sampler study, each step time-boxed and "
+                           "written before the next; summary.md at the end. --fake runs the same flow on a CPU "
+                           "over SYNTHETIC landscapes (for tests).")
+    proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
+    proof.add_argument("--minutes", type=float, default=25.0, help="the whole budget (default 25)")
+    proof.add_argument("--out", default=None, metavar="DIR",
+                       help="default bench/results/<gpu>-<date>/ (with --fake: runs/proof-fake-<date>/)")
+    proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                       help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
+                       "else $TUNER_ENGINE_WHEELS)")
+    proof.add_argument("--baselines", default=None, metavar="DIR",
+                       help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
+    proof.add_argument("--fake", action="store_true", help="no GPU: SYNTHETIC landscapes and a small model")
+    proof.add_argument("--steps", nargs="+", default=None, choices=("environment", "validate", "landscapes", "tune",
+                                                                   "bench", "sampler"),
+                       help="run only these steps (a proof split over several calls into one folder; the summary "
+                       "keeps the other steps' earlier results)")
     ceil = sub.add_parser("ceilings", help="measure this GPU's copy bandwidth and matmul rates",
                           description="Measure device-to-device copy bandwidth (bytes read plus written), FP8 "
                           "and BF16 dense matmul rates at 8192^3, L2 size and SM count; bench, drift and the "
@@ -331,6 +355,17 @@ def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
     return Path("runs") / name
 
 
+def only_problems(problems: list, only: list[str] | None) -> list:
+    """The problems whose key holds one of the --only texts (all without --only)."""
+    if not only:
+        return problems
+    kept = [p for p in problems if any(text in p.key for text in only)]
+    if not kept:
+        raise TunerError(f"--only {' '.join(only)} matches none of the problems: "
+                         + "; ".join(p.key for p in problems))
+    return kept
+
+
 def _record_path(record: str | None, kernel, several: bool) -> str | None:
     """One landscape per kernel: with several (each engine's own), the source goes into the
     name (land.jsonl.gz -> land.vllm.jsonl.gz)."""
@@ -349,7 +384,7 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
 
     model, gpu, settings = _load_common(args, kernel_name, command)
     notes: list[str] = []
-    runs = kernel_runs(args, kernel_name, make_problems(model), notes)
+    runs = kernel_runs(args, kernel_name, only_problems(make_problems(model), args.only), notes)
     all_opts = []
     for kernel, problems in runs:
         all_opts.append(RunOptions(
@@ -370,7 +405,8 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
         return 0
     if not args.replay:
         from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name)
+        require_gpu(gpu.cuda_name, "a tuning run", "--dry-run shows the plan and --replay FILE tunes over a "
+                    "recorded landscape (`tuner landscape synth` makes a SYNTHETIC one to try it)")
     for opts in all_opts:
         kernel = opts.kernel
         results = run_tuning(opts)
@@ -412,7 +448,7 @@ def cmd_worker(args) -> int:
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
                            recycle_after=args.recycle_after):
         if not args.replay:
-            require_gpu(opts.gpu.cuda_name)
+            require_gpu(opts.gpu.cuda_name, "a worker", "--replay FILE measures from a recorded landscape")
         progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet)
         measurer = make_measurer(opts, progress)
         try:
@@ -558,11 +594,11 @@ def cmd_bench(args) -> int:
     model = load_model(args.model)
     ceilings = ceilings_mod.load(gpu, args.ceilings)
     kernel_name, make_problems = _problem_builder(args, args.kernel)
-    problems = make_problems(model)
+    problems = only_problems(make_problems(model), args.only)
     baselines = [(Path(d).name, d) for d in args.baseline or []]
     if not args.replay:
         from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name)
+        require_gpu(gpu.cuda_name, "a bench", "--replay FILE benches a recorded landscape")
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     rows, measurers, notes = [], [], []
     try:
@@ -659,6 +695,26 @@ def cmd_landscape(args) -> int:
     return 0
 
 
+def cmd_proof(args) -> int:
+    from tuner import proof as proof_mod
+    from tuner.gpus import get_gpu
+    gpu = get_gpu(args.gpu)
+    if args.minutes <= 0 or args.minutes != args.minutes:
+        raise TunerError(f"--minutes must be positive, not {args.minutes}")
+    if not args.fake:
+        from tuner.measure import require_gpu
+        require_gpu(gpu.cuda_name, "the GPU proof", "--fake runs its flow over SYNTHETIC landscapes")
+    out = Path(args.out) if args.out else proof_mod.default_out(gpu, args.fake)
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    baselines = Path(args.baselines) if args.baselines else proof_mod.default_baselines()
+    if args.baselines and not baselines.is_dir():
+        raise TunerError(f"--baselines {baselines} is not a folder")
+    run = proof_mod.Proof(out, gpu, args.minutes, args.fake, args.engine_source or proof_mod.default_engine_source(),
+                          baselines)
+    return run.execute(log=lambda line: print(line, flush=True), only=args.steps)
+
+
 def cmd_ceilings(args) -> int:
     from tuner import ceilings as ceilings_mod
     from tuner.gpus import get_gpu
@@ -730,7 +786,7 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"landscape": cmd_landscape, "bench": cmd_bench, "ceilings": cmd_ceilings, "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"proof": cmd_proof, "landscape": cmd_landscape, "bench": cmd_bench, "ceilings": cmd_ceilings, "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
 def main(argv: list[str] | None = None) -> int:

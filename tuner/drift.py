@@ -95,7 +95,9 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
     """measurer_for: Measurers (the kernel that times each engine's table, and its
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
+    from tuner import ceilings
     from tuner.space import load_space
+    roof = ceilings.load(measurer_for.gpu)
     rows = []
     for t in tables:
         kernel = measurer_for.kernel(t.problem.kernel, t.engine)
@@ -123,6 +125,8 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
                          "kernel_source": kernel.source_label,
                          "problem": t.problem.key, "M": M, "table_us": mine.time_us, "default_us": base.time_us,
                          "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
+                         "floor_us": roof.floor_us(kernel.bytes_moved(t.problem.params, M),
+                                                   kernel.flops(t.problem.params, M)),
                          "verdict": verdict, "error": mine.error})
     return pd.DataFrame(rows)
 
@@ -153,7 +157,8 @@ class Measurers:
             else:
                 from tuner.isolation import isolated_gpu_measurer
                 from tuner.measure import require_gpu
-                require_gpu(self.gpu.cuda_name)
+                require_gpu(self.gpu.cuda_name, "re-timing tables", "--replay FILE re-times them from a "
+                            "recorded landscape")
                 self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers)
         return self._made[key]
 

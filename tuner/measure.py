@@ -164,12 +164,13 @@ class RecordingMeasurer:
         self.gpu.close()
 
 
-def require_gpu(expected_cuda_name: str) -> None:
-    """Stop with one clear line when no (or another) GPU is present."""
+def require_gpu(expected_cuda_name: str, what: str = "timing on the GPU",
+                without: str = "--replay FILE times from a recorded landscape") -> None:
+    """Stop with one clear line when no (or another) GPU is present: what needed it, and
+    what can be done without one."""
     import torch
     if not torch.cuda.is_available():
-        raise TunerError("no CUDA GPU is visible, and a tuning run needs one; "
-                         "use --dry-run to see the plan, or --replay FILE to tune over a recorded landscape")
+        raise TunerError(f"no CUDA GPU is visible, and {what} needs one" + (f"; without one, {without}" if without else ""))
     name = torch.cuda.get_device_name()
     if name != expected_cuda_name:
         raise TunerError(f"--gpu asks for {expected_cuda_name!r} but this machine has {name!r}; "

@@ -65,7 +65,7 @@ class GpuMeasurer:
     def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8,
                  input_sets: int = 4, reps: int = 40, compile_timeout_s: float = 600.0,
                  max_retakes: int = 3, cooldown_s: float = 2.0):
-        require_gpu(gpu.cuda_name)
+        require_gpu(gpu.cuda_name, "measuring", "")
         import torch
         self.torch = torch
         self.poisoned = False

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tuner import ceilings
 from tuner.engines import ENGINES, lookup_nearest
 from tuner.environment import now_iso, software_versions
 from tuner.errors import TunerError
@@ -79,6 +80,10 @@ def plan_text(opts: RunOptions) -> str:
              f"  storage {opts.storage or default_storage(opts.out_dir)}",
              f"  output {opts.out_dir}/"]
     triton_version = software_versions()["triton"]
+    roof = ceilings.load(gpu)
+    lines.append(f"  roofline floor: the larger of (fewest bytes moved / copy bandwidth) and (FLOPs / FP8 matmul "
+                 f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
+                 "runs much faster")
     for p in opts.problems:
         lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
                      + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
@@ -86,9 +91,8 @@ def plan_text(opts: RunOptions) -> str:
             lines.append(f"  {name:7s} {path}")
         sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
         lines.append("  configs after pruning, per M: " + " ".join(sizes))
-        floor = [f"{m}:{max(k.bytes_moved(p.params, m) / (gpu.hbm_tb_s * 1e6), k.flops(p.params, m) / (gpu.fp8_tflops * 1e6)):.1f}"
-                 for m in opts.batch_sizes]
-        lines.append("  datasheet floor, us per M: " + " ".join(floor))
+        floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.batch_sizes]
+        lines.append("  roofline floor, us per M: " + " ".join(floor))
     total = len(opts.problems) * len(opts.batch_sizes)
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {total * opts.settings.budget} measured configs")
