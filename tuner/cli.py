@@ -24,14 +24,38 @@ class _Parser(argparse.ArgumentParser):
         raise TunerError(f"{message} (see `{self.prog} --help`)")
 
 
-def _positive(text: str) -> int:
+def _integer(lo: int, hi: int, power_of_two: bool = False, why: str = ""):
+    """An argparse type: an integer in [lo, hi] (and a power of two where asked)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}: {v}{why}")
+        if power_of_two and v & (v - 1):
+            raise argparse.ArgumentTypeError(f"must be a power of two: {v}{why}")
+        return v
+    return parse
+
+
+def _fraction(text: str) -> float:
+    """A relative noise band: a number from 0 up to (not including) 1."""
     try:
-        v = int(text)
+        v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {v}")
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= v < 1:                    # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.02 is 2%): {text}")
     return v
+
+
+_positive = _integer(1, 1 << 20)
+_batch = _integer(1, 1 << 20, why=" (batch sizes are tokens per step)")
+_parallel = _integer(1, 1024)
+_workers = _integer(0, 256)
+_page = _integer(1, 1024, power_of_two=True, why=" (the KV cache block size of vLLM and SGLang)")
+_context = _integer(1, 1 << 24)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -42,9 +66,9 @@ def _common_options() -> argparse.ArgumentParser:
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
     g.add_argument("--dtype", default=None, help="precision (gemm, moe: fp8_w8a8 (default); moe: bf16; "
                    "mla: bf16 KV cache)")
-    g.add_argument("--tp", type=_positive, default=1, help="tensor-parallel size (default 1)")
-    g.add_argument("--ep", type=_positive, default=1, help="expert-parallel size (default 1)")
-    g.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+    g.add_argument("--tp", type=_parallel, default=1, help="tensor-parallel size (default 1)")
+    g.add_argument("--ep", type=_parallel, default=1, help="expert-parallel size (default 1)")
+    g.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
                    help="whose tables to write (default both)")
@@ -81,7 +105,7 @@ def _common_options() -> argparse.ArgumentParser:
     o.add_argument("--gpus", default=None, metavar="LIST",
                    help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU); more than one runs a "
                    "worker process per GPU on shared studies")
-    o.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
+    o.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1),
                    help="parallel compile processes on a GPU run (default: CPU count, at most 16)")
     o.add_argument("--measure-timeout", type=_positive, default=300, metavar="S",
                    help="seconds one config may take (compile included) before it counts as hung (default 300)")
@@ -106,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--storage", required=True, metavar="URL", help="the run's Optuna storage URL")
     worker.add_argument("--study-prefix", default="", metavar="NAME")
     worker.add_argument("--replay", default=None, metavar="FILE", help="measure by replaying a landscape")
-    worker.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
+    worker.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
     worker.add_argument("--measure-timeout", type=_positive, default=300, metavar="S")
     worker.add_argument("--recycle-after", type=_positive, default=256, metavar="N")
     worker.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
@@ -145,16 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("old")
     dif.add_argument("new")
     dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
-    dif.add_argument("--noise", type=float, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
+    dif.add_argument("--noise", type=_fraction, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
     drift = sub.add_parser("drift", help="does a table still beat the default config here?",
                            description="Time each table's configs against the engines' default config on "
                            "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
     drift.add_argument("tables", nargs="+", help="table files or folders (an engine's configs folder, a results folder)")
     drift.add_argument("--gpu", required=True)
     drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
-    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
+                       help="routing the MoE tables are re-timed with (default uniform, as they were tuned)")
     drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
-    drift.add_argument("--noise", type=float, default=0.02)
+    drift.add_argument("--noise", type=_fraction, default=0.02,
+                       help="a change smaller than this (or than the measured spread) is a tie (default 0.02 = 2%%)")
     drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
                        help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
                        "(with --replay: the landscape's)")
@@ -174,14 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
     synth.add_argument("--model", required=True)
     synth.add_argument("--gpu", required=True)
-    synth.add_argument("--tp", type=_positive, default=1)
-    synth.add_argument("--ep", type=_positive, default=1)
+    synth.add_argument("--tp", type=_parallel, default=1)
+    synth.add_argument("--ep", type=_parallel, default=1)
     synth.add_argument("--dtype", default=None)
     synth.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     synth.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
-    synth.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None)
-    synth.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None)
-    synth.add_argument("--page-size", type=_positive, default=64)
+    synth.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None)
+    synth.add_argument("--contexts", type=_context, nargs="+", metavar="TOKENS", default=None)
+    synth.add_argument("--page-size", type=_page, default=64)
     synth.add_argument("--kernel-source", choices=("ours", *ENGINE_NAMES), default="ours",
                        help="whose kernel's configs (space, keys) it covers (default ours)")
     synth.add_argument("--out", required=True, metavar="FILE", help="the landscape (.jsonl or .jsonl.gz)")
@@ -195,15 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", required=True)
     bench.add_argument("--gpu", required=True)
     bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
-    bench.add_argument("--tp", type=_positive, default=1)
-    bench.add_argument("--ep", type=_positive, default=1)
+    bench.add_argument("--tp", type=_parallel, default=1)
+    bench.add_argument("--ep", type=_parallel, default=1)
     bench.add_argument("--dtype", default=None, help="gemm, moe: fp8_w8a8 (default); moe: bf16")
     bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
-    bench.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+    bench.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                        help="default: the engines' grid (mla: 32 64 128)")
-    bench.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None,
+    bench.add_argument("--contexts", type=_context, nargs="+", metavar="TOKENS", default=None,
                        help="mla: context buckets (default 4096 8192 32768)")
-    bench.add_argument("--page-size", type=_positive, default=64, help="mla: KV cache page size")
+    bench.add_argument("--page-size", type=_page, default=64, help="mla: KV cache page size")
     bench.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
     bench.add_argument("--only", nargs="+", metavar="TEXT", default=None,
                        help="bench only the problems whose key holds one of these texts")
@@ -216,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--engine-source", nargs="+", metavar="PATH", default=None)
     bench.add_argument("--ceilings", default=None, metavar="FILE",
                        help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
-    bench.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
+    bench.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
     bench.add_argument("--out", required=True, metavar="DIR")
     bench.add_argument("--quiet", action="store_true")
     proof = sub.add_parser("proof", help="the whole GPU proof in one unattended call (scripts/gpu_proof.sh)",
@@ -256,11 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="engine (default): the kernel of the engine the table is for; ours; or vllm/sglang")
     chk.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                      help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
-    chk.add_argument("--tp", type=_positive, default=1)
-    chk.add_argument("--ep", type=_positive, default=1)
+    chk.add_argument("--tp", type=_parallel, default=1)
+    chk.add_argument("--ep", type=_parallel, default=1)
     chk.add_argument("--dtype", default="fp8_w8a8", choices=("fp8_w8a8", "bf16"))
     chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
-    chk.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+    chk.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                      help="check these batch sizes (the entry the engine would use for each) instead of every M")
     chk.add_argument("--seed", type=int, default=None, help="input seed (default: fresh random inputs)")
     src = sub.add_parser("engine-source", help="copy the engine files the launchers need out of a wheel",
@@ -282,9 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default), or Zipf-skewed like real traffic")
     mla = sub.add_parser("mla", parents=[common], help="tune MLA decode attention",
                          description="Tune the two-stage MLA decode kernel per batch size and context bucket.")
-    mla.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None,
+    mla.add_argument("--contexts", type=_context, nargs="+", metavar="TOKENS", default=None,
                      help="context buckets (default 1024 ... 65536, as far as the model reaches)")
-    mla.add_argument("--page-size", type=_positive, default=64, help="KV cache page size (default 64)")
+    mla.add_argument("--page-size", type=_page, default=64, help="KV cache page size (default 64)")
     return parser
 
 
@@ -355,6 +381,27 @@ def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
     return Path("runs") / name
 
 
+def check_out_dir(out: Path) -> None:
+    """Before the first write: --out must be a folder we can write, holding nothing of
+    another program (a manifest.json that is not ours)."""
+    from tuner.paths import writable_folder
+    from tuner.results import MANIFEST, manifest_problem
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    ok, existing = writable_folder(out)
+    if not ok:
+        raise TunerError(f"cannot write to {existing} (--out {out}): permission denied or not a folder")
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        import json
+        try:
+            problem = manifest_problem(json.loads(manifest.read_text()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            problem = f"unreadable ({e})"
+        if problem:
+            raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
+
+
 def only_problems(problems: list, only: list[str] | None) -> list:
     """The problems whose key holds one of the --only texts (all without --only)."""
     if not only:
@@ -383,6 +430,8 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
     from tuner.tune import RunOptions, plan_text, results_table, run_tuning
 
     model, gpu, settings = _load_common(args, kernel_name, command)
+    if not args.dry_run:
+        check_out_dir(_out_dir(args, command, model.name, gpu.key))
     notes: list[str] = []
     runs = kernel_runs(args, kernel_name, only_problems(make_problems(model), args.only), notes)
     all_opts = []
@@ -440,9 +489,9 @@ def _gpu_list(text: str | None) -> list[int]:
 def cmd_worker(args) -> int:
     from tuner.measure import require_gpu
     from tuner.progress import Progress
-    from tuner.tune import load_plans, make_measurer, open_storage, tune_all
+    from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
 
-    storage = open_storage(args.storage)
+    storage = open_checked_storage(args.storage)
     for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
                            replay=args.replay, storage=args.storage,
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
@@ -459,10 +508,12 @@ def cmd_worker(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from tuner.tune import collect, load_plans, open_storage, results_table
+    from tuner.tune import collect, load_plans, open_checked_storage, results_table
 
-    storage = open_storage(args.storage)
-    for opts in load_plans(storage, args.study_prefix, out_dir=Path(args.out), storage=args.storage):
+    out = Path(args.out)
+    check_out_dir(out)
+    storage = open_checked_storage(args.storage)
+    for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
         table = results_table(results, opts.kernel.config_keys)
         if not table.empty:
@@ -699,8 +750,8 @@ def cmd_proof(args) -> int:
     from tuner import proof as proof_mod
     from tuner.gpus import get_gpu
     gpu = get_gpu(args.gpu)
-    if args.minutes <= 0 or args.minutes != args.minutes:
-        raise TunerError(f"--minutes must be positive, not {args.minutes}")
+    if not 0 < args.minutes <= 24 * 60:            # NaN fails this too
+        raise TunerError(f"--minutes must be more than 0 and at most a day, not {args.minutes}")
     if not args.fake:
         from tuner.measure import require_gpu
         require_gpu(gpu.cuda_name, "the GPU proof", "--fake runs its flow over SYNTHETIC landscapes")
@@ -789,8 +840,23 @@ def cmd_mla(args) -> int:
 COMMANDS = {"proof": cmd_proof, "landscape": cmd_landscape, "bench": cmd_bench, "ceilings": cmd_ceilings, "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping us, kill): handled like Ctrl-C, so atomic writes clean
+    up and the storage is left resumable."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
     parser = build_parser()
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:
+        pass                       # not the main thread (tests calling main in a thread)
     try:
         args = parser.parse_args(argv)
         if not args.command:
@@ -800,13 +866,33 @@ def main(argv: list[str] | None = None) -> int:
     except TunerError as e:
         print(f"tuner: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("tuner: interrupted; finished trials are in the storage, run the same command to resume",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        what = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        print(f"tuner: {what}; what was finished is kept (finished trials in the storage, whole files only): "
+              "run the same command to resume", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
+    except BrokenPipeError:
+        # the reader went away (`tuner diff ... | head`): nothing left to say to anyone
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except Exception as e:  # noqa: BLE001 - never a traceback unless asked for
         if os.environ.get("TUNER_DEBUG"):
             raise
+        from tuner.paths import is_disk_full
+        if is_disk_full(e):
+            where = getattr(e, "filename", None)
+            print(f"tuner: error: no space left on the device{f' writing {where}' if where else ''}; free some "
+                  "and run the same command again (finished work is kept)", file=sys.stderr)
+            return 2
+        if isinstance(e, PermissionError):
+            print(f"tuner: error: permission denied: {e.filename or e}", file=sys.stderr)
+            return 2
         print(f"tuner: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
               "(set TUNER_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -44,6 +44,10 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
     if not isinstance(raw, dict):
         return []
     table = {k: v for k, v in raw.items() if k != "triton_version"}
+    if (_GEMM.match(name) or _MOE.match(name)) and not all(
+            str(k).isdigit() and int(k) > 0 and isinstance(v, dict) for k, v in table.items()):
+        raise TunerError(f"{path} is named like an engine table but is not one: its keys must be batch sizes "
+                         "and its values configs")
     if m := _GEMM.match(name):
         n, k, dev, dtype, bn, space, bk = m.groups()
         engine = "sglang" if space else "vllm"
@@ -107,7 +111,11 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
             M = int(key)
             # equivalent forms (GROUP_SIZE_M folding) are one point of a landscape
             same = lambda c: space.canonical(t.problem.params, M, measurer_for.gpu, c)  # noqa: E731
-            cfg = same(t.table[key])
+            try:
+                cfg = same(t.table[key])
+            except (KeyError, TypeError, ValueError):
+                raise TunerError(f"{t.path}: the entry for M={key} is not a config of {', '.join(kernel.config_keys)}"
+                                 ) from None
             default = same(kernel.default_config(t.problem.params, M))
             mine, base = measurer.measure(t.problem, M, [cfg, default])
             band = max(noise, mine.spread or 0, base.spread or 0)

@@ -17,7 +17,7 @@ from multiprocessing import get_context
 
 from tuner.errors import TunerError
 from tuner.kernel_api import Config, KernelSpec
-from tuner.measure import Measurement, NumericsCheck
+from tuner.measure import Measurement, NumericsCheck, valid
 from tuner.problems import Problem
 
 
@@ -165,7 +165,7 @@ class IsolatedMeasurer:
             while True:                     # until "done" (or a restart), so the pipe stays in step
                 status, payload = self._receive(self.timeout_s)
                 if status == "item":
-                    results.append(payload)
+                    results.append(valid(payload))
                     todo.pop(0)
                     self.served += 1
                 elif status == "done":

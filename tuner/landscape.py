@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import TunerError
-from tuner.kernel_api import KernelSpec, config_tuple
+from tuner.kernel_api import KernelSpec, config_from_entry, config_tuple
 from tuner.problems import Problem
 
 FORMAT = "tuner-landscape/1"
@@ -49,7 +50,7 @@ class Landscape:
     def add(self, params: dict, M: int, config: dict, point: Point) -> None:
         key = problem_key(self.kernel, params)
         self.problems.setdefault(key, dict(params))
-        self.points.setdefault((key, M), {})[config_tuple(self.kernel, config)] = point
+        self.points.setdefault((key, M), {})[config_tuple(self.kernel, config_from_entry(self.kernel, config))] = point
 
     def lookup(self, params: dict, M: int) -> dict[tuple, Point] | None:
         return self.points.get((problem_key(self.kernel, params), M))
@@ -104,18 +105,44 @@ def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-            params, M, cfg = rec["problem"], int(rec["M"]), rec["config"]
-            if "time_us" in rec and rec["time_us"] is not None:
-                point = Point(float(rec["time_us"]), None, rec.get("spread"))
-            elif rec.get("error"):
-                point = Point(None, str(rec["error"]))
-            else:
-                raise KeyError("time_us or error")
-            land.add(params, M, cfg, point)
+            params, M, cfg, point = parse_record(json.loads(line), kernel)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise TunerError(f"landscape {path}: line {n} is malformed ({type(e).__name__}: {e})") from None
+        land.add(params, M, cfg, point)
     return land
+
+
+def _number(value, what: str, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or (value <= 0 if positive else value < 0):
+        raise ValueError(f"{what} must be a {'positive' if positive else 'non-negative'} finite number, "
+                         f"not {value!r}")
+    return float(value)
+
+
+def parse_record(rec, kernel: KernelSpec) -> tuple[dict, int, dict, Point]:
+    """One measurement line, checked: a problem object, a positive integer M, a config with
+    the kernel's integer keys, and either a positive finite time (spread optional) or an error."""
+    if not isinstance(rec, dict):
+        raise TypeError("not a JSON object")
+    params, M, cfg = rec["problem"], rec["M"], rec["config"]
+    if not isinstance(params, dict):
+        raise TypeError("'problem' is not an object")
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ValueError(f"'M' must be a positive integer, not {M!r}")
+    if not isinstance(cfg, dict):
+        raise TypeError("'config' is not an object")
+    for k in kernel.config_keys:
+        v = cfg[k] if k not in kernel.optional_keys else cfg.get(k, kernel.optional_keys[k])
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"config key {k} must be a non-negative integer, not {v!r}")
+    if rec.get("time_us") is not None:
+        spread = rec.get("spread")
+        return params, M, cfg, Point(_number(rec["time_us"], "time_us", True), None,
+                                     None if spread is None else _number(spread, "spread", False))
+    if isinstance(rec.get("error"), str) and rec["error"]:
+        return params, M, cfg, Point(None, rec["error"])
+    raise KeyError("time_us or error")
 
 
 class LandscapeWriter:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,17 @@ class Measurement:
     time_us: float | None          # median time; None when the config failed
     spread: float | None = None    # (p80 - p20) / median over the timed runs
     error: str | None = None       # why it failed
+
+
+def valid(m: Measurement) -> Measurement:
+    """Every measurement, from a landscape or a GPU, passes here: a time that is not a
+    positive finite number is a failed measurement with the reason (a NaN must never reach
+    the search, a table or a manifest); a spread that is not finite is dropped."""
+    t = m.time_us
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0):
+        return Measurement(None, None, f"invalid time {t!r}: not a positive finite number")
+    spread = m.spread if isinstance(m.spread, (int, float)) and math.isfinite(m.spread) and m.spread >= 0 else None
+    return Measurement(t, spread, m.error) if spread is not m.spread else m
 
 
 @dataclass
@@ -95,7 +107,7 @@ class ReplayMeasurer:
             if p is None:
                 out.append(Measurement(None, None, "not in the landscape"))
             else:
-                out.append(Measurement(p.time_us, p.spread, p.error))
+                out.append(valid(Measurement(p.time_us, p.spread, p.error)))
         return out
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
@@ -132,7 +144,7 @@ class RecordingMeasurer:
         chunk = 16
         for i in range(0, len(todo), chunk):
             part = todo[i:i + chunk]
-            for cfg, m in zip(part, self.gpu.measure(problem, M, part)):
+            for cfg, m in zip(part, map(valid, self.gpu.measure(problem, M, part))):
                 point = Point(m.time_us, m.error, m.spread)
                 self.writer.write(problem.params, M, cfg, point)
                 self.replay.landscape.add(problem.params, M, cfg, point)
@@ -150,7 +162,7 @@ class RecordingMeasurer:
         # Seeds outside the grid (shipped tables) are timed on the GPU directly.
         known = self.replay.candidates(problem, M)
         missing = [c for c in configs if config_tuple(self.kernel, c) not in known]
-        for cfg, m in zip(missing, self.gpu.measure(problem, M, missing) if missing else []):
+        for cfg, m in zip(missing, map(valid, self.gpu.measure(problem, M, missing)) if missing else []):
             point = Point(m.time_us, m.error, m.spread)
             self.writer.write(problem.params, M, cfg, point)
             self.replay.landscape.add(problem.params, M, cfg, point)

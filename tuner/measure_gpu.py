@@ -19,7 +19,7 @@ from tuner.environment import nvml_index, nvml_snapshot, software_versions
 from tuner.gpu_timing import graph_times, l2_flush_buffer, summarize
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import Config, KernelSpec
-from tuner.measure import Measurement, NumericsCheck, require_gpu
+from tuner.measure import Measurement, NumericsCheck, require_gpu, valid
 from tuner.problems import Problem
 
 
@@ -177,7 +177,7 @@ class GpuMeasurer:
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
             return Measurement(None, None, _short_error(e))
         t = summarize(times)
-        return Measurement(t.median_us, t.spread, None)
+        return valid(Measurement(t.median_us, t.spread, None))
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
         """Run on fresh random inputs into a NaN-poisoned output and compare with the

@@ -161,6 +161,9 @@ def _model_from_fields(raw: dict, path: Path) -> Model:
                 raise TunerError(f"model file {path} has kv_lora_rank (MLA) but lacks the field {key!r}")
     if n_experts and model.is_moe and not model.num_experts_per_tok:
         raise TunerError(f"model file {path} has experts but lacks the field 'num_experts_per_tok'")
+    if model.is_moe and model.num_experts_per_tok > model.n_routed_experts:
+        raise TunerError(f"model file {path}: num_experts_per_tok ({model.num_experts_per_tok}) exceeds the "
+                         f"{model.n_routed_experts} routed experts")
     return model
 
 
@@ -251,6 +254,11 @@ def gemm_problems(model: Model, tp: int, ep: int = 1) -> list[Problem]:
         names, engines = merged.setdefault((lin.N, lin.K), ([], set()))
         names.append(lin.name)
         engines.update(lin.engines)
+    for (n, k), (names, _) in merged.items():
+        # activations are quantized in 1 x block_k groups along K: a partial group has no scale
+        if k % bk:
+            raise TunerError(f"{model.name}'s {names[0]} runs a GEMM with K={k}, not a multiple of the "
+                             f"{bk}-wide weight blocks: no engine quantizes it in blocks")
     return [
         Problem("fp8_gemm", {"N": n, "K": k, "block_shape": [bn, bk]}, tuple(names),
                 tuple(e for e in ("vllm", "sglang") if e in engines))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -47,6 +48,9 @@ def load_config(path: Path) -> dict:
                 raise TunerError(f"{path}: job {i + 1} lacks {key!r}")
         if job["kernel"] not in COMMANDS:
             raise TunerError(f"{path}: job {job['name']!r}: kernel must be one of {', '.join(sorted(COMMANDS))}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(job["name"])):
+            raise TunerError(f"{path}: job name {job['name']!r} must be letters, digits, '.', '_' or '-' "
+                             "(it names the job's folder)")
         if job["name"] in names:
             raise TunerError(f"{path}: two jobs are named {job['name']!r}")
         names.add(job["name"])

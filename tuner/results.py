@@ -47,8 +47,11 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
     if path.exists():
         try:
             old = json.loads(path.read_text())
-        except json.JSONDecodeError:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             old = {}
+        if manifest_problem(old):
+            raise TunerError(f"{path} is not a tuner manifest ({manifest_problem(old)}); this --out holds "
+                             "something else: give another --out")
     tables = {table_key(t): t for t in old.get("tables", [])}
     for e in entries:
         tables[table_key(e)] = e
@@ -64,14 +67,45 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
 
 
 def read_manifest(folder: Path) -> dict:
-    """A results folder's manifest; one clear error when the folder is not one."""
+    """A results folder's manifest, its shape checked; one clear line when it is not one."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise TunerError(f"{folder} holds no {MANIFEST}: not a tuner results folder")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        manifest = json.loads(path.read_text())
+    except OSError as e:
+        raise TunerError(f"cannot read {path}: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TunerError(f"{path} is not valid JSON: {e}") from None
+    problem = manifest_problem(manifest)
+    if problem:
+        raise TunerError(f"{path} is not a tuner manifest: {problem}")
+    return manifest
+
+
+def manifest_problem(manifest) -> str | None:
+    """What is wrong with a manifest's shape, or None."""
+    if not isinstance(manifest, dict) or not str(manifest.get("format", "")).startswith("tuner-manifest/"):
+        return "it lacks \"format\": \"tuner-manifest/1\""
+    tables = manifest.get("tables")
+    if not isinstance(tables, list):
+        return "'tables' is not a list"
+    for i, t in enumerate(tables, 1):
+        if not isinstance(t, dict):
+            return f"table {i} is not an object"
+        if not isinstance(t.get("kernel"), str) or not isinstance(t.get("problem"), dict):
+            return f"table {i} lacks its kernel or problem"
+        files, entries = t.get("files", {}), t.get("entries", {})
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            return f"table {i}: 'files' must map engines to paths"
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+            return f"table {i}: 'entries' must map batch sizes to entries"
+        for m, e in entries.items():
+            if not str(m).isdigit():
+                return f"table {i}: entry key {m!r} is not a batch size"
+            if e.get("config") is not None and not isinstance(e["config"], dict):
+                return f"table {i}: the config of M={m} is not an object"
+    return None
 
 
 def table_key(entry: dict) -> str:

@@ -22,7 +22,7 @@ from tuner.engines import ENGINES, lookup_nearest
 from tuner.environment import now_iso, software_versions
 from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
-from tuner.kernel_api import KernelSpec
+from tuner.kernel_api import KernelSpec, config_tuple
 from tuner.landscape import Landscape, LandscapeWriter
 from tuner.measure import RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
@@ -190,13 +190,50 @@ def make_measurer(opts: RunOptions, progress: Progress):
 
 
 def open_run_storage(opts: RunOptions):
-    url = opts.storage or default_storage(opts.out_dir)
+    return open_checked_storage(opts.storage or default_storage(opts.out_dir))
+
+
+def check_sqlite_file(path: Path, url: str) -> None:
+    """An existing SQLite file must be one of our storages (Optuna's tables), never another
+    program's database we would add tables to."""
+    import sqlite3
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise TunerError(f"--storage {url}: {path} is not a file")
+    if path.stat().st_size == 0:
+        return
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise TunerError(f"--storage {url}: {path} is not a SQLite database ({e})") from None
+    if tables and "studies" not in tables:
+        raise TunerError(f"--storage {url}: {path} is another program's database (tables "
+                         f"{', '.join(sorted(tables)[:5])}); give a new file")
+
+
+def open_checked_storage(url: str):
+    """The run's storage, after checking it is ours: one clear line for bad URLs, missing
+    drivers, unreachable servers and foreign databases."""
+    if not isinstance(url, str) or "://" not in url:
+        raise TunerError(f"--storage {url!r} is not a storage URL (sqlite:///FILE, postgresql://...)")
     if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url[len("sqlite:///"):])
+        check_sqlite_file(path, url)
+        from tuner.paths import writable_folder
+        ok, existing = writable_folder(path.parent)
+        if not ok:
+            raise TunerError(f"--storage {url}: cannot write to {existing}")
+        path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return open_storage(url)
     except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
-        raise TunerError(f"cannot open storage {url}: {str(e).strip().splitlines()[0]}") from None
+        text = str(e).strip().splitlines()
+        raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
 
 
 def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
@@ -204,17 +241,19 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     tables and the manifest from what the storage holds; returns the results."""
     progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet)
     t0 = time.monotonic()
+    # Every input is checked before the first write: the shipped tables to beat, the landscape.
+    check_baselines(opts)
     if len(opts.gpus) > 1 and not opts.replay:
         storage = open_run_storage(opts)
         save_plan(storage, opts)
         run_gpu_workers(opts, progress)
     else:
         measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
-        storage = open_run_storage(opts)
         try:
             if isinstance(measurer, ReplayMeasurer):
                 opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
                 progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
+            storage = open_run_storage(opts)
             save_plan(storage, opts)
             tune_all(opts, storage, measurer, progress,
                      after_problem=lambda: collect(opts, storage, quiet=True))
@@ -453,7 +492,41 @@ def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progr
         plan_ms[p.key] = ms
     if not covered:
         raise TunerError(f"landscape {opts.replay} covers none of the planned problems and batch sizes")
+    # Its points must be configs of the search space (or the seeds), or nothing can be chosen.
+    usable = False
+    for p in covered:
+        for m in plan_ms[p.key]:
+            points = measurer.candidates(p, m) or set()
+            space = {config_tuple(opts.kernel, c) for c in opts.space.configs(p.params, m, opts.gpu)}
+            seeds = {config_tuple(opts.kernel, opts.space.canonical(p.params, m, opts.gpu, c)) for c in
+                     [opts.kernel.default_config(p.params, m), *opts.kernel.extra_seeds(p.params, m)]}
+            if points & (space | seeds):
+                usable = True
+                break
+        if usable:
+            break
+    if not usable:
+        raise TunerError(f"landscape {opts.replay} holds no config of the search space "
+                         f"({opts.space.source}) nor the default: recorded with another space or kernel?")
     return covered, plan_ms
+
+
+def check_baselines(opts: RunOptions) -> None:
+    """--baseline's tables, read and checked before anything is written."""
+    if not opts.baseline:
+        return
+    from tuner.kernel_api import config_from_entry
+    for problem in opts.problems:
+        table = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem)
+        for key, entry in (table or {}).items():
+            try:
+                if not isinstance(entry, dict):
+                    raise TypeError
+                int(key)
+                config_from_entry(opts.kernel, entry)
+            except (KeyError, TypeError, ValueError):
+                raise TunerError(f"--baseline {opts.baseline}: the table for {problem.key} has an unusable entry "
+                                 f"{key!r}: {str(entry)[:80]}") from None
 
 
 def _summary(r: StudyResult) -> str:
