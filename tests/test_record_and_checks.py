@@ -54,7 +54,7 @@ def fake_gpu(monkeypatch):
     import tuner.isolation
     FakeGpu.instances.clear()
     monkeypatch.setattr(tuner.isolation, "IsolatedMeasurer", FakeGpu)
-    monkeypatch.setattr(measure, "require_gpu", lambda name: None)
+    monkeypatch.setattr(measure, "require_gpu", lambda name, *why: None)
     return FakeGpu
 
 

@@ -80,6 +80,11 @@ class ReplayMeasurer:
         if recorded != kernel.source:
             raise TunerError(f"landscape {path} was recorded on {recorded}'s {kernel.name} kernel, "
                              f"not {kernel.source_label}'s")
+        recorded_code = land.header.get("code_version")
+        if recorded_code and kernel.code_version and recorded_code != kernel.code_version and not land.header.get("synthetic"):
+            raise TunerError(f"landscape {path} was recorded on other code of {kernel.source_label}'s {kernel.name} "
+                             f"(code {recorded_code}, this is {kernel.code_version}): its timings are not of this "
+                             "kernel; record it again")
         if land.header["device"] != cuda_name:
             raise TunerError(f"landscape {path} was recorded on {land.header['device']!r}, "
                              f"but --gpu is {cuda_name!r}")
@@ -87,7 +92,7 @@ class ReplayMeasurer:
 
     def environment(self) -> dict:
         h = self.landscape.header
-        env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded")}
+        env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded", "code_version")}
         if h.get("synthetic"):
             env["synthetic"] = True
         return env

@@ -93,7 +93,8 @@ class GpuMeasurer:
         self._pool = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = ProcessPoolExecutor(compile_workers, mp_context=get_context("spawn"))
-        self._env = {"device": torch.cuda.get_device_name(), **software_versions(), **nvml_snapshot(self._nvml_index),
+        self._env = {"device": torch.cuda.get_device_name(), "kernel": kernel.source_label,
+                     "code_version": kernel.code_version, **software_versions(), **nvml_snapshot(self._nvml_index),
                      "sm_count": props.multi_processor_count, "l2_bytes": l2}
 
     def environment(self) -> dict:

@@ -22,6 +22,10 @@ def _label(entry: dict) -> str:
     return f"{entry.get('kernel')} " + Problem(entry.get("kernel", ""), entry.get("problem") or {}).key
 
 
+def _number(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+
+
 def manifest_frame(run: Path) -> pd.DataFrame:
     """One row per (table, M) of a results folder's manifest."""
     manifest = read_manifest(run)
@@ -32,8 +36,9 @@ def manifest_frame(run: Path) -> pd.DataFrame:
             rows.append({
                 "problem": _label(t), "M": int(m),
                 "config": " ".join(str(v) for v in cfg.values()) if cfg else "-",
-                "time_us": e.get("time_us"), "spread": e.get("spread"),
-                "default_us": e.get("default_time_us"), "speedup": e.get("speedup"),
+                # manifests written before times were checked may hold NaN or Infinity: no number
+                "time_us": _number(e.get("time_us")), "spread": _number(e.get("spread")),
+                "default_us": _number(e.get("default_time_us")), "speedup": _number(e.get("speedup")),
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
             })
     if not rows:

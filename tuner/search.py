@@ -240,6 +240,7 @@ class StudyRunner:
         study = optuna.create_study(study_name=study_name(problem, M, self.prefix, kernel.source),
                                     storage=self.storage,
                                     direction="minimize", sampler=make_sampler(s), load_if_exists=True)
+        self._check_identity(study, problem, M)
         stored = study.user_attrs.get("choices")
         if stored is None:
             study.set_user_attr("choices", choices)
@@ -344,6 +345,30 @@ class StudyRunner:
         return result
 
     # -- helpers --------------------------------------------------------------------
+    def identity(self) -> dict:
+        """What a study's timings are of: the device, whose kernel code (source, version, a
+        hash of the code) and the Triton that compiled it. A stored study with another
+        identity holds timings of something else."""
+        env = self.measurer.environment() or {}
+        return {"device": env.get("device"), "kernel": self.kernel.source_label,
+                "code_version": env.get("code_version") or self.kernel.code_version, "triton": env.get("triton")}
+
+    def _check_identity(self, study, problem: Problem, M: int) -> None:
+        mine = self.identity()
+        stored = study.user_attrs.get("identity")
+        if stored is None:
+            if study.user_attrs.get("environment") and study.user_attrs["environment"].get("device") not in (
+                    None, mine["device"]):
+                stored = {**mine, "device": study.user_attrs["environment"]["device"]}   # a study from before identities
+            else:
+                study.set_user_attr("identity", mine)
+                return
+        differs = [k for k in mine if stored.get(k) and mine[k] and stored.get(k) != mine[k]]
+        if differs:
+            what = ", ".join(f"{k} {stored.get(k)} (now {mine[k]})" for k in differs)
+            raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
+                             "its results are not this run's: give another --out (or --storage, or --study-prefix)")
+
     def _tell(self, study, trial, m: Measurement) -> None:
         if m.time_us is None:
             _close_trial(study, trial, optuna.trial.TrialState.FAIL, error=m.error or "failed")

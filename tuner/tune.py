@@ -161,11 +161,12 @@ def load_baseline_table(baseline_dir: str, kernel: KernelSpec, gpu: GpuSpec, pro
 
 
 def landscape_source(kernel: KernelSpec) -> dict:
-    """What a landscape's header says of the code it timed (none for our kernels, so that
-    older landscapes read the same)."""
+    """What a landscape's header says of the code it timed: a hash of that code, and for an
+    engine's kernel whose it is (none for ours, so that older landscapes read the same)."""
+    out = {"code_version": kernel.code_version} if kernel.code_version else {}
     if kernel.source == "ours":
-        return {}
-    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version}
+        return out
+    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version, **out}
 
 
 # -- the run ----------------------------------------------------------------------------
