@@ -431,7 +431,10 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
 
     model, gpu, settings = _load_common(args, kernel_name, command)
     if not args.dry_run:
-        check_out_dir(_out_dir(args, command, model.name, gpu.key))
+        from tuner.tune import check_storage_url, default_storage
+        out = _out_dir(args, command, model.name, gpu.key)
+        check_out_dir(out)
+        check_storage_url(args.storage or default_storage(out))
     notes: list[str] = []
     runs = kernel_runs(args, kernel_name, only_problems(make_problems(model), args.only), notes)
     all_opts = []

@@ -98,6 +98,14 @@ def writable_folder(path: Path) -> tuple[bool, Path]:
     return p.is_dir() and os.access(p, os.W_OK | os.X_OK), p
 
 
-def is_disk_full(e: BaseException) -> bool:
-    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
-        "database or disk is full" in str(e).lower()
+def is_disk_full(e: BaseException | None) -> bool:
+    """Whether an error (or one it was raised from: Optuna wraps SQLite's in its own
+    "exception during the commit") is a full disk."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+                "database or disk is full" in str(e).lower() or "no space left" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False

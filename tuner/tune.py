@@ -217,9 +217,9 @@ def check_sqlite_file(path: Path, url: str) -> None:
                          f"{', '.join(sorted(tables)[:5])}); give a new file")
 
 
-def open_checked_storage(url: str):
-    """The run's storage, after checking it is ours: one clear line for bad URLs, missing
-    drivers, unreachable servers and foreign databases."""
+def check_storage_url(url: str) -> None:
+    """Before anything is written: a storage URL, and for SQLite a file that is ours (or new)
+    in a folder we can write."""
     if not isinstance(url, str) or "://" not in url:
         raise TunerError(f"--storage {url!r} is not a storage URL (sqlite:///FILE, postgresql://...)")
     if url.startswith("sqlite:///"):
@@ -229,10 +229,21 @@ def open_checked_storage(url: str):
         ok, existing = writable_folder(path.parent)
         if not ok:
             raise TunerError(f"--storage {url}: cannot write to {existing}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def open_checked_storage(url: str):
+    """The run's storage, after checking it is ours: one clear line for bad URLs, missing
+    drivers, unreachable servers and foreign databases."""
+    check_storage_url(url)
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
         return open_storage(url)
     except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
+        from tuner.paths import is_disk_full
+        if is_disk_full(e):
+            raise TunerError(f"no space left on the device for storage {url}: free some and run the same "
+                             "command again") from None
         text = str(e).strip().splitlines()
         raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
 

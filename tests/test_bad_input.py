@@ -1,0 +1,356 @@
+"""Bad input, as a careless user or an attacker would give it: every case ends with exit 2,
+exactly one line on stderr, no traceback, and nothing written or changed in the folders
+involved (a snapshot of them before and after). Landscapes here are SYNTHETIC."""
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kernels import get_kernel
+from synthetic import write_synthetic_landscape
+from tuner.cli import main
+from tuner.gpus import get_gpu
+from tuner.space import load_space
+
+MOE = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+GEMM = "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+       "num_stages": 3}
+GEMM_ARGS = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
+             "--batch-sizes", "1", "--kernel-source", "ours"]
+
+
+def snapshot(*roots: Path) -> dict:
+    """Every file and folder under the roots: its content hash and mode."""
+    out = {}
+    for root in roots:
+        for p in sorted(Path(root).rglob("*")) if Path(root).exists() else []:
+            st = p.lstat()
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            out[str(p)] = (digest, st.st_mode)
+    return out
+
+
+def results_with(root: Path, files: dict, manifest=None) -> Path:
+    """A results folder holding `files` (relative path -> JSON object or text) and a manifest
+    listing each as a vLLM table (or the given manifest object/text)."""
+    tables = []
+    for i, (rel, content) in enumerate(files.items()):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(content if isinstance(content, str) else json.dumps(content))
+        tables.append({"kernel": "fp8_gemm" if "fp8_gemm" in rel else "fused_moe", "problem": {"i": i},
+                       "files": {"vllm": rel}, "environment": {"device": "NVIDIA H200", "triton": "3.6.0"},
+                       "numerics_passed": True})
+    if manifest is None:
+        manifest = {"format": "tuner-manifest/1", "tables": tables}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "manifest.json").write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
+    return root
+
+
+def site(root: Path) -> Path:
+    for pkg in ("vllm", "sglang"):
+        (root / pkg).mkdir(parents=True, exist_ok=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "triton-3.6.0.dist-info").mkdir(exist_ok=True)
+    return root
+
+
+def landscape(path: Path, mutate=None, gpu="H200", device="NVIDIA H200") -> Path:
+    """A small SYNTHETIC GEMM landscape of the o_proj shape at M=1; `mutate(lines)` edits it."""
+    kernel = get_kernel("fp8_gemm")
+    raw = path.with_name(path.name + ".raw")
+    write_synthetic_landscape(raw, kernel, load_space(kernel), get_gpu(gpu),
+                              [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], [1], device=device)
+    lines = raw.read_text().splitlines()
+    raw.unlink()
+    if mutate:
+        lines = mutate(lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def set_time(value):
+    """Line 4's time replaced by `value`, written as the literal JSON text (NaN, Infinity...)."""
+    def mutate(lines):
+        rec = json.loads(lines[3])
+        rec.pop("error", None)
+        rec["time_us"] = "__T__"
+        return lines[:3] + [json.dumps(rec).replace('"__T__"', value)] + lines[4:]
+    return mutate
+
+
+def off_grid(lines):
+    """Every config moved off the search space (a K tile no space has)."""
+    out = [lines[0]]
+    for line in lines[1:]:
+        rec = json.loads(line)
+        rec["config"]["BLOCK_SIZE_K"] = 48
+        out.append(json.dumps(rec))
+    return out
+
+
+def model_file(path: Path, **fields) -> Path:
+    base = {"hidden_size": 256, "num_attention_heads": 2, "head_dim": 128, "n_routed_experts": 8,
+            "moe_intermediate_size": 256, "num_experts_per_tok": 2,
+            "quantization_config": {"weight_block_size": [128, 128]}}
+    path.write_text(json.dumps({**base, **fields}))
+    return path
+
+
+def sqlite_of_another_program(path: Path) -> Path:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE invoices (id INTEGER, total REAL)")
+    con.commit()
+    con.close()
+    return path
+
+
+def backups_with_record(root: Path, record) -> Path:
+    folder = root / "backups" / "vllm-20260101T000000-1"
+    folder.mkdir(parents=True)
+    (folder / "record.json").write_text(record if isinstance(record, str) else json.dumps(record))
+    return root / "backups"
+
+
+# (name, build(tmp) -> argv, text the one line must hold). Every path a case uses is under tmp.
+CASES = [
+    # -- tuning commands: options ----------------------------------------------------------
+    ("huge batch size", lambda t: [*GEMM_ARGS, "--batch-sizes", "100000000000000000000"], "must be from 1 to"),
+    ("zero batch size", lambda t: [*GEMM_ARGS, "--batch-sizes", "0"], "--batch-sizes"),
+    ("negative compile workers", lambda t: [*GEMM_ARGS, "--compile-workers", "-3"], "--compile-workers"),
+    ("tp zero", lambda t: [*GEMM_ARGS, "--tp", "0"], "--tp"),
+    ("tp not dividing heads", lambda t: [*GEMM_ARGS, "--tp", "3"], "--tp 3 does not divide"),
+    ("ep not dividing experts", lambda t: ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                                           "--ep", "3", "--kernel-source", "ours"], "--ep 3"),
+    ("page size not a power of two", lambda t: ["mla", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                                                "--page-size", "7"], "power of two"),
+    ("context zero", lambda t: ["mla", "--model", "deepseek-v3", "--gpu", "H200", "--contexts", "0"], "--contexts"),
+    ("dtype the kernel lacks", lambda t: [*GEMM_ARGS, "--dtype", "int4"], "--dtype int4"),
+    ("unknown model", lambda t: [*GEMM_ARGS, "--model", "no-such-model"], "unknown model"),
+    ("model not JSON", lambda t: ["gemm", "--model", str((t / "m.json").write_text("{oops") and t / "m.json"),
+                                  "--gpu", "H200"], "not valid JSON"),
+    ("more experts per token than experts", lambda t: [
+        "moe", "--model", str(model_file(t / "m.json", num_experts_per_tok=9)), "--gpu", "H200",
+        "--kernel-source", "ours"], "exceeds the 8 routed experts"),
+    ("K not a multiple of the weight block", lambda t: [
+        "gemm", "--model", str(model_file(t / "m.json", hidden_size=200, head_dim=100)), "--gpu", "H200",
+        "--kernel-source", "ours"], "not a multiple of the 128-wide weight blocks"),
+    ("unknown GPU", lambda t: [*GEMM_ARGS, "--gpu", "B200"], "unknown GPU"),
+    ("unknown sampler", lambda t: [*GEMM_ARGS, "--sampler", "annealing"], "--sampler"),
+    ("--only matching nothing", lambda t: [*GEMM_ARGS, "--only", "N=1,K=1"], "--only N=1,K=1 matches none"),
+    ("space file not YAML", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")),
+                                       "--space", str((t / "s.yaml").write_text("params: [") and t / "s.yaml")],
+     "not valid YAML"),
+    ("space with an unknown rule", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--space", str(
+        (t / "s.yaml").write_text(
+            "params: {BLOCK_SIZE_M: [16], BLOCK_SIZE_N: [64], BLOCK_SIZE_K: [128], GROUP_SIZE_M: [1], "
+            "num_warps: [4], num_stages: [3]}\nconstraints: {magic: {}}\n") and t / "s.yaml")], "unknown constraint"),
+    # -- landscapes ------------------------------------------------------------------------
+    ("landscape missing", lambda t: [*GEMM_ARGS, "--replay", str(t / "none.jsonl")], "not found"),
+    ("landscape NaN time", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl", set_time("NaN")))],
+     "line 4 is malformed"),
+    ("landscape Infinity time", lambda t: [*GEMM_ARGS, "--replay",
+                                           str(landscape(t / "l.jsonl", set_time("Infinity")))], "line 4"),
+    ("landscape negative time", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl", set_time("-3.5")))],
+     "positive finite"),
+    ("landscape zero time", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl", set_time("0")))],
+     "positive finite"),
+    ("landscape line not JSON", lambda t: [*GEMM_ARGS, "--replay", str(landscape(
+        t / "l.jsonl", lambda ls: ls[:2] + ["{not json"] + ls[2:]))], "line 3 is malformed"),
+    ("landscape config key missing", lambda t: [*GEMM_ARGS, "--replay", str(landscape(
+        t / "l.jsonl", lambda ls: ls[:2] + [ls[2].replace('"num_stages"', '"stages"')] + ls[3:]))], "line 3"),
+    ("landscape of only off-grid configs", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl", off_grid))],
+     "holds no config of the search space"),
+    ("landscape of another device", lambda t: [*GEMM_ARGS, "--replay", str(landscape(
+        t / "l.jsonl", gpu="H100", device="NVIDIA H100 80GB HBM3"))], "recorded on 'NVIDIA H100"),
+    ("landscape of another kernel", lambda t: ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                                               "--replay", str(landscape(t / "l.jsonl"))], "holds kernel 'fp8_gemm'"),
+    ("landscape empty", lambda t: [*GEMM_ARGS, "--replay", str((t / "e.jsonl").write_text("") is None or t / "e.jsonl")],
+     "landscape"),
+    ("replay and record together", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--record",
+                                              str(t / "r.jsonl")], "cannot be combined"),
+    # -- output and storage ----------------------------------------------------------------
+    ("--out is a file", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out",
+                                   str((t / "f").write_text("x") and t / "f")], "is a file"),
+    ("--out holds another program's manifest.json", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out",
+        str(results_with(t / "o", {}, manifest='{"name": "my-app"}'))], "not ours"),
+    ("--storage is another program's SQLite file", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--storage", f"sqlite:///{sqlite_of_another_program(t / 'app.db')}"], "another program's database"),
+    ("--storage is not a database", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--storage", f"sqlite:///{(t / 'notes.txt').write_text('hello there, not sqlite at all') and t / 'notes.txt'}"],
+     "not a SQLite database"),
+    ("--storage not a URL", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+                                       "--storage", "studies.db"], "is not a storage URL"),
+    ("--storage of an unreachable server", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--storage", "postgresql://nobody@127.0.0.1:1/none"], "cannot open storage"),
+    ("--baseline with a broken table", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"), "--baseline",
+        str((t / "b").mkdir() or (t / "b" / GEMM).write_text("{broken") and t / "b")], "not readable JSON"),
+    ("--baseline with an entry lacking keys", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"), "--baseline",
+        str((t / "b").mkdir() or (t / "b" / GEMM).write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}})) and t / "b")],
+     "unusable entry"),
+    ("--baseline not a folder", lambda t: [*GEMM_ARGS, "--baseline", str(t / "nowhere")], "is not a folder"),
+    ("worker with a bad storage URL", lambda t: ["worker", "--storage", "nonsense"], "not a storage URL"),
+    ("collect with another program's database", lambda t: [
+        "collect", "--storage", f"sqlite:///{sqlite_of_another_program(t / 'app.db')}", "--out", str(t / "o")],
+     "another program's database"),
+    # -- install ------------------------------------------------------------------------------
+    ("manifest path climbing out with ../", lambda t: [
+        "install", str(results_with(t / "r", {"vllm/fp8_gemm/../../../../escape.json": {"1": CFG}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "not a plain"),
+    ("manifest absolute path", lambda t: [
+        "install", str(results_with(t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [
+            {"kernel": "fp8_gemm", "problem": {}, "files": {"vllm": "/etc/passwd"}}]})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "not a plain"),
+    ("manifest of the wrong shape", lambda t: [
+        "install", str(results_with(t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": {"a": 1}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site"))], "'tables' is not a list"),
+    ("manifest not JSON", lambda t: [
+        "install", str(results_with(t / "r", {}, manifest="{truncated")), "--engine", "vllm",
+        "--site-packages", str(site(t / "site"))], "not valid JSON"),
+    ("truncated table", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fp8_gemm/{GEMM}": '{"1": {"BLOCK_SIZE_M": 16, "BLOC'})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "is not valid JSON"),
+    ("table with a key the engine does not take", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fused_moe/{MOE}": {"1": {**CFG, "SWAP_AB": True}}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "does not take (SWAP_AB)"),
+    ("table with a non-integer batch size", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fp8_gemm/{GEMM}": {"one": CFG}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "is not a batch size"),
+    ("GEMM table with triton_version", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fp8_gemm/{GEMM}": {"triton_version": "3.6.0", "1": CFG}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "'triton_version'"),
+    ("table with a tile that is no power of two", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fp8_gemm/{GEMM}": {"1": {**CFG, "BLOCK_SIZE_N": 48}}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "not a power of two"),
+    ("table with a string value", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fp8_gemm/{GEMM}": {"1": {**CFG, "num_warps": "4"}}})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "positive integer"),
+    ("table file missing", lambda t: [
+        "install", str(results_with(t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [
+            {"kernel": "fp8_gemm", "problem": {}, "files": {"vllm": f"vllm/fp8_gemm/{GEMM}"}}]})),
+        "--engine", "vllm", "--site-packages", str(site(t / "site")), "--force"], "is missing"),
+    ("results folder missing", lambda t: ["install", str(t / "none"), "--engine", "vllm",
+                                          "--site-packages", str(site(t / "site"))], "not found"),
+    ("site-packages without the engine", lambda t: [
+        "install", str(results_with(t / "r", {f"vllm/fp8_gemm/{GEMM}": {"1": CFG}})), "--engine", "vllm",
+        "--site-packages", str(t)], "no vllm package"),
+    ("restore with no backups", lambda t: ["install", "--restore", "--engine", "vllm"], "no vllm install to restore"),
+    ("restore with a corrupt record", lambda t: ["install", "--restore", "--engine", "vllm"], "is corrupt"),
+    ("restore of a forged record", lambda t: ["install", "--restore", "--engine", "vllm"], "refusing to touch it"),
+    ("restore with a missing backup file", lambda t: ["install", "--restore", "--engine", "vllm"], "is missing"),
+    # -- drift, report, diff ------------------------------------------------------------------
+    ("drift table lacking keys", lambda t: [
+        "drift", str((t / GEMM).write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}})) and t / GEMM), "--gpu", "H200",
+        "--replay", str(landscape(t / "l.jsonl")), "--kernel-source", "ours"], "is not a config"),
+    ("drift table with non-integer keys", lambda t: [
+        "drift", str((t / GEMM).write_text(json.dumps({"small": CFG})) and t / GEMM), "--gpu", "H200",
+        "--replay", str(landscape(t / "l.jsonl"))], "is not one"),
+    ("drift noise negative", lambda t: ["drift", str(t), "--gpu", "H200", "--noise", "-5"], "--noise"),
+    ("drift noise NaN", lambda t: ["drift", str(t), "--gpu", "H200", "--noise", "nan"], "--noise"),
+    ("drift over nothing", lambda t: ["drift", str(t), "--gpu", "H200"], "no config tables"),
+    ("drift MoE table without a model", lambda t: [
+        "drift", str((t / MOE).write_text(json.dumps({"1": CFG})) and t / MOE), "--gpu", "H200"], "give --model"),
+    ("report without a manifest", lambda t: ["report", str(t)], "holds no manifest.json"),
+    ("report of a manifest of the wrong shape", lambda t: [
+        "report", str(results_with(t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [7]}))],
+     "table 1 is not an object"),
+    ("diff noise of 2", lambda t: ["diff", str(t), str(t), "--noise", "2"], "--noise"),
+    # -- nightly -----------------------------------------------------------------------------
+    ("nightly job name climbing out", lambda t: [
+        "nightly", str((t / "n.yaml").write_text(
+            "jobs:\n- {name: ../../etc, kernel: gemm, model: deepseek-v3, gpu: H200}\n") and t / "n.yaml")],
+     "job name"),
+    ("nightly config not YAML", lambda t: ["nightly", str((t / "n.yaml").write_text("jobs: [") and t / "n.yaml")],
+     "not valid YAML"),
+    ("nightly without jobs", lambda t: ["nightly", str((t / "n.yaml").write_text("runs_dir: x\n") and t / "n.yaml")],
+     "non-empty 'jobs' list"),
+    # -- bench, check, landscape, proof ------------------------------------------------------
+    ("bench --out is a file", lambda t: ["bench", "--model", "deepseek-v3", "--gpu", "H200", "--kernel", "gemm",
+                                         "--out", str((t / "f").write_text("x") and t / "f")], "is a file"),
+    ("bench --tuned without a manifest", lambda t: [
+        "bench", "--model", "deepseek-v3", "--gpu", "H200", "--kernel", "gemm", "--replay", str(landscape(t / "l.jsonl")),
+        "--tuned", str(t), "--out", str(t / "b")], "holds no manifest.json"),
+    ("check a missing table", lambda t: ["check", "--model", "deepseek-v3", "--kernel", "gemm", "--table",
+                                         str(t / "none.json")], "not found"),
+    ("check a table that is not JSON", lambda t: [
+        "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours",
+        "--table", str((t / "x.json").write_text("[1, 2") and t / "x.json")], "not valid JSON"),
+    ("landscape info of a text file", lambda t: ["landscape", "info", str((t / "x.txt").write_text("hi") and t / "x.txt")],
+     "cannot read the header"),
+    ("synthetic landscape over an existing file", lambda t: [
+        "landscape", "synth", "--kernel", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
+        "--out", str((t / "l.jsonl").write_text("mine") and t / "l.jsonl")], "exists"),
+    ("proof with no time", lambda t: ["proof", "--fake", "--minutes", "0", "--out", str(t / "p")], "--minutes"),
+    ("ceilings --out is a folder", lambda t: ["ceilings", "--gpu", "H200", "--out", str(t)], "is a folder"),
+]
+
+# cases whose world needs more than their argv
+PREPARE = {
+    "restore with a corrupt record": lambda t: backups_with_record(t, "{oops"),
+    "restore of a forged record": lambda t: backups_with_record(t, {
+        "engine": "vllm", "files": [{"dest": str(t / "victim.json"), "backup": None}]}),
+    "restore with a missing backup file": lambda t: backups_with_record(t, {
+        "engine": "vllm", "roots": [str(t / "site" / "vllm/model_executor/layers/fused_moe/configs")],
+        "files": [{"dest": str(t / "site" / "vllm/model_executor/layers/fused_moe/configs" / MOE),
+                   "backup": str(t / "backups" / "vllm-20260101T000000-1" / "files" / "0000-x.json"),
+                   "root": str(t / "site" / "vllm/model_executor/layers/fused_moe/configs")}]}),
+}
+
+
+def test_there_are_enough_cases():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("name,build,needle", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(name, build, needle, tmp_path, capsys, monkeypatch):
+    from tuner import install
+    monkeypatch.chdir(tmp_path)                       # default --out folders land here, if any
+    monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")
+    (tmp_path / "victim.json").write_text('{"keep": true}')
+    if name in PREPARE:
+        PREPARE[name](tmp_path)
+    argv = build(tmp_path)
+    before = snapshot(tmp_path)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("tuner: error: ") and needle in err, err
+    assert "Traceback" not in err
+    assert snapshot(tmp_path) == before, "a refused command changed files"
+
+
+def test_read_only_out_is_refused(tmp_path, capsys):
+    if os.geteuid() == 0:
+        pytest.skip("runs as root, for whom folder permissions do not apply")
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    rc = main([*GEMM_ARGS, "--replay", str(landscape(tmp_path / "l.jsonl")), "--out", str(out / "run")])
+    err = capsys.readouterr().err
+    out.chmod(0o755)
+    assert rc == 2 and len(err.splitlines()) == 1 and "cannot write" in err
+
+
+def test_broken_pipe_is_quiet(tmp_path):
+    """`tuner ... | head`: the reader goes away; no traceback, no 'internal error'."""
+    import subprocess
+    import sys
+    land = landscape(tmp_path / "l.jsonl")
+    cmd = f"{sys.executable} -m tuner landscape info {land} | head -1"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.stdout.startswith("landscape ") and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,184 @@
+"""Faults while installing and tuning: kill -9 and SIGTERM mid-install, two installs into one
+package at once, SIGTERM mid-tune, a disk that fills up. Each leaves whole files only, and
+the next run cleans up and completes. Landscapes are SYNTHETIC."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernels import get_kernel
+from synthetic import slowed_cli, write_synthetic_landscape
+from tuner.gpus import get_gpu
+from tuner.space import load_space
+
+REPO = Path(__file__).resolve().parents[1]
+CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+       "num_stages": 3}
+GEMM_FOLDER = "vllm/model_executor/layers/quantization/utils/configs"
+
+
+def slowed_install(seconds: float) -> str:
+    """python -c source: the command line with every file write held open `seconds` before
+    it is renamed into place (so that a kill lands in the middle of an install)."""
+    return f"""
+import os, sys, time
+real = os.fsync
+def slow(fd):
+    time.sleep({seconds})
+    return real(fd)
+os.fsync = slow
+from tuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def gemm_name(n: int) -> str:
+    return f"N={n},K=7168,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+
+
+def make_results(root: Path, warps: int, count: int = 12) -> Path:
+    """A results folder of `count` vLLM GEMM tables, all holding num_warps=`warps`."""
+    tables = []
+    for i in range(count):
+        rel = f"vllm/fp8_gemm/{gemm_name(128 * (i + 1))}"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(json.dumps({"1": {**CFG, "num_warps": warps}}))
+        tables.append({"kernel": "fp8_gemm", "problem": {"i": i}, "files": {"vllm": rel},
+                       "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "numerics_passed": True})
+    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": tables}))
+    return root
+
+
+def make_site(root: Path, count: int = 12) -> Path:
+    """A fake site-packages whose vLLM ships every table with num_warps=2, mode 0644."""
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "triton-3.6.0.dist-info").mkdir()
+    folder = root / GEMM_FOLDER
+    folder.mkdir(parents=True)
+    for i in range(count):
+        (folder / gemm_name(128 * (i + 1))).write_text(json.dumps({"1": {**CFG, "num_warps": 2}}))
+        os.chmod(folder / gemm_name(128 * (i + 1)), 0o644)
+    return root
+
+
+def warps_installed(site: Path) -> list[int]:
+    """num_warps of every table in the package (each file must be whole JSON)."""
+    return [json.loads(p.read_text())["1"]["num_warps"] for p in sorted((site / GEMM_FOLDER).glob("*.json"))]
+
+
+def start(args, env, source=None):
+    return subprocess.Popen([sys.executable, "-c", source or slowed_install(0.15), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**os.environ, "TUNER_BACKUP_DIR": str(tmp_path / "backups"), "PYTHONPATH": str(REPO)}
+
+
+def install_args(results, site):
+    return ["install", str(results), "--engine", "vllm", "--site-packages", str(site), "--force"]
+
+
+def test_kill_9_mid_install_then_install_again(tmp_path, env):
+    site, results = make_site(tmp_path / "site"), make_results(tmp_path / "r", warps=8)
+    proc = start(install_args(results, site), env)
+    time.sleep(1.2)
+    proc.kill()
+    proc.wait()
+    assert set(warps_installed(site)) <= {2, 8} and len(warps_installed(site)) == 12   # whole files only
+    # the next install clears what the killed one left and completes
+    r = subprocess.run([sys.executable, "-m", "tuner", *install_args(results, site)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert warps_installed(site) == [8] * 12
+    assert not list((site / GEMM_FOLDER).glob(".*.tmp"))
+    assert all(oct(p.stat().st_mode & 0o777) == "0o644" for p in (site / GEMM_FOLDER).glob("*.json"))
+
+
+def test_sigterm_mid_install_is_like_ctrl_c(tmp_path, env):
+    site, results = make_site(tmp_path / "site"), make_results(tmp_path / "r", warps=8)
+    proc = start(install_args(results, site), env)
+    time.sleep(1.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert len(err.strip().splitlines()) == 1 and "terminated" in err
+    assert set(warps_installed(site)) <= {2, 8}
+    assert not list((site / GEMM_FOLDER).glob(".*.tmp"))          # the interrupted write cleaned up
+
+
+def test_two_installs_at_once_do_not_interleave(tmp_path, env):
+    site = make_site(tmp_path / "site")
+    a, b = make_results(tmp_path / "a", warps=4), make_results(tmp_path / "b", warps=8)
+    pa = start(install_args(a, site), env)
+    time.sleep(0.3)
+    pb = start(install_args(b, site), env)
+    for p in (pa, pb):
+        p.communicate(timeout=120)
+        assert p.returncode == 0
+    assert warps_installed(site) == [8] * 12                        # the second, whole, after the first
+    restore = [sys.executable, "-m", "tuner", "install", "--restore", "--engine", "vllm"]
+    for expected in ([4] * 12, [2] * 12):
+        r = subprocess.run(restore, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert warps_installed(site) == expected
+
+
+def test_sigterm_mid_tune_then_resume(tmp_path, env):
+    kernel = get_kernel("fp8_gemm")
+    land = tmp_path / "l.jsonl"
+    write_synthetic_landscape(land, kernel, load_space(kernel), get_gpu("H200"),
+                              [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], [1, 16, 64])
+    args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
+            "--batch-sizes", "1", "16", "64", "--replay", str(land), "--trials", "10", "--out", str(tmp_path / "o"),
+            "--quiet"]
+    proc = start(args, env, source=slowed_cli(0.05))
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (143, 0), err
+    if proc.returncode == 143:
+        assert len(err.strip().splitlines()) == 1 and "run the same command to resume" in err
+    r = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert sorted(int(m) for m in manifest["tables"][0]["entries"]) == [1, 16, 64]
+    assert not list((tmp_path / "o").rglob(".*.tmp"))
+
+
+@pytest.mark.parametrize("size", ["96k", "200k"])      # full at once; full while tuning
+def test_a_full_disk_is_one_clear_line(tmp_path, env, size):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root in a mount namespace): "
+                    + mounted.stderr.decode().strip()[:100])
+    try:
+        kernel = get_kernel("fp8_gemm")
+        land = tmp_path / "l.jsonl"
+        write_synthetic_landscape(land, kernel, load_space(kernel), get_gpu("H200"),
+                                  [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], [1, 16, 64, 128])
+        r = subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
+                            "--tp", "8", "--only", "N=7168,K=2048", "--batch-sizes", "1", "16", "64", "128",
+                            "--replay", str(land), "--trials", "12", "--out", str(disk / "o"), "--quiet"],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "no space left" in lines[0] and "Traceback" not in r.stderr
+        # no half file: whatever JSON is there parses
+        for f in (disk / "o").rglob("*.json"):
+            json.loads(f.read_text())
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+        shutil.rmtree(disk, ignore_errors=True)
