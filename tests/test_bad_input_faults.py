@@ -182,3 +182,34 @@ def test_a_full_disk_is_one_clear_line(tmp_path, env, size):
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
         shutil.rmtree(disk, ignore_errors=True)
+
+
+def test_leftovers_of_killed_runs_are_cleared(tmp_path, env):
+    """A temporary file in the engine's folder and a backup folder without its record (what a
+    kill leaves) are gone after the next install; an old temporary in --out after the next run."""
+    site, results = make_site(tmp_path / "site", count=2), make_results(tmp_path / "r", warps=8, count=2)
+    stray = site / GEMM_FOLDER / f".{gemm_name(128)}.abc123.tmp"
+    stray.write_text('{"1": {"BLOCK')
+    orphan = tmp_path / "backups" / "vllm-20250101T000000-99"
+    (orphan / "files").mkdir(parents=True)
+    (orphan / "files" / "0000-x.json").write_text("{}")
+    old = time.time() - 3600
+    os.utime(orphan, (old, old))
+    r = subprocess.run([sys.executable, "-m", "tuner", *install_args(results, site)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not stray.exists() and not orphan.exists()
+    out = tmp_path / "o"
+    (out / "vllm").mkdir(parents=True)
+    left = out / "vllm" / ".t.json.x1.tmp"
+    left.write_text("{")
+    os.utime(left, (old, old))
+    kernel = get_kernel("fp8_gemm")
+    land = tmp_path / "l.jsonl"
+    write_synthetic_landscape(land, kernel, load_space(kernel), get_gpu("H200"),
+                              [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], [1])
+    r = subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                        "--only", "N=7168,K=2048", "--batch-sizes", "1", "--replay", str(land), "--trials", "6",
+                        "--out", str(out), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not left.exists()

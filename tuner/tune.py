@@ -27,7 +27,7 @@ from tuner.landscape import Landscape, LandscapeWriter
 from tuner.measure import RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
 from tuner.progress import Progress
-from tuner.paths import atomic_write_json
+from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
 from tuner.search import SearchSettings, StudyResult, StudyRunner, open_storage, study_name
 from tuner.space import SearchSpace
@@ -255,6 +255,8 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     t0 = time.monotonic()
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
     check_baselines(opts)
+    # What a killed run's atomic writes left (a minute old: no writer of ours is that slow).
+    remove_stale_temporaries(opts.out_dir, older_than_s=60)
     if len(opts.gpus) > 1 and not opts.replay:
         storage = open_run_storage(opts)
         save_plan(storage, opts)
