@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("new")
     dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
     dif.add_argument("--noise", type=_fraction, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
+    dif.add_argument("--force", action="store_true",
+                     help="compare runs that share no problem, or replace a diff.md of another comparison")
     drift = sub.add_parser("drift", help="does a table still beat the default config here?",
                            description="Time each table's configs against the engines' default config on "
                            "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
@@ -464,6 +466,8 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
         results = run_tuning(opts)
         table = results_table(results, kernel.config_keys)
         if not table.empty:
+            from tuner.report import run_source
+            print(run_source(opts.out_dir))
             print(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
             print(table.to_string(index=False))
         if kernel.engine_hints:
@@ -574,7 +578,9 @@ def cmd_drift(args) -> int:
         df = measure_drift(tables, measurers, args.noise)
     finally:
         measurers.close()
-    print(df.drop(columns=["table", "error"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    from tuner.provenance import banner
+    print(banner(measurers.environment(), "replay" if args.replay else "gpu"))
+    print(drift_table(df).to_string(index=False))
     losing = df[df["verdict"].isin(["loses", "fails"])]
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
           else f"all {len(df)} entries still win or tie")
@@ -583,15 +589,31 @@ def cmd_drift(args) -> int:
     return 0
 
 
+def drift_table(df):
+    """Drift rows for a terminal: times to two decimals, a failed time as '-' with its reason."""
+    def num(v):
+        return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
+    out = df[["engine", "kernel_source", "problem", "M"]].copy()
+    out["table_us"] = [num(v) for v in df["table_us"]]
+    out["default_us"] = [num(v) for v in df["default_us"]]
+    out["speedup"] = [num(v) for v in df["speedup"]]
+    out["verdict"] = df["verdict"]
+    out["note"] = [(f"table: {e}" if isinstance(e, str) else "") + ("; " if isinstance(e, str) and isinstance(d, str)
+                   else "") + (f"default: {d}" if isinstance(d, str) else "")
+                   for e, d in zip(df["error"], df["default_error"])]
+    return out
+
+
 def cmd_nightly(args) -> int:
     from tuner.nightly import run_night
     return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True))
 
 
 def cmd_report(args) -> int:
-    from tuner.report import write_report
+    from tuner.report import run_source, write_report
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
-    print(df.to_string(index=False))
+    print(run_source(Path(args.run)))
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(f"report: {path}")
     return 0
 
@@ -599,7 +621,10 @@ def cmd_report(args) -> int:
 def cmd_diff(args) -> int:
     from tuner.report import write_diff
     out = Path(args.out) if args.out else Path(args.new) / "diff"
-    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise)
+    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force)
+    from tuner.report import run_source
+    print(f"old: {run_source(Path(args.old))}")
+    print(f"new: {run_source(Path(args.new))}")
     cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     counts = df["verdict"].value_counts().to_dict()

@@ -30,6 +30,9 @@ class TableFile:
     device: str           # the device_name part
     problem: Problem
     table: dict
+    # The table this one is tied to (SGLang's `_down` table -> its up table in the same
+    # folder): its config is what the engine runs without this table.
+    tied_to: "TableFile | None" = None
 
 
 def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
@@ -89,6 +92,10 @@ def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[
         else:
             raise TunerError(f"{p} not found")
     tables = [t for f in files for t in parse_table_file(f, model, routing)]
+    by_path = {t.path: t for t in tables}
+    for t in tables:
+        if t.path.name.endswith("_down.json"):
+            t.tied_to = by_path.get(t.path.with_name(t.path.name[: -len("_down.json")] + ".json"))
     if not tables:
         raise TunerError(f"no config tables (the engines' fp8_gemm or fused_moe files, or our MLA decode "
                          f"tables) in {', '.join(paths)}")
@@ -100,7 +107,9 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
     from tuner import ceilings
+    from tuner.engines import lookup_nearest
     from tuner.space import load_space
+    from tuner.tune import table_default
     roof = ceilings.load(measurer_for.gpu)
     rows = []
     for t in tables:
@@ -113,10 +122,11 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
             same = lambda c: space.canonical(t.problem.params, M, measurer_for.gpu, c)  # noqa: E731
             try:
                 cfg = same(t.table[key])
+                tied = lookup_nearest(t.tied_to.table, M) if t.tied_to is not None else None
+                default = same(table_default(kernel, t.problem, M, tied))
             except (KeyError, TypeError, ValueError):
-                raise TunerError(f"{t.path}: the entry for M={key} is not a config of {', '.join(kernel.config_keys)}"
-                                 ) from None
-            default = same(kernel.default_config(t.problem.params, M))
+                raise TunerError(f"{t.path}: the entry for M={key} (or its tied table's) is not a config of "
+                                 f"{', '.join(kernel.config_keys)}") from None
             mine, base = measurer.measure(t.problem, M, [cfg, default])
             band = max(noise, mine.spread or 0, base.spread or 0)
             if mine.time_us is None:
@@ -130,12 +140,13 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
             else:
                 verdict = "same"
             rows.append({"table": str(t.path), "engine": t.engine, "kernel": kernel.name,
+                         "default": "the up table's entry" if t.tied_to is not None else "the engine's default",
                          "kernel_source": kernel.source_label,
                          "problem": t.problem.key, "M": M, "table_us": mine.time_us, "default_us": base.time_us,
                          "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
                          "floor_us": roof.floor_us(kernel.bytes_moved(t.problem.params, M),
                                                    kernel.flops(t.problem.params, M)),
-                         "verdict": verdict, "error": mine.error})
+                         "verdict": verdict, "error": mine.error, "default_error": base.error})
     return pd.DataFrame(rows)
 
 

@@ -46,7 +46,8 @@ def manifest_frame(run: Path) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["problem", "M"]).reset_index(drop=True)
 
 
-def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list]) -> None:
+def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
+          source: str = "") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -71,7 +72,8 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
     ax2.set_xlabel("M (batch size)")
     ax2.set_ylabel(name)
     ax2.tick_params(axis="x", labelrotation=60)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"{title}\n{source}" if source else title, fontsize=9,
+                 color="red" if "SYNTHETIC" in source else "black")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -83,14 +85,25 @@ def _geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
+def run_source(run: Path) -> str:
+    """Where a results folder's times came from, in one line (loud when SYNTHETIC)."""
+    from tuner.provenance import banner
+    manifest = read_manifest(run)
+    env = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
+    measured = manifest.get("measured_by") or next((t.get("measured") for t in manifest.get("tables", [])), "")
+    return banner(env, measured)
+
+
 def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path]:
     run = Path(run)
     df = manifest_frame(run)
+    source = run_source(run)
     out = Path(out) if out else run / "report" / "report.md"
-    lines = [f"# Tuning report: {run}", ""]
+    lines = [f"# Tuning report: {run}", "", source, ""]
     g = _geomean(df["speedup"])
     if g:
-        lines += [f"Geometric-mean speedup over the engines' default config: **{g:.2f}x** "
+        where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else ""
+        lines += [f"Geometric-mean speedup over the engines' default config{where}: **{g:.2f}x** "
                   f"over {df['speedup'].notna().sum()} batch sizes.", ""]
     for i, (problem, part) in enumerate(df.groupby("problem", sort=True)):
         png = out.parent / f"plot-{i}.png"
@@ -100,7 +113,7 @@ def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path
         if not with_default.empty:
             series["default config"] = (list(with_default["M"]), list(with_default["default_us"]))
         sp = part.dropna(subset=["speedup"])
-        _plot(png, problem, series, ("speedup over default", list(sp["M"]), list(sp["speedup"])))
+        _plot(png, problem, series, ("speedup over default", list(sp["M"]), list(sp["speedup"])), source)
         lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
                   markdown_table(part.drop(columns=["problem"])), ""]
     atomic_write_text(out, "\n".join(lines) + "\n")
@@ -130,11 +143,22 @@ def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
     return df.sort_values(["problem", "M"]).reset_index(drop=True)
 
 
-def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02) -> tuple[pd.DataFrame, Path]:
+def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
+               force: bool = False) -> tuple[pd.DataFrame, Path]:
+    """Compare two runs; refused (unless forced) when they share no (problem, M), or when
+    out_dir holds the diff against another run."""
     df = diff_frame(old, new, noise)
     out = Path(out_dir) / "diff.md"
+    if not force and not ((df["verdict"] != "new") & (df["verdict"] != "dropped")).any():
+        raise TunerError(f"{old} and {new} share no problem and batch size: they are unrelated runs "
+                         "(--force compares them anyway)")
+    if not force and out.is_file():
+        first = out.read_text().split("\n", 1)[0]
+        if first != f"# {new} against {old}":
+            raise TunerError(f"{out} holds another comparison ({first.lstrip('# ')}); give --out, or --force "
+                             "to replace it")
     counts = df["verdict"].value_counts().to_dict()
-    lines = [f"# {new} against {old}", "",
+    lines = [f"# {new} against {old}", "", f"Old run: {run_source(old)}", "", f"New run: {run_source(new)}", "",
              f"**{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower**, "
              f"{counts.get('same', 0)} within noise, {counts.get('new', 0)} new, {counts.get('dropped', 0)} dropped "
              f"(noise band: the larger spread, at least {noise * 100:.0f}%).", ""]

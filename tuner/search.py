@@ -165,6 +165,8 @@ class StudyResult:
     stopped: str                        # "budget", "converged", "exhausted", "no config"
     numerics: dict = field(default_factory=dict)
     rejected: list = field(default_factory=list)   # finalists that failed the numerics check
+    default_error: str | None = None    # why the default config has no time (failed, not in a landscape)
+    resumed: bool = False               # read back from the storage, finished by an earlier run
 
     @property
     def speedup(self) -> float | None:
@@ -176,7 +178,7 @@ class StudyResult:
         return {"M": self.M, "config": self.config, "time_us": self.time_us, "spread": self.spread,
                 "default_config": self.default_config, "default_time_us": self.default_time_us,
                 "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
-                "numerics": self.numerics, "rejected": self.rejected}
+                "numerics": self.numerics, "rejected": self.rejected, "default_error": self.default_error}
 
 
 def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
@@ -209,13 +211,14 @@ class StudyRunner:
         return {k: choices[k][trial.suggest_int(k, 0, len(choices[k]) - 1)] for k in self.kernel.config_keys}
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
-             fixed: Config | None = None) -> StudyResult:
-        """`fixed` pins some config keys (e.g. BLOCK_SIZE_M tied to another table)."""
+             fixed: Config | None = None, default: Config | None = None) -> StudyResult:
+        """`fixed` pins some config keys (e.g. BLOCK_SIZE_M tied to another table); `default`
+        is what the engine runs without this table (default: the kernel's default config)."""
         kernel, s = self.kernel, self.settings
         params = problem.params
         fixed = fixed or {}
         pin = lambda cfg: self.space.canonical(params, M, self.gpu, {**cfg, **fixed})  # noqa: E731
-        default = pin(kernel.default_config(params, M))
+        default = pin(default or kernel.default_config(params, M))
         allowed = {config_tuple(kernel, c) for c in self.space.configs(params, M, self.gpu)
                    if all(c[k] == v for k, v in fixed.items())}
         available = self.measurer.candidates(problem, M)
@@ -252,7 +255,9 @@ class StudyRunner:
 
         done = study.user_attrs.get("result")
         if done and (done["stopped"] != "budget" or done["trials"] >= s.budget):
-            return self.result_from_dict(problem, M, done)
+            result = self.result_from_dict(problem, M, done)
+            result.resumed = True
+            return result
 
         self._fail_stale(study, choices)
         measured, running = self._state(study.get_trials(deepcopy=False))
@@ -497,11 +502,12 @@ class StudyRunner:
             return StudyResult(problem, M, None, None, None, default, measured.get(default_t), len(measured),
                                "no config", {"status": "not checked", "detail": "every config failed"})
         finalists = [config_dict(kernel, t) for _, t in timed[: self.settings.top_k]]
-        retime = finalists + ([default] if default_t in measured and measured[default_t] is not None
-                              and default not in finalists else [])
+        # The default goes with the finalists (a failed one too: its reason is reported).
+        retime = finalists + ([default] if default not in finalists else [])
         again = self.measurer.measure(problem, M, retime)
         by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
-        default_time = by_cfg[default_t].time_us if default_t in by_cfg else measured.get(default_t)
+        default_time = by_cfg[default_t].time_us
+        default_error = None if default_time is not None else (by_cfg[default_t].error or "failed")
         ranked = sorted((m.time_us, i) for i, m in enumerate(again[: len(finalists)]) if m.time_us is not None)
         rejected = []
         for time_us, i in ranked:
@@ -511,15 +517,16 @@ class StudyRunner:
                 rejected.append({"config": cfg, "numerics": check.as_dict()})
                 continue
             return StudyResult(problem, M, cfg, time_us, again[i].spread, default, default_time,
-                               len(measured), stopped, check.as_dict(), rejected)
+                               len(measured), stopped, check.as_dict(), rejected, default_error)
         return StudyResult(problem, M, None, None, None, default, default_time, len(measured), "no config",
-                           {"status": "failed", "detail": "every finalist failed the numerics check"}, rejected)
+                           {"status": "failed", "detail": "every finalist failed the numerics check"}, rejected,
+                           default_error)
 
     @staticmethod
     def result_from_dict(problem: Problem, M: int, d: dict) -> StudyResult:
         return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
-                           d.get("rejected", []))
+                           d.get("rejected", []), d.get("default_error"))
 
 
 def requeue_stale_trial(study, trial) -> None:

@@ -288,24 +288,37 @@ def tune_all(opts: RunOptions, storage, measurer, progress: Progress, after_prob
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         neighbour = None
         for M in sorted(opts.ms_for(problem)):
-            fixed = None
+            fixed = tied_config = None
             if problem.tied_to:
                 tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
                 if not tied or not tied.get("config"):
                     continue            # nothing to tie to at this M: left out of both tables
-                fixed = {k: tied["config"][k] for k in problem.tied_keys}
+                tied_config = tied["config"]
+                fixed = {k: tied_config[k] for k in problem.tied_keys}
             progress.start_study(f"{_label(problem)} M={M}")
-            seeds = [("default", opts.kernel.default_config(problem.params, M))]
+            default = table_default(opts.kernel, problem, M, tied_config)
+            seeds = [("default", default)]
             seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
             if baseline:
                 seeds.append(("baseline", lookup_nearest(baseline, M)))
             if neighbour:
                 seeds.append(("neighbour", neighbour))
-            r = runner.tune(problem, M, seeds, fixed)
+            r = runner.tune(problem, M, seeds, fixed, default)
             neighbour = r.config or neighbour
             progress.end_study(_summary(r))
         if after_problem:
             after_problem()
+
+
+def table_default(kernel: KernelSpec, problem: Problem, M: int, tied_config: dict | None) -> dict:
+    """What the engine runs at M without this table: for a table tied to another (SGLang's
+    `_down` table, tied to its up table), the config of that table (SGLang runs the down GEMM
+    with the up config when it has no `_down` table); else the kernel's default config. The
+    one notion of a table's default, for tuning and for drift alike."""
+    from tuner.kernel_api import config_from_entry
+    if tied_config:
+        return config_from_entry(kernel, tied_config)
+    return kernel.default_config(problem.params, M)
 
 
 def by_key(opts: RunOptions) -> dict[str, Problem]:
@@ -544,6 +557,9 @@ def check_baselines(opts: RunOptions) -> None:
 
 
 def _summary(r: StudyResult) -> str:
+    if r.resumed:
+        return "finished by an earlier run (read from the storage): " + _summary(
+            dataclasses.replace(r, resumed=False))
     if r.config is None:
         return f"no config ({r.numerics.get('detail', r.stopped)})"
     sp = f", {r.speedup:.2f}x default" if r.speedup else ""
@@ -551,15 +567,17 @@ def _summary(r: StudyResult) -> str:
 
 
 def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) -> pd.DataFrame:
+    """The closing table: times to two decimals, a default without a time shown with why."""
     rows = []
     for pkey, rs in results.items():
         for r in rs:
             rows.append({
                 "problem": pkey, "M": r.M,
                 "config": " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
-                "time_us": round(r.time_us, 2) if r.time_us else None,
-                "default_us": round(r.default_time_us, 2) if r.default_time_us else None,
-                "speedup": round(r.speedup, 3) if r.speedup else None,
+                "time_us": f"{r.time_us:.2f}" if r.time_us else "-",
+                "default_us": f"{r.default_time_us:.2f}" if r.default_time_us else
+                              f"- ({r.default_error or 'not timed'})",
+                "speedup": f"{r.speedup:.2f}x" if r.speedup else "-",
                 "trials": r.trials,
                 "numerics": r.numerics.get("status", "-"),
             })
