@@ -8,20 +8,29 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tuner.errors import TunerError
+from tuner.failures import INVALID, RUNTIME, kind_of
 from tuner.kernel_api import Config, KernelSpec, config_tuple
 from tuner.landscape import Landscape, LandscapeWriter, Point
 from tuner.problems import Problem
+
+log = logging.getLogger("tuner")
 
 
 @dataclass
 class Measurement:
     time_us: float | None          # median time; None when the config failed
     spread: float | None = None    # (p80 - p20) / median over the timed runs
-    error: str | None = None       # why it failed
+    error: str | None = None       # why it failed: the failure's detail
+    kind: str | None = None        # the failure's kind (tuner/failures.py KINDS); from `error` when not given
+
+    def __post_init__(self) -> None:
+        if self.time_us is None and self.kind is None:
+            self.kind = kind_of(self.error) or RUNTIME
 
 
 @dataclass
@@ -53,7 +62,7 @@ class Measurer(Protocol):
 class ReplayMeasurer:
     """Times configs by looking them up in a landscape recorded on a real GPU."""
 
-    def __init__(self, landscape: Landscape, validator=None):
+    def __init__(self, landscape: Landscape, validator: Measurer | None = None):
         self.landscape = landscape
         self.kernel = landscape.kernel
         self.label = f"replay:{landscape.path}" if landscape.path else "replay"
@@ -68,14 +77,23 @@ class ReplayMeasurer:
         if recorded != kernel.source:
             raise TunerError(f"landscape {path} was recorded on {recorded}'s {kernel.name} kernel, "
                              f"not {kernel.source_label}'s")
+        recorded_code = land.header.get("code_version")
+        if recorded_code and kernel.code_version and recorded_code != kernel.code_version and not land.header.get("synthetic"):
+            raise TunerError(f"landscape {path} was recorded on other code of {kernel.source_label}'s {kernel.name} "
+                             f"(code {recorded_code}, this is {kernel.code_version}): its timings are not of this "
+                             "kernel; record it again")
         if land.header["device"] != cuda_name:
             raise TunerError(f"landscape {path} was recorded on {land.header['device']!r}, "
                              f"but --gpu is {cuda_name!r}")
+        if not recorded_code and not land.header.get("synthetic"):
+            log.warning("landscape %s predates code versions: its timings are taken as of %s", path,
+                        f"this {kernel.name} code ({kernel.code_version})" if kernel.code_version
+                        else f"{kernel.source_label}'s {kernel.name}, code unknown")
         return cls(land)
 
     def environment(self) -> dict:
         h = self.landscape.header
-        env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded")}
+        env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded", "code_version")}
         if h.get("synthetic"):
             env["synthetic"] = True
         return env
@@ -93,9 +111,9 @@ class ReplayMeasurer:
         for cfg in configs:
             p = pts.get(config_tuple(self.kernel, cfg))
             if p is None:
-                out.append(Measurement(None, None, "not in the landscape"))
+                out.append(Measurement(None, None, "not in the landscape", INVALID))
             else:
-                out.append(Measurement(p.time_us, p.spread, p.error))
+                out.append(Measurement(p.time_us, p.spread, p.error, p.kind))
         return out
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
@@ -112,7 +130,8 @@ class RecordingMeasurer:
     """Measures the whole pruned grid of each (problem, M) on the GPU once, streams it
     to a landscape file, then serves the search from it like a replay."""
 
-    def __init__(self, gpu_measurer, writer: LandscapeWriter, landscape: Landscape, grid_fn, progress=None):
+    def __init__(self, gpu_measurer: Measurer, writer: LandscapeWriter, landscape: Landscape,
+                 grid_fn: Callable[[Problem, int], list[Config]], progress: Callable[[str], None] | None = None):
         self.gpu = gpu_measurer
         self.kernel = gpu_measurer.kernel
         self.writer = writer
@@ -133,7 +152,7 @@ class RecordingMeasurer:
         for i in range(0, len(todo), chunk):
             part = todo[i:i + chunk]
             for cfg, m in zip(part, self.gpu.measure(problem, M, part)):
-                point = Point(m.time_us, m.error, m.spread)
+                point = Point(m.time_us, m.error, m.spread, m.kind)
                 self.writer.write(problem.params, M, cfg, point)
                 self.replay.landscape.add(problem.params, M, cfg, point)
             if self.progress:
@@ -151,7 +170,7 @@ class RecordingMeasurer:
         known = self.replay.candidates(problem, M)
         missing = [c for c in configs if config_tuple(self.kernel, c) not in known]
         for cfg, m in zip(missing, self.gpu.measure(problem, M, missing) if missing else []):
-            point = Point(m.time_us, m.error, m.spread)
+            point = Point(m.time_us, m.error, m.spread, m.kind)
             self.writer.write(problem.params, M, cfg, point)
             self.replay.landscape.add(problem.params, M, cfg, point)
         return self.replay.measure(problem, M, configs)

@@ -18,9 +18,11 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from tuner.environment import nvml_index, nvml_snapshot, software_versions
+from tuner.failures import exception_kind
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import Config, KernelSpec
 from tuner.measure import Measurement, NumericsCheck, require_gpu
+from tuner.numerics import check_config
 from tuner.problems import Problem
 
 
@@ -95,7 +97,8 @@ class GpuMeasurer:
         self._pool = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = ProcessPoolExecutor(compile_workers, mp_context=get_context("spawn"))
-        self._env = {"device": torch.cuda.get_device_name(), **software_versions(), **nvml_snapshot(self._nvml_index),
+        self._env = {"device": torch.cuda.get_device_name(), "kernel": kernel.source_label,
+                     "code_version": kernel.code_version, **software_versions(), **nvml_snapshot(self._nvml_index),
                      "sm_count": props.multi_processor_count, "l2_bytes": l2}
 
     def environment(self) -> dict:
@@ -197,7 +200,7 @@ class GpuMeasurer:
             torch.cuda.synchronize()
             times = sorted(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
-            return Measurement(None, None, _short_error(e))
+            return Measurement(None, None, _short_error(e), exception_kind(e))
         med = statistics.median(times)
         p20 = times[int(0.2 * (len(times) - 1))]
         p80 = times[int(math.ceil(0.8 * (len(times) - 1)))]
@@ -205,23 +208,15 @@ class GpuMeasurer:
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
         """Run on fresh random inputs into a NaN-poisoned output and compare with the
-        reference by relative error; a NaN left anywhere fails."""
-        torch = self.torch
+        reference by relative error; a NaN left anywhere fails (tuner/numerics.py)."""
         seed = int.from_bytes(os.urandom(4), "little")
         try:
-            inp = self.kernel.make_inputs(problem.params, M, "cuda", seed)
-            inp["out"].fill_(float("nan"))
-            out = self.kernel.run(inp, config)
-            torch.cuda.synchronize()
-            ref = self.kernel.reference(inp)
-            got = out.double()
-            if torch.isnan(got).any():
-                return NumericsCheck("failed", None, f"NaN in the output (seed {seed})")
-            rel = (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
-        except Exception as e:  # noqa: BLE001
+            agreement, _ = check_config(self.kernel, problem.params, M, config, "cuda", seed)
+        except Exception as e:  # noqa: BLE001 - a config that cannot run fails its check
             return NumericsCheck("failed", None, _short_error(e))
-        status = "passed" if rel <= self.kernel.tolerance else "failed"
-        return NumericsCheck(status, rel, f"seed {seed}, tolerance {self.kernel.tolerance}")
+        if agreement.unwritten:
+            return NumericsCheck("failed", None, agreement.detail)
+        return NumericsCheck("passed" if agreement.passed else "failed", agreement.rel_error, agreement.detail)
 
     def close(self) -> None:
         if self._pool is not None:
