@@ -203,3 +203,20 @@ def test_diagnostics_are_tuner_log_lines_on_stderr(tmp_path, capsys):
                  "--dry-run", "--kernel-source", "ours"]) == 0
     err = capsys.readouterr().err
     assert err.splitlines() == ["tuner: skipping contexts beyond deepseek-v3's positions: [999999]"]
+
+
+def test_clearing_a_dead_workers_trial_is_logged_at_info(caplog):
+    import logging
+    import socket
+
+    from tuner.study_storage import fail_stale
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = study.ask()
+    trial.set_user_attr("worker", f"{socket.gethostname()}:{2 ** 22 + 12345}")     # no such process
+    trial.set_user_attr("config", {"BLOCK_SIZE_M": 16})
+    requeued = []
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        fail_stale(study, requeued.append)
+    assert requeued == [{"BLOCK_SIZE_M": 16}]
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "failed as interrupted, its config queued again" in caplog.records[0].getMessage()
