@@ -16,6 +16,7 @@ from kernels.engines import vllm
 from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.kernel_sources import extract, function_source, locate
+from tuner.numerics import check_config
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
@@ -31,12 +32,9 @@ def cfg(bm, bn, bk=128, group=1, warps=4, stages=3, **extra):
 
 def rel_error(kernel, params, M, config, seed=7):
     """Run into a NaN-poisoned output on fresh inputs; the relative error to float64."""
-    inputs = kernel.make_inputs(params, M, "cpu", seed)
-    inputs["out"].fill_(float("nan"))
-    out = kernel.run(inputs, config)
-    assert not torch.isnan(out).any(), "the kernel left part of the output unwritten"
-    ref = kernel.reference(inputs)
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    agreement, _ = check_config(kernel, params, M, config, "cpu", seed)
+    assert not agreement.unwritten, "the kernel left part of the output unwritten"
+    return agreement.rel_error
 
 
 @pytest.fixture(scope="module")

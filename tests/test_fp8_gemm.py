@@ -6,15 +6,12 @@ import torch
 from kernels import fp8_gemm
 from kernels.fp8_gemm import (block_quant_weight, per_token_group_quant_fp8,
                               per_token_group_quant_fp8_reference, w8a8_block_fp8_matmul)
+from tuner.numerics import relative_error
 
 
 def cfg(bm, bn, bk, g=1, warps=4, stages=2):
     return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": g,
             "num_warps": warps, "num_stages": stages}
-
-
-def rel_error(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
 
 
 @pytest.mark.parametrize("M,N,K,config", [
@@ -32,7 +29,7 @@ def test_gemm_matches_reference(M, N, K, config):
     assert not torch.isnan(out).any()
     ref = fp8_gemm.reference(inputs)
     assert ref.abs().max() > 0
-    assert rel_error(out, ref) < fp8_gemm.KERNEL.tolerance
+    assert relative_error(out, ref) < fp8_gemm.KERNEL.tolerance
 
 
 def test_gemm_tiles_disagree_when_scales_are_wrong():
@@ -42,7 +39,7 @@ def test_gemm_tiles_disagree_when_scales_are_wrong():
     ref = fp8_gemm.reference(inputs)
     inputs["Bs"] = inputs["Bs"].flip(0).contiguous()
     out = fp8_gemm.run(inputs, cfg(16, 64, 128))
-    assert rel_error(out, ref) > 0.05
+    assert relative_error(out, ref) > 0.05
 
 
 def test_block_k_must_divide_group():
@@ -77,9 +74,9 @@ def test_quantized_gemm_end_to_end():
     out = torch.full((9, 192), float("nan"), dtype=torch.bfloat16)
     w8a8_block_fp8_matmul(A, B, As, Bs, [128, 128], config=cfg(16, 64, 128), out=out)
     ref = fp8_gemm.reference({"A": A, "B": B, "As": As, "Bs": Bs, "block_size": [128, 128]})
-    assert rel_error(out, ref) < 1e-2
+    assert relative_error(out, ref) < 1e-2
     # and close to the unquantized product (FP8 costs a few percent)
-    assert rel_error(out, x.double() @ w.double().T) < 0.08
+    assert relative_error(out, x.double() @ w.double().T) < 0.08
 
 
 def test_flops_and_bytes():

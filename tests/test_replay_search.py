@@ -173,7 +173,7 @@ def test_kill_at_a_claim_then_resume(landscape, tmp_path):
 def test_an_unnamed_claim_from_an_older_run_is_cleared(landscape, monkeypatch):
     """A RUNNING trial that names a config but no worker (a process killed between the two
     writes, in the order older versions used) is failed once it is old, not waited on."""
-    from tuner import search
+    from tuner import search, study_storage
     from tuner.measure import ReplayMeasurer
     from tuner.search import SearchSettings, StudyRunner
 
@@ -199,7 +199,7 @@ def test_an_unnamed_claim_from_an_older_run_is_cleared(landscape, monkeypatch):
             raise AssertionError("the run waited on the orphaned trial")
 
     monkeypatch.setattr(search.time, "sleep", sleep)
-    monkeypatch.setattr(search, "ORPHAN_AFTER_S", -1)
+    monkeypatch.setattr(study_storage, "ORPHAN_AFTER_S", -1)
     runner.settings = SearchSettings(budget=8, patience=1000, batch=2, seed=1)
     result = runner.tune(problem, 1, [])
     assert result.trials == 8

@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner import numerics
 from tuner.errors import TunerError
 from tuner.problems import Problem
+
 
 @dataclass
 class CheckRow:
@@ -66,30 +68,18 @@ def pick_batch_sizes(entries: dict[int, dict], wanted: list[int] | None) -> dict
 
 
 def check_config(kernel, problem: Problem, M: int, config: dict, device: str, seed: int) -> CheckRow:
-    """One config on fresh inputs, the output poisoned with NaN first."""
-    import torch
+    """One config on fresh inputs, the output poisoned with NaN first (tuner/numerics.py)."""
     t0 = time.monotonic()
     try:
-        inputs = kernel.make_inputs(problem.params, M, device, seed)
-        inputs["out"].fill_(float("nan"))
-        out = kernel.run(inputs, config)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        got = out.double()
-        if torch.isnan(got).any():
-            return CheckRow(problem, M, config, "fail", None, f"NaN left in the output (seed {seed})",
-                            time.monotonic() - t0)
-        ref = kernel.reference(inputs)
-        rel = (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+        agreement, _ = numerics.check_config(kernel, problem.params, M, config, device, seed)
     except TunerError:
         raise
     except Exception as e:  # noqa: BLE001 - a config that does not compile or run fails its check
         text = str(e).strip().splitlines()
         return CheckRow(problem, M, config, "fail", None, f"{type(e).__name__}: {text[0] if text else ''}"[:300],
                         time.monotonic() - t0)
-    status = "pass" if rel <= kernel.tolerance else "fail"
-    return CheckRow(problem, M, config, status, rel, f"tolerance {kernel.tolerance}, seed {seed}",
-                    time.monotonic() - t0)
+    return CheckRow(problem, M, config, "pass" if agreement.passed else "fail",
+                    None if agreement.unwritten else agreement.rel_error, agreement.detail, time.monotonic() - t0)
 
 
 def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_problems, routing: str,

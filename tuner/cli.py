@@ -6,17 +6,15 @@ Bad input ends with one line on stderr and exit status 2; nothing is written.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 
 from tuner import __version__
+from tuner.api import DEFAULT_TRIALS, DTYPES, MLA_BATCH_SIZES, check_out_dir, kernel_runs, only_problems  # noqa: F401
 from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
-
-DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
-DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
-MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -316,183 +314,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_common(args, kernel_name: str, command: str):
-    """Everything the kernel commands share: model, GPU, search settings."""
-    from tuner.gpus import get_gpu
-    from tuner.models import load_model
-    from tuner.search import SearchSettings
-
-    args.dtype = args.dtype or DTYPES[command][0]
-    if args.batch_sizes is None:
-        args.batch_sizes = MLA_BATCH_SIZES if command == "mla" else DEFAULT_BATCH_SIZES
-    if args.dtype not in DTYPES[command]:
-        raise TunerError(f"--dtype {args.dtype} is not supported by `tuner {command}`; "
-                         f"choose from {', '.join(DTYPES[command])}")
-    if args.replay and args.record:
-        raise TunerError("--replay and --record cannot be combined: one replays timings, the other takes them")
-    if args.replay and not Path(args.replay).is_file():
-        raise TunerError(f"landscape {args.replay} not found")
-    if args.baseline and not Path(args.baseline).is_dir():
-        raise TunerError(f"--baseline {args.baseline} is not a folder")
-    gpu = get_gpu(args.gpu)
-    model = load_model(args.model)
-    trials = args.trials or DEFAULT_TRIALS[command]
-    settings = SearchSettings(budget=trials, patience=args.patience or max(8, trials // 3),
-                              sampler=args.sampler, seed=args.seed)
-    return model, gpu, settings
-
-
-def kernel_runs(args, kernel_name: str, problems: list, notes: list) -> list:
-    """[(kernel, its problems)]: the problems each kernel times. With engine kernels a
-    problem several engines read (a GEMM shape) becomes one problem per engine, each timed
-    on that engine's kernel and written to that engine's table only."""
-    import dataclasses
-    from tuner.kernel_sources import as_recorded, kernel_for, source_mode
-
-    mode = source_mode(args.kernel_source, args.replay)
-    runs: dict = {}
-    for p in problems:
-        engines = [e for e in p.engines if e in args.engines] or list(p.engines)
-        for engine in engines:
-            try:
-                kernel = kernel_for(kernel_name, engine, mode, args.engine_source, load_code=not args.replay)
-            except TunerError as e:
-                if not args.dry_run:
-                    raise
-                notes.append(str(e))
-                kernel = kernel_for(kernel_name, engine, mode, args.engine_source, load_code=False)
-            kernel = as_recorded(kernel, args.replay)
-            if kernel.source == "ours":
-                # one problem for every engine whose table ours times
-                runs.setdefault(("ours", kernel.name), (kernel, []))
-                if p not in runs[("ours", kernel.name)][1]:
-                    runs[("ours", kernel.name)][1].append(p)
-            else:
-                runs.setdefault((kernel.source, kernel.name), (kernel, []))[1].append(
-                    dataclasses.replace(p, engines=(engine,)))
-    if args.replay and mode != "ours" and not runs:
-        raise TunerError(f"landscape {args.replay} was recorded on {mode}'s kernel, which times none of "
-                         f"the tables asked for (--engines {' '.join(args.engines)})")
-    return list(runs.values())
-
-
-def _out_dir(args, command: str, model_name: str, gpu_key: str) -> Path:
-    if args.out:
-        return Path(args.out)
-    name = f"{command}-{model_name}-{gpu_key}-tp{args.tp}" + (f"-ep{args.ep}" if args.ep > 1 else "")
-    return Path("runs") / name
-
-
-def check_out_dir(out: Path) -> None:
-    """Before the first write: --out must be a folder we can write, holding nothing of
-    another program (a manifest.json that is not ours)."""
-    from tuner.paths import writable_folder
-    from tuner.results import MANIFEST, manifest_problem
-    if out.exists() and not out.is_dir():
-        raise TunerError(f"--out {out} is a file, not a folder")
-    ok, existing = writable_folder(out)
-    if not ok:
-        raise TunerError(f"cannot write to {existing} (--out {out}): permission denied or not a folder")
-    manifest = out / MANIFEST
-    if manifest.is_file():
-        import json
-        try:
-            problem = manifest_problem(json.loads(manifest.read_text()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            problem = f"unreadable ({e})"
-        if problem:
-            raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
-
-
-def only_problems(problems: list, only: list[str] | None) -> list:
-    """The problems whose key holds one of the --only texts (all without --only)."""
-    if not only:
-        return problems
-    kept = [p for p in problems if any(text in p.key for text in only)]
-    if not kept:
-        raise TunerError(f"--only {' '.join(only)} matches none of the problems: "
-                         + "; ".join(p.key for p in problems))
-    return kept
-
-
-def _record_path(record: str | None, kernel, several: bool) -> str | None:
-    """One landscape per kernel: with several (each engine's own), the source goes into the
-    name (land.jsonl.gz -> land.vllm.jsonl.gz)."""
-    if not record or not several or kernel.source == "ours":
-        return record
-    path = Path(record)
-    stem, dot, ext = path.name.partition(".")
-    return str(path.with_name(f"{stem}.{kernel.source}{dot}{ext}"))
-
-
-def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
-    """What every kernel command does once it knows how to turn a model into problems: one
-    tuning run per kernel that times some of the tables (each engine's own, or ours)."""
-    from tuner.space import load_space
-    from tuner.tune import RunOptions, plan_text, results_table, run_tuning
-
-    model, gpu, settings = _load_common(args, kernel_name, command)
-    if not args.dry_run:
-        from tuner.tune import check_storage_url, default_storage
-        out = _out_dir(args, command, model.name, gpu.key)
-        check_out_dir(out)
-        check_storage_url(args.storage or default_storage(out))
-    notes: list[str] = []
-    runs = kernel_runs(args, kernel_name, only_problems(make_problems(model), args.only), notes)
-    all_opts = []
-    for kernel, problems in runs:
-        all_opts.append(RunOptions(
-            kernel=kernel, space=load_space(kernel, args.space), gpu=gpu, problems=problems,
-            batch_sizes=sorted(set(args.batch_sizes)), settings=settings,
-            out_dir=_out_dir(args, command, model.name, gpu.key), storage=args.storage,
-            engines=args.engines, replay=args.replay, record=_record_path(args.record, kernel, len(runs) > 1),
-            baseline=args.baseline, compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
-            recycle_after=args.recycle_after, prefix=args.study_prefix, gpus=_gpu_list(args.gpus),
-            run_info={"model": model.name, "model_source": model.source, "tp": args.tp, "ep": args.ep,
-                      "dtype": args.dtype},
-            quiet=args.quiet,
-        ))
-    if args.dry_run:
-        for line in dict.fromkeys(notes):
-            print(f"note: {line}")
-        print("\n\n".join(plan_text(opts) for opts in all_opts))
-        return 0
-    if not args.replay:
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name, "a tuning run", "--dry-run shows the plan and --replay FILE tunes over a "
-                    "recorded landscape (`tuner landscape synth` makes a SYNTHETIC one to try it)")
-    for opts in all_opts:
-        kernel = opts.kernel
-        results = run_tuning(opts)
-        table = results_table(results, kernel.config_keys)
-        if not table.empty:
-            from tuner.report import run_source
-            print(run_source(opts.out_dir))
-            print(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
-            print(table.to_string(index=False))
-        if kernel.engine_hints:
-            by_key = {p.key: p for p in opts.problems}
-            for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
-                print(line)
-    return 0
-
-
-def _gpu_list(text: str | None) -> list[int]:
-    if text is None:
-        try:
-            import torch
-            return list(range(torch.cuda.device_count()))
-        except Exception:  # noqa: BLE001
-            return []
-    try:
-        gpus = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TunerError(f"--gpus takes GPU indexes like 0,1,2,3, not {text!r}") from None
-    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise TunerError(f"--gpus takes distinct GPU indexes like 0,1,2,3, not {text!r}")
-    return gpus
-
-
 def cmd_worker(args) -> int:
     from tuner.measure import require_gpu
     from tuner.progress import Progress
@@ -530,6 +351,7 @@ def cmd_collect(args) -> int:
 
 
 def cmd_install(args) -> int:
+    from tuner import api
     from tuner import install as inst
 
     if args.restore:
@@ -538,33 +360,14 @@ def cmd_install(args) -> int:
         return 0
     if not args.results:
         raise TunerError("give a results folder to install (or --restore)")
-    results = Path(args.results)
-    if not results.is_dir():
-        raise TunerError(f"results folder {results} not found")
-    site = inst.find_site_packages(args.engine, args.site_packages)
-    config_dir = Path(args.moe_config_dir) if args.moe_config_dir else None
-    from tuner.gpus import get_gpu
-    target = get_gpu(args.gpu).cuda_name if args.gpu else None
-    copies, notes = inst.plan_install(results, args.engine, site, args.force, config_dir, target)
-    extra = inst.plan_config_dir(site, args.engine, config_dir) if config_dir else []
-    for note in notes:
-        print(f"tuner: {note}", file=sys.stderr)
-    if extra:
-        print(f"{'would copy' if args.dry_run else 'copying'} {len(extra)} shipped {args.engine} MoE tables "
-              f"into {config_dir} (the variable hides the package's own)")
-    for c in copies:
-        print(f"{'would install' if args.dry_run else 'install'} {c.dest}")
-    if args.dry_run:
-        return 0
-    backup = inst.install(copies, args.engine, extra)
-    print(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {args.engine}`)")
-    if config_dir:
-        print(f"export {inst.ENV_VARS[args.engine]}={config_dir.resolve()}")
+    api.install_results(args.results, args.engine, args.site_packages, args.moe_config_dir, args.gpu, args.force,
+                        args.dry_run)
     return 0
 
 
 def cmd_drift(args) -> int:
     from tuner.drift import Measurers, find_tables, measure_drift
+    from tuner.failures import count_by_kind, summary
     from tuner.gpus import get_gpu
     from tuner.models import load_model
     from tuner.paths import atomic_write_json
@@ -584,6 +387,9 @@ def cmd_drift(args) -> int:
     losing = df[df["verdict"].isin(["loses", "fails"])]
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
           else f"all {len(df)} entries still win or tie")
+    failed = count_by_kind(df["failure"])
+    if failed:
+        print(f"tables' configs that failed, by kind: {summary(failed)}")
     if args.out:
         atomic_write_json(Path(args.out), df.to_dict(orient="records"))
     return 0
@@ -843,29 +649,29 @@ def cmd_engine_source(args) -> int:
     return 0
 
 
-def cmd_gemm(args) -> int:
-    from tuner.models import gemm_problems
-    return _run_command(args, "gemm", "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep))
+def cmd_tune(args) -> int:
+    """tuner gemm, moe and mla."""
+    from tuner import api
+    api.tune(api.TuneRequest.from_args(args))
+    return 0
 
 
-def cmd_moe(args) -> int:
-    from tuner.models import moe_problems
-    return _run_command(args, "moe", "fused_moe", lambda model: moe_problems(
-        model, args.tp, args.ep, args.dtype, args.routing, args.engines))
+class _StderrLines(logging.Handler):
+    """The 'tuner' logger's diagnostics as 'tuner: ...' lines on stderr (the stream of the
+    moment, so that a caller that swaps sys.stderr gets them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(f"tuner: {record.getMessage()}\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging must never take the run down
+            self.handleError(record)
 
 
-def cmd_mla(args) -> int:
-    from tuner.models import DEFAULT_CONTEXTS, mla_problems
-
-    def make(model):
-        problems, skipped = mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS, args.page_size)
-        if skipped and args.contexts:
-            print(f"tuner: skipping contexts beyond {model.name}'s positions: {skipped}", file=sys.stderr)
-        return problems
-    return _run_command(args, "mla", "mla_decode", make)
-
-
-COMMANDS = {"proof": cmd_proof, "landscape": cmd_landscape, "bench": cmd_bench, "ceilings": cmd_ceilings, "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"proof": cmd_proof, "landscape": cmd_landscape, "bench": cmd_bench, "ceilings": cmd_ceilings,
+            "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift,
+            "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_tune, "moe": cmd_tune,
+            "mla": cmd_tune, "worker": cmd_worker, "collect": cmd_collect}
 
 
 class _Terminated(KeyboardInterrupt):
@@ -877,8 +683,19 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
+def _setup_logging() -> None:
+    """Warnings and worse by default; TUNER_LOG=info or debug shows more (how stale trials
+    were cleared, storage retries)."""
+    logger = logging.getLogger("tuner")
+    if not any(isinstance(h, _StderrLines) for h in logger.handlers):
+        logger.addHandler(_StderrLines())
+    level = os.environ.get("TUNER_LOG", "warning").upper()
+    logger.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "WARNING")
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
+    _setup_logging()
     parser = build_parser()
     previous = None
     try:

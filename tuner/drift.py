@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.errors import TunerError
+from tuner.kernel_api import KernelSpec
+from tuner.measure import Measurer
 from tuner.problems import Problem
 
 _GEMM = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=(\w+),block_shape=\[(\d+),( ?)(\d+)\]\.json$")
@@ -102,7 +104,7 @@ def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[
     return tables
 
 
-def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) -> pd.DataFrame:
+def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: float = 0.02) -> pd.DataFrame:
     """measurer_for: Measurers (the kernel that times each engine's table, and its
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
@@ -146,7 +148,8 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
                          "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
                          "floor_us": roof.floor_us(kernel.bytes_moved(t.problem.params, M),
                                                    kernel.flops(t.problem.params, M)),
-                         "verdict": verdict, "error": mine.error, "default_error": base.error})
+                         "verdict": verdict, "error": mine.error, "default_error": base.error,
+                         "failure": mine.kind if mine.time_us is None else None})
     return pd.DataFrame(rows)
 
 
@@ -162,12 +165,12 @@ class Measurers:
         self.engine_source = engine_source
         self._made: dict = {}
 
-    def kernel(self, name: str, engine: str):
+    def kernel(self, name: str, engine: str) -> KernelSpec:
         from tuner.kernel_sources import as_recorded, kernel_for
         return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay),
                            self.replay)
 
-    def __call__(self, kernel):
+    def __call__(self, kernel: KernelSpec) -> Measurer:
         key = (kernel.name, kernel.source)
         if key not in self._made:
             if self.replay:

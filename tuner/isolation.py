@@ -16,6 +16,7 @@ import traceback
 from multiprocessing import get_context
 
 from tuner.errors import TunerError
+from tuner.failures import CRASH, RUNTIME, TIMEOUT
 from tuner.kernel_api import Config, KernelSpec
 from tuner.measure import Measurement, NumericsCheck, valid
 from tuner.problems import Problem
@@ -174,14 +175,14 @@ class IsolatedMeasurer:
                     self._restart(payload)
                     break
                 elif status == "error":     # the batch as a whole raised: blame the config at hand
-                    results.append(Measurement(None, None, payload.splitlines()[0]))
+                    results.append(Measurement(None, None, payload.splitlines()[0], RUNTIME))
                     todo.pop(0)
                     break
                 elif not todo:              # lost after the last result: nothing to blame
                     self._restart(payload)
                     break
                 else:                       # "lost": the config at hand crashed or hung the child
-                    results.append(Measurement(None, None, payload))
+                    results.append(Measurement(None, None, payload, TIMEOUT if payload.startswith("hang") else CRASH))
                     todo.pop(0)
                     self._restart(f"{payload} ({problem.key} M={M} {configs[len(results) - 1]})")
                     break

@@ -19,6 +19,38 @@ Params = dict[str, Any]   # a problem's shape/dtype keys, e.g. {"N": 7168, "K": 
 
 @dataclass(frozen=True)
 class KernelSpec:
+    """One kernel as the tuner sees it (ours in kernels/, or an engine's own).
+
+    Call order, per problem (params) and batch size M:
+      1. `default_config(params, M)` and `extra_seeds(params, M)`: configs every study
+         measures first; `shared_memory(params, config)` and `rows(params, M)` feed the
+         space's pruning rules (tuner/space.py) before anything compiles.
+      2. `compile_only(params, M, config)` (when not None), in a compile worker process:
+         builds the config into Triton's cache, launching nothing that matters.
+      3. `make_inputs(params, M, device, seed)` -> inputs, then `run(inputs, config)` any
+         number of times (timing, CUDA-graph capture), and for the numerics check:
+         `inputs["out"]` poisoned with NaN, `run`, then `reference(inputs)`.
+      4. `emit_table(...)` / `read_table(...)` (own-format kernels only) when writing
+         and re-reading tables; `engine_hints(...)` for the closing lines.
+
+    Invariants (tests/test_kernel_contract.py checks them for every registered kernel):
+      - `run` writes `inputs["out"]` in place and returns that tensor; it depends on the
+        config only through `config_keys`, and never on anything but `inputs`.
+      - `make_inputs` is a function of (params, M, device, seed): the same seed gives the
+        same inputs, another seed other ones; their reference is not all zeros.
+      - `reference(inputs)` is the exact answer in float32/float64, and `run` agrees with it
+        within `tolerance` (relative error, tuner/numerics.py) at the default config and
+        every seed config.
+      - the default config's values (in the space's canonical form) are among the
+        search space's values; `flops` and `bytes_moved` are positive and grow with M.
+      - `config_keys` are ints in every config (booleans of `bool_keys` as 0/1); an
+        engine table's entry read back (`config_from_entry(table_entry(c))`) is `c`.
+      - `code_version` hashes every piece of code that decides a timing, so resumable
+        state keyed on it is never reused for other code ("" only for an engine kernel
+        built without its code, for a replay: then the landscape's header decides).
+      - nothing in tuner/ looks at `name` to decide anything: a kernel's specifics live here.
+    """
+
     name: str                                   # "fp8_gemm"; also the landscape's "kernel"
     table_kind: str                             # which engine table family: "fp8_gemm", "fused_moe"
     problem_keys: tuple[str, ...]               # the keys of Params, in a fixed order

@@ -2,11 +2,15 @@
 
 Line 1 is a header:
   {"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200",
-   "triton": "3.6.0", "torch": "...", "cuda": "...", "driver": "...", "recorded": ISO time}
+   "triton": "3.6.0", "torch": "...", "cuda": "...", "driver": "...", "recorded": ISO time,
+   "code_version": hash of the kernel's code, "space": hash of the search space}
+(an engine's kernel adds "kernel_source" and "kernel_source_version"; older landscapes lack
+"code_version" and "space", and are read with a note).
 Every other line is one measurement:
   {"problem": {"N": 7168, "K": 2048, "block_shape": [128, 128]}, "M": 16,
    "config": {...the kernel's config keys...}, "time_us": 12.3}
-or the same with "error": "..." instead of "time_us". Files may be gzipped (.jsonl.gz).
+or the same with "error": "..." (and "failure": its kind, tuner/failures.py) instead of
+"time_us". Files may be gzipped (.jsonl.gz).
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.failures import RUNTIME, kind_of
 from tuner.kernel_api import KernelSpec, config_from_entry, config_tuple
 from tuner.problems import Problem
 
 FORMAT = "tuner-landscape/1"
+# Header keys besides kernel and device that a recording continues only when they match.
+RESUME_KEYS = ("kernel_source", "kernel_source_version", "code_version", "triton", "space")
 
 
 def problem_key(kernel: KernelSpec, params: dict) -> str:
@@ -36,6 +43,11 @@ class Point:
     time_us: float | None
     error: str | None = None
     spread: float | None = None
+    kind: str | None = None        # a failure's kind (tuner/failures.py); from `error` when not given
+
+    def __post_init__(self) -> None:
+        if self.time_us is None and self.kind is None:
+            self.kind = kind_of(self.error) or RUNTIME
 
 
 @dataclass
@@ -141,7 +153,10 @@ def parse_record(rec, kernel: KernelSpec) -> tuple[dict, int, dict, Point]:
         return params, M, cfg, Point(_number(rec["time_us"], "time_us", True), None,
                                      None if spread is None else _number(spread, "spread", False))
     if isinstance(rec.get("error"), str) and rec["error"]:
-        return params, M, cfg, Point(None, rec["error"])
+        kind = rec.get("failure")
+        if kind is not None and not isinstance(kind, str):
+            raise TypeError(f"'failure' must be a kind's name, not {kind!r}")
+        return params, M, cfg, Point(None, rec["error"], None, kind)
     raise KeyError("time_us or error")
 
 
@@ -169,6 +184,13 @@ class LandscapeWriter:
         if old.get("kernel") != header["kernel"] or old.get("device") != header["device"]:
             raise TunerError(f"{self.partial} was recorded for {old.get('kernel')} on {old.get('device')}; "
                              "remove it or record to another file")
+        # Timings of other code, another Triton or another space must not be continued
+        # (a key an older file lacks is no difference).
+        differs = [f"{k} {old[k]} (now {header[k]})" for k in RESUME_KEYS
+                   if old.get(k) and header.get(k) and old[k] != header[k]]
+        if differs:
+            raise TunerError(f"{self.partial} was recorded with another {', '.join(differs)}; "
+                             "remove it or record to another file")
         good = [lines[0]]
         for line in lines[1:]:
             try:
@@ -192,6 +214,7 @@ class LandscapeWriter:
                 rec["spread"] = round(point.spread, 4)
         else:
             rec["error"] = point.error or "failed"
+            rec["failure"] = point.kind
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()
         self.done.add((problem_key(self.kernel, params), M, config_tuple(self.kernel, config)))

@@ -8,21 +8,30 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tuner.errors import TunerError
+from tuner.failures import INVALID, RUNTIME, kind_of
 from tuner.kernel_api import Config, KernelSpec, config_tuple
 from tuner.landscape import Landscape, LandscapeWriter, Point
 from tuner.problems import Problem
+
+log = logging.getLogger("tuner")
 
 
 @dataclass
 class Measurement:
     time_us: float | None          # median time; None when the config failed
     spread: float | None = None    # (p80 - p20) / median over the timed runs
-    error: str | None = None       # why it failed
+    error: str | None = None       # why it failed: the failure's detail
+    kind: str | None = None        # the failure's kind (tuner/failures.py KINDS); from `error` when not given
+
+    def __post_init__(self) -> None:
+        if self.time_us is None and self.kind is None:
+            self.kind = kind_of(self.error) or RUNTIME
 
 
 def valid(m: Measurement) -> Measurement:
@@ -31,7 +40,7 @@ def valid(m: Measurement) -> Measurement:
     the search, a table or a manifest); a spread that is not finite is dropped."""
     t = m.time_us
     if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0):
-        return Measurement(None, None, f"invalid time {t!r}: not a positive finite number")
+        return Measurement(None, None, f"invalid time {t!r}: not a positive finite number", INVALID)
     spread = m.spread if isinstance(m.spread, (int, float)) and math.isfinite(m.spread) and m.spread >= 0 else None
     return Measurement(t, spread, m.error) if spread is not m.spread else m
 
@@ -65,7 +74,7 @@ class Measurer(Protocol):
 class ReplayMeasurer:
     """Times configs by looking them up in a landscape recorded on a real GPU."""
 
-    def __init__(self, landscape: Landscape, validator=None):
+    def __init__(self, landscape: Landscape, validator: Measurer | None = None):
         self.landscape = landscape
         self.kernel = landscape.kernel
         self.label = f"replay:{landscape.path}" if landscape.path else "replay"
@@ -88,6 +97,10 @@ class ReplayMeasurer:
         if land.header["device"] != cuda_name:
             raise TunerError(f"landscape {path} was recorded on {land.header['device']!r}, "
                              f"but --gpu is {cuda_name!r}")
+        if not recorded_code and not land.header.get("synthetic"):
+            log.warning("landscape %s predates code versions: its timings are taken as of %s", path,
+                        f"this {kernel.name} code ({kernel.code_version})" if kernel.code_version
+                        else f"{kernel.source_label}'s {kernel.name}, code unknown")
         return cls(land)
 
     def environment(self) -> dict:
@@ -110,9 +123,9 @@ class ReplayMeasurer:
         for cfg in configs:
             p = pts.get(config_tuple(self.kernel, cfg))
             if p is None:
-                out.append(Measurement(None, None, "not in the landscape"))
+                out.append(Measurement(None, None, "not in the landscape", INVALID))
             else:
-                out.append(valid(Measurement(p.time_us, p.spread, p.error)))
+                out.append(valid(Measurement(p.time_us, p.spread, p.error, p.kind)))
         return out
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
@@ -129,7 +142,8 @@ class RecordingMeasurer:
     """Measures the whole pruned grid of each (problem, M) on the GPU once, streams it
     to a landscape file, then serves the search from it like a replay."""
 
-    def __init__(self, gpu_measurer, writer: LandscapeWriter, landscape: Landscape, grid_fn, progress=None):
+    def __init__(self, gpu_measurer: Measurer, writer: LandscapeWriter, landscape: Landscape,
+                 grid_fn: Callable[[Problem, int], list[Config]], progress: Callable[[str], None] | None = None):
         self.gpu = gpu_measurer
         self.kernel = gpu_measurer.kernel
         self.writer = writer
@@ -150,7 +164,7 @@ class RecordingMeasurer:
         for i in range(0, len(todo), chunk):
             part = todo[i:i + chunk]
             for cfg, m in zip(part, map(valid, self.gpu.measure(problem, M, part))):
-                point = Point(m.time_us, m.error, m.spread)
+                point = Point(m.time_us, m.error, m.spread, m.kind)
                 self.writer.write(problem.params, M, cfg, point)
                 self.replay.landscape.add(problem.params, M, cfg, point)
             if self.progress:
@@ -168,7 +182,7 @@ class RecordingMeasurer:
         known = self.replay.candidates(problem, M)
         missing = [c for c in configs if config_tuple(self.kernel, c) not in known]
         for cfg, m in zip(missing, map(valid, self.gpu.measure(problem, M, missing)) if missing else []):
-            point = Point(m.time_us, m.error, m.spread)
+            point = Point(m.time_us, m.error, m.spread, m.kind)
             self.writer.write(problem.params, M, cfg, point)
             self.replay.landscape.add(problem.params, M, cfg, point)
         return self.replay.measure(problem, M, configs)

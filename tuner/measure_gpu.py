@@ -16,10 +16,12 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 
 from tuner.environment import nvml_index, nvml_snapshot, software_versions
+from tuner.failures import exception_kind
 from tuner.gpu_timing import graph_times, l2_flush_buffer, summarize
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import Config, KernelSpec
 from tuner.measure import Measurement, NumericsCheck, require_gpu, valid
+from tuner.numerics import check_config
 from tuner.problems import Problem
 
 
@@ -176,29 +178,21 @@ class GpuMeasurer:
             times = graph_times(self.torch, [lambda inp=inp: self.kernel.run(inp, cfg) for inp in sets],
                                 self._flush, self.reps)
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
-            return Measurement(None, None, _short_error(e))
+            return Measurement(None, None, _short_error(e), exception_kind(e))
         t = summarize(times)
         return valid(Measurement(t.median_us, t.spread, None))
 
     def check_numerics(self, problem: Problem, M: int, config: Config) -> NumericsCheck:
         """Run on fresh random inputs into a NaN-poisoned output and compare with the
-        reference by relative error; a NaN left anywhere fails."""
-        torch = self.torch
+        reference by relative error; a NaN left anywhere fails (tuner/numerics.py)."""
         seed = int.from_bytes(os.urandom(4), "little")
         try:
-            inp = self.kernel.make_inputs(problem.params, M, "cuda", seed)
-            inp["out"].fill_(float("nan"))
-            out = self.kernel.run(inp, config)
-            torch.cuda.synchronize()
-            ref = self.kernel.reference(inp)
-            got = out.double()
-            if torch.isnan(got).any():
-                return NumericsCheck("failed", None, f"NaN in the output (seed {seed})")
-            rel = (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
-        except Exception as e:  # noqa: BLE001
+            agreement, _ = check_config(self.kernel, problem.params, M, config, "cuda", seed)
+        except Exception as e:  # noqa: BLE001 - a config that cannot run fails its check
             return NumericsCheck("failed", None, _short_error(e))
-        status = "passed" if rel <= self.kernel.tolerance else "failed"
-        return NumericsCheck(status, rel, f"seed {seed}, tolerance {self.kernel.tolerance}")
+        if agreement.unwritten:
+            return NumericsCheck("failed", None, agreement.detail)
+        return NumericsCheck("passed" if agreement.passed else "failed", agreement.rel_error, agreement.detail)
 
     def close(self) -> None:
         if self._pool is not None:

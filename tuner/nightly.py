@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 from pathlib import Path
 
@@ -57,21 +58,22 @@ def load_config(path: Path) -> dict:
     return cfg
 
 
-def job_argv(job: dict, out: Path, baseline: Path | None = None) -> list[str]:
-    """The tuning command of a job; `baseline` (the last run) seeds every study with the
+# The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
+JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source")
+JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
+
+
+def job_request(job: dict, out: Path, baseline: Path | None = None):
+    """The tuning run of a job; `baseline` (the last run) seeds every study with the
     configs in use, so the retune starts from what it must beat."""
-    argv = [job["kernel"], "--model", str(job["model"]), "--gpu", str(job["gpu"]), "--out", str(out), "--quiet"]
-    if baseline is not None:
-        argv += ["--baseline", str(baseline)]
-    for key, flag in (("tp", "--tp"), ("ep", "--ep"), ("dtype", "--dtype"), ("trials", "--trials"),
-                      ("replay", "--replay"), ("routing", "--routing"), ("sampler", "--sampler"),
-                      ("kernel_source", "--kernel-source")):
-        if job.get(key) is not None:
-            argv += [flag, str(job[key])]
-    for key, flag in (("batch_sizes", "--batch-sizes"), ("contexts", "--contexts"), ("engine_source", "--engine-source")):
-        if job.get(key):
-            argv += [flag, *map(str, job[key])]
-    return argv
+    from tuner.api import TuneRequest
+    options = {k: job[k] for k in JOB_OPTIONS if job.get(k) is not None}
+    options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else job[k]
+                    for k in JOB_LIST_OPTIONS if job.get(k)})
+    if "replay" in options:
+        options["replay"] = str(options["replay"])
+    return TuneRequest(command=job["kernel"], model=str(job["model"]), gpu=str(job["gpu"]), out=str(out),
+                       quiet=True, baseline=str(baseline) if baseline is not None else None, **options)
 
 
 def environment_now(job: dict) -> dict:
@@ -173,7 +175,7 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
 
 
 def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
-    from tuner.cli import main as tuner_main
+    from tuner import api
     from tuner.drift import Measurers, find_tables, measure_drift
     from tuner.gpus import get_gpu
     from tuner.models import load_model
@@ -200,9 +202,14 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     why = "first run" if prev_run is None else ("environment changed" if changed else "a table lost to the default")
     out = night_dir / name
     log(f"{name}: retuning ({why}) into {out}")
-    rc = tuner_main(job_argv(job, out, prev_run))
-    if rc != 0:
-        raise TunerError(f"{name}: the tuning run failed (exit {rc})")
+    try:
+        api.tune(job_request(job, out, prev_run))
+    except TunerError as e:
+        raise TunerError(f"{name}: the tuning run failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
+        if os.environ.get("TUNER_DEBUG"):
+            raise
+        raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None
     result = {"job": name, "run": str(out), "why": why}
     if prev_run is None:
         result["status"] = "fresh"
@@ -214,12 +221,15 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
                        "status": "regressed" if slower else ("improved" if faster else "same")})
     if job.get("install"):
         inst = job["install"]
-        argv = ["install", str(out), "--engine", inst["engine"]]
-        if inst.get("site_packages"):
-            argv += ["--site-packages", str(inst["site_packages"])]
-        if inst.get("moe_config_dir"):
-            argv += ["--moe-config-dir", str(inst["moe_config_dir"])]
-        result["installed"] = tuner_main(argv) == 0
+        try:
+            api.install_results(out, inst["engine"], inst.get("site_packages") and str(inst["site_packages"]),
+                                inst.get("moe_config_dir") and str(inst["moe_config_dir"]))
+            result["installed"] = True
+        except Exception as e:  # noqa: BLE001 - the tables are tuned either way; say why they stay here
+            if os.environ.get("TUNER_DEBUG") and not isinstance(e, TunerError):
+                raise
+            log(f"{name}: not installed: {e}")
+            result["installed"] = False
     state[name] = {"run": str(out), "environment": env}
     return result
 

@@ -8,10 +8,12 @@ what got slower, and by how much.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
+from tuner import failures
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_text
 from tuner.problems import Problem
@@ -40,10 +42,21 @@ def manifest_frame(run: Path) -> pd.DataFrame:
                 "time_us": _number(e.get("time_us")), "spread": _number(e.get("spread")),
                 "default_us": _number(e.get("default_time_us")), "speedup": _number(e.get("speedup")),
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
+                "failures": failures.summary(e.get("failures") or {}),
             })
     if not rows:
         raise TunerError(f"{run}/manifest.json lists no tuned entries")
     return pd.DataFrame(rows).sort_values(["problem", "M"]).reset_index(drop=True)
+
+
+def failures_by_kind(run: Path) -> dict[str, int]:
+    """Failed configs of every study in a results folder, by kind (manifests written
+    before kinds were recorded count none)."""
+    totals: Counter = Counter()
+    for t in read_manifest(run).get("tables", []):
+        for e in (t.get("entries") or {}).values():
+            totals.update({k: int(n) for k, n in (e.get("failures") or {}).items()})
+    return failures.count_by_kind(k for k, n in totals.items() for _ in range(n))
 
 
 def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
@@ -105,6 +118,10 @@ def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path
         where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else ""
         lines += [f"Geometric-mean speedup over the engines' default config{where}: **{g:.2f}x** "
                   f"over {df['speedup'].notna().sum()} batch sizes.", ""]
+    failed = failures_by_kind(run)
+    if failed:
+        lines += [f"Failed configs by kind: {failures.summary(failed)} "
+                  f"({sum(failed.values())} over {len(df)} studies).", ""]
     for i, (problem, part) in enumerate(df.groupby("problem", sort=True)):
         png = out.parent / f"plot-{i}.png"
         timed = part.dropna(subset=["time_us"])

@@ -138,6 +138,8 @@ def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResu
         "measured": run_info.get("measured_by"),
         "how": kernel.measurement_note(problem.params),
         "environment": run_info.get("environment"),
+        # what the studies were timed on: device, kernel code, space, Triton (search.identity)
+        "identity": run_info.get("identity"),
         "numerics_passed": all(r.numerics.get("status") == "passed" for r in results if r.config),
         "entries": {str(r.M): r.as_dict() for r in sorted(results, key=lambda r: r.M)},
     }

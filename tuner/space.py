@@ -6,7 +6,9 @@ before anything compiles; each rule is a small function registered by name below
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +139,14 @@ class SearchSpace:
     @property
     def size(self) -> int:
         return math.prod(len(v) for v in self.choices.values())
+
+    @property
+    def version(self) -> str:
+        """A hash of what the space holds (values and rules with their options, not where
+        it was read from): a worker that rebuilds the space from a stored plan gets the
+        same, an edited space file another. Studies and landscapes record it."""
+        text = json.dumps({"choices": self.choices, "constraints": self.constraints}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def _ctx(self, params: Params, M: int, gpu: GpuSpec) -> RuleContext:
         return RuleContext(self.kernel, params, M, gpu, self.choices)

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
+from optuna.storages import BaseStorage
 
 from tuner import ceilings
 from tuner.engines import ENGINES, lookup_nearest
@@ -24,13 +27,16 @@ from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import KernelSpec, config_tuple
 from tuner.landscape import Landscape, LandscapeWriter
-from tuner.measure import RecordingMeasurer, ReplayMeasurer
+from tuner.measure import Measurer, RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
 from tuner.progress import Progress
 from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
-from tuner.search import SearchSettings, StudyResult, StudyRunner, open_storage, study_name
+from tuner.search import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.space import SearchSpace
+from tuner.study_storage import open_storage
+
+log = logging.getLogger("tuner")
 
 
 @dataclass
@@ -170,7 +176,7 @@ def landscape_source(kernel: KernelSpec) -> dict:
 
 
 # -- the run ----------------------------------------------------------------------------
-def make_measurer(opts: RunOptions, progress: Progress):
+def make_measurer(opts: RunOptions, progress: Progress) -> Measurer:
     if opts.replay:
         return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.gpu.cuda_name)
     from tuner import isolation
@@ -183,14 +189,14 @@ def make_measurer(opts: RunOptions, progress: Progress):
     header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
               "device": env["device"],
               "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
-              "driver": env.get("driver"), "recorded": now_iso()}
+              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso()}
     writer = LandscapeWriter(opts.record, opts.kernel, header)
     land = Landscape(header, opts.kernel, str(opts.record))
     grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
     return RecordingMeasurer(gpu_m, writer, land, grid, progress=progress.note)
 
 
-def open_run_storage(opts: RunOptions):
+def open_run_storage(opts: RunOptions) -> BaseStorage:
     return open_checked_storage(opts.storage or default_storage(opts.out_dir))
 
 
@@ -231,7 +237,7 @@ def check_storage_url(url: str) -> None:
             raise TunerError(f"--storage {url}: cannot write to {existing}")
 
 
-def open_checked_storage(url: str):
+def open_checked_storage(url: str) -> BaseStorage:
     """The run's storage, after checking it is ours: one clear line for bad URLs, missing
     drivers, unreachable servers and foreign databases."""
     check_storage_url(url)
@@ -278,7 +284,8 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     return results
 
 
-def tune_all(opts: RunOptions, storage, measurer, progress: Progress, after_problem=None) -> None:
+def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progress: Progress,
+             after_problem: Callable[[], object] | None = None) -> None:
     """Run every study of the plan against one measurer. Several processes may do this at
     once on one storage (workers): they share the studies."""
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
@@ -325,7 +332,7 @@ def by_key(opts: RunOptions) -> dict[str, Problem]:
     return {p.key: p for p in opts.problems}
 
 
-def stored_result(storage, opts: RunOptions, problem: Problem, M: int) -> dict | None:
+def stored_result(storage: BaseStorage, opts: RunOptions, problem: Problem, M: int) -> dict | None:
     import optuna
     try:
         study = optuna.load_study(study_name=study_name(problem, M, opts.prefix, opts.kernel.source),
@@ -335,11 +342,11 @@ def stored_result(storage, opts: RunOptions, problem: Problem, M: int) -> dict |
     result = study.user_attrs.get("result")
     if result is not None:
         result = {**result, "environment": study.user_attrs.get("environment", {}),
-                  "measured_by": study.user_attrs.get("measured_by")}
+                  "measured_by": study.user_attrs.get("measured_by"), "identity": study.user_attrs.get("identity")}
     return result
 
 
-def wait_for_result(storage, opts: RunOptions, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:
+def wait_for_result(storage: BaseStorage, opts: RunOptions, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:
     """The finished result of a study another worker may still be running."""
     while True:
         r = stored_result(storage, opts, problem, M)
@@ -348,11 +355,11 @@ def wait_for_result(storage, opts: RunOptions, problem: Problem, M: int, poll_s:
         time.sleep(poll_s)
 
 
-def collect(opts: RunOptions, storage, quiet: bool = False, wait: bool = False) -> dict[str, list[StudyResult]]:
+def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: bool = False) -> dict[str, list[StudyResult]]:
     """Write the tables and the manifest from the studies' stored results (tuner collect,
     and the end of every run). Batch sizes whose study has not finished are left out."""
     results: dict[str, list[StudyResult]] = {}
-    envs, labels = [], set()
+    envs, labels, identities = [], set(), []
     missing = 0
     for problem in opts.problems:
         rs = []
@@ -363,12 +370,13 @@ def collect(opts: RunOptions, storage, quiet: bool = False, wait: bool = False) 
                 continue
             envs.append(d.pop("environment"))
             labels.add(d.pop("measured_by") or "")
+            identities.append(d.pop("identity"))
             rs.append(StudyRunner.result_from_dict(problem, M, d))
         if rs:
             results[problem.key] = rs
     env = next((e for e in envs if e), {})
     run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": ", ".join(sorted(x for x in labels if x)),
-                "environment": env,
+                "environment": env, "identity": next((i for i in identities if i), None),
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
                            "patience": opts.settings.patience, "space": opts.space.source}}
     done = [p for p in opts.problems if p.key in results]
@@ -387,7 +395,7 @@ def collect(opts: RunOptions, storage, quiet: bool = False, wait: bool = False) 
                 group = [problem]
             _emit(opts, group, [results[p.key] for p in group], env, run_info)
     if missing and not quiet:
-        print(f"tuner: {missing} studies have no result yet; their batch sizes are left out", file=sys.stderr)
+        log.warning("%d studies have no result yet; their batch sizes are left out", missing)
     return results
 
 
@@ -399,13 +407,19 @@ def plan_study_name(prefix: str, kernel_name: str, source: str = "ours") -> str:
     return f"{prefix}tuner-plan:{kernel_name}" + ("" if source == "ours" else f"@{source}")
 
 
-def save_plan(storage, opts: RunOptions) -> None:
+def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
     """Store what to tune beside the studies, so `tuner worker` and `tuner collect` need
     only the storage URL and the study prefix."""
     import optuna
     study = optuna.create_study(study_name=plan_study_name(opts.prefix, opts.kernel.name, opts.kernel.source),
                                 storage=storage, load_if_exists=True)
+    identity = plan_identity(opts)
+    what = identity_differences((study.user_attrs.get("plan") or {}).get("identity") or {}, identity)
+    if what:
+        raise TunerError(f"the storage already holds a plan ({study.study_name}) for another {what}; its studies "
+                         "are not this run's: give another --out (or --storage, or --study-prefix)")
     study.set_user_attr("plan", {
+        "identity": identity,
         "format": PLAN_FORMAT, "kernel": opts.kernel.name, "kernel_ref": opts.kernel.ref, "gpu": opts.gpu.key,
         "problems": [{"params": p.params, "layers": list(p.layers), "engines": list(p.engines),
                       "tied_to": p.tied_to, "tied_keys": list(p.tied_keys)} for p in opts.problems],
@@ -417,7 +431,14 @@ def save_plan(storage, opts: RunOptions) -> None:
     })
 
 
-def load_plans(store, prefix: str, out_dir: Path | None = None, load_code: bool = False,
+def plan_identity(opts: RunOptions) -> dict:
+    """What a plan's studies will be timed on, as far as it is known before measuring
+    (each study adds the Triton and, for a replay, the landscape's code; search.identity)."""
+    return {"device": opts.gpu.cuda_name, "kernel": opts.kernel.source_label,
+            "code_version": opts.kernel.code_version or None, "space": opts.space.version}
+
+
+def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, load_code: bool = False,
                engine_source: list[str] | None = None, **overrides) -> list[RunOptions]:
     """The plans stored under a prefix, as run options; `overrides` set options the plan
     leaves to each worker (replay file, storage URL, compile workers...). load_code: an
@@ -488,7 +509,7 @@ def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, r
         atomic_write_json(opts.out_dir / rel, obj)
     entries = [manifest_entry(opts.kernel, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {},
                               run_info) for p, results in pairs]
-    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k != "environment"}, entries)
+    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
 
 
 def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
@@ -502,7 +523,7 @@ def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[Study
         files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name,
                              triton_version, opts.engines)
         entries.append(manifest_entry(opts.kernel, problem, results, files, run_info))
-    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k != "environment"}, entries)
+    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
 
 
 def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):

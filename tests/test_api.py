@@ -1,0 +1,85 @@
+"""The tuning API (tuner/api.py) that the command line and `tuner nightly` both call: no
+module imports the command line, and a request's options are checked where they enter."""
+
+import ast
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner import api
+from tuner.cli import build_parser, main
+from tuner.errors import TunerError
+from tuner.nightly import job_request
+
+TUNER = Path(__file__).resolve().parents[1] / "tuner"
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_only_the_entry_point_imports_the_command_line():
+    importers = sorted(p.name for p in TUNER.glob("*.py") if "tuner.cli" in imported_modules(p))
+    assert importers == ["__main__.py"]
+
+
+def test_a_request_from_the_command_line_has_every_option():
+    args = build_parser().parse_args(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--trials", "9",
+                                      "--batch-sizes", "1", "16", "--routing", "zipf", "--engines", "sglang"])
+    req = api.TuneRequest.from_args(args)
+    assert (req.command, req.model, req.gpu, req.tp, req.trials, req.batch_sizes, req.routing, req.engines) == \
+        ("moe", "deepseek-v3", "H200", 8, 9, [1, 16], "zipf", ["sglang"])
+    # every option of the tuning commands is a field of the request (none silently dropped)
+    options = {a.dest for a in build_parser()._subparsers._group_actions[0].choices["mla"]._actions} - {"help"}
+    assert options <= {f.name for f in fields(api.TuneRequest)}
+
+
+def test_a_nightly_job_becomes_the_same_request(tmp_path):
+    job = {"name": "a", "kernel": "gemm", "model": "m.yaml", "gpu": "H200", "tp": 2, "trials": "10",
+           "batch_sizes": [1, 16], "replay": tmp_path / "l.jsonl", "kernel_source": "ours", "install": {}}
+    req = job_request(job, tmp_path / "out", tmp_path / "prev")
+    assert (req.command, req.model, req.tp, req.batch_sizes, req.replay, req.kernel_source, req.quiet) == \
+        ("gemm", "m.yaml", 2, [1, 16], str(tmp_path / "l.jsonl"), "ours", True)
+    assert req.out == str(tmp_path / "out") and req.baseline == str(tmp_path / "prev")
+    assert req.checked().trials == 10                                  # "10" from YAML is fine
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"trials": "lots"}, "--trials must be an integer, not 'lots'"),
+    ({"tp": 0}, "--tp must be at least 1, not 0"),
+    ({"batch_sizes": []}, "--batch-sizes takes a list of integers"),
+    ({"batch_sizes": [1, -4]}, "--batch-sizes must be at least 1, not -4"),
+    ({"compile_workers": True}, "--compile-workers must be an integer"),
+    ({"sampler": "grid"}, "--sampler 'grid' is not one of tpe, random, cmaes"),
+    ({"kernel_source": "vllm"}, "--kernel-source 'vllm' is not one of engine, ours"),
+    ({"engines": ["trtllm"]}, "--engines takes some of vllm, sglang"),
+    ({"command": "conv"}, "unknown tuning command 'conv'"),
+])
+def test_bad_options_are_refused_naming_the_option(change, needle):
+    req = api.TuneRequest(**{"command": "gemm", "model": "deepseek-v3", "gpu": "H200", **change})
+    with pytest.raises(TunerError) as e:
+        api.tune(req)
+    assert needle in str(e.value)
+
+
+def test_a_nightly_job_with_a_bad_option_fails_alone_with_one_line(tmp_path, capsys):
+    jobs = [{"name": "bad", "kernel": "gemm", "model": "deepseek-v3", "gpu": "H200", "trials": "lots"},
+            {"name": "also", "kernel": "mla", "model": "deepseek-v3", "gpu": "H200", "page_size": 64, "tp": -1}]
+    cfg = tmp_path / "n.yaml"
+    cfg.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "jobs": jobs}))
+    assert main(["nightly", str(cfg), "--night", "n1"]) == 1
+    summary = json.loads((tmp_path / "runs" / "n1" / "summary.json").read_text())
+    assert [r["status"] for r in summary] == ["failed", "failed"]
+    assert summary[0]["error"] == "bad: the tuning run failed: --trials must be an integer, not 'lots'"
+    assert "--tp must be at least 1, not -1" in summary[1]["error"]
+    assert not (tmp_path / "runs" / "n1" / "bad").exists()
