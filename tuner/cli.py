@@ -143,15 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("new")
     dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
     dif.add_argument("--noise", type=float, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
+    dif.add_argument("--force", action="store_true", help="compare runs with no (problem, M) in common, or "
+                     "overwrite a diff.md that compares another pair of runs")
     drift = sub.add_parser("drift", help="does a table still beat the default config here?",
                            description="Time each table's configs against the engines' default config on "
                            "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
     drift.add_argument("tables", nargs="+", help="table files or folders (an engine's configs folder, a results folder)")
-    drift.add_argument("--gpu", required=True)
+    drift.add_argument("--gpu", required=True, help="the GPU the tables are for and timed on (H100, H200, ...)")
     drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
-    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
-    drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
-    drift.add_argument("--noise", type=float, default=0.02)
+    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
+                       help="fused MoE: how tokens are routed to experts while timing: uniformly at random like "
+                       "the engines' tuners (default), or Zipf-skewed like real traffic")
+    drift.add_argument("--replay", default=None, metavar="FILE",
+                       help="time from a landscape instead of the GPU (the way to run drift without a GPU)")
+    drift.add_argument("--noise", type=float, default=0.02,
+                       help="a difference smaller than this fraction (or the measured spread, if larger) is a tie, "
+                       "`same` (default 0.02 = 2%%)")
     drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
                        help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
                        "(with --replay: the landscape's)")
@@ -193,6 +200,35 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the engine's wheel or a folder holding it (default: the installed engine, then "
                      "$TUNER_ENGINE_WHEELS)")
     ext.add_argument("--out", required=True, metavar="DIR")
+    land = sub.add_parser("landscape", help="make a synthetic landscape, or show what a landscape covers",
+                          description="Landscapes hold timings of every config of a pruned grid (--record on a "
+                          "GPU, --replay anywhere). `synth` writes a SYNTHETIC one from a made-up cost model, "
+                          "labelled as such, to try replay, report, diff and drift without a GPU; `info` shows "
+                          "what one covers.")
+    land_sub = land.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    synth = land_sub.add_parser("synth", help="write a SYNTHETIC landscape (made-up times, clearly labelled)",
+                                description="Write a landscape whose times come from a made-up cost model "
+                                "(header \"synthetic\": true) for the problems a tuning command would tune; "
+                                "every command that shows its times says they are synthetic.")
+    synth.add_argument("--kernel", required=True, choices=("gemm", "moe", "mla"), help="which tuning command's problems")
+    synth.add_argument("--model", required=True, help="as for tuner gemm/moe/mla")
+    synth.add_argument("--gpu", required=True, help="the GPU the landscape is labelled for (--replay checks it)")
+    synth.add_argument("--tp", type=_positive, default=1, help="tensor-parallel size (default 1)")
+    synth.add_argument("--ep", type=_positive, default=1, help="expert-parallel size (default 1)")
+    synth.add_argument("--dtype", default=None, help="as for the tuning command (default its first)")
+    synth.add_argument("--batch-sizes", type=_positive, nargs="+", metavar="M", default=None,
+                       help="batch sizes (default the tuning command's)")
+    synth.add_argument("--routing", choices=("uniform", "zipf"), default="uniform", help="moe: routing of the problems")
+    synth.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", default=None, help="mla: contexts")
+    synth.add_argument("--page-size", type=_positive, default=64, help="mla: KV cache page size (default 64)")
+    synth.add_argument("--kernel-source", choices=("ours", *ENGINE_NAMES), default="ours",
+                       help="whose kernel the landscape is labelled for (default ours; an engine's: its own "
+                       "config keys and defaults, and only its tables replay from it)")
+    synth.add_argument("--out", required=True, metavar="FILE", help="the landscape to write (.jsonl or .jsonl.gz)")
+    info = land_sub.add_parser("info", help="what a landscape covers", description="Print a landscape's kernel, "
+                               "device, software, whether it is synthetic, and per problem its batch sizes, points "
+                               "and failures.")
+    info.add_argument("file", help="a landscape (.jsonl or .jsonl.gz)")
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
@@ -292,7 +328,12 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
 
     model, gpu, settings = _load_common(args, kernel_name, command)
     notes: list[str] = []
-    runs = kernel_runs(args, kernel_name, make_problems(model), notes)
+    problems = make_problems(model)
+    if not args.dry_run and not args.replay:
+        # before the engines' code is looked for: without the GPU nothing else can help
+        from tuner.measure import require_gpu
+        require_gpu(gpu.cuda_name)
+    runs = kernel_runs(args, kernel_name, problems, notes)
     all_opts = []
     for kernel, problems in runs:
         all_opts.append(RunOptions(
@@ -311,14 +352,15 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
             print(f"note: {line}")
         print("\n\n".join(plan_text(opts) for opts in all_opts))
         return 0
-    if not args.replay:
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name)
+    from tuner.provenance import for_run
     for opts in all_opts:
         kernel = opts.kernel
         results = run_tuning(opts)
         table = results_table(results, kernel.config_keys)
+        source = for_run(args.replay, gpu.cuda_name)
         if not table.empty:
+            for line in source.banner():
+                print(line)
             print(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
             print(table.to_string(index=False))
         if kernel.engine_hints:
@@ -355,7 +397,7 @@ def cmd_worker(args) -> int:
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
                            recycle_after=args.recycle_after):
         if not args.replay:
-            require_gpu(opts.gpu.cuda_name)
+            require_gpu(opts.gpu.cuda_name, "a worker measures on one; --replay FILE measures from a landscape")
         progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet)
         measurer = make_measurer(opts, progress)
         try:
@@ -368,11 +410,16 @@ def cmd_worker(args) -> int:
 def cmd_collect(args) -> int:
     from tuner.tune import collect, load_plans, open_storage, results_table
 
+    from tuner.provenance import from_manifest
+    from tuner.results import read_manifest
+
     storage = open_storage(args.storage)
     for opts in load_plans(storage, args.study_prefix, out_dir=Path(args.out), storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
         table = results_table(results, opts.kernel.config_keys)
         if not table.empty:
+            for line in from_manifest(read_manifest(Path(args.out))).banner():
+                print(line)
             print(table.to_string(index=False))
     print(f"tables and manifest in {args.out}/")
     return 0
@@ -423,11 +470,21 @@ def cmd_drift(args) -> int:
         raise TunerError(f"landscape {args.replay} not found")
     tables = find_tables(args.tables, load_model(args.model) if args.model else None, args.routing)
     measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source)
+    from tuner.formatting import speedup_cell, time_cell
+    from tuner.provenance import for_run
+    source = for_run(args.replay, gpu.cuda_name)
     try:
         df = measure_drift(tables, measurers, args.noise)
     finally:
         measurers.close()
-    print(df.drop(columns=["table", "error"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    shown = df.drop(columns=["table", "error", "default_error"])
+    shown["table_us"] = [time_cell(t, e) for t, e in zip(df["table_us"], df["error"])]
+    shown["default_us"] = [time_cell(t, e) for t, e in zip(df["default_us"], df["default_error"])]
+    shown["speedup"] = [speedup_cell(v) for v in df["speedup"]]
+    for line in source.banner():
+        print(line)
+    print(shown.to_string(index=False))
+    df["times"] = source.line()
     losing = df[df["verdict"].isin(["loses", "fails"])]
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
           else f"all {len(df)} entries still win or tie")
@@ -443,16 +500,24 @@ def cmd_nightly(args) -> int:
 
 def cmd_report(args) -> int:
     from tuner.report import write_report
+    from tuner.report import headline, printable, run_source
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
-    print(df.to_string(index=False))
+    source = run_source(Path(args.run))
+    for line in source.banner():
+        print(line)
+    print(printable(df).to_string(index=False))
+    if headline(df, source):
+        print(headline(df, source))
     print(f"report: {path}")
     return 0
 
 
 def cmd_diff(args) -> int:
-    from tuner.report import write_diff
+    from tuner.report import diff_sources, write_diff
     out = Path(args.out) if args.out else Path(args.new) / "diff"
-    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise)
+    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force)
+    for line in diff_sources(Path(args.old), Path(args.new)):
+        print(line)
     cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     counts = df["verdict"].value_counts().to_dict()
@@ -495,6 +560,67 @@ def cmd_engine_source(args) -> int:
     return 0
 
 
+def cmd_landscape(args) -> int:
+    if args.action == "info":
+        from tuner.landscape import info_lines, landscape_kernel, read_landscape
+        if not Path(args.file).is_file():
+            raise TunerError(f"landscape {args.file} not found")
+        for line in info_lines(read_landscape(args.file, landscape_kernel(args.file))):
+            print(line)
+        return 0
+    if args.action != "synth":
+        raise TunerError("say what to do: `tuner landscape synth ...` or `tuner landscape info FILE`")
+    from tuner.gpus import get_gpu
+    from tuner.kernel_sources import kernel_for
+    from tuner.models import load_model
+    from tuner.provenance import from_header
+    from tuner.space import load_space
+    from tuner.synthetic import synthesize, synthetic_header
+
+    kernel_name = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}[args.kernel]
+    out = Path(args.out)
+    partial = out.with_name(out.name + ".partial")
+    for path in (out, partial):
+        if path.exists():
+            raise TunerError(f"--out {path} exists; remove it or write the landscape elsewhere")
+    args.dtype = args.dtype or DTYPES[args.kernel][0]
+    if args.dtype not in DTYPES[args.kernel]:
+        raise TunerError(f"--dtype {args.dtype} is not supported by `tuner {args.kernel}`; "
+                         f"choose from {', '.join(DTYPES[args.kernel])}")
+    batch_sizes = sorted(set(args.batch_sizes or (MLA_BATCH_SIZES if args.kernel == "mla" else DEFAULT_BATCH_SIZES)))
+    gpu, model = get_gpu(args.gpu), load_model(args.model)
+    mode = args.kernel_source
+    try:
+        kernel = kernel_for(kernel_name, mode if mode != "ours" else "vllm", mode)
+    except TunerError:           # no engine code here: its keys and defaults are enough
+        kernel = kernel_for(kernel_name, mode, mode, load_code=False)
+    engines = list(ENGINE_NAMES) if mode == "ours" else [mode]
+    problems = _problems_of(args.kernel, args, model, engines)
+    if not problems:
+        raise TunerError(f"{model.name} has no {args.kernel} problems for {mode}'s kernel at --tp {args.tp} --ep {args.ep}")
+    counts = synthesize(out, kernel, load_space(kernel), gpu, [p.params for p in problems], batch_sizes)
+    for line in from_header(synthetic_header(kernel, gpu.cuda_name), str(out)).banner():
+        print(line)
+    whose = "our kernel" if kernel.source == "ours" else f"{kernel.source_label}'s kernel"
+    print(f"wrote {out}: {kernel.name} ({whose}) labelled for {gpu.cuda_name}, "
+          f"{len(problems)} problems x {len(batch_sizes)} batch sizes, {counts['points']} points "
+          f"({counts['failures']} made-up failures)")
+    replay = [args.kernel, "--model", args.model, "--gpu", args.gpu, "--tp", str(args.tp)]
+    replay += ["--ep", str(args.ep)] if args.ep > 1 else []
+    print(f"replay it: tuner {' '.join(replay)} --replay {out}")
+    return 0
+
+
+def _problems_of(command: str, args, model, engines: list[str]) -> list:
+    """The problems `tuner <command>` would tune for a model (gemm, moe, mla)."""
+    from tuner.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    if command == "gemm":
+        return [p for p in gemm_problems(model, args.tp, args.ep) if set(p.engines) & set(engines)]
+    if command == "moe":
+        return moe_problems(model, args.tp, args.ep, args.dtype, args.routing, engines)
+    return mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS, args.page_size)[0]
+
+
 def cmd_gemm(args) -> int:
     from tuner.models import gemm_problems
     return _run_command(args, "gemm", "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep))
@@ -517,13 +643,26 @@ def cmd_mla(args) -> int:
     return _run_command(args, "mla", "mla_decode", make)
 
 
-COMMANDS = {"check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+COMMANDS = {"landscape": cmd_landscape, "check": cmd_check, "engine-source": cmd_engine_source, "nightly": cmd_nightly, "drift": cmd_drift, "install": cmd_install, "report": cmd_report, "diff": cmd_diff, "gemm": cmd_gemm, "moe": cmd_moe, "mla": cmd_mla, "worker": cmd_worker, "collect": cmd_collect}
+
+
+def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The (sub)parser of the command line's subcommand (`tuner landscape synth`'s, say)."""
+    for dest in ("command", "action"):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, dest, None)
+        if not subs or name not in subs[0].choices:
+            break
+        parser = subs[0].choices[name]
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:           # said by the subcommand's parser, so that the hint names its --help
+            _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         if not args.command:
             parser.print_help()
             return 2

@@ -30,6 +30,10 @@ class TableFile:
     device: str           # the device_name part
     problem: Problem
     table: dict
+    # A table tied to another at every M by some keys (SGLang's `_down` MoE table shares
+    # BLOCK_SIZE_M with its up table): that table's file and the keys.
+    tied_to: Path | None = None
+    tied_keys: tuple[str, ...] = ()
 
 
 def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
@@ -62,7 +66,9 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
         params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok,
                   "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
                   "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
-        return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]
+        tied = ENGINES[engine].tied_keys("fused_moe") if down else ()
+        return [TableFile(path, engine, dev, Problem("fused_moe", params), table,
+                          path.with_name(name.replace("_down.json", ".json")) if tied else None, tied)]
     from kernels import KERNEL_MODULES, get_kernel
     for kernel in map(get_kernel, KERNEL_MODULES):
         if kernel.read_table is None:
@@ -95,18 +101,22 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
     """measurer_for: Measurers (the kernel that times each engine's table, and its
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
+    from tuner.defaults import table_default, tied_values
     from tuner.space import load_space
     rows = []
+    by_path = {t.path: t for t in tables}
     for t in tables:
         kernel = measurer_for.kernel(t.problem.kernel, t.engine)
         space = load_space(kernel)
         measurer = measurer_for(kernel)
+        tied_table = _tied_table(t, by_path)
         for key in sorted(t.table, key=int):
             M = int(key)
             # equivalent forms (GROUP_SIZE_M folding) are one point of a landscape
-            same = lambda c: space.canonical(t.problem.params, M, measurer_for.gpu, c)  # noqa: E731
-            cfg = same(t.table[key])
-            default = same(kernel.default_config(t.problem.params, M))
+            cfg = space.canonical(t.problem.params, M, measurer_for.gpu, t.table[key])
+            # the default as tuning takes it (tuner/defaults.py), ties included
+            default = table_default(kernel, space, measurer_for.gpu, t.problem.params, M,
+                                    tied_values(kernel, t.tied_keys, tied_table, M))
             mine, base = measurer.measure(t.problem, M, [cfg, default])
             band = max(noise, mine.spread or 0, base.spread or 0)
             if mine.time_us is None:
@@ -123,8 +133,22 @@ def measure_drift(tables: list[TableFile], measurer_for, noise: float = 0.02) ->
                          "kernel_source": kernel.source_label,
                          "problem": t.problem.key, "M": M, "table_us": mine.time_us, "default_us": base.time_us,
                          "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
-                         "verdict": verdict, "error": mine.error})
+                         "verdict": verdict, "error": mine.error, "default_error": base.error})
     return pd.DataFrame(rows)
+
+
+def _tied_table(t: TableFile, by_path: dict) -> dict | None:
+    """The table `t` is tied to: given beside it, or read from its folder; without one, `t`
+    itself (the engine's rule makes the two share the tied keys at every M)."""
+    if not t.tied_keys:
+        return None
+    if t.tied_to in by_path:
+        return by_path[t.tied_to].table
+    try:
+        raw = json.loads(t.tied_to.read_text())
+        return {k: v for k, v in raw.items() if k != "triton_version"}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return t.table
 
 
 class Measurers:
@@ -153,7 +177,8 @@ class Measurers:
             else:
                 from tuner.isolation import isolated_gpu_measurer
                 from tuner.measure import require_gpu
-                require_gpu(self.gpu.cuda_name)
+                require_gpu(self.gpu.cuda_name, "timing a table here needs one; without a GPU, drift times from a "
+                            "landscape: --replay FILE (recorded with --record, or `tuner landscape synth`)")
                 self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers)
         return self._made[key]
 

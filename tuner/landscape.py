@@ -179,3 +179,54 @@ class LandscapeWriter:
             os.unlink(self.partial)
         else:
             os.replace(self.partial, self.path)
+
+
+def landscape_kernel(path: str | Path):
+    """The KernelSpec a landscape's timings belong to (its header's kernel and source),
+    without an engine's code: enough to read it."""
+    from kernels import get_kernel
+    header = read_header(path)
+    if not isinstance(header, dict) or header.get("format") != FORMAT or not header.get("kernel"):
+        raise TunerError(f"landscape {path}: line 1 must be a header with \"format\": \"{FORMAT}\" and a kernel")
+    source = header.get("kernel_source", "ours")
+    if source == "ours":
+        return get_kernel(header["kernel"])
+    return get_kernel(header["kernel"], source, load_code=False)
+
+
+def summary(land: Landscape) -> dict:
+    """What a landscape covers: per problem its batch sizes, points and failures, and the
+    most common failure reasons."""
+    from collections import Counter
+    problems: dict[str, dict] = {}
+    reasons: Counter = Counter()
+    for (key, M), pts in sorted(land.points.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        p = problems.setdefault(key, {"batch_sizes": [], "points": 0, "failures": 0})
+        p["batch_sizes"].append(M)
+        p["points"] += len(pts)
+        failed = [pt.error or "failed" for pt in pts.values() if pt.time_us is None]
+        p["failures"] += len(failed)
+        reasons.update(failed)
+    return {"problems": problems, "points": sum(p["points"] for p in problems.values()),
+            "failures": sum(p["failures"] for p in problems.values()), "reasons": reasons.most_common(3)}
+
+
+def info_lines(land: Landscape) -> list[str]:
+    """`tuner landscape info FILE`, in words."""
+    from tuner.provenance import from_header
+    h = land.header
+    s = summary(land)
+    source = h.get("kernel_source", "ours")
+    version = h.get("kernel_source_version") or ""
+    lines = [f"landscape {land.path}", *from_header(h, land.path).banner(),
+             f"  kernel     {h['kernel']} ("
+             + ("our kernel" if source == "ours" else f"{source}{' ' + version if version else ''}'s kernel") + ")",
+             f"  device     {h['device']}",
+             "  software   " + ", ".join(f"{k} {h.get(k) or '?'}" for k in ("triton", "torch", "cuda", "driver")),
+             f"  {'written ' if h.get('synthetic') else 'recorded'}   {h.get('recorded') or '?'}",
+             f"  {len(s['problems'])} problems, {s['points']} points, {s['failures']} failed"
+             + (" (" + "; ".join(f"{n}x {r}" for r, n in s["reasons"]) + ")" if s["reasons"] else "")]
+    for key, p in s["problems"].items():
+        lines.append(f"  problem {key}")
+        lines.append(f"    M {' '.join(map(str, p['batch_sizes']))}: {p['points']} points, {p['failures']} failed")
+    return lines

@@ -164,12 +164,16 @@ class RecordingMeasurer:
         self.gpu.close()
 
 
-def require_gpu(expected_cuda_name: str) -> None:
-    """Stop with one clear line when no (or another) GPU is present."""
+TUNING_WITHOUT_GPU = ("a tuning run needs one; use --dry-run to see the plan, or --replay FILE to tune over a "
+                      "recorded landscape")
+
+
+def require_gpu(expected_cuda_name: str, without: str = TUNING_WITHOUT_GPU) -> None:
+    """Stop with one clear line when no (or another) GPU is present; `without` says what
+    needs the GPU and what the command can do without one."""
     import torch
     if not torch.cuda.is_available():
-        raise TunerError("no CUDA GPU is visible, and a tuning run needs one; "
-                         "use --dry-run to see the plan, or --replay FILE to tune over a recorded landscape")
+        raise TunerError(f"no CUDA GPU is visible, and {without}")
     name = torch.cuda.get_device_name()
     if name != expected_cuda_name:
         raise TunerError(f"--gpu asks for {expected_cuda_name!r} but this machine has {name!r}; "

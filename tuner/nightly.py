@@ -204,7 +204,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
         result["status"] = "fresh"
     else:
         result["kept_previous"] = keep_better(prev_run, out, job, noise)
-        diff, md = write_diff(prev_run, out, out / "diff", noise)
+        diff, md = write_diff(prev_run, out, out / "diff", noise, force=True)   # the night's own folder
         slower, faster = int((diff["verdict"] == "slower").sum()), int((diff["verdict"] == "faster").sum())
         result.update({"faster": faster, "slower": slower, "diff": str(md),
                        "status": "regressed" if slower else ("improved" if faster else "same")})

@@ -13,8 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.errors import TunerError
+from tuner.formatting import speedup_cell, time_cell
 from tuner.paths import atomic_write_text
 from tuner.problems import Problem
+from tuner.provenance import TimeSource, from_manifest
 from tuner.results import read_manifest
 
 
@@ -33,7 +35,8 @@ def manifest_frame(run: Path) -> pd.DataFrame:
                 "problem": _label(t), "M": int(m),
                 "config": " ".join(str(v) for v in cfg.values()) if cfg else "-",
                 "time_us": e.get("time_us"), "spread": e.get("spread"),
-                "default_us": e.get("default_time_us"), "speedup": e.get("speedup"),
+                "default_us": e.get("default_time_us"), "default_error": e.get("default_error"),
+                "speedup": e.get("speedup"),
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
             })
     if not rows:
@@ -41,7 +44,24 @@ def manifest_frame(run: Path) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["problem", "M"]).reset_index(drop=True)
 
 
-def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list]) -> None:
+def run_source(run: Path) -> TimeSource:
+    """Where a results folder's times came from (its manifest)."""
+    return from_manifest(read_manifest(run))
+
+
+def printable(df: pd.DataFrame) -> pd.DataFrame:
+    """A report's rows as printed: two decimals, speedups as 1.23x, a default config
+    without a time shown with the reason."""
+    out = df.copy()
+    out["time_us"] = [time_cell(t) for t in df["time_us"]]
+    out["spread"] = [f"{s:.3f}" if s == s and s is not None else "-" for s in df["spread"]]
+    out["default_us"] = [time_cell(t, e) for t, e in zip(df["default_us"], df["default_error"])]
+    out["speedup"] = [speedup_cell(s) for s in df["speedup"]]
+    return out.drop(columns=["default_error"])
+
+
+def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
+          source: TimeSource | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -66,8 +86,13 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
     ax2.set_xlabel("M (batch size)")
     ax2.set_ylabel(name)
     ax2.tick_params(axis="x", labelrotation=60)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title + (f"\ntimes: {source.short()}" if source else ""), fontsize=9,
+                 color="tab:red" if source and source.synthetic else "black")
     fig.tight_layout()
+    if source and source.synthetic:
+        # across both panels, so that no crop of the picture loses it
+        fig.text(0.5, 0.5, "SYNTHETIC - not measured", fontsize=30, color="tab:red", alpha=0.25,
+                 ha="center", va="center", rotation=20)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -78,15 +103,30 @@ def _geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
+def headline(df: pd.DataFrame, source: TimeSource, bold: bool = False) -> str | None:
+    """The geometric-mean speedup over the default config, with where the times came from."""
+    g = _geomean(df["speedup"])
+    if not g:
+        return None
+    value = f"**{g:.2f}x**" if bold else f"{g:.2f}x"
+    return (f"Geometric-mean speedup over the engines' default config: {value} over "
+            f"{df['speedup'].notna().sum()} batch sizes"
+            + (" (SYNTHETIC times: no speedup was measured)" if source.synthetic
+               else f" ({source.line()})"))
+
+
 def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path]:
     run = Path(run)
     df = manifest_frame(run)
+    source = run_source(run)
     out = Path(out) if out else run / "report" / "report.md"
-    lines = [f"# Tuning report: {run}", ""]
-    g = _geomean(df["speedup"])
-    if g:
-        lines += [f"Geometric-mean speedup over the engines' default config: **{g:.2f}x** "
-                  f"over {df['speedup'].notna().sum()} batch sizes.", ""]
+    lines = [f"# Tuning report: {run}", "", *(f"**{line}**" for line in source.banner() if set(line) != {"!"}), ""]
+    if headline(df, source):
+        lines += [headline(df, source, bold=True), ""]
+    failed = df[df["default_us"].isna() & df["default_error"].notna()]
+    if not failed.empty:
+        lines += [f"The default config has no time at {len(failed)} batch sizes (reason in the default_us "
+                  "column); they have no speedup.", ""]
     for i, (problem, part) in enumerate(df.groupby("problem", sort=True)):
         png = out.parent / f"plot-{i}.png"
         timed = part.dropna(subset=["time_us"])
@@ -95,9 +135,9 @@ def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path
         if not with_default.empty:
             series["default config"] = (list(with_default["M"]), list(with_default["default_us"]))
         sp = part.dropna(subset=["speedup"])
-        _plot(png, problem, series, ("speedup over default", list(sp["M"]), list(sp["speedup"])))
+        _plot(png, problem, series, ("speedup over default", list(sp["M"]), list(sp["speedup"])), source)
         lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
-                  markdown_table(part.drop(columns=["problem"])), ""]
+                  markdown_table(printable(part).drop(columns=["problem"])), ""]
     atomic_write_text(out, "\n".join(lines) + "\n")
     return df, out
 
@@ -125,11 +165,48 @@ def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
     return df.sort_values(["problem", "M"]).reset_index(drop=True)
 
 
-def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02) -> tuple[pd.DataFrame, Path]:
+def diff_sources(old: Path, new: Path) -> list[str]:
+    """Lines saying where each run's times came from; a warning when they differ."""
+    a, b = run_source(old), run_source(new)
+    if a == b:
+        return a.banner()
+    lines = [f"OLD {a.line()}", f"NEW {b.line()}",
+             "warning: the two runs' times come from different sources; a change may be the source's, not the tables'"]
+    if a.synthetic or b.synthetic:
+        rule = "!" * 100
+        lines = [rule, *lines, rule]
+    return lines
+
+
+def _diff_marker(old: Path, new: Path) -> str:
+    return f"<!-- tuner diff: old={Path(old).resolve()} new={Path(new).resolve()} -->"
+
+
+def check_diff(old: Path, new: Path, out_dir: Path, df: pd.DataFrame, force: bool = False) -> None:
+    """Refuse, unless forced, a diff of runs with nothing in common, and a diff that would
+    overwrite the report of another pair of runs."""
+    both = df.dropna(subset=["time_us_old", "time_us_new"])
+    if both.empty and not force:
+        raise TunerError(f"{old} and {new} have no (problem, M) in common: they are not two runs of one "
+                         "tuning job, so there is nothing to compare (--force writes the report anyway)")
+    md = Path(out_dir) / "diff.md"
+    if md.is_file() and not force:
+        first = md.read_text().split("\n", 1)[0]
+        if first != _diff_marker(old, new):
+            raise TunerError(f"{md} holds another comparison ({first.removeprefix('<!-- tuner diff: ').removesuffix(' -->')}); "
+                             "give --out DIR for this one, or --force to overwrite it")
+
+
+def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
+               force: bool = False) -> tuple[pd.DataFrame, Path]:
     df = diff_frame(old, new, noise)
+    check_diff(old, new, out_dir, df, force)
     out = Path(out_dir) / "diff.md"
     counts = df["verdict"].value_counts().to_dict()
-    lines = [f"# {new} against {old}", "",
+    # plots carry the new run's source, or the old one's where that one is synthetic
+    plot_source = next((src for src in (run_source(old), run_source(new)) if src.synthetic), run_source(new))
+    lines = [_diff_marker(old, new), f"# {new} against {old}", "",
+             *(f"**{line}**" for line in diff_sources(old, new) if set(line) != {"!"}), "",
              f"**{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower**, "
              f"{counts.get('same', 0)} within noise, {counts.get('new', 0)} new, {counts.get('dropped', 0)} dropped "
              f"(noise band: the larger spread, at least {noise * 100:.0f}%).", ""]
@@ -143,7 +220,8 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02) -> tupl
         _plot(png, problem,
               {"old": (list(part.dropna(subset=["time_us_old"])["M"]), list(part["time_us_old"].dropna())),
                "new": (list(part.dropna(subset=["time_us_new"])["M"]), list(part["time_us_new"].dropna()))},
-              ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])))
+              ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])),
+              plot_source)
         table = part.drop(columns=["problem"])
         lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
                   markdown_table(table, floatfmt=".2f"), ""]

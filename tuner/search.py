@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
+from tuner.defaults import table_default
 from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import Config, KernelSpec, config_dict, config_tuple
@@ -165,6 +166,7 @@ class StudyResult:
     stopped: str                        # "budget", "converged", "exhausted", "no config"
     numerics: dict = field(default_factory=dict)
     rejected: list = field(default_factory=list)   # finalists that failed the numerics check
+    default_error: str | None = None    # why the default config has no time (it failed, or was not timed)
 
     @property
     def speedup(self) -> float | None:
@@ -176,7 +178,7 @@ class StudyResult:
         return {"M": self.M, "config": self.config, "time_us": self.time_us, "spread": self.spread,
                 "default_config": self.default_config, "default_time_us": self.default_time_us,
                 "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
-                "numerics": self.numerics, "rejected": self.rejected}
+                "numerics": self.numerics, "rejected": self.rejected, "default_error": self.default_error}
 
 
 def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
@@ -215,7 +217,7 @@ class StudyRunner:
         params = problem.params
         fixed = fixed or {}
         pin = lambda cfg: self.space.canonical(params, M, self.gpu, {**cfg, **fixed})  # noqa: E731
-        default = pin(kernel.default_config(params, M))
+        default = table_default(kernel, self.space, self.gpu, params, M, fixed)
         allowed = {config_tuple(kernel, c) for c in self.space.configs(params, M, self.gpu)
                    if all(c[k] == v for k, v in fixed.items())}
         available = self.measurer.candidates(problem, M)
@@ -234,7 +236,8 @@ class StudyRunner:
             allowed &= available
         if not allowed:
             return StudyResult(problem, M, None, None, None, default, None, 0, "no config",
-                               {"status": "not checked", "detail": "no config survives pruning"})
+                               {"status": "not checked", "detail": "no config survives pruning"},
+                               default_error="not timed: no config survives pruning")
 
         choices = {k: sorted({t[i] for t in allowed}) for i, k in enumerate(kernel.config_keys)}
         study = optuna.create_study(study_name=study_name(problem, M, self.prefix, kernel.source),
@@ -337,7 +340,8 @@ class StudyRunner:
                           budget=s.budget, best=best)
 
         self._fail_stale(study, choices)      # leave no dead worker's trial RUNNING behind
-        result = self._finish(problem, M, measured, default, stopped)
+        default_error = self._why_untimed(study, default, measured, available)
+        result = self._finish(problem, M, measured, default, stopped, default_error)
         study.set_user_attr("result", result.as_dict())
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
@@ -463,20 +467,37 @@ class StudyRunner:
                 best = v
         return since
 
-    def _finish(self, problem: Problem, M: int, measured: dict, default: Config, stopped: str) -> StudyResult:
+    def _why_untimed(self, study, default: Config, measured: dict, available) -> str | None:
+        """Why the default config has no time in this study (None when it has one)."""
+        t = config_tuple(self.kernel, default)
+        if measured.get(t) is not None:
+            return None
+        if available is not None and t not in available:
+            return "not in the landscape"
+        for tr in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+            cfg = tr.user_attrs.get("config")
+            if cfg and self._counts(tr) and config_tuple(self.kernel, cfg) == t:
+                return str(tr.user_attrs["error"])
+        return "not measured"
+
+    def _finish(self, problem: Problem, M: int, measured: dict, default: Config, stopped: str,
+                default_error: str | None = None) -> StudyResult:
         """Re-time the best few (and the default) together, then check numerics in order."""
         kernel = self.kernel
         timed = sorted((v, t) for t, v in measured.items() if v is not None)
         default_t = config_tuple(kernel, default)
         if not timed:
             return StudyResult(problem, M, None, None, None, default, measured.get(default_t), len(measured),
-                               "no config", {"status": "not checked", "detail": "every config failed"})
+                               "no config", {"status": "not checked", "detail": "every config failed"},
+                               default_error=default_error)
         finalists = [config_dict(kernel, t) for _, t in timed[: self.settings.top_k]]
         retime = finalists + ([default] if default_t in measured and measured[default_t] is not None
                               and default not in finalists else [])
         again = self.measurer.measure(problem, M, retime)
         by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
         default_time = by_cfg[default_t].time_us if default_t in by_cfg else measured.get(default_t)
+        if default_time is None and default_error is None:
+            default_error = (by_cfg[default_t].error if default_t in by_cfg else None) or "failed when timed again"
         ranked = sorted((m.time_us, i) for i, m in enumerate(again[: len(finalists)]) if m.time_us is not None)
         rejected = []
         for time_us, i in ranked:
@@ -486,15 +507,16 @@ class StudyRunner:
                 rejected.append({"config": cfg, "numerics": check.as_dict()})
                 continue
             return StudyResult(problem, M, cfg, time_us, again[i].spread, default, default_time,
-                               len(measured), stopped, check.as_dict(), rejected)
+                               len(measured), stopped, check.as_dict(), rejected, default_error)
         return StudyResult(problem, M, None, None, None, default, default_time, len(measured), "no config",
-                           {"status": "failed", "detail": "every finalist failed the numerics check"}, rejected)
+                           {"status": "failed", "detail": "every finalist failed the numerics check"}, rejected,
+                           default_error)
 
     @staticmethod
     def result_from_dict(problem: Problem, M: int, d: dict) -> StudyResult:
         return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
-                           d.get("rejected", []))
+                           d.get("rejected", []), d.get("default_error"))
 
 
 def requeue_stale_trial(study, trial) -> None:

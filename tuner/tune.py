@@ -20,12 +20,14 @@ import pandas as pd
 from tuner.engines import ENGINES, lookup_nearest
 from tuner.environment import now_iso, software_versions
 from tuner.errors import TunerError
+from tuner.formatting import speedup_cell, time_cell
 from tuner.gpus import GpuSpec
 from tuner.kernel_api import KernelSpec
 from tuner.landscape import Landscape, LandscapeWriter
 from tuner.measure import RecordingMeasurer, ReplayMeasurer
 from tuner.problems import Problem
 from tuner.progress import Progress
+from tuner.provenance import from_environment
 from tuner.paths import atomic_write_json
 from tuner.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
 from tuner.search import SearchSettings, StudyResult, StudyRunner, open_storage, study_name
@@ -89,6 +91,10 @@ def plan_text(opts: RunOptions) -> str:
         floor = [f"{m}:{max(k.bytes_moved(p.params, m) / (gpu.hbm_tb_s * 1e6), k.flops(p.params, m) / (gpu.fp8_tflops * 1e6)):.1f}"
                  for m in opts.batch_sizes]
         lines.append("  datasheet floor, us per M: " + " ".join(floor))
+    if opts.problems:
+        lines.append(f"  (datasheet floor: the least time the {gpu.key}'s datasheet allows, the larger of the bytes "
+                     f"the kernel must move / {gpu.hbm_tb_s} TB/s and its FLOPs / {gpu.fp8_tflops:.0f} dense FP8 "
+                     "TFLOP/s; computed, not measured: no config reaches it)")
     total = len(opts.problems) * len(opts.batch_sizes)
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {total * opts.settings.budget} measured configs")
@@ -206,6 +212,10 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
         run_gpu_workers(opts, progress)
     else:
         measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+        env = {**measurer.environment()}
+        env["device"] = env.get("device") or opts.gpu.cuda_name
+        for line in from_environment(measurer.label, env).banner():
+            progress.note(line)
         storage = open_run_storage(opts)
         try:
             if isinstance(measurer, ReplayMeasurer):
@@ -227,6 +237,13 @@ def tune_all(opts: RunOptions, storage, measurer, progress: Progress, after_prob
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
                          prefix=opts.prefix)
+    # A run started again shows the studies it finished before as stored, and says so.
+    finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
+                if stored_result(storage, opts, p, M) is not None}
+    if finished:
+        total = sum(len(opts.ms_for(p)) for p in opts.problems)
+        progress.note(f"resuming from {opts.storage or default_storage(opts.out_dir)}: {len(finished)} of {total} "
+                      "studies finished before; their stored results are shown, not run again")
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts, problem) if opts.baseline else None
         neighbour = None
@@ -246,7 +263,7 @@ def tune_all(opts: RunOptions, storage, measurer, progress: Progress, after_prob
                 seeds.append(("neighbour", neighbour))
             r = runner.tune(problem, M, seeds, fixed)
             neighbour = r.config or neighbour
-            progress.end_study(_summary(r))
+            progress.end_study(("stored: " if (problem.key, M) in finished else "") + _summary(r))
         if after_problem:
             after_problem()
 
@@ -455,7 +472,7 @@ def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progr
 def _summary(r: StudyResult) -> str:
     if r.config is None:
         return f"no config ({r.numerics.get('detail', r.stopped)})"
-    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    sp = f", {r.speedup:.2f}x default" if r.speedup else f", default {time_cell(None, r.default_error)}"
     return f"{r.time_us:.2f} us{sp} after {r.trials} trials ({r.stopped})"
 
 
@@ -466,9 +483,9 @@ def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) 
             rows.append({
                 "problem": pkey, "M": r.M,
                 "config": " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
-                "time_us": round(r.time_us, 2) if r.time_us else None,
-                "default_us": round(r.default_time_us, 2) if r.default_time_us else None,
-                "speedup": round(r.speedup, 3) if r.speedup else None,
+                "time_us": time_cell(r.time_us),
+                "default_us": time_cell(r.default_time_us, r.default_error),
+                "speedup": speedup_cell(r.speedup),
                 "trials": r.trials,
                 "numerics": r.numerics.get("status", "-"),
             })
