@@ -32,7 +32,8 @@ def run_main(capsys, tmp_path, *argv):
     (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--baseline", "nowhere"], "--baseline nowhere is not a folder"),
     (["gemm", "--model", "models/none.json", "--gpu", "H200"], "model file models/none.json not found"),
     (["gemm", "--gpu", "H200"], "--model"),
-    (["gemm", "--model", "deepseek-v3", "--gpu", "H200"], "no CUDA GPU is visible"),   # no GPU here
+    # no GPU here (our kernel, so that the engines' code is not looked for first)
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--kernel-source", "ours"], "no CUDA GPU is visible"),
 ])
 def test_bad_input_one_line_exit_2(capsys, tmp_path, argv, needle):
     rc, err, out = run_main(capsys, tmp_path, *argv)
@@ -95,7 +96,8 @@ def test_dry_run_plan_per_tp(capsys, tp, shape):
 def test_no_traceback_from_the_real_command(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
-                        "--tp", "8", "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True)
+                        "--tp", "8", "--kernel-source", "ours", "--out", str(tmp_path / "o")],
+                       env=env, capture_output=True, text=True)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "--dry-run" in r.stderr and "--replay" in r.stderr

@@ -328,12 +328,7 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
 
     model, gpu, settings = _load_common(args, kernel_name, command)
     notes: list[str] = []
-    problems = make_problems(model)
-    if not args.dry_run and not args.replay:
-        # before the engines' code is looked for: without the GPU nothing else can help
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name)
-    runs = kernel_runs(args, kernel_name, problems, notes)
+    runs = kernel_runs(args, kernel_name, make_problems(model), notes)
     all_opts = []
     for kernel, problems in runs:
         all_opts.append(RunOptions(
@@ -352,6 +347,9 @@ def _run_command(args, command: str, kernel_name: str, make_problems) -> int:
             print(f"note: {line}")
         print("\n\n".join(plan_text(opts) for opts in all_opts))
         return 0
+    if not args.replay:
+        from tuner.measure import require_gpu
+        require_gpu(gpu.cuda_name)
     from tuner.provenance import for_run
     for opts in all_opts:
         kernel = opts.kernel
