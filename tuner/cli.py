@@ -487,7 +487,9 @@ def cmd_drift(args) -> int:
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
           else f"all {len(df)} entries still win or tie")
     if args.out:
-        atomic_write_json(Path(args.out), df.to_dict(orient="records"))
+        import json
+        # through pandas' JSON writer: a missing time is null there, not NaN (invalid JSON)
+        atomic_write_json(Path(args.out), json.loads(df.to_json(orient="records")))
     return 0
 
 
