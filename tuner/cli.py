@@ -406,10 +406,9 @@ def cmd_worker(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from tuner.tune import collect, load_plans, open_storage, results_table
-
     from tuner.provenance import from_manifest
     from tuner.results import read_manifest
+    from tuner.tune import collect, load_plans, open_storage, results_table
 
     storage = open_storage(args.storage)
     for opts in load_plans(storage, args.study_prefix, out_dir=Path(args.out), storage=args.storage):
@@ -470,11 +469,11 @@ def cmd_drift(args) -> int:
     measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source)
     from tuner.formatting import speedup_cell, time_cell
     from tuner.provenance import for_run
-    source = for_run(args.replay, gpu.cuda_name)
     try:
         df = measure_drift(tables, measurers, args.noise)
     finally:
         measurers.close()
+    source = for_run(args.replay, gpu.cuda_name)
     shown = df.drop(columns=["table", "error", "default_error"])
     shown["table_us"] = [time_cell(t, e) for t, e in zip(df["table_us"], df["error"])]
     shown["default_us"] = [time_cell(t, e) for t, e in zip(df["default_us"], df["default_error"])]
@@ -499,8 +498,7 @@ def cmd_nightly(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from tuner.report import write_report
-    from tuner.report import headline, printable, run_source
+    from tuner.report import headline, printable, run_source, write_report
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
     source = run_source(Path(args.run))
     for line in source.banner():
@@ -590,10 +588,14 @@ def cmd_landscape(args) -> int:
     batch_sizes = sorted(set(args.batch_sizes or (MLA_BATCH_SIZES if args.kernel == "mla" else DEFAULT_BATCH_SIZES)))
     gpu, model = get_gpu(args.gpu), load_model(args.model)
     mode = args.kernel_source
-    try:
-        kernel = kernel_for(kernel_name, mode if mode != "ours" else "vllm", mode)
-    except TunerError:           # no engine code here: its keys and defaults are enough
-        kernel = kernel_for(kernel_name, mode, mode, load_code=False)
+    if mode == "ours":
+        from kernels import get_kernel
+        kernel = get_kernel(kernel_name)
+    else:
+        try:
+            kernel = kernel_for(kernel_name, mode, mode)           # its version goes into the header
+        except TunerError:       # no engine code here: its keys and defaults are enough
+            kernel = kernel_for(kernel_name, mode, mode, load_code=False)
     engines = list(ENGINE_NAMES) if mode == "ours" else [mode]
     problems = _problems_of(args.kernel, args, model, engines)
     if not problems:
