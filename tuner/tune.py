@@ -453,19 +453,27 @@ def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[Study
 
 
 def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):
-    covered, plan_ms = [], {}
+    covered, plan_ms, partial = [], {}, []
     for p in opts.problems:
         ms = [m for m in opts.batch_sizes if measurer.covers(p, m)]
-        missing = [m for m in opts.batch_sizes if m not in ms]
         if not ms:
             progress.note(f"skip {p.key}: the landscape has no timings for it")
             continue
-        if missing:
-            progress.note(f"{p.key}: the landscape lacks M={','.join(map(str, missing))}; tuning M={','.join(map(str, ms))}")
+        if len(ms) < len(opts.batch_sizes):
+            partial.append(p.key)
         covered.append(p)
         plan_ms[p.key] = ms
     if not covered:
         raise TunerError(f"landscape {opts.replay} covers none of the planned problems and batch sizes")
+    text = lambda ms: ",".join(map(str, ms))  # noqa: E731
+    if partial and len({tuple(ms) for ms in plan_ms.values()}) == 1:
+        # one line, not one per problem, when the landscape has the same batch sizes for all
+        progress.note(f"the landscape has M={text(next(iter(plan_ms.values())))} of the {len(opts.batch_sizes)} "
+                      "batch sizes asked for; tuning those")
+    else:
+        for key in partial:
+            missing = [m for m in opts.batch_sizes if m not in plan_ms[key]]
+            progress.note(f"{key}: the landscape lacks M={text(missing)}; tuning M={text(plan_ms[key])}")
     return covered, plan_ms
 
 
