@@ -1,13 +1,53 @@
 #!/usr/bin/env bash
-# Nightly retune, ready for cron or a CI scheduler:
-#   0 2 * * *  cd /srv/tuner && scripts/nightly_retune.sh configs/nightly.yaml
+# Nightly retune, ready for cron or a CI scheduler. A crontab line that works as written
+# (cron gives a bare environment: name the Python of the environment tuner is installed in):
+#   0 2 * * *  /srv/tuner/scripts/nightly_retune.sh --python /srv/tuner/.venv/bin/python configs/nightly.yaml
 # - a lock (flock) so two nights never overlap: a second start exits 75 at once;
 # - the night's folder is named by date, so a night that crashed resumes when started again;
 # - a log per night under logs/;
-# - exit status: 0 fine, 3 a table regressed, 1 a job failed, 75 another night is running.
+# - exit status: 0 fine, 3 a table regressed, 1 a job failed (or no Python with tuner),
+#   2 bad arguments, 75 another night is running.
 set -uo pipefail
-config=${1:-configs/nightly.yaml}
+
+usage() {
+  cat <<'EOF'
+usage: scripts/nightly_retune.sh [--python PYTHON] [CONFIG]
+
+One night of `tuner nightly CONFIG` (default configs/nightly.yaml, relative to the
+repository), under a lock, logged to logs/nightly-<date>.log.
+
+  --python PYTHON  the Python of the environment tuner is installed in (default:
+                   $TUNER_PYTHON, else the repository's .venv/bin/python, else python3
+                   on PATH); cron runs with a bare environment, so give it there
+  -h, --help       this text
+
+Exit status: 0 fine, 3 a table regressed, 1 a job failed or PYTHON cannot import tuner,
+2 bad arguments, 75 another night is still running. $TUNER_NIGHT names the night
+(default: today's date).
+EOF
+}
+
+python=${TUNER_PYTHON:-}
+config=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --python) [ $# -ge 2 ] || { echo "nightly: --python needs a path (see --help)" >&2; exit 2; }
+              python=$2; shift 2 ;;
+    --python=*) python=${1#--python=}; shift ;;
+    -*) echo "nightly: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) [ -z "$config" ] || { echo "nightly: one CONFIG only, got $config and $1 (see --help)" >&2; exit 2; }
+       config=$1; shift ;;
+  esac
+done
+config=${config:-configs/nightly.yaml}
+# a CONFIG that exists from here is taken from here, anything else from the repository
+if [ -e "$config" ]; then config=$(cd "$(dirname "$config")" && pwd)/$(basename "$config"); fi
+case $python in */*) [ -e "$python" ] && python=$(cd "$(dirname "$python")" && pwd)/$(basename "$python") ;; esac
 cd "$(dirname "$0")/.."
+if [ -z "$python" ]; then
+  if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
+fi
 mkdir -p logs
 night=${TUNER_NIGHT:-$(date +%F)}
 log="logs/nightly-$night.log"
@@ -16,8 +56,14 @@ if ! flock -n 9; then
   echo "nightly: another night is still running (logs/.nightly.lock)" >&2
   exit 75
 fi
-echo "=== $(date -Is) night $night, config $config" >>"$log"
-python3 -m tuner nightly "$config" --night "$night" >>"$log" 2>&1
+if ! "$python" -c "import tuner" >/dev/null 2>&1; then
+  msg="nightly: $python cannot import tuner; give --python with the Python of the environment tuner is installed in"
+  echo "=== $(date -Is) $msg" >>"$log"
+  echo "$msg" >&2
+  exit 1
+fi
+echo "=== $(date -Is) night $night, config $config, python $python" >>"$log"
+"$python" -m tuner nightly "$config" --night "$night" >>"$log" 2>&1
 rc=$?
 echo "=== $(date -Is) exit $rc" >>"$log"
 case $rc in

@@ -21,7 +21,8 @@ def shared_dir():
     """../shared beside the checkout: the engines' facts and shipped tables."""
     d = Path(__file__).resolve().parents[2] / "shared"
     if not (d / "baselines").is_dir():
-        pytest.skip("../shared/baselines is not beside this checkout")
+        pytest.skip("needs the engines' shipped tables in ../shared/baselines beside this checkout (kept "
+                    "outside the repository; absent in a clone elsewhere)")
     return d
 
 

@@ -32,7 +32,8 @@ def run_main(capsys, tmp_path, *argv):
     (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--baseline", "nowhere"], "--baseline nowhere is not a folder"),
     (["gemm", "--model", "models/none.json", "--gpu", "H200"], "model file models/none.json not found"),
     (["gemm", "--gpu", "H200"], "--model"),
-    (["gemm", "--model", "deepseek-v3", "--gpu", "H200"], "no CUDA GPU is visible"),   # no GPU here
+    # no GPU here (our kernel, so that the engines' code is not looked for first)
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--kernel-source", "ours"], "no CUDA GPU is visible"),
 ])
 def test_bad_input_one_line_exit_2(capsys, tmp_path, argv, needle):
     rc, err, out = run_main(capsys, tmp_path, *argv)
@@ -95,7 +96,38 @@ def test_dry_run_plan_per_tp(capsys, tp, shape):
 def test_no_traceback_from_the_real_command(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
-                        "--tp", "8", "--out", str(tmp_path / "o")], env=env, capture_output=True, text=True)
+                        "--tp", "8", "--kernel-source", "ours", "--out", str(tmp_path / "o")],
+                       env=env, capture_output=True, text=True)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "--dry-run" in r.stderr and "--replay" in r.stderr
+
+
+@pytest.mark.parametrize("argv,hint", [
+    (["drift", "t.json", "--gpu", "H200", "--bogus"], "tuner drift --help"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "extra"], "tuner gemm --help"),
+    (["landscape", "info", "x.jsonl", "--bogus"], "tuner landscape info --help"),
+    (["--bogus"], "tuner --help"),
+])
+def test_argument_errors_point_at_the_subcommands_help(capsys, argv, hint):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unrecognized arguments" in err and f"(see `{hint}`)" in err
+
+
+def test_drift_without_a_gpu_says_what_it_can_do(capsys, tmp_path):
+    table = tmp_path / "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    table.write_text('{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, '
+                     '"num_warps": 4, "num_stages": 3}}')
+    assert main(["drift", str(table), "--gpu", "H200", "--kernel-source", "ours"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no CUDA GPU is visible" in err
+    assert "--replay FILE" in err and "--dry-run" not in err          # drift has no --dry-run
+
+
+def test_drift_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["drift", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--noise NOISE a difference smaller than this fraction" in text
+    assert "--routing {uniform,zipf} fused MoE: how tokens are routed" in text

@@ -99,11 +99,43 @@ def test_script_lock_log_and_exit_status(world, tmp_path):
         busy = subprocess.run(["bash", str(script), str(cfg)], env=env, capture_output=True, text=True)
         fcntl.flock(lock, fcntl.LOCK_UN)
     assert busy.returncode == 75 and "another night" in busy.stderr
-    done = subprocess.run(["bash", str(script), str(cfg)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["bash", str(script), "--python", sys.executable, str(cfg)], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     log = (REPO / "logs" / "nightly-s1.log").read_text()
     assert "exit 0" in log and "a fresh" in log
     (REPO / "logs" / "nightly-s1.log").unlink()
+
+
+def test_script_help_and_bad_arguments():
+    script = REPO / "scripts" / "nightly_retune.sh"
+    shown = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: scripts/nightly_retune.sh")
+    assert "--python PYTHON" in shown.stdout and not (REPO / "--help").exists()
+    bad = subprocess.run(["bash", str(script), "--nights", "2"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and bad.stderr.strip() == "nightly: unknown option --nights (see --help)"
+
+
+def test_script_runs_from_a_bare_cron_environment(world, tmp_path):
+    """As the header's crontab line runs it: no PATH beyond /usr/bin:/bin, no activated
+    environment, another working folder; only --python names the environment. A Python
+    without tuner is one clear line and exit 1, in the log too."""
+    d, model, lands = world
+    cfg = config(tmp_path, model, lands["a1"], lands["b1"], "n.yaml")
+    script = REPO / "scripts" / "nightly_retune.sh"
+    cron = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHELL": "/bin/sh", "TUNER_NIGHT": "cron1"}
+    log = REPO / "logs" / "nightly-cron1.log"
+    try:
+        none = subprocess.run([str(script), "--python", "/bin/false", str(cfg)], env=cron, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert none.returncode == 1 and "/bin/false cannot import tuner" in none.stderr
+        assert len(none.stderr.strip().splitlines()) == 1 and "cannot import tuner" in log.read_text()
+        ran = subprocess.run([str(script), "--python", sys.executable, str(cfg)], env=cron, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr + log.read_text()
+        assert "exit 0" in log.read_text() and (tmp_path / "runs" / "cron1" / "report.md").is_file()
+    finally:
+        log.unlink(missing_ok=True)
 
 
 def test_mla_tables_drift_retune_and_never_get_slower(tmp_path, capsys):

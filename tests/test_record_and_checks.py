@@ -97,10 +97,10 @@ def test_config_failing_numerics_is_never_emitted(fake_gpu, tmp_path, monkeypatc
     from tuner.search import StudyRunner
     real_finish = StudyRunner._finish
 
-    def fail_the_fastest(self, problem, M, measured, default, stopped):
+    def fail_the_fastest(self, problem, M, measured, *rest, **kw):
         fastest = min((v, t) for t, v in measured.items() if v is not None)[1]
         self.measurer.failing.add(fastest)
-        return real_finish(self, problem, M, measured, default, stopped)
+        return real_finish(self, problem, M, measured, *rest, **kw)
 
     monkeypatch.setattr(StudyRunner, "_finish", fail_the_fastest)
     assert gemm(tmp_path / "o", "--batch-sizes", "16") == 0

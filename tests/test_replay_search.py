@@ -111,6 +111,19 @@ def test_resume_counts_stored_trials_against_the_budget(landscape, tmp_path, mon
     assert first > 0
 
 
+def test_a_finished_run_started_again_says_it_resumed(landscape, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert tune(landscape, out, trials=8) == 0
+    first = capsys.readouterr().err
+    assert "resuming" not in first and "stored:" not in first
+    assert tune(landscape, out, trials=8) == 0
+    again = capsys.readouterr().err
+    studies = len(PROBLEMS) * len(MS)
+    assert f"resuming from sqlite:///{(out / 'studies.db').resolve()}: {studies} of {studies} studies" in again
+    lines = [ln for ln in again.splitlines() if ln.startswith("[")]
+    assert len(lines) == studies and all("M=" in ln and ": stored: " in ln for ln in lines)
+
+
 def test_kill_9_then_resume(landscape, tmp_path):
     out = tmp_path / "out"
     args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(landscape),

@@ -2,6 +2,8 @@
 which is made slower at some batch sizes."""
 
 
+import re
+
 import pytest
 
 from kernels import get_kernel
@@ -56,3 +58,60 @@ def test_diff_finds_the_slower_batch_size(two_runs, capsys):
 def test_report_of_a_non_results_folder(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_report_says_its_times_are_synthetic(two_runs, capsys):
+    old, _ = two_runs
+    assert main(["report", str(old)]) == 0
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    assert lines[0].startswith("*** SYNTHETIC") and lines[0].endswith("***")                # loud, on top
+    assert "Geometric-mean speedup" in printed and "(SYNTHETIC: not a measurement)" in printed
+    assert not re.search(r"\d\.\d{4,}", printed)                                          # no 6 decimals
+    md = (old / "report" / "report.md").read_text()
+    assert "SYNTHETIC" in md.split("## ")[0]
+
+
+def test_a_recorded_landscape_is_named_with_its_device(two_runs, tmp_path, capsys):
+    """A landscape not marked synthetic (as one recorded on a GPU): the report says where and
+    when it was recorded, and a diff against a synthetic run warns the sources differ."""
+    old, _ = two_runs
+    land = tmp_path / "recorded.jsonl"
+    scaled_landscape(old.parent / "a.jsonl", land, KERNEL, 1.0, synthetic=False, driver="570.86",
+                     torch="2.11.0", recorded="2026-11-20T09:00:00+00:00")
+    run(land, tmp_path / "rec")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "rec")]) == 0
+    printed = capsys.readouterr().out
+    assert "SYNTHETIC" not in printed
+    assert printed.splitlines()[0] == "times: landscape recorded on NVIDIA H200 (2026-11-20), replayed"
+    assert main(["diff", str(old), str(tmp_path / "rec"), "--out", str(tmp_path / "d")]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: the two runs' times come from different sources" in printed
+    assert "old: *** SYNTHETIC" in printed and "new: times: landscape recorded on NVIDIA H200" in printed
+
+
+def test_diff_refuses_unrelated_runs_and_another_pairs_report(two_runs, tmp_path, capsys):
+    old, new = two_runs
+    other_land = tmp_path / "other.jsonl"
+    write_synthetic_landscape(other_land, KERNEL, load_space(KERNEL), get_gpu("H200"),
+                              [{"N": 4096, "K": 512, "block_shape": [128, 128]}], MS)
+    run(other_land, tmp_path / "other")
+    capsys.readouterr()
+    rc = main(["diff", str(old), str(tmp_path / "other")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no (problem, M) in common" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "other" / "diff").exists()
+    assert main(["diff", str(old), str(tmp_path / "other"), "--force"]) == 0
+
+    out = tmp_path / "shared-diff"
+    assert main(["diff", str(old), str(new), "--out", str(out)]) == 0
+    before = (out / "diff.md").read_text()
+    assert main(["diff", str(old), str(new), "--out", str(out)]) == 0          # the same pair again: fine
+    capsys.readouterr()
+    rc = main(["diff", str(new), str(old), "--out", str(out)])                  # another pair: refused
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds another comparison" in err and "--force" in err
+    assert (out / "diff.md").read_text() == before
+    assert main(["diff", str(new), str(old), "--out", str(out), "--force"]) == 0
+    assert (out / "diff.md").read_text() != before

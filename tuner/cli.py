@@ -177,10 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--gpu", required=True)
     drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
     drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
-                       help="routing the MoE tables are re-timed with (default uniform, as they were tuned)")
+                       help="fused MoE: how tokens are routed to experts while timing: uniformly at random like "
+                       "the engines' tuners (default, as the tables were tuned), or Zipf-skewed like real traffic")
     drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
     drift.add_argument("--noise", type=_fraction, default=0.02,
-                       help="a change smaller than this (or than the measured spread) is a tie (default 0.02 = 2%%)")
+                       help="a difference smaller than this fraction (or the measured spread, if larger) is a tie, "
+                       "`same` (default 0.02 = 2%%)")
     drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
                        help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
                        "(with --replay: the landscape's)")
@@ -418,8 +420,14 @@ def cmd_nightly(args) -> int:
 def cmd_report(args) -> int:
     from tuner.report import run_source, write_report
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
-    print(run_source(Path(args.run)))
+    source = run_source(Path(args.run))
+    print(source)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    from tuner.report import _geomean
+    g = _geomean(df["speedup"])
+    if g:
+        print(f"Geometric-mean speedup over the engines' default config"
+              f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}: {g:.2f}x")
     print(f"report: {path}")
     return 0
 
@@ -429,8 +437,11 @@ def cmd_diff(args) -> int:
     out = Path(args.out) if args.out else Path(args.new) / "diff"
     df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force)
     from tuner.report import run_source
-    print(f"old: {run_source(Path(args.old))}")
-    print(f"new: {run_source(Path(args.new))}")
+    sources = run_source(Path(args.old)), run_source(Path(args.new))
+    print(f"old: {sources[0]}")
+    print(f"new: {sources[1]}")
+    if sources[0] != sources[1]:
+        print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
     cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     counts = df["verdict"].value_counts().to_dict()
@@ -683,6 +694,17 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
+def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The (sub)parser of the command line's subcommand (`tuner landscape synth`'s, say)."""
+    for dest in ("command", "action"):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, dest, None)
+        if not subs or name not in subs[0].choices:
+            break
+        parser = subs[0].choices[name]
+    return parser
+
+
 def _setup_logging() -> None:
     """Warnings and worse by default; TUNER_LOG=info or debug shows more (how stale trials
     were cleared, storage retries)."""
@@ -703,7 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         pass                       # not the main thread (tests calling main in a thread)
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:           # said by the subcommand's parser, so that the hint names its --help
+            _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         if not args.command:
             parser.print_help()
             return 2

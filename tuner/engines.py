@@ -33,6 +33,12 @@ class Engine:
     # source of the version named in `facts_for`; printed by the plan and by tuner install.
     reads_on_hopper: dict = None
     facts_for: str = ""
+    # Config keys a table family's second (`_down`) table must share with the first at
+    # every M ({table kind: keys}): SGLang runs the two MoE GEMMs with one BLOCK_SIZE_M.
+    down_table_tied_keys: dict = None
+
+    def tied_keys(self, kind: str) -> tuple[str, ...]:
+        return tuple((self.down_table_tied_keys or {}).get(kind, ()))
 
     def fuses_shared_expert(self, architecture: str | None, routed: int, shared: int, ep: int) -> bool:
         rule = self.shared_expert_fusion
@@ -117,6 +123,7 @@ ENGINES: dict[str, Engine] = {
         moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
         moe_folder_per_triton=True,
         facts_for="SGLang 0.5.23",
+        down_table_tied_keys={"fused_moe": ("BLOCK_SIZE_M",)},
         reads_on_hopper={
             "fp8_gemm": "block-FP8 linear layers run DeepGEMM by default; the Triton GEMM reads these tables only "
                         "with --fp8-gemm-backend triton (or SGLANG_ENABLE_JIT_DEEPGEMM=0), or for shapes DeepGEMM "

@@ -313,7 +313,7 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
             up = Problem("fused_moe", {**base, **shared, "part": "up", "routing": routing}, ("experts.w13",),
                          ("sglang",))
             down = Problem("fused_moe", {**base, **shared, "part": "down", "routing": routing}, ("experts.w2",),
-                           ("sglang",), tied_to=up.key, tied_keys=("BLOCK_SIZE_M",))
+                           ("sglang",), tied_to=up.key, tied_keys=engine.tied_keys("fused_moe"))
             out += [up, down]
     return out
 

@@ -167,7 +167,7 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
     df = diff_frame(old, new, noise)
     out = Path(out_dir) / "diff.md"
     if not force and not ((df["verdict"] != "new") & (df["verdict"] != "dropped")).any():
-        raise TunerError(f"{old} and {new} share no problem and batch size: they are unrelated runs "
+        raise TunerError(f"{old} and {new} have no (problem, M) in common: they are unrelated runs "
                          "(--force compares them anyway)")
     if not force and out.is_file():
         first = out.read_text().split("\n", 1)[0]

@@ -291,6 +291,13 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
                          prefix=opts.prefix)
+    # A run started again shows the studies it finished before as stored, and says so.
+    finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
+                if stored_result(storage, opts, p, M) is not None}
+    if finished:
+        total = sum(len(opts.ms_for(p)) for p in opts.problems)
+        progress.note(f"resuming from {opts.storage or default_storage(opts.out_dir)}: {len(finished)} of {total} "
+                      "studies finished before; their stored results are shown, not run again")
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         neighbour = None
@@ -579,8 +586,7 @@ def check_baselines(opts: RunOptions) -> None:
 
 def _summary(r: StudyResult) -> str:
     if r.resumed:
-        return "finished by an earlier run (read from the storage): " + _summary(
-            dataclasses.replace(r, resumed=False))
+        return "stored: " + _summary(dataclasses.replace(r, resumed=False))
     if r.config is None:
         return f"no config ({r.numerics.get('detail', r.stopped)})"
     sp = f", {r.speedup:.2f}x default" if r.speedup else ""
