@@ -79,6 +79,23 @@ def start(args, env, source=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def lock_held_by(proc, lock_dir: Path, timeout: float = 60) -> None:
+    """Wait until proc holds an install lock in lock_dir (a non-blocking flock fails)."""
+    import fcntl
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        for lock in lock_dir.glob("*.lock"):
+            with open(lock, "a+") as f:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                except BlockingIOError:
+                    return
+        time.sleep(0.05)
+    raise AssertionError("the first install never took its lock")
+
+
 @pytest.fixture
 def env(tmp_path):
     return {**os.environ, "TUNER_BACKUP_DIR": str(tmp_path / "backups"), "PYTHONPATH": str(REPO)}
@@ -120,7 +137,7 @@ def test_two_installs_at_once_do_not_interleave(tmp_path, env):
     site = make_site(tmp_path / "site")
     a, b = make_results(tmp_path / "a", warps=4), make_results(tmp_path / "b", warps=8)
     pa = start(install_args(a, site), env)
-    time.sleep(0.3)
+    lock_held_by(pa, tmp_path / "backups" / "locks")       # a's install is under way, holding the lock
     pb = start(install_args(b, site), env)
     for p in (pa, pb):
         p.communicate(timeout=120)

@@ -713,6 +713,13 @@ def _setup_logging() -> None:
         logger.addHandler(_StderrLines())
     level = os.environ.get("TUNER_LOG", "warning").upper()
     logger.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else "WARNING")
+    # SQLAlchemy logs a traceback ("Error closing cursor") when Ctrl-C or SIGTERM lands inside
+    # a query; the interruption is reported in one line of ours, and a real storage error
+    # still raises. TUNER_LOG=debug shows them.
+    sa = logging.getLogger("sqlalchemy")
+    if level != "DEBUG" and not any(isinstance(h, logging.NullHandler) for h in sa.handlers):
+        sa.addHandler(logging.NullHandler())
+        sa.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:
