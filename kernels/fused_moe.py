@@ -22,8 +22,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.fp8_gemm import (FP8, FP8_MAX, block_quant_weight, per_token_group_quant_fp8,
-                              per_token_group_quant_fp8_reference)
+from kernels.fp8_gemm import (
+    FP8,
+    FP8_MAX,
+    block_quant_weight,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_reference,
+)
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
 from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 

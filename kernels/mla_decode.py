@@ -61,7 +61,7 @@ def _mla_split_kernel(
     q_pe = tl.load(q_rows + D_LATENT + offs_r[None, :], mask=head_ok[:, None], other=0.0)
 
     m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
-    l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    denom = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, D_LATENT), dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
@@ -76,14 +76,14 @@ def _mla_split_kernel(
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(qk - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
+        denom = denom * alpha + tl.sum(p, 1)
         # the value is the latent part of the same cached rows
         acc = acc * alpha[:, None] + dot(p.to(k_nope.dtype), k_nope, INTERPRET)
         m = m_new
 
-    nonempty = l > 0.0
-    out = tl.where(nonempty[:, None], acc / tl.where(nonempty, l, 1.0)[:, None], 0.0)
-    lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, l, 1.0)), float("-inf"))
+    nonempty = denom > 0.0
+    out = tl.where(nonempty[:, None], acc / tl.where(nonempty, denom, 1.0)[:, None], 0.0)
+    lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, denom, 1.0)), float("-inf"))
     o_ptrs = part_out_ptr + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
     tl.store(o_ptrs, out, mask=head_ok[:, None])
     tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + s, lse, mask=head_ok)
@@ -139,7 +139,8 @@ def _launch(q, kv_cache, block_table, seq_lens, sm_scale, config: Config, out, w
                  num_stages=config["num_stages"])
     args2 = (part_out, part_lse, out, part_out.stride(0), part_out.stride(1), part_out.stride(2),
              part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1))
-    meta2 = dict(NUM_SPLITS=S, SPLITS_POW2=triton.next_power_of_2(S), D_LATENT=LATENT, INTERPRET=interpreting(), num_warps=config["merge_warps"])
+    meta2 = dict(NUM_SPLITS=S, SPLITS_POW2=triton.next_power_of_2(S), D_LATENT=LATENT, INTERPRET=interpreting(),
+                 num_warps=config["merge_warps"])
     if warmup:
         _mla_split_kernel.warmup(*args1, grid=grid1, **meta1)
         _mla_merge_kernel.warmup(*args2, grid=(B, H), **meta2)

@@ -9,8 +9,9 @@ import os
 import signal
 import time
 
-from kernels import get_kernel
 from synthetic import fake_time_us
+
+from kernels import get_kernel
 from tuner.measure import Measurement, NumericsCheck
 
 

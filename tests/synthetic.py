@@ -3,7 +3,6 @@ scaled copies of a landscape, slowed or self-killing command lines, small models
 
 from __future__ import annotations
 
-
 from tuner.landscape import LandscapeWriter, Point, read_landscape
 from tuner.synthetic import fake_time_us, write_synthetic_landscape  # noqa: F401 (re-exported for tests)
 

@@ -10,9 +10,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from synthetic import write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.space import load_space

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from synthetic import slowed_cli, write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import slowed_cli, write_synthetic_landscape
 from tuner.gpus import get_gpu
 from tuner.space import load_space
 

@@ -11,8 +11,8 @@ import pytest
 from kernels import get_kernel
 from tuner import study_storage
 from tuner.gpus import get_gpu
-from tuner.measure import Measurement
 from tuner.kernel_api import config_tuple
+from tuner.measure import Measurement
 from tuner.search import SearchSettings, StudyRunner
 from tuner.space import load_space
 from tuner.study_storage import WORKER_ID, claim

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import torch
+from engine_loaders import wheel_dir
 
 import kernels
-from engine_loaders import wheel_dir
 from kernels.engines import sglang as sgl
 from kernels.engines import vllm
 from tuner.cli import main
@@ -267,6 +267,7 @@ def _engine_landscape(tmp_path, engine, faster):
     """A SYNTHETIC landscape of an engine's MoE kernel at DeepSeek-V3 TP8 shapes, with the
     configs `faster(params, M, config)` picks made 3x faster."""
     from synthetic import scaled_landscape, write_synthetic_landscape
+
     from tuner.gpus import get_gpu
     from tuner.models import load_model, moe_problems
     from tuner.space import load_space

@@ -5,10 +5,10 @@ gets that code). Tables come from SYNTHETIC landscapes; install needs --force fo
 import json
 
 import pytest
-
 from engine_loaders import load_loaders, wheel_dir
-from kernels import get_kernel
 from synthetic import write_synthetic_landscape
+
+from kernels import get_kernel
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.models import load_model, moe_problems

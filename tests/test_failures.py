@@ -7,9 +7,9 @@ import json
 
 import optuna
 import pytest
+from synthetic import write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
 from tuner import failures
 from tuner.cli import main
 from tuner.gpus import get_gpu

@@ -3,8 +3,8 @@ reason while the search goes on (FAKE misbehaving measurer: tests/faulty.py)."""
 
 import optuna
 import pytest
-
 from faulty import fault
+
 from kernels import get_kernel
 from tuner.errors import TunerError
 from tuner.gpus import get_gpu

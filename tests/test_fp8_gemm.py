@@ -4,8 +4,12 @@ import pytest
 import torch
 
 from kernels import fp8_gemm
-from kernels.fp8_gemm import (block_quant_weight, per_token_group_quant_fp8,
-                              per_token_group_quant_fp8_reference, w8a8_block_fp8_matmul)
+from kernels.fp8_gemm import (
+    block_quant_weight,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_reference,
+    w8a8_block_fp8_matmul,
+)
 from tuner.numerics import relative_error
 
 

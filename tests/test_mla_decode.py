@@ -5,10 +5,10 @@ import json
 
 import pytest
 import torch
+from synthetic import write_synthetic_landscape
 
 from kernels import get_kernel
 from kernels import mla_decode as md
-from synthetic import write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.models import load_model, mla_problems

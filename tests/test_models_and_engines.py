@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from synthetic import block_fp8_model
 
 from tuner.engines import ENGINES, lookup_nearest

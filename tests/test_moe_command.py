@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from synthetic import write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import write_synthetic_landscape
 from tuner.cli import main
 from tuner.engines import ENGINES
 from tuner.errors import TunerError

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.landscape import read_landscape
@@ -184,7 +184,8 @@ def test_mla_tables_drift_retune_and_never_get_slower(tmp_path, capsys):
     new = table_of("n2")
     times = read_landscape(slow, kernel)
     for k, (p, c) in new.items():
-        point = lambda cfg: times.points[(Problem("mla_decode", p).key, k[1])][tuple(cfg[x] for x in kernel.config_keys)]
+        def point(cfg, p=p, m=k[1]):
+            return times.points[(Problem("mla_decode", p).key, m)][tuple(cfg[x] for x in kernel.config_keys)]
         assert point(c).time_us <= point(old[k][1]).time_us        # never slower than last night's config
         if k in losing:
             assert c != old[k][1]

@@ -5,9 +5,9 @@ import json
 
 import optuna
 import pytest
+from synthetic import block_fp8_model, fake_time_us
 
 from kernels import get_kernel
-from synthetic import block_fp8_model, fake_time_us
 from tuner import measure
 from tuner.cli import main
 from tuner.landscape import read_landscape

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import optuna
 import pytest
+from synthetic import cli_killed_at_claim, slowed_cli, write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import cli_killed_at_claim, slowed_cli, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.landscape import read_landscape
-from tuner.search import study_name
 from tuner.problems import Problem
+from tuner.search import study_name
 from tuner.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,9 +5,9 @@ which is made slower at some batch sizes."""
 import re
 
 import pytest
+from synthetic import scaled_landscape, write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import scaled_landscape, write_synthetic_landscape
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.space import load_space

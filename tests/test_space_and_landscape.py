@@ -82,6 +82,7 @@ def test_landscape_round_trip_gz_and_resume(tmp_path):
 def test_search_efficiency_counts_trials_to_the_best(tmp_path):
     # SYNTHETIC landscape; checks the bookkeeping of the offline study, not any sampler's merit.
     from synthetic import write_synthetic_landscape
+
     from tuner.offline import search_efficiency, summary_table
     path = tmp_path / "l.jsonl"
     space = load_space(KERNEL)

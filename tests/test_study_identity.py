@@ -10,9 +10,9 @@ import logging
 
 import optuna
 import pytest
+from synthetic import fake_time_us, write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import fake_time_us, write_synthetic_landscape
 from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.gpus import get_gpu

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+from synthetic import block_fp8_model, slowed_cli, write_synthetic_landscape
 
 from kernels import get_kernel
-from synthetic import block_fp8_model, slowed_cli, write_synthetic_landscape
 from tuner.gpus import get_gpu
 from tuner.models import gemm_problems, load_model
 from tuner.search import study_name

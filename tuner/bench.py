@@ -24,7 +24,6 @@ from pathlib import Path
 from tuner.ceilings import Ceilings
 from tuner.engines import lookup_nearest
 from tuner.environment import now_iso, software_versions
-from tuner.errors import TunerError
 from tuner.kernel_api import KernelSpec, config_dict, config_from_entry
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.problems import Problem

@@ -11,9 +11,9 @@ def now_iso() -> str:
 
 
 def software_versions() -> dict:
+    import optuna
     import torch
     import triton
-    import optuna
     return {"torch": torch.__version__, "triton": triton.__version__, "optuna": optuna.__version__,
             "cuda": torch.version.cuda, "python": platform.python_version()}
 

@@ -366,6 +366,7 @@ def as_recorded(kernel, replay: str | None):
     if not replay or kernel.source == "ours" or kernel.source_version:
         return kernel
     import dataclasses
+
     from tuner.landscape import read_header
     try:
         version = str(read_header(replay).get("kernel_source_version") or "")

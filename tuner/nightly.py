@@ -105,8 +105,8 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     from kernels import get_kernel
     from tuner.drift import Measurers
     from tuner.gpus import get_gpu
-    from tuner.problems import Problem
     from tuner.kernel_api import table_entry
+    from tuner.problems import Problem
     from tuner.results import table_json
     from tuner.search import StudyRunner
 

@@ -28,9 +28,9 @@ from tuner.gpus import GpuSpec
 from tuner.kernel_api import KernelSpec, config_tuple
 from tuner.landscape import Landscape, LandscapeWriter
 from tuner.measure import Measurer, RecordingMeasurer, ReplayMeasurer
+from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.problems import Problem
 from tuner.progress import Progress
-from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
 from tuner.search import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.space import SearchSpace
@@ -453,6 +453,7 @@ def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, loa
     `engine_source` when given (another machine's paths mean nothing here), else from where
     the plan's machine read it, the installed engine, or $TUNER_ENGINE_WHEELS."""
     import optuna
+
     from kernels import get_kernel
     from tuner.gpus import get_gpu
 

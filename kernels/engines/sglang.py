@@ -29,10 +29,16 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.engines.base import (engine_spec, gemm_phantoms, jit_functions, on_cuda_device, phantom,
-                                  target_capability)
-from kernels.fused_moe import (QUANT_BLOCK, QUANT_NONE, _quant_mode, _quantize, moe_align_block_size,
-                               pairs_per_token, silu_and_mul)
+from kernels.engines.base import engine_spec, gemm_phantoms, jit_functions, on_cuda_device, phantom, target_capability
+from kernels.fused_moe import (
+    QUANT_BLOCK,
+    QUANT_NONE,
+    _quant_mode,
+    _quantize,
+    moe_align_block_size,
+    pairs_per_token,
+    silu_and_mul,
+)
 from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 ENGINE = "sglang"

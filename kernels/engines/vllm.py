@@ -23,8 +23,16 @@ import triton.language as tl
 
 import kernels
 from kernels.engines.base import engine_spec, gemm_phantoms, jit_functions, phantom, target_capability
-from kernels.fused_moe import (QUANT_BLOCK, QUANT_NONE, _quant_mode, _quantize, max_padded_rows,
-                               moe_align_block_size, pairs_per_token, silu_and_mul)
+from kernels.fused_moe import (
+    QUANT_BLOCK,
+    QUANT_NONE,
+    _quant_mode,
+    _quantize,
+    max_padded_rows,
+    moe_align_block_size,
+    pairs_per_token,
+    silu_and_mul,
+)
 from tuner.kernel_api import Config, KernelSpec, Params
 
 ENGINE = "vllm"
