@@ -20,6 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tuner.ceilings import Ceilings
 from tuner.engines import lookup_nearest
@@ -112,7 +113,7 @@ def reference_note(kernel: KernelSpec) -> str:
     }.get(kernel.table_kind, "none known")
 
 
-def gemm_reference_candidates() -> list[tuple[str, str, object]]:
+def gemm_reference_candidates() -> list[tuple[str, str, Callable[[dict], Callable[[], object]]]]:
     """[(family, variant, build(inputs) -> callable)]: block-FP8 GEMMs outside Triton. The
     scale layouts torch._scaled_mm takes differ between torch versions, so several are tried;
     per family the first that computes the right answer is timed."""
@@ -190,7 +191,8 @@ def reference_rows(kernel: KernelSpec, problem: Problem, M: int, floor: float, g
     reference = kernel.reference(sets[0])
     flush = l2_flush_buffer(torch, gpu.l2_bytes)
     device = f"measured on the GPU ({torch.cuda.get_device_name()})"
-    out, tried = [], {}
+    out: list[BenchRow] = []
+    tried: dict[str, str | None] = {}
     for family, variant, build in gemm_reference_candidates():
         if family in tried and tried[family] is None:
             continue                               # this family already has a working variant
@@ -275,7 +277,7 @@ def plot(part, path: Path, title: str, subtitle: str) -> None:
 
 
 def bench_header(measurers: list, gpu, ceilings: Ceilings, run_info: dict, out: Path) -> dict:
-    env = next((m.environment() for m in measurers), {}) or {}
+    env: dict = next((m.environment() for m in measurers), {}) or {}
     label = next((m.label for m in measurers), "")
     return {"format": "tuner-bench/1", "written": now_iso(), "out": str(out), **run_info,
             "gpu": gpu.key, "device": env.get("device") or gpu.cuda_name, "environment": env,

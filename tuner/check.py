@@ -104,7 +104,7 @@ def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_
     part = parsed[0].problem.params.get("part") if parsed else None
     candidates = [p for p in make_problems(model, engine) if engine in p.engines]
     candidates = [p for p in candidates if part is None or p.params.get("part") == part] or candidates
-    notes = []
+    notes: list[str] = []
     if parsed:
         named = parsed[0].problem.params
         same = [p for p in candidates if all(p.params.get(k) == named[k] for k in ("E", "N", "K") if k in named)]

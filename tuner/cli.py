@@ -56,7 +56,7 @@ _page = _integer(1, 1024, power_of_two=True, why=" (the KV cache block size of v
 _context = _integer(1, 1 << 24)
 
 
-def _common_options() -> argparse.ArgumentParser:
+def _common_options() -> _Parser:
     p = _Parser(add_help=False)
     g = p.add_argument_group("what to tune")
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
@@ -496,7 +496,9 @@ def cmd_bench(args) -> int:
         from tuner.measure import require_gpu
         require_gpu(gpu.cuda_name, "a bench", "--replay FILE benches a recorded landscape")
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-    rows, measurers, notes = [], [], []
+    rows: list = []
+    measurers: list = []
+    notes: list[str] = []
     try:
         modes = list(dict.fromkeys(args.kernel_source))
         if args.replay:

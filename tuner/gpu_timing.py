@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 
 @dataclass
@@ -37,7 +37,7 @@ def l2_flush_buffer(torch, l2_bytes: int):
     return torch.empty(2 * l2_bytes, dtype=torch.int8, device="cuda")
 
 
-def graph_times(torch, runs: list[Callable[[], object]], flush, reps: int = 40) -> list[float]:
+def graph_times(torch, runs: Sequence[Callable[[], object]], flush, reps: int = 40) -> list[float]:
     """Per-replay times (us) of `runs` (one callable per input set), captured as CUDA graphs
     and replayed in rotation, `flush` zeroed (outside the timed region) before each replay;
     with flush=None nothing is flushed (for work far larger than the L2)."""

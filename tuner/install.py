@@ -23,6 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from tuner.engines import ENGINES
 from tuner.environment import now_iso
@@ -176,7 +177,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     target_triton = installed_version(site, "triton")
     target_engine = installed_version(site, engine)
     gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
-    copies, notes, timed_on_ours, seen = [], [], [], {}
+    copies: list[Copy] = []
+    notes: list[str] = []
+    timed_on_ours: list[str] = []
+    seen: dict[str, str] = {}
     where = f"{results / 'manifest.json'}"
     for t in tables:
         rel = t["files"][engine]
@@ -277,7 +281,7 @@ def clear_leftovers(folders: list[Path], engine: str, backup_root: Path) -> list
     return cleared
 
 
-def install(copies: list[Copy], engine: str, extra: list[Copy] = (), backup_root: Path | None = None) -> Path:
+def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_root: Path | None = None) -> Path:
     """Back up what would be replaced, then write every table atomically. Returns the backup
     folder (its record.json lists what restore must undo and the folders it may touch)."""
     backup_root = backup_root or BACKUP_ROOT

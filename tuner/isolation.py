@@ -14,6 +14,7 @@ import importlib
 import signal
 import traceback
 from multiprocessing import get_context
+from typing import Any
 
 from tuner.errors import TunerError
 from tuner.failures import CRASH, RUNTIME, TIMEOUT
@@ -86,7 +87,8 @@ class IsolatedMeasurer:
         self.label = label
         self.starts = 0
         self.failures: list[str] = []          # what took children down, for the manifest
-        self.proc = self.conn = None
+        self.proc: Any = None             # the child (a spawn Process) and our end of its pipe
+        self.conn: Any = None
         self._env: dict = {}
         self._start()
 

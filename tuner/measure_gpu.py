@@ -9,6 +9,7 @@ spread recorded.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -90,7 +91,7 @@ class GpuMeasurer:
         props = torch.cuda.get_device_properties(0)
         l2 = getattr(props, "L2_cache_size", gpu.l2_bytes) or gpu.l2_bytes
         self._flush = l2_flush_buffer(torch, l2)
-        self._inputs_key = None
+        self._inputs_key: tuple[str, int] | None = None
         self._inputs: list[dict] = []
         self._pool = None
         if compile_workers > 0 and kernel.compile_only is not None:
@@ -175,8 +176,8 @@ class GpuMeasurer:
     def _time_once(self, problem: Problem, M: int, cfg: Config) -> Measurement:
         sets = self._input_sets(problem, M)
         try:
-            times = graph_times(self.torch, [lambda inp=inp: self.kernel.run(inp, cfg) for inp in sets],
-                                self._flush, self.reps)
+            runs = [functools.partial(self.kernel.run, inp, cfg) for inp in sets]
+            times = graph_times(self.torch, runs, self._flush, self.reps)
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
             return Measurement(None, None, _short_error(e), exception_kind(e))
         t = summarize(times)

@@ -75,7 +75,7 @@ def remove_stale_temporaries(folder: Path, older_than_s: float = 0.0) -> list[Pa
     """Remove the temporary files atomic writes leave when killed (`.<name>.<random>.tmp`)
     under `folder`, older than `older_than_s` (0: every one; call it only where no other
     writer can be at work, e.g. under a lock)."""
-    removed = []
+    removed: list[Path] = []
     now = time.time()
     folder = Path(folder)
     if not folder.is_dir():

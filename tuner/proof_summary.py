@@ -24,7 +24,7 @@ def _last_line(path: Path) -> str:
 def engine_vs_ours(rows: list[dict]) -> list[dict]:
     """Shipped tables timed on the engine's kernel and on ours: their ratio per entry, how
     far rankings taken on our kernel were from the engine's."""
-    by = {}
+    by: dict = {}
     for r in rows:
         if r.get("time_us") and str(r.get("contender", "")).startswith(("shipped", "default", "tuned")):
             by.setdefault((r["problem"], r["M"], r["contender"]), {})[r["kernel_source"]] = r["time_us"]

@@ -102,7 +102,7 @@ def run_source(run: Path) -> str:
     """Where a results folder's times came from, in one line (loud when SYNTHETIC)."""
     from tuner.provenance import banner
     manifest = read_manifest(run)
-    env = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
+    env: dict = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
     measured = manifest.get("measured_by") or next((t.get("measured") for t in manifest.get("tables", [])), "")
     return banner(env, measured)
 

@@ -27,7 +27,7 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
     """Write one table per engine that runs this problem; returns {engine: relative path}.
     M values without a validated config are left out (the engine then uses the nearest)."""
     table = {r.M: table_entry(kernel, r.config) for r in results if r.config is not None}
-    files = {}
+    files: dict[str, str] = {}
     if not table:
         return files
     text = table_json(table)

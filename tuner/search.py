@@ -126,7 +126,7 @@ class StudyRunner:
     """Runs the study of one (problem, M) against a measurer and returns its result."""
 
     def __init__(self, kernel: KernelSpec, space: SearchSpace, gpu: GpuSpec, measurer: Measurer,
-                 storage: BaseStorage | str, settings: SearchSettings, on_trial=None, prefix: str = ""):
+                 storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = ""):
         self.kernel = kernel
         self.space = space
         self.gpu = gpu

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 import warnings
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import optuna
 from optuna.storages import BaseStorage
@@ -124,7 +124,10 @@ class Heartbeat:
     heartbeat interval), so other workers can fail them if this machine dies."""
 
     def __init__(self, storage: BaseStorage, trial_ids: Iterable[int]):
-        self.storage, self.ids = storage, list(trial_ids)
+        # record_heartbeat and get_heartbeat_interval live on RDBStorage's heartbeat mixin,
+        # not on BaseStorage; heartbeat_enabled() says whether this storage has them
+        self.storage: Any = storage
+        self.ids = list(trial_ids)
         self.enabled = heartbeat_enabled(storage)
         self._stop = threading.Event()
 
@@ -280,7 +283,8 @@ def open_storage(url: str) -> BaseStorage:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=20,
-                                                      grace_period=90, **{callback: requeue_stale_trial})
+                                                      grace_period=90,
+                                                      **{callback: requeue_stale_trial})  # type: ignore[arg-type]  # name differs by Optuna version
             except Exception as e:  # noqa: BLE001 - sqlalchemy's errors differ by database
                 # Processes opening a fresh database at once all create its tables (and
                 # Optuna's schema-version row); the losers find them there on the next try.

@@ -381,7 +381,7 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
             rs.append(StudyRunner.result_from_dict(problem, M, d))
         if rs:
             results[problem.key] = rs
-    env = next((e for e in envs if e), {})
+    env: dict = next((e for e in envs if e), {})
     run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": ", ".join(sorted(x for x in labels if x)),
                 "environment": env, "identity": next((i for i in identities if i), None),
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
