@@ -144,3 +144,14 @@ def test_readme_commands_not_run_here(tag):
     lines = [c.line for c in COMMANDS if tag in c.tags]
     pytest.skip(f"README commands tagged [{tag}] (lines {', '.join(map(str, lines))}) are not run: {reasons[tag]}; "
                 "their arguments are checked")
+
+
+def test_the_layout_names_every_module():
+    """The README's layout lists every module of tuner/ and kernels/ (a new module must say
+    what it is for there)."""
+    layout = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    modules = [p for d in ("tuner", "kernels", "kernels/engines") for p in sorted((REPO / d).glob("*.py"))
+               if p.name not in ("__init__.py", "__main__.py")]
+    assert len(modules) > 30
+    missing = [str(p.relative_to(REPO)) for p in modules if p.name not in layout]
+    assert not missing, f"README layout does not mention {missing}"
