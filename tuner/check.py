@@ -110,7 +110,9 @@ def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_
         same = [p for p in candidates if all(p.params.get(k) == named[k] for k in ("E", "N", "K") if k in named)]
         if same:
             return engine, [(p, entries) for p in same], notes
-        notes.append(f"the table is for {parsed[0].problem.key}, which {model.name} does not run; "
+        # name the shape as the file does (only what the engine keys it by), not as parsed with this model
+        shape = ",".join(f"{k}={named[k]}" for k in ("E", "N", "K") if k in named and f"{k}=" in Path(table_path).name)
+        notes.append(f"the table is for {shape or Path(table_path).name}, which {model.name} does not run; "
                      f"its configs run on {model.name}'s shapes instead")
     return engine, [(p, entries) for p in candidates], notes
 
