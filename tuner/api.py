@@ -130,7 +130,7 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     for kernel, problems in runs:
         all_opts.append(RunOptions(
             kernel=kernel, space=load_space(kernel, req.space), gpu=gpu, problems=problems,
-            batch_sizes=sorted(set(req.batch_sizes)), settings=settings,
+            batch_sizes=sorted(set(req.batch_sizes or [])), settings=settings,
             out_dir=out_dir(req, model.name, gpu.key), storage=req.storage,
             engines=req.engines, replay=req.replay, record=record_path(req.record, kernel, len(runs) > 1),
             baseline=req.baseline, compile_workers=req.compile_workers, measure_timeout=req.measure_timeout,
@@ -199,7 +199,7 @@ def _problems(req: TuneRequest, model) -> list:
     if req.command == "gemm":
         return gemm_problems(model, req.tp, req.ep)
     if req.command == "moe":
-        return moe_problems(model, req.tp, req.ep, req.dtype, req.routing, req.engines)
+        return moe_problems(model, req.tp, req.ep, req.dtype or DTYPES['moe'][0], req.routing, req.engines)
     problems, skipped = mla_problems(model, req.tp, req.contexts or DEFAULT_CONTEXTS, req.page_size)
     if skipped and req.contexts:
         log.warning("skipping contexts beyond %s's positions: %s", model.name, skipped)

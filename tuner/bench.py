@@ -170,7 +170,7 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
                 rows.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
                                      floor, source, m.error))
             rows += reference_rows(kernel, problem, M, floor, gpu, on_gpu)
-            best = min((r for r in rows[-len(cands):] if r.time_us), key=lambda r: r.time_us, default=None)
+            best = min((r for r in rows[-len(cands):] if r.time_us), key=lambda r: r.time_us or math.inf, default=None)
             progress(f"{kernel.source_label} {problem.key} M={M}: "
                      + (f"best {best.contender} {best.time_us:.2f} us" if best else "nothing timed")
                      + f" [{source}]")

@@ -606,7 +606,7 @@ def cmd_proof(args) -> int:
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
     baselines = Path(args.baselines) if args.baselines else proof_mod.default_baselines()
-    if args.baselines and not baselines.is_dir():
+    if args.baselines and not Path(args.baselines).is_dir():
         raise TunerError(f"--baselines {baselines} is not a folder")
     run = proof_mod.Proof(out, gpu, args.minutes, args.fake, args.engine_source or proof_mod.default_engine_source(),
                           baselines)

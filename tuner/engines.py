@@ -7,7 +7,7 @@ see ../shared/ENGINES.md), so that the rest of the tool never branches on an eng
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ENGINE_NAMES = ("vllm", "sglang")
 
@@ -31,19 +31,21 @@ class Engine:
     moe_folder_per_triton: bool     # SGLang keys its MoE folder by Triton version
     # What makes this engine read each table family on Hopper (H100/H200), read from the
     # source of the version named in `facts_for`; printed by the plan and by tuner install.
-    reads_on_hopper: dict = None
+    reads_on_hopper: dict = field(default_factory=dict)
     facts_for: str = ""
     # Config keys a table family's second (`_down`) table must share with the first at
     # every M ({table kind: keys}): SGLang runs the two MoE GEMMs with one BLOCK_SIZE_M.
-    down_table_tied_keys: dict = None
+    down_table_tied_keys: dict = field(default_factory=dict)
 
     def tied_keys(self, kind: str) -> tuple[str, ...]:
         return tuple((self.down_table_tied_keys or {}).get(kind, ()))
 
     def fuses_shared_expert(self, architecture: str | None, routed: int, shared: int, ep: int) -> bool:
         rule = self.shared_expert_fusion
-        return bool(rule) and (architecture in rule["architectures"] and routed in rule["routed_experts"]
-                               and shared == rule["shared_experts"] and ep <= rule["max_ep"])
+        if not rule:
+            return False
+        return (architecture in rule["architectures"] and routed in rule["routed_experts"]
+                and shared == rule["shared_experts"] and ep <= rule["max_ep"])
 
     def device_name(self, cuda_name: str) -> str:
         """The device_name= part of a file name for a GPU CUDA calls `cuda_name`."""

@@ -67,6 +67,8 @@ class EngineCode:
         try:
             if self._zip is not None:
                 return self._zip.read(relpath).decode()
+            if self._root is None:
+                raise OSError("no files")
             return (self._root / relpath).read_text()
         except (KeyError, OSError, UnicodeDecodeError):
             raise TunerError(f"{self.engine} {self.version} ({self.where}) has no {relpath}: "
@@ -222,6 +224,8 @@ def _load_module(path: Path, name: str):
     if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TunerError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

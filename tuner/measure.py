@@ -179,7 +179,7 @@ class RecordingMeasurer:
     def measure(self, problem: Problem, M: int, configs: list[Config]) -> list[Measurement]:
         self._ensure_recorded(problem, M)
         # Seeds outside the grid (shipped tables) are timed on the GPU directly.
-        known = self.replay.candidates(problem, M)
+        known = self.replay.candidates(problem, M) or set()
         missing = [c for c in configs if config_tuple(self.kernel, c) not in known]
         for cfg, m in zip(missing, map(valid, self.gpu.measure(problem, M, missing)) if missing else []):
             point = Point(m.time_us, m.error, m.spread, m.kind)

@@ -185,7 +185,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     prev = state.get(name)
     prev_run = Path(prev["run"]) if prev and Path(prev["run"], "manifest.json").is_file() else None
     env = environment_now(job)
-    changed = prev_run is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
+    changed = prev_run is None or prev is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
     drifted = False
     if prev_run is not None and not changed:
         measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),

@@ -209,14 +209,14 @@ def claim(study: optuna.Study, batch: list[tuple[optuna.Trial, Config]], budget:
         return batch, False
     mine = {tr.number: (tr, cfg) for tr, cfg in batch}
     now = datetime.datetime.now()
-    holders = []                            # (number, config tuple or None)
+    holders: list[tuple[int, tuple | None]] = []     # (number, config tuple or None)
     still_running = set()
     for tr in study.get_trials(deepcopy=False):
         if tr.number in mine and tr.state == TrialState.RUNNING:
             still_running.add(tr.number)    # (not if another worker finished it meanwhile)
         cfg = tr.user_attrs.get("config")
-        if counts(tr):
-            holders.append((tr.number, key(cfg)))
+        if counts(tr):                      # counted trials always carry their config
+            holders.append((tr.number, key(tr.user_attrs["config"])))
         elif tr.state != TrialState.RUNNING or "pruned" in tr.user_attrs:
             continue
         elif cfg:

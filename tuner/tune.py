@@ -512,7 +512,10 @@ def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, r
     """Kernels that no engine reads tables for write their own files (rewritten as each
     problem finishes, so a stopped run keeps what it has)."""
     pairs = [(p, all_results[p.key]) for p in done]
-    tables, file_of = opts.kernel.emit_table(pairs, opts.gpu.cuda_name)
+    emit = opts.kernel.emit_table
+    if emit is None:                # only called for own-format kernels (see tune_run)
+        return
+    tables, file_of = emit(pairs, opts.gpu.cuda_name)
     for rel, obj in tables.items():
         atomic_write_json(opts.out_dir / rel, obj)
     entries = [manifest_entry(opts.kernel, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {},
