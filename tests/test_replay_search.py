@@ -218,24 +218,3 @@ def test_an_unnamed_claim_from_an_older_run_is_cleared(landscape, monkeypatch):
     assert result.trials == 8
     left = study.trials[orphan.number]
     assert left.state == optuna.trial.TrialState.FAIL and left.user_attrs["error"] == "interrupted"
-
-
-def test_another_gpus_results_are_never_reused(tmp_path, capsys):
-    """The same --out for an H200 run and then an H100 run: the second refuses (one line)
-    instead of writing an H100 table from H200 timings."""
-    kernel = get_kernel("fp8_gemm")
-    space = load_space(kernel)
-    problems = [{"N": 7168, "K": 2048, "block_shape": [128, 128]}]
-    for gpu, device in (("H200", "NVIDIA H200"), ("H100", "NVIDIA H100 80GB HBM3")):
-        write_synthetic_landscape(tmp_path / f"{gpu}.jsonl", kernel, space, get_gpu(gpu), problems, [1],
-                                  device=device)
-    args = ["gemm", "--model", "deepseek-v3", "--tp", "8", "--batch-sizes", "1", "--trials", "6", "--only",
-            "N=7168,K=2048", "--out", str(tmp_path / "out"), "--quiet"]
-    assert main([*args, "--gpu", "H200", "--replay", str(tmp_path / "H200.jsonl")]) == 0
-    before = (tmp_path / "out" / "manifest.json").read_text()
-    capsys.readouterr()
-    assert main([*args, "--gpu", "H100", "--replay", str(tmp_path / "H100.jsonl")]) == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "device NVIDIA H200 (now NVIDIA H100 80GB HBM3)" in err
-    assert (tmp_path / "out" / "manifest.json").read_text() == before
-    assert not list((tmp_path / "out").rglob("*H100*"))

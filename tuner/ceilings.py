@@ -12,14 +12,13 @@ Files live in bench/ceilings/<gpu key>.json (or where --ceilings points).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.environment import now_iso, nvml_index, nvml_snapshot, software_versions
 from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
-from tuner.paths import REPO_ROOT, atomic_write_json
+from tuner.paths import REPO_ROOT, atomic_write_json, read_json
 
 CEILINGS_DIR = REPO_ROOT / "bench" / "ceilings"
 FORMAT = "tuner-ceilings/1"
@@ -46,12 +45,7 @@ def default_path(gpu: GpuSpec) -> Path:
 
 
 def read(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read ceilings file {path}: {e.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TunerError(f"ceilings file {path} is not valid JSON: {e}") from None
+    data = read_json(path, "ceilings file ")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TunerError(f"{path} is not a ceilings file (\"format\": \"{FORMAT}\")")
     for key in ("copy_tb_s", "fp8_tflops", "bf16_tflops"):

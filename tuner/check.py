@@ -8,7 +8,6 @@ runs; without one, Triton's interpreter (slow: a small model keeps it fast).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from tuner import numerics
 from tuner.errors import TunerError
+from tuner.paths import read_json
 from tuner.problems import Problem
 
 
@@ -31,12 +31,7 @@ class CheckRow:
 
 
 def read_table(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read table {path}: {e.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TunerError(f"table {path} is not valid JSON: {e}") from None
+    obj = read_json(path, "table ")
     if not isinstance(obj, dict) or not obj:
         raise TunerError(f"table {path} is not a JSON object of batch sizes and configs")
     return obj

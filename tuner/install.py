@@ -28,7 +28,7 @@ from typing import Sequence
 from tuner.engines import ENGINES
 from tuner.environment import now_iso
 from tuner.errors import TunerError
-from tuner.paths import atomic_write_json, atomic_write_text, remove_stale_temporaries, writable_folder
+from tuner.paths import atomic_write_json, atomic_write_text, read_json, remove_stale_temporaries, writable_folder
 from tuner.results import read_manifest
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
@@ -125,12 +125,7 @@ def validate_table(path: Path, engine: str, kind: str) -> dict:
     reads, with positive integer values (power-of-two tiles, warps and splits) or JSON
     booleans for its switches."""
     import kernels
-    try:
-        table = json.loads(path.read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read table {path}: {e.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TunerError(f"table {path} is not valid JSON ({e}); refusing to install it") from None
+    table = read_json(path, "table ", "; refusing to install it")
     if not isinstance(table, dict) or not table:
         raise TunerError(f"table {path} is not a non-empty JSON object of batch sizes")
     spec = kernels.get_kernel(kind, engine, load_code=False) if _engine_has(kind, engine) else kernels.get_kernel(kind)

@@ -1,4 +1,4 @@
-"""Where the repository's data folders are, and atomic file writes."""
+"""Where the repository's data folders are, reading JSON files, and atomic file writes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+from tuner.errors import TunerError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -22,6 +24,17 @@ def _new_file_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def read_json(path: Path, what: str = "", then: str = ""):
+    """The JSON in `path`, or one clear line: unreadable, or not JSON. `what` names the
+    kind of file in the message ("table "), `then` says what follows ("; refusing ...")."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {e.strerror}{then}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TunerError(f"{what}{path} is not valid JSON: {e}{then}") from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -10,7 +10,7 @@ from tuner.engines import ENGINES
 from tuner.environment import now_iso
 from tuner.errors import TunerError
 from tuner.kernel_api import KernelSpec, table_entry
-from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.paths import atomic_write_json, atomic_write_text, read_json
 from tuner.problems import Problem
 from tuner.search import StudyResult
 
@@ -71,12 +71,7 @@ def read_manifest(folder: Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise TunerError(f"{folder} holds no {MANIFEST}: not a tuner results folder")
-    try:
-        manifest = json.loads(path.read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read {path}: {e.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TunerError(f"{path} is not valid JSON: {e}") from None
+    manifest = read_json(path)
     problem = manifest_problem(manifest)
     if problem:
         raise TunerError(f"{path} is not a tuner manifest: {problem}")
