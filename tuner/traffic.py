@@ -624,14 +624,26 @@ def split_budget(shares: dict[int, float], per_key: int, floor: int | None = Non
 
 
 # -- judging by weight ---------------------------------------------------------------------------
-def _served_times(keys, times: dict[int, float | None], ms: np.ndarray) -> np.ndarray:
-    """For each served M, the time of the entry the engine runs for it (NaN: no time)."""
+def _served_times(keys, times: dict[int, float | None], ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each served M, the key of the entry the engine runs for it and that entry's time
+    (measured at the key; NaN: no time)."""
     keys = [int(k) for k in keys]
     if not keys:
-        return np.full(len(ms), np.nan)
+        return np.zeros(len(ms), dtype=np.int64), np.full(len(ms), np.nan)
     vals = np.array([t if isinstance(t, (int, float)) and t and math.isfinite(t) and t > 0 else np.nan
                      for t in (times.get(k) for k in keys)], dtype=float)
-    return vals[serving_keys(keys, ms)]
+    idx = serving_keys(keys, ms)
+    return np.asarray(keys, dtype=np.int64)[idx], vals[idx]
+
+
+def _comparable(base: tuple, new: tuple, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(base times, new times, mask) per served M: compared only where both tables time it
+    and serve it from the same key, since a time is measured at its key, not at the served
+    M (two tables with other keys are compared where they agree; `tuner bench` times both
+    at the same M)."""
+    ka, a = _served_times(base[0], base[1], ms)
+    kb, b = _served_times(new[0], new[1], ms)
+    return a, b, ~np.isnan(a) & ~np.isnan(b) & (ka == kb)
 
 
 @dataclass
@@ -648,12 +660,10 @@ class Weighted:
 
 
 def weighted(profile: TrafficProfile, base: tuple, new: tuple) -> Weighted:
-    """base, new: (keys in table order, {key: time}). Each served M is timed at the entry the
-    engine would use for it in each table."""
+    """base, new: (keys in table order, {key: time}). Each served M counts with the time of
+    the entry the engine would use for it, where both tables serve it from the same key."""
     ms, ws = profile.arrays()
-    a = _served_times(base[0], base[1], ms)
-    b = _served_times(new[0], new[1], ms)
-    ok = ~np.isnan(a) & ~np.isnan(b)
+    a, b, ok = _comparable(base, new, ms)
     if not ok.any():
         return Weighted(None, None, 0.0)
     return Weighted(float((ws[ok] * a[ok]).sum()), float((ws[ok] * b[ok]).sum()), float(ws[ok].sum()))
@@ -667,10 +677,9 @@ def step_estimate(profile: TrafficProfile, rows: list[tuple[int, tuple, tuple]])
     base = np.zeros(len(ms))
     new = np.zeros(len(ms))
     ok = np.ones(len(ms), dtype=bool)
-    for layers, (keys_a, times_a), (keys_b, times_b) in rows:
-        a = _served_times(keys_a, times_a, ms)
-        b = _served_times(keys_b, times_b, ms)
-        ok &= ~np.isnan(a) & ~np.isnan(b)
+    for layers, base_table, new_table in rows:
+        a, b, both = _comparable(base_table, new_table, ms)
+        ok &= both
         base += layers * np.nan_to_num(a)
         new += layers * np.nan_to_num(b)
     if not rows or not ok.any():
@@ -681,7 +690,7 @@ def step_estimate(profile: TrafficProfile, rows: list[tuple[int, tuple, tuple]])
 def speedup_text(w: Weighted, against: str) -> str:
     if w.speedup is None:
         return f"traffic-weighted speedup over {against}: - (no served M has both times)"
-    part = "" if w.covered > 0.999 else f"; {w.covered:.0%} of the passes timed"
+    part = "" if w.covered > 0.999 else f"; over the {w.covered:.0%} of passes timed in both, from the same key"
     return f"traffic-weighted speedup over {against}: {w.speedup:.2f}x{part}"
 
 
@@ -690,7 +699,7 @@ def step_text(w: Weighted, source: str, base: str = "default", new: str = "table
     if w.base_us is None or w.new_us is None:
         return "estimated kernel time per forward pass: - (no served M is timed in every table)"
     change = w.new_us - w.base_us
-    part = "" if w.covered > 0.999 else f", over the {w.covered:.0%} of passes timed"
+    part = "" if w.covered > 0.999 else f", over the {w.covered:.0%} of passes timed in both, from the same key"
     return (f"estimated time of these kernels per forward pass over the traffic (x the model's layers{part}): "
             f"{base} {w.base_us:.1f} us -> {new} {w.new_us:.1f} us ({change:+.1f} us, {change / w.base_us:+.1%}); "
             f"an estimate of kernel time, not of end-to-end latency; times: {source}")
