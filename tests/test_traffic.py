@@ -18,8 +18,7 @@ from tuner.cli import main
 from tuner.engines import SERVING_METRICS, VLLM_ITERATION_TOKENS_BUCKETS, lookup_nearest
 from tuner.errors import TunerError
 from tuner.search import SearchSettings
-from tuner.traffic import (NEAR, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget,
-                           weighted)
+from tuner.traffic import NEAR, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traffic"
 VLLM_DUMP = FIXTURES / "vllm-0.33.0-metrics.txt"
