@@ -92,6 +92,8 @@ def test_csv_and_json_forms_agree(tmp_path):
     ("16,nan\n", "not finite"),
     ("0,1\n", "whole number"),
     ("16.5,1\n", "whole number"),
+    ("M,weight\n1e3,x\n", "not a number"),
+    ("size,1\n", "no `M,weight` rows"),
     ("16,1,2\n", "expected `M,weight`"),
     ("{\"16\": true}", "not a weight"),
     ("[1, 2]", "expected"),

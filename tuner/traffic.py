@@ -217,7 +217,7 @@ def _csv_rows(text: str, path: Path) -> list[tuple[int, float]]:
             continue
         if len(fields) != 2:
             raise TunerError(f"traffic profile {path}:{n}: expected `M,weight`, got {','.join(fields)[:60]!r}")
-        if not rows and not fields[0].strip().lstrip("+").replace(".", "", 1).isdigit():
+        if not rows and re.fullmatch(r"[A-Za-z_ ]+", fields[0].strip()):
             continue                               # a header line (M,weight)
         rows.append(_row(fields[0], fields[1], f"traffic profile {path}:{n}"))
         if len(rows) > MAX_ROWS:
