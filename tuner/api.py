@@ -60,6 +60,7 @@ class TuneRequest:
     routing: str = "uniform"                    # moe
     contexts: list[int] | None = None           # mla
     page_size: int = 64                         # mla
+    traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/traffic.py)
 
     @classmethod
     def from_args(cls, args) -> "TuneRequest":
@@ -117,7 +118,9 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     from tuner.tune import RunOptions, plan_text, results_table, run_tuning
 
     req = request.checked()
+    keys_given = req.batch_sizes is not None
     model, gpu, settings = _load_common(req)
+    profile = traffic_keys(req, settings, keys_given) if req.traffic else None
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.tune import check_storage_url, default_storage
@@ -136,8 +139,8 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             baseline=req.baseline, compile_workers=req.compile_workers, measure_timeout=req.measure_timeout,
             recycle_after=req.recycle_after, prefix=req.study_prefix, gpus=gpu_list(req.gpus),
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
-                      "dtype": req.dtype},
-            quiet=req.quiet,
+                      "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {})},
+            quiet=req.quiet, traffic=profile,
         ))
     if req.dry_run:
         for line in dict.fromkeys(notes):
@@ -191,6 +194,25 @@ def _load_common(req: TuneRequest):
     settings = SearchSettings(budget=trials, patience=req.patience or max(8, trials // 3),
                               sampler=req.sampler, seed=req.seed)
     return model, gpu, settings
+
+
+def traffic_keys(req: TuneRequest, settings, keys_given: bool):
+    """--traffic: the profile; the keys it chooses (unless --batch-sizes names them) become the
+    batch sizes, and the trial budget is split over them by traffic (tuner/traffic.py)."""
+    from tuner.traffic import choose_keys, key_coverage, load_profile, split_budget
+    if req.command not in ("gemm", "moe"):
+        raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
+                         f"`tuner {req.command}` tunes another M")
+    profile = load_profile(str(req.traffic), tp=req.tp)
+    if keys_given:
+        keys = sorted(set(req.batch_sizes or []))
+        shares = {c.key: c.share for c in key_coverage(keys, profile)}
+    else:
+        plan = choose_keys(profile)
+        keys, shares = plan.keys, plan.shares()
+        req.batch_sizes = keys
+    settings.budgets = {str(m): n for m, n in split_budget(shares, settings.budget).items()}
+    return profile
 
 
 def _problems(req: TuneRequest, model) -> list:

@@ -241,6 +241,8 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
         table["config"] = [" ".join(str(v) for v in c.values()) if isinstance(c, dict) else "-" for c in part["config"]]
         lines += [f"## {problem} [{src}]", "", f"![{problem}]({png})", "",
                   markdown_table(table, floatfmt=".3g"), ""]
+    if header.get("traffic_lines"):
+        lines += ["## Judged by traffic", "", *[f"- {line}" for line in header["traffic_lines"]], ""]
     notes = sorted({r.error for r in rows if r.contender.startswith(("reference", "torch", "DeepGEMM")) and r.error})
     if notes:
         lines += ["## References outside Triton", ""] + [f"- {n}" for n in notes] + [""]
@@ -291,3 +293,52 @@ def bench_header(measurers: list, gpu, ceilings: Ceilings, run_info: dict, out: 
 
 def finite(x) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+# -- judged by traffic ---------------------------------------------------------------------------
+def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Problem], source: str) -> list[str]:
+    """A bench judged by traffic: per kernel and problem, each contender's traffic-weighted
+    speedup over the default (and the tuned table's over each shipped one), next to the
+    plain geomean; each served M is counted at the benched M nearest to it. With a model,
+    per kernel and engine, the estimated kernel time per pass of the tuned and shipped
+    tables against the default."""
+    from tuner.models import layers_per_pass
+    from tuner.traffic import geomean, speedup_text, step_estimate, step_text, weighted
+    times: dict[tuple, dict[int, float | None]] = {}
+    for r in rows:
+        if r.config is not None:
+            times.setdefault((r.kernel_source, r.problem, r.contender), {})[r.M] = r.time_us
+    lines = [*profile.describe()]
+    groups = sorted({(src, p) for src, p, _ in times})
+    per_pass: dict[tuple, list] = {}
+
+    def judged(keys, base, new, label, against):
+        w = weighted(profile, (keys, base), (keys, new))
+        plain = geomean([base[k] / new[k] for k in keys if base.get(k) and new.get(k)])
+        return (f"{label}: {speedup_text(w, against)}"
+                + (f" (plain geomean {plain:.2f}x over {len(keys)} batch sizes)" if plain else ""))
+
+    for src, pkey in groups:
+        base = times.get((src, pkey, "default"))
+        if not base:
+            continue
+        keys = sorted(base)
+        names = [c for s_, p_, c in times if (s_, p_) == (src, pkey) and c != "default"]
+        for c in sorted(names):
+            lines.append(judged(keys, base, times[(src, pkey, c)], f"{src} {pkey} {c}", "the default"))
+            if c != "tuned" and c.startswith("shipped") and (src, pkey, "tuned") in times:
+                lines.append(judged(keys, times[(src, pkey, c)], times[(src, pkey, "tuned")],
+                                    f"{src} {pkey} tuned", f"{c}"))
+        problem = problems.get(pkey)
+        if model is not None and problem is not None:
+            for engine in problem.engines:
+                for c in names:
+                    if c == "tuned" or c.startswith("shipped"):
+                        per_pass.setdefault((src, engine, c), []).append(
+                            (layers_per_pass(model, problem.layers), (keys, base), (keys, times[(src, pkey, c)])))
+    if model is None:
+        lines.append("estimated time per forward pass: give --model for the layer counts")
+    for (src, engine, c), prs in sorted(per_pass.items()):
+        lines.append(f"{src}, {engine}'s tables, {model.name}, {c}: "
+                     + step_text(step_estimate(profile, prs), source, "default", c))
+    return lines

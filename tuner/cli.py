@@ -83,6 +83,9 @@ def _common_options() -> _Parser:
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",
                    help="folder of shipped tables: seeds each study with the shipped config")
+    s.add_argument("--traffic", default=None, metavar="FILE",
+                   help="gemm, moe: a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): "
+                   "the table's keys, the trial budget and kept defaults follow the batch sizes served")
     s.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage URL (default sqlite:///OUT/studies.db); a stopped run resumes from it")
     s.add_argument("--study-prefix", default="", metavar="NAME",
@@ -161,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "report with plots (RUN/report/report.md).")
     rep.add_argument("run", help="a results folder (with manifest.json)")
     rep.add_argument("--out", default=None, metavar="FILE", help="where the Markdown goes")
+    rep.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight) to judge the "
+                     "tables by (default: the one the run was tuned for, if any)")
+    rep.add_argument("--model", default=None,
+                     help="the model whose layer counts give the per-pass estimate (default: the run's)")
     dif = sub.add_parser("diff", help="compare two results folders",
                          description="Per problem and M: old time, new time, change, and whether it is "
                          "beyond noise; writes a Markdown report with plots.")
@@ -170,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("--noise", type=_fraction, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
     dif.add_argument("--force", action="store_true",
                      help="compare runs that share no problem, or replace a diff.md of another comparison")
+    dif.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile to judge the change by (default: the one NEW, else OLD, was tuned for)")
+    dif.add_argument("--model", default=None,
+                     help="the model whose layer counts give the per-pass estimate (default: the runs')")
     drift = sub.add_parser("drift", help="does a table still beat the default config here?",
                            description="Time each table's configs against the engines' default config on "
                            "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
@@ -189,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                        help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
     drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
+    drift.add_argument("--tp", type=_parallel, default=None,
+                       help="with --traffic and --model: the TP the GEMM tables are for, for their layer counts "
+                       "(default: the first TP at which the model runs the shape)")
+    drift.add_argument("--traffic", default=None, metavar="FILE",
+                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): also print "
+                       "the traffic-weighted speedup and, with --model, the per-pass estimate")
     night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
                            description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
                            "fine, 3 a table regressed, 1 a job failed.")
@@ -246,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
     bench.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
     bench.add_argument("--out", required=True, metavar="DIR")
+    bench.add_argument("--traffic", default=None, metavar="FILE",
+                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): bench at the "
+                       "keys it chooses (unless --batch-sizes) and print the traffic-weighted speedups")
     bench.add_argument("--quiet", action="store_true")
     proof = sub.add_parser("proof", help="the whole GPU proof in one unattended call (scripts/gpu_proof.sh)",
                            description="Environment and ceilings, kernels against the reference, landscapes, the "
@@ -377,7 +398,12 @@ def cmd_drift(args) -> int:
     gpu = get_gpu(args.gpu)
     if args.replay and not Path(args.replay).is_file():
         raise TunerError(f"landscape {args.replay} not found")
-    tables = find_tables(args.tables, load_model(args.model) if args.model else None, args.routing)
+    model = load_model(args.model) if args.model else None
+    profile = None
+    if args.traffic:
+        from tuner.traffic import load_profile
+        profile = load_profile(args.traffic, args.tp)
+    tables = find_tables(args.tables, model, args.routing)
     measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source)
     try:
         df = measure_drift(tables, measurers, args.noise)
@@ -392,6 +418,12 @@ def cmd_drift(args) -> int:
     failed = count_by_kind(df["failure"])
     if failed:
         print(f"tables' configs that failed, by kind: {summary(failed)}")
+    if profile is not None:
+        from tuner.drift import traffic_lines
+        from tuner.provenance import time_source
+        for line in traffic_lines(df, tables, profile, model,
+                                  time_source(measurers.environment(), "replay" if args.replay else "gpu"), args.tp):
+            print(line)
     if args.out:
         atomic_write_json(Path(args.out), df.to_dict(orient="records"))
     return 0
@@ -418,8 +450,13 @@ def cmd_nightly(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from tuner.report import run_source, write_report
-    df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
+    from tuner.report import run_model, run_source, run_traffic, traffic_report_lines, write_report
+    run = Path(args.run)
+    from tuner.results import read_manifest
+    read_manifest(run)                      # not a results folder: one line, before the profile's
+    profile = run_traffic([run], args.traffic)
+    traffic = traffic_report_lines(run, profile, run_model([run], args.model)) if profile else None
+    df, path = write_report(run, Path(args.out) if args.out else None, traffic)
     source = run_source(Path(args.run))
     print(source)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
@@ -428,6 +465,8 @@ def cmd_report(args) -> int:
     if g:
         print(f"Geometric-mean speedup over the engines' default config"
               f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}: {g:.2f}x")
+    for line in traffic or []:
+        print(line)
     print(f"report: {path}")
     return 0
 
@@ -435,7 +474,15 @@ def cmd_report(args) -> int:
 def cmd_diff(args) -> int:
     from tuner.report import write_diff
     out = Path(args.out) if args.out else Path(args.new) / "diff"
-    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force)
+    from tuner.report import run_model, run_traffic, traffic_diff_lines
+    from tuner.results import read_manifest
+    runs = [Path(args.new), Path(args.old)]
+    for run in runs:
+        read_manifest(run)                  # not a results folder: one line, before the profile's
+    profile = run_traffic(runs, args.traffic)
+    traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
+        if profile else None
+    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
     from tuner.report import run_source
     sources = run_source(Path(args.old)), run_source(Path(args.new))
     print(f"old: {sources[0]}")
@@ -444,6 +491,8 @@ def cmd_diff(args) -> int:
         print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
     cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for line in traffic or []:
+        print(line)
     counts = df["verdict"].value_counts().to_dict()
     print(f"{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower, {counts.get('same', 0)} same; "
           f"report: {path}")
@@ -474,6 +523,13 @@ def cmd_bench(args) -> int:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
     if args.kernel == "mla":
         args.contexts = args.contexts or [4096, 8192, 32768]
+    profile = None
+    if args.traffic:
+        from tuner.traffic import choose_keys, load_profile
+        if args.kernel == "mla":
+            raise TunerError("--traffic applies to `tuner bench --kernel gemm|moe` (M = tokens per forward pass)")
+        profile = load_profile(args.traffic, args.tp)
+        args.batch_sizes = args.batch_sizes or choose_keys(profile).keys
     batch_sizes = sorted(set(args.batch_sizes or ([32, 64, 128] if args.kernel == "mla" else DEFAULT_BATCH_SIZES)))
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -499,6 +555,7 @@ def cmd_bench(args) -> int:
     rows: list = []
     measurers: list = []
     notes: list[str] = []
+    benched: dict = {}
     try:
         modes = list(dict.fromkeys(args.kernel_source))
         if args.replay:
@@ -522,8 +579,12 @@ def cmd_bench(args) -> int:
                     ms[p.key] = covered
                 rows += bench_mod.bench_kernel(kernel, probs, ms, gpu, ceilings, measurer, baselines, tuned,
                                                landscape, progress=say)
+                benched.update({p.key: p for p in probs})
         header = bench_mod.bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": args.tp, "ep": args.ep,
                                                                     "kernel": kernel_name}, out)
+        if profile is not None:
+            header["traffic"] = profile.as_manifest()
+            header["traffic_lines"] = bench_mod.traffic_lines(rows, profile, model, benched, header["time_source"])
         json_path, md_path = bench_mod.write_outputs(rows, out, header)
     finally:
         for m in measurers:
@@ -538,6 +599,8 @@ def cmd_bench(args) -> int:
     df["note"] = [e[:60] if isinstance(e, str) else "" for e in df["error"]]
     show = df[["kernel_source", "problem", "M", "contender", "time_us", "of_roofline", "note"]]
     print(show.to_string(index=False))
+    for line in header.get("traffic_lines") or []:
+        print(line)
     print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
     return 0
 

@@ -190,3 +190,39 @@ class Measurers:
     def close(self) -> None:
         for m in self._made.values():
             m.close()
+
+
+def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, source: str,
+                  tp: int | None = None) -> list[str]:
+    """Drift judged by traffic: per table, the traffic-weighted speedup of the table over the
+    default (each served M timed at the entry the engine would use) next to the plain
+    geomean over its entries; per engine, with a model, the estimated kernel time per pass."""
+    from tuner.models import table_layers
+    from tuner.traffic import geomean, speedup_text, step_estimate, step_text, weighted
+    lines = [*profile.describe()]
+    per_engine: dict[str, list] = {}
+    missing = []
+    for t in tables:
+        part = df[df["table"] == str(t.path)]
+        if part.empty:
+            continue
+        keys = [int(k) for k in t.table]
+        default = {int(r.M): r.default_us for r in part.itertuples()}
+        mine = {int(r.M): r.table_us for r in part.itertuples()}
+        w = weighted(profile, (keys, default), (keys, mine))
+        plain = geomean(part["speedup"])
+        lines.append(f"{t.path.name} [{t.engine}]: {speedup_text(w, 'the default')}"
+                     + (f" (plain geomean {plain:.2f}x over {len(part)} entries)" if plain else ""))
+        if model is not None:
+            layers = table_layers(model, t.problem.kernel, t.problem.params, tp)
+            if layers is None:
+                missing.append(t.path.name)
+            else:
+                per_engine.setdefault(t.engine, []).append((layers, (keys, default), (keys, mine)))
+    if model is None:
+        lines.append("estimated time per forward pass: give --model for the layer counts")
+    for engine, rows in sorted(per_engine.items()):
+        lines.append(f"{engine}, {model.name}: {step_text(step_estimate(profile, rows), source)}")
+    if missing:
+        lines.append(f"not in the per-pass estimate ({model.name} runs no such shape): {', '.join(missing)}")
+    return lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 ENGINE_NAMES = ("vllm", "sglang")
 
@@ -147,3 +148,83 @@ def lookup_nearest(table: dict, M: int):
         raise KeyError("empty table")
     best = min(keys, key=lambda k: abs(k - M))
     return table[str(best)]
+
+
+# -- what each engine's /metrics says of the batches it runs (tuner/traffic.py reads these) -----
+# Facts read from the source of vLLM 0.33.0 and SGLang 0.5.23 (their released wheels), so that a
+# traffic profile can be read from a dump of a running server's /metrics:
+#
+# vLLM 0.33.0: vllm/v1/metrics/loggers.py exports `vllm:iteration_tokens_total`, a histogram
+#   (labels model_name, engine) observed once per engine step with the prompt tokens computed
+#   plus the generation tokens of that step: the tokens one forward pass runs. Its default
+#   buckets are ITERATION_TOKENS_BUCKETS in vllm/v1/metrics/buckets.py. CUDA graphs
+#   (vllm/config/vllm.py, VllmConfig cudagraph sizes; vllm/v1/cudagraph_dispatcher.py) pad a
+#   step of up to max_cudagraph_capture_size tokens to the next captured size, in
+#   FULL_AND_PIECEWISE mode (the v1 default) mixed prefill/decode steps too; with the OpenAI
+#   server's defaults on an H100/H200 (vllm/engine/arg_utils.py: max_num_seqs 1024,
+#   max_num_batched_tokens 8192) the largest captured size is min(2 x 1024, 512) = 512.
+# SGLang 0.5.23: sglang/srt/observability/metrics_collector.py exports no per-pass token
+#   histogram. It has the gauge `sglang:num_running_reqs` (the running decode batch, set at
+#   each decode log interval and prefill), the counter `sglang:cuda_graph_passes_total` by
+#   mode (decode_cuda_graph, decode_none, prefill_cuda_graph, prefill_none: one per forward
+#   pass) and the counter `sglang:realtime_tokens_total` by mode (prefill_compute,
+#   prefill_cache, decode). Decode batches are padded to the captured batch sizes
+#   (sglang/srt/arg_groups/cuda_graph_hook.py generate_decode_cuda_graph_batch_sizes; the
+#   default largest size is 512 at TP >= 4 and 256 below on 80-160 GB GPUs,
+#   sglang/srt/arg_groups/memory_hook.py); base_cuda_graph_runner._pad_to_bucket takes the
+#   smallest captured size >= the batch.
+VLLM_ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _vllm_graph_sizes(tp: int | None) -> list[int]:
+    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 512 + 1, 16))
+
+
+def _sglang_graph_sizes(tp: int | None) -> list[int]:
+    top = 512 if (tp or 8) >= 4 else 256
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, top + 1, 32))
+    sizes = [s for s in sizes if s <= top]
+    return sorted(set(sizes + [top]))
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """What one engine's /metrics exports about the tokens each forward pass runs."""
+    engine: str
+    facts_for: str
+    prefix: str                                  # every metric of the engine starts with it
+    tokens_histogram: str | None = None          # tokens per forward pass (cumulative _bucket series)
+    batch_gauge: str | None = None               # the running decode batch, one sample per scrape
+    passes_counter: str | None = None            # forward passes, by `mode_label`
+    tokens_counter: str | None = None            # tokens, by `mode_label`
+    mode_label: str = "mode"
+    decode_pass_modes: tuple[str, ...] = ()
+    prefill_pass_modes: tuple[str, ...] = ()
+    decode_token_modes: tuple[str, ...] = ()
+    prefill_token_modes: tuple[str, ...] = ()
+    skip_gauge_labels: dict = field(default_factory=dict)   # label -> values whose samples are not decode batches
+    graph_sizes: Callable[[int | None], list[int]] | None = None   # tp -> the captured sizes passes pad to
+    pads_every_pass: bool = False                # True: any pass up to the largest size is padded; False: decode only
+    padding_note: str = ""
+
+
+SERVING_METRICS: dict[str, ServingMetrics] = {
+    "vllm": ServingMetrics(
+        engine="vllm", facts_for="vLLM 0.33.0", prefix="vllm:",
+        tokens_histogram="vllm:iteration_tokens_total",
+        graph_sizes=_vllm_graph_sizes, pads_every_pass=True,
+        padding_note="vLLM 0.33.0 pads a step of up to 512 tokens to its CUDA-graph sizes (1 2 4, 8 to 248 by 8, "
+                     "256 to 512 by 16: the OpenAI server's defaults on an H100/H200), prefill chunks included; "
+                     "larger steps run unpadded"),
+    "sglang": ServingMetrics(
+        engine="sglang", facts_for="SGLang 0.5.23", prefix="sglang:",
+        batch_gauge="sglang:num_running_reqs",
+        passes_counter="sglang:cuda_graph_passes_total", tokens_counter="sglang:realtime_tokens_total",
+        decode_pass_modes=("decode_cuda_graph", "decode_none"),
+        prefill_pass_modes=("prefill_cuda_graph", "prefill_none"),
+        decode_token_modes=("decode",), prefill_token_modes=("prefill_compute",),
+        skip_gauge_labels={"engine_type": ("prefill",)},
+        graph_sizes=_sglang_graph_sizes, pads_every_pass=False,
+        padding_note="SGLang 0.5.23 pads a decode batch to its CUDA-graph batch sizes (1 2 4 8 12, 16 to 256 by 8, "
+                     "272 to 496 by 16, 512; up to 256 at TP < 4); prefill chunks are taken unpadded"),
+}

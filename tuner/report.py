@@ -107,7 +107,8 @@ def run_source(run: Path) -> str:
     return banner(env, measured)
 
 
-def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path]:
+def write_report(run: Path, out: Path | None = None,
+                 traffic_lines: list[str] | None = None) -> tuple[pd.DataFrame, Path]:
     run = Path(run)
     df = manifest_frame(run)
     source = run_source(run)
@@ -118,6 +119,8 @@ def write_report(run: Path, out: Path | None = None) -> tuple[pd.DataFrame, Path
         where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else ""
         lines += [f"Geometric-mean speedup over the engines' default config{where}: **{g:.2f}x** "
                   f"over {df['speedup'].notna().sum()} batch sizes.", ""]
+    if traffic_lines:
+        lines += ["## Judged by traffic", "", *[f"- {line}" for line in traffic_lines], ""]
     failed = failures_by_kind(run)
     if failed:
         lines += [f"Failed configs by kind: {failures.summary(failed)} "
@@ -161,7 +164,7 @@ def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
 
 
 def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
-               force: bool = False) -> tuple[pd.DataFrame, Path]:
+               force: bool = False, traffic_lines: list[str] | None = None) -> tuple[pd.DataFrame, Path]:
     """Compare two runs; refused (unless forced) when they share no (problem, M), or when
     out_dir holds the diff against another run."""
     df = diff_frame(old, new, noise)
@@ -179,6 +182,8 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
              f"**{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower**, "
              f"{counts.get('same', 0)} within noise, {counts.get('new', 0)} new, {counts.get('dropped', 0)} dropped "
              f"(noise band: the larger spread, at least {noise * 100:.0f}%).", ""]
+    if traffic_lines:
+        lines += ["## Judged by traffic", "", *[f"- {line}" for line in traffic_lines], ""]
     worst = df[df["verdict"] == "slower"].sort_values("change_pct", ascending=False)
     if not worst.empty:
         lines += ["Slower:", ""] + [f"- {r.problem} M={r.M}: {r.time_us_old:.2f} -> {r.time_us_new:.2f} us "
@@ -209,3 +214,109 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
     rule = "| " + " | ".join("---" for _ in df.columns) + " |"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, rule, *body])
+
+
+# -- judged by traffic: weighted speedups and the per-pass estimate (tuner/traffic.py) --------------
+def run_traffic(runs: list[Path], given: str | None, tp: int | None = None):
+    """--traffic FILE, else the profile the first of `runs` whose manifest records one, else None."""
+    from tuner.traffic import TrafficProfile, load_profile
+    if given:
+        return load_profile(given, tp)
+    for run in runs:
+        record = read_manifest(run).get("traffic")
+        if record:
+            return TrafficProfile.from_manifest(record, f"{run}/manifest.json")
+    return None
+
+
+def run_model(runs: list[Path], given: str | None):
+    """The model whose layer counts turn per-layer times into a per-pass estimate: --model,
+    else the one the first run's manifest names (None when neither is readable)."""
+    from tuner.models import load_model
+    if given:
+        return load_model(given)
+    for run in runs:
+        manifest = read_manifest(run)
+        for name in (manifest.get("model_source"), manifest.get("model")):
+            if name:
+                try:
+                    return load_model(str(name))
+                except TunerError:
+                    continue
+    return None
+
+
+def table_times(entry: dict) -> tuple[list[int], dict[int, float | None], dict[int, float | None]]:
+    """(keys in file order, {key: default time}, {key: the table's time}) of a manifest table."""
+    entries = entry.get("entries") or {}
+    keys = sorted(int(m) for m, e in entries.items() if e.get("config"))
+    return (keys, {k: _number(entries[str(k)].get("default_time_us")) for k in keys},
+            {k: _number(entries[str(k)].get("time_us")) for k in keys})
+
+
+def _engines_of(entry: dict) -> list[str]:
+    return sorted(entry.get("files") or {})
+
+
+def traffic_report_lines(run: Path, profile, model) -> list[str]:
+    """A run's tables judged by traffic: per table the traffic-weighted speedup over the
+    default next to the plain geomean, and per engine the estimated kernel time per pass."""
+    from tuner.models import layers_per_pass
+    from tuner.traffic import step_estimate, step_text, weighted
+    manifest = read_manifest(run)
+    source = run_source(run)
+    lines = [*profile.describe()]
+    tables = [t for t in manifest.get("tables", []) if t.get("files")]
+    for t in sorted(tables, key=_label):
+        keys, default, tuned = table_times(t)
+        w = weighted(profile, (keys, default), (keys, tuned))
+        plain = _geomean([d / t for d, t in ((default[k], tuned[k]) for k in keys) if d and t])
+        lines.append(f"{_label(t)} [{', '.join(_engines_of(t))}]: " + _speedups(w, "the default", plain, len(keys)))
+    lines += _step_lines(tables, lambda t: (table_times(t)[:2], (table_times(t)[0], table_times(t)[2])), profile,
+                         model, source, "default", "table", layers_per_pass, step_estimate, step_text)
+    return lines
+
+
+def traffic_diff_lines(old: Path, new: Path, profile, model) -> list[str]:
+    """Two runs judged by traffic: per problem the traffic-weighted speedup of NEW over OLD
+    (each served M timed at the entry each table would use), and the per-pass estimate."""
+    from tuner.models import layers_per_pass
+    from tuner.traffic import step_estimate, step_text, weighted
+    old_tables = {_label(t): t for t in read_manifest(old).get("tables", []) if t.get("files")}
+    new_tables = [t for t in read_manifest(new).get("tables", []) if t.get("files") and _label(t) in old_tables]
+    source = f"old {run_source(old)}; new {run_source(new)}"
+    lines = [*profile.describe()]
+
+    def pair(t):
+        a, b = table_times(old_tables[_label(t)]), table_times(t)
+        return (a[0], a[2]), (b[0], b[2])
+
+    for t in sorted(new_tables, key=_label):
+        (ka, ta), (kb, tb) = pair(t)
+        w = weighted(profile, (ka, ta), (kb, tb))
+        common = [k for k in kb if k in ta and ta[k] and tb[k]]
+        plain = _geomean([ta[k] / tb[k] for k in common])
+        lines.append(f"{_label(t)} [{', '.join(_engines_of(t))}]: new " + _speedups(w, "old", plain, len(common)))
+    lines += _step_lines(new_tables, pair, profile, model, source, "old", "new", layers_per_pass, step_estimate,
+                         step_text)
+    return lines
+
+
+def _speedups(w, against: str, plain: float | None, n: int) -> str:
+    from tuner.traffic import speedup_text
+    return (speedup_text(w, against)
+            + (f" (plain geomean {plain:.2f}x over {n} batch sizes)" if plain else " (plain geomean: -)"))
+
+
+def _step_lines(tables, pair, profile, model, source, base, new, layers_per_pass, step_estimate, step_text):
+    if model is None:
+        return ["estimated time per forward pass: give --model for the layer counts"]
+    lines = []
+    for engine in sorted({e for t in tables for e in _engines_of(t)}):
+        rows = []
+        for t in tables:
+            if engine in _engines_of(t):
+                a, b = pair(t)
+                rows.append((layers_per_pass(model, t.get("layers") or []), a, b))
+        lines.append(f"{engine}, {model.name}: " + step_text(step_estimate(profile, rows), source, base, new))
+    return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -135,6 +136,54 @@ def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResu
         "environment": run_info.get("environment"),
         # what the studies were timed on: device, kernel code, space, Triton (search.identity)
         "identity": run_info.get("identity"),
-        "numerics_passed": all(r.numerics.get("status") == "passed" for r in results if r.config),
+        # an explicit default (traffic profiles) is what the engine runs anyway: it does not fail this
+        "numerics_passed": all(r.numerics.get("status") in ("passed", "default") for r in results if r.config),
         "entries": {str(r.M): r.as_dict() for r in sorted(results, key=lambda r: r.M)},
     }
+
+
+# -- with a traffic profile: the default where the tuned config does not beat it -------------------
+NOISE_FLOOR = 0.02        # the smallest gain that counts, unless the measured spread is larger
+
+
+def within_noise(r: StudyResult, noise: float = NOISE_FLOOR) -> bool:
+    """The tuned config does not beat the default by more than the noise band (the larger
+    of `noise` and the tuned config's measured spread)."""
+    if r.config is None or not r.time_us or not r.default_time_us:
+        return False                       # nothing tuned, or no default time to compare with
+    return r.time_us >= r.default_time_us * (1 - max(noise, r.spread or 0.0))
+
+
+def prefer_defaults(kernel: KernelSpec, group: list[Problem], group_results: list[list[StudyResult]],
+                    noise: float = NOISE_FLOOR) -> list[list[StudyResult]]:
+    """Tables tuned for a traffic profile: at each M where no table of the group (one table,
+    or SGLang's up table and the `_down` table tied to it) beats its default beyond noise,
+    write the default config explicitly, so that the served M near that key run what the
+    engine would run without a table rather than a config tuned for another size. The first
+    problem of a group is the one the others are tied to: a tied table's default is the
+    first table's config (tune.table_default), so it follows the first table's default."""
+    from tuner.kernel_api import config_from_entry
+    by_m = [{r.M: r for r in rs} for rs in group_results]
+    revert = {M for M in by_m[0] if all(M in d and within_noise(d[M], noise) for d in by_m)}
+    out: list[list[StudyResult]] = []
+    for i, rs in enumerate(group_results):
+        kept = []
+        for r in rs:
+            if r.M not in revert:
+                kept.append(r)
+                continue
+            first_default = by_m[0][r.M].default_config
+            config = r.default_config if i == 0 else config_from_entry(kernel, first_default)
+            timed = config == r.default_config
+            band = max(noise, r.spread or 0.0)
+            gain = (r.default_time_us or 0.0) / (r.time_us or 1.0) - 1      # both set: within_noise
+            why = (f"tuned {gain:+.1%} against the default, within the noise band "
+                   f"({band:.0%})" + ("" if len(group) == 1 else " in every table tied at this M"))
+            kept.append(dataclasses.replace(
+                r, config=config, time_us=r.default_time_us if timed else None, spread=None,
+                default_config=config, default_time_us=r.default_time_us if timed else None,
+                numerics={"status": "default", "detail": "the engine's default config, written explicitly"},
+                kept_default={"config": r.config, "time_us": r.time_us, "default_time_us": r.default_time_us,
+                              "why": why + ("" if timed else "; this default was not timed")}))
+        out.append(kept)
+    return out

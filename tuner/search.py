@@ -50,6 +50,19 @@ class SearchSettings:
     batch: int = 8                  # trials asked at once (compiled in parallel on a GPU)
     sampler: str = "tpe"
     seed: int = 0
+    # Budgets of single batch sizes, as {"M": trials} (JSON-safe: stored plans carry them);
+    # a batch size not named here gets `budget`. Set from a traffic profile (tuner/traffic.py).
+    budgets: dict[str, int] = field(default_factory=dict)
+
+    def budget_for(self, problem: Problem, M: int) -> int:
+        """The budget of the study of (problem, M)."""
+        return int(self.budgets.get(str(M), self.budget))
+
+    def patience_for(self, problem: Problem, M: int) -> int:
+        """Patience grows with a study's share of the budget, so that a batch size given more
+        trials is not stopped as early as one given the average."""
+        own = self.budget_for(problem, M)
+        return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
 
 
 def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
@@ -81,6 +94,9 @@ class StudyResult:
     failures: dict = field(default_factory=dict)   # failed configs by kind (tuner/failures.py)
     default_error: str | None = None    # why the default config has no time (failed, not in a landscape)
     resumed: bool = False               # read back from the storage, finished by an earlier run
+    # With a traffic profile, where the tuned config did not beat the default beyond noise and
+    # the default was written instead: the tuned config, its time and why (tuner/results.py).
+    kept_default: dict | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -93,7 +109,8 @@ class StudyResult:
                 "default_config": self.default_config, "default_time_us": self.default_time_us,
                 "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
                 "numerics": self.numerics, "rejected": self.rejected, "failures": self.failures,
-                "default_error": self.default_error}
+                "default_error": self.default_error,
+                **({"kept_default": self.kept_default} if self.kept_default else {})}
 
 
 def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
@@ -149,7 +166,7 @@ class StudyRunner:
                                {"status": "not checked", "detail": "no config survives pruning"})
         study = self._open(target)
         done = study.user_attrs.get("result")
-        if done and (done["stopped"] != "budget" or done["trials"] >= self.settings.budget):
+        if done and (done["stopped"] != "budget" or done["trials"] >= self.settings.budget_for(problem, M)):
             result = self.result_from_dict(problem, M, done)
             result.resumed = True
             return result
@@ -262,7 +279,8 @@ class StudyRunner:
         """Ask, claim, measure and tell in batches until the stopping rule says why to
         stop; returns that reason and the configs measured (time, None if failed)."""
         s = self.settings
-        rule = StoppingRule(s.budget, s.patience, s.min_gain, seeds=len(target.seeds))
+        budget = s.budget_for(target.problem, target.M)
+        rule = StoppingRule(budget, s.patience_for(target.problem, target.M), s.min_gain, seeds=len(target.seeds))
         rng = random.Random(f"{s.seed}:{study_name(target.problem, target.M, source=self.kernel.source)}:{os.getpid()}")
         idle = 0
         while True:
@@ -273,12 +291,12 @@ class StudyRunner:
             stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle)
             if stopped:
                 return stopped, measured
-            room = s.budget - len(measured) - len(running)
+            room = budget - len(measured) - len(running)
             if room <= 0:                     # the last trials are out with other workers
                 self._wait(study, target)
                 continue
             want = min(s.batch, room)
-            batch, waiting = claim(study, self._ask(study, target, measured, running, want), s.budget, self._key)
+            batch, waiting = claim(study, self._ask(study, target, measured, running, want), budget, self._key)
             if not batch and waiting:         # the last slots are held by other workers' trials
                 self._wait(study, target)
                 continue
@@ -289,8 +307,8 @@ class StudyRunner:
             idle = 0
             results = self._measure(study, target, batch)
             times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
-            self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), s.budget),
-                          budget=s.budget, best=min(times, default=None))
+            self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
+                          budget=budget, best=min(times, default=None))
 
     def _ask(self, study: optuna.Study, target: _Target, measured: dict, running: dict,
              want: int) -> list[tuple[optuna.Trial, Config]]:
@@ -414,4 +432,5 @@ class StudyRunner:
     def result_from_dict(problem: Problem, M: int, d: dict) -> StudyResult:
         return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
-                           d.get("rejected", []), d.get("failures") or {}, d.get("default_error"))
+                           d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
+                           kept_default=d.get("kept_default"))

@@ -35,6 +35,7 @@ from tuner.results import MANIFEST, manifest_entry, read_manifest, update_manife
 from tuner.search import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.space import SearchSpace
 from tuner.study_storage import open_storage
+from tuner.traffic import TrafficProfile
 
 log = logging.getLogger("tuner")
 
@@ -61,6 +62,7 @@ class RunOptions:
     prefix: str = ""                 # study-name prefix: several runs can share one storage
     gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
     plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
+    traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
 
     def ms_for(self, problem: Problem) -> list[int]:
         if self.plan_ms is not None:
@@ -81,8 +83,10 @@ def plan_text(opts: RunOptions) -> str:
              f"  kernel: {kernel_origin_text(k)}",
              f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
              f"keys {', '.join(k.config_keys)}",
-             f"  budget {opts.settings.budget} trials per batch size, sampler {opts.settings.sampler}, "
-             f"patience {opts.settings.patience}",
+             (f"  budget {opts.settings.budget} trials per batch size" if not opts.settings.budgets else
+              f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
+              f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
+             + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
              f"  storage {opts.storage or default_storage(opts.out_dir)}",
              f"  output {opts.out_dir}/"]
     triton_version = software_versions()["triton"]
@@ -90,6 +94,8 @@ def plan_text(opts: RunOptions) -> str:
     lines.append(f"  roofline floor: the larger of (fewest bytes moved / copy bandwidth) and (FLOPs / FP8 matmul "
                  f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
                  "runs much faster")
+    if opts.traffic is not None:
+        lines += traffic_plan_lines(opts)
     for p in opts.problems:
         lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
                      + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
@@ -100,10 +106,28 @@ def plan_text(opts: RunOptions) -> str:
         floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.batch_sizes]
         lines.append("  roofline floor, us per M: " + " ".join(floor))
     total = len(opts.problems) * len(opts.batch_sizes)
+    most = sum(opts.settings.budget_for(p, m) for p in opts.problems for m in opts.batch_sizes)
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
-                 f"at most {total * opts.settings.budget} measured configs")
+                 f"at most {most} measured configs")
     lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
     return "\n".join(lines)
+
+
+def traffic_plan_lines(opts: RunOptions) -> list[str]:
+    """The keys a traffic profile chose, what each serves, and its budget (the plan)."""
+    from tuner.traffic import key_coverage
+    profile = opts.traffic
+    if profile is None:
+        return []
+    lines = [f"  {line}" for line in profile.describe()]
+    lines.append("  keys (by the engines' nearest-key rule: the served M each key's entry runs, their share of the "
+                 "forward passes, trials):")
+    for c in key_coverage(opts.batch_sizes, profile):
+        budget = opts.settings.budget_for(opts.problems[0], c.key) if opts.problems else opts.settings.budget
+        lines.append(f"    {c.text()}; {budget} trials")
+    lines.append("  where a tuned config does not beat the default beyond noise (2% or its spread), the table gets "
+                 "the default")
+    return lines
 
 
 def engine_reading_notes(table_kind: str, engines) -> list[str]:
@@ -385,7 +409,10 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
     run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": ", ".join(sorted(x for x in labels if x)),
                 "environment": env, "identity": next((i for i in identities if i), None),
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
-                           "patience": opts.settings.patience, "space": opts.space.source}}
+                           "patience": opts.settings.patience, "space": opts.space.source,
+                           **({"budgets": opts.settings.budgets} if opts.settings.budgets else {})}}
+    if opts.traffic is not None and opts.kernel.emit_table is None:
+        results = _prefer_defaults(opts, results)
     done = [p for p in opts.problems if p.key in results]
     if opts.kernel.emit_table is not None:
         if done:
@@ -404,6 +431,20 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
     if missing and not quiet:
         log.warning("%d studies have no result yet; their batch sizes are left out", missing)
     return results
+
+
+def _prefer_defaults(opts: RunOptions, results: dict[str, list[StudyResult]]) -> dict[str, list[StudyResult]]:
+    """Traffic-keyed tables: the default where the tuned config does not beat it (each table
+    alone, or SGLang's up table with the `_down` table tied to it: results.prefer_defaults)."""
+    from tuner.results import prefer_defaults
+    out = dict(results)
+    for p in opts.problems:
+        if p.tied_to or p.key not in results:
+            continue
+        group = [p] + [q for q in opts.problems if q.tied_to == p.key and q.key in results]
+        for q, rs in zip(group, prefer_defaults(opts.kernel, group, [results[q.key] for q in group])):
+            out[q.key] = rs
+    return out
 
 
 # -- plans in the storage, and workers -------------------------------------------------
@@ -477,6 +518,9 @@ def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, loa
                           settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
                           engines=plan["engines"], baseline=plan["baseline"], run_info=plan["run_info"],
                           prefix=prefix, plan_ms=plan["batch_sizes"])
+        if (plan.get("run_info") or {}).get("traffic"):
+            from tuner.traffic import TrafficProfile
+            opts.traffic = TrafficProfile.from_manifest(plan["run_info"]["traffic"], "the stored plan")
         for k, v in overrides.items():
             setattr(opts, k, v)
         plans.append(opts)
@@ -611,5 +655,14 @@ def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) 
                 "speedup": f"{r.speedup:.2f}x" if r.speedup else "-",
                 "trials": r.trials,
                 "numerics": r.numerics.get("status", "-"),
+                **({"table": _kept_text(r)} if any(x.kept_default for xs in results.values() for x in xs) else {}),
             })
     return pd.DataFrame(rows)
+
+
+def _kept_text(r: StudyResult) -> str:
+    """What a traffic-keyed table holds at M: the tuned config, or the default and why."""
+    if not r.kept_default:
+        return "tuned"
+    t = r.kept_default.get("time_us")
+    return f"default (tuned {t:.2f} us: within noise)" if t else "default"
