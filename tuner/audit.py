@@ -536,7 +536,8 @@ def run_numerics(report: AuditReport, inst: Installation, numerics_model, seed: 
     """Every distinct row in use (as the loader hands it over) on the engine's own kernel
     against the float64 reference, through tuner check's machinery. Without a GPU, in
     Triton's interpreter on `numerics_model`'s shapes (a small model); on a GPU, at the
-    deployment's real shapes."""
+    deployment's real shapes. Without a GPU, TRITON_INTERPRET=1 must be set before anything
+    imports Triton's jit (the command line does)."""
     import os
 
     import torch
@@ -580,8 +581,9 @@ def run_numerics(report: AuditReport, inst: Installation, numerics_model, seed: 
             log(f"numerics {result.status.upper():4s} rel {rel:>8s}  {ka.kind} {ka.part} key {row['key']} at M={M} "
                 f"on {problem.key}")
             if result.status != "pass":
-                f = Finding("error", "numerics", f"key {row['key']} at M={M}: {result.detail} on "
-                            f"{kernel.source_label}'s kernel ({problem.key})", ka.where, [row["key"]])
+                what = f"rel. error {result.rel_error:.2e}" if result.rel_error is not None else "no result"
+                f = Finding("error", "numerics", f"key {row['key']} at M={M}: {what} ({result.detail}) on "
+                            f"{kernel.source_label}'s kernel, {problem.key}", ka.where, [row["key"]])
                 ka.findings.append(f)
                 report.findings.append(f)
 

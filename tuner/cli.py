@@ -372,6 +372,10 @@ def cmd_audit(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
+    if args.numerics:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")     # before anything imports Triton's jit
     env_var = table_family(args.engine, "fused_moe").env_var or ""
     override = args.moe_config_dir if args.moe_config_dir is not None else os.environ.get(env_var)
     override_dir = Path(override) if override else None

@@ -300,6 +300,9 @@ def _log_calls(function_src: str) -> list[tuple[str, ast.expr, list[ast.expr]]]:
     return [(level, msg, args) for level, msg, args, _, _ in calls]
 
 
+_LOG_CALLS: dict[tuple[str, str], list | None] = {}     # parsed once per loader file
+
+
 def log_lines(inst: Installation, family: TableFamily, values: dict) -> dict[str, str]:
     """The engine's own log lines for this table family, rendered with `values` (the loader's
     local variables: config_file_path, config_file_paths, try_triton_version, ...): {"loaded":
@@ -307,13 +310,16 @@ def log_lines(inst: Installation, family: TableFamily, values: dict) -> dict[str
     if inst.files is None:
         return {}
     rel, name = family.loader.rsplit(":", 1)
-    try:
-        src = _function_source(inst.files.read(rel).decode(), name)
-    except (KeyError, OSError, UnicodeDecodeError):
+    key = (inst.files.display(rel), name)
+    if key not in _LOG_CALLS:
+        try:
+            src = _function_source(inst.files.read(rel).decode(), name)
+        except (KeyError, OSError, UnicodeDecodeError):
+            src = None
+        _LOG_CALLS[key] = _log_calls(src) if src is not None else None
+    calls = _LOG_CALLS[key]
+    if calls is None:
         return {}
-    if src is None:
-        return {}
-    calls = _log_calls(src)
     out = {}
     for what, level, name, index in family.log_calls:
         picked = [c for c in calls if c[0] == level and any(
