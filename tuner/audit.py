@@ -647,6 +647,9 @@ def _audit_folder(report: AuditReport, stats: dict, fam: TableFamily, files: Tab
     pattern = fam.name_pattern()
     loadable: dict[str, tuple[str, dict]] = {}          # rel -> (name, groups)
     bad_folders: set[str] = set()
+    if fam.per_triton:        # the fallback lists every triton_* entry, files and empty folders too
+        bad_folders = {d for d in files.listdir(folder) or [] if d.startswith("triton_")
+                       and not all(x.isdigit() for x in d.removeprefix("triton_").split("_"))}
     for rel in files.walk(folder):
         if not rel.endswith(".json"):
             continue
@@ -682,8 +685,9 @@ def _audit_folder(report: AuditReport, stats: dict, fam: TableFamily, files: Tab
         loadable[rel] = (name, g)
     for sub in sorted(bad_folders):
         report.findings.append(Finding("error", "crashes_loader",
-                                       f"{sub}/ is not a version folder: the loader's Triton fallback sorts the "
-                                       "triton_* names as integers and raises ValueError", files.display(base + sub)))
+                                       f"{sub} is not a version folder: the loader's Triton fallback sorts the "
+                                       "triton_* names as integers and raises ValueError whenever a table is not in "
+                                       "the running Triton's folder", files.display(base + sub)))
     tables: dict[str, dict] = {}
     for rel, (name, g) in loadable.items():
         where = files.display(rel)

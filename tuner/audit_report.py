@@ -12,7 +12,7 @@ WIDTH = 120
 EXAMPLES = 5          # findings shown per kind in the terminal (every one is in the JSON and Markdown)
 
 
-def _wrap(line: str, indent: str = "") -> list[str]:
+def wrap(line: str, indent: str = "") -> list[str]:
     return textwrap.wrap(line, WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False,
                          break_long_words=True) or [""]
 
@@ -25,7 +25,7 @@ def _short(where: str) -> str:
 
 def header_lines(report: AuditReport) -> list[str]:
     h = report.header
-    lines = [f"tuner audit{' --all' if report.mode == 'all' else ''}: {h['engine']} {h.get('version') or '?'} "
+    lines = [f"tuner audit{' --all' if report.mode == 'all' else ''}: {h['engine']} {h.get('version') or '(version unknown)'} "
              f"({h['source']}), Triton {h['triton']} ({h['triton_from']}); loader rules of {h.get('rules_of', '?')}"]
     if report.mode == "deployment":
         lines.append(f"deployment: {h['model']} on {h['gpu']}, TP{h['tp']} EP{h['ep']}, {h['dtype']}, "
@@ -39,19 +39,19 @@ def header_lines(report: AuditReport) -> list[str]:
     if h.get("numerics"):
         lines.append(f"numerics: {h['numerics']}")
     lines += [f"note: {n}" for n in h.get("notes", [])]
-    return [w for line in lines for w in _wrap(line)]
+    return [w for line in lines for w in wrap(line)]
 
 
 def kernel_lines(ka: KernelAudit) -> list[str]:
     r = ka.resolved
-    out = _wrap(f"{ka.title}: {'read by default' if ka.reads else 'NOT read by default'}")
+    out = wrap(f"{ka.title}: {'read by default' if ka.reads else 'NOT read by default'}")
     if r.found:
         how = {"exact Triton folder": "", "package": "", "override folder": " (override folder)",
                "Triton fallback": f" (Triton fallback: {r.triton_folder})", "the up table": " (no _down table: the up "
                "table)"}.get(r.how, f" ({r.how})")
-        out += _wrap(f"  file: {ka.short}{how}", "  ")
+        out += wrap(f"  file: {ka.short}{how}", "  ")
     else:
-        out += _wrap(f"  file: none: {r.name}" + (f" ({r.crash})" if r.crash else ""), "  ")
+        out += wrap(f"  file: none: {r.name}" + (f" ({r.crash})" if r.crash else ""), "  ")
     for row in ka.rows:
         ms = m_range(row["first"], row["last"])
         if row["key"] is None:
@@ -61,13 +61,13 @@ def kernel_lines(ka: KernelAudit) -> list[str]:
         text = f"  {ms:<14s} {key:<18s} {_cfg_text(row['entry'])}"
         if row.get("changes"):
             text += "  -> runs " + _cfg_text(row["runs_as"]) + "  [" + "; ".join(row["changes"]) + "]"
-        out += _wrap(text, "  ")
+        out += wrap(text, "  ")
     for n in ka.numerics:
         rel = f"{n['rel_error']:.2e}" if n["rel_error"] is not None else "-"
-        out += _wrap(f"  numerics {n['status'].upper()} key {n['key']} at M={n['M']}: rel. error {rel} ({n['detail']}; "
+        out += wrap(f"  numerics {n['status'].upper()} key {n['key']} at M={n['M']}: rel. error {rel} ({n['detail']}; "
                      f"{n['kernel']} on {n['problem']})", "  ")
     for f in ka.findings:
-        out += _wrap(f"  {f.severity}: {f.kind}: {f.reason}", "  ")
+        out += wrap(f"  {f.severity}: {f.kind}: {f.reason}", "  ")
     return out
 
 
@@ -77,11 +77,11 @@ def summary_lines(report: AuditReport) -> list[str]:
     for kind, sev, fs in report.by_kind():
         tables = len({f.table for f in fs})
         rows = sum(len(f.rows) for f in fs)
-        out += _wrap(f"{sev:<8s}{kind:<22s}{tables:>5d} table{'s' if tables != 1 else ' '}"
+        out += wrap(f"{sev:<8s}{kind:<22s}{tables:>5d} table{'s' if tables != 1 else ' '}"
                      + (f" {rows:>5d} rows" if rows else " " * 11) + f"  {KINDS.get(kind, kind)}", " " * 8)
         if report.mode == "all":
             for f in fs[:EXAMPLES]:
-                out += _wrap(f"          {_short(f.table)}: {f.reason}", " " * 10)
+                out += wrap(f"          {_short(f.table)}: {f.reason}", " " * 10)
             if len(fs) > EXAMPLES:
                 out.append(f"          ... {len(fs) - EXAMPLES} more (--out DIR writes every one)")
     out.append(f"exit status {report.exit_code}: " + ("error findings (wrong results or a loader crash)"
@@ -95,7 +95,7 @@ def terminal_lines(report: AuditReport) -> list[str]:
         lines += kernel_lines(ka) + [""]
     loose = [f for f in report.findings if not any(f in ka.findings for ka in report.kernels)]
     if report.mode == "deployment" and loose:
-        lines += [w for f in loose for w in _wrap(f"{f.severity}: {f.kind}: {f.reason}")] + [""]
+        lines += [w for f in loose for w in wrap(f"{f.severity}: {f.kind}: {f.reason}")] + [""]
     return lines + summary_lines(report)
 
 
@@ -148,4 +148,4 @@ def write_outputs(report: AuditReport, out_dir: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-__all__ = ["Finding", "terminal_lines", "markdown", "write_outputs"]
+__all__ = ["Finding", "terminal_lines", "markdown", "wrap", "write_outputs"]

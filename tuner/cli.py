@@ -357,7 +357,7 @@ def _add_audit_parser(sub) -> None:
 
 def cmd_audit(args) -> int:
     from tuner.audit import Batches, audit_all, audit_deployment, run_numerics
-    from tuner.audit_report import terminal_lines, write_outputs
+    from tuner.audit_report import terminal_lines, wrap, write_outputs
     from tuner.engine_tables import locate_installation
     from tuner.engines import table_family
 
@@ -365,8 +365,9 @@ def cmd_audit(args) -> int:
         extra = [o for o, v in (("--model", args.model), ("--gpu", args.gpu), ("--numerics", args.numerics),
                                 ("--dtype", args.dtype)) if v]
         if extra:
-            raise TunerError(f"--all audits every table the engine ships; {', '.join(extra)} describe one deployment "
-                             "(drop --all, or drop them)")
+            raise TunerError(f"--all audits every table the engine ships; {', '.join(extra)} "
+                             f"{'describes' if len(extra) == 1 else 'describe'} one deployment (drop --all, or drop "
+                             f"{'it' if len(extra) == 1 else 'them'})")
     elif not args.model or not args.gpu:
         raise TunerError("give --model and --gpu (the deployment to audit), or --all (every table the engine ships)")
     out = Path(args.out) if args.out else None
@@ -399,7 +400,8 @@ def cmd_audit(args) -> int:
         print(line)
     if out is not None:
         json_path, md_path = write_outputs(report, out)
-        print(f"written: {json_path} and {md_path}")
+        for line in wrap(f"written: {json_path} and {md_path}"):
+            print(line)
     return report.exit_code
 
 
