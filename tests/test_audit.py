@@ -242,3 +242,51 @@ def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path,
         err = capsys.readouterr().err.strip()
         assert err.startswith("tuner: error:") and len(err.splitlines()) == 1, (argv, err)
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+def test_our_tables_pass_the_audit(tmp_path, capsys):
+    """A run over the engines' whole batch-size grid (replayed from a SYNTHETIC landscape),
+    installed into an empty SGLang package: `tuner audit --all` finds nothing in it."""
+    land, run, site = tmp_path / "m.jsonl.gz", tmp_path / "run", tmp_path / "site"
+    common = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--engines", "sglang"]
+    assert main(["landscape", "synth", "--kernel", "moe", *common, "--out", str(land)]) == 0
+    assert main(["moe", *common, "--replay", str(land), "--trials", "2", "--out", str(run), "--quiet"]) == 0
+    put(site, "sglang/__init__.py", "")
+    assert main(["install", str(run), "--engine", "sglang", "--site-packages", str(site), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "audit: the 2 tables pass" in out
+    triton = next((site / SMOE).iterdir()).name.removeprefix("triton_").replace("_", ".")
+    assert main(["audit", "--all", "--engine", "sglang", "--site-packages", str(site), "--triton", triton,
+                 "--out", str(tmp_path / "a")]) == 0
+    data = json.loads((tmp_path / "a" / "audit.json").read_text())
+    assert data["stats"]["tables"] == 2 and data["counts"]["error"] == data["counts"]["warning"] == 0
+    assert set(data["by_kind"]) == {"loader_changed"}      # info: this fake package has no loader source to compare
+
+
+def test_emitter_writes_no_down_copy(tmp_path):
+    """A `_down` table that came out the same as the up table at every M is not written (SGLang
+    reuses the up table without it; the audit flags such a file as an untuned copy); one that
+    differs is."""
+    from types import SimpleNamespace
+
+    from kernels import get_kernel
+    from tuner.models import moe_problems
+    from tuner.search import StudyResult
+    from tuner.tune import _emit
+
+    kernel = get_kernel("fused_moe", "sglang", load_code=False)
+    up, down = moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8", engines=["sglang"])
+    cfg = {**ROW, "USE_TMA": 0}
+
+    def results(problem, **change):
+        return [StudyResult(problem, M, {**cfg, **change}, 1.0, 0.01, cfg, 1.0, 3, "budget") for M in (1, 64)]
+
+    for change, written in (({}, False), ({"BLOCK_SIZE_N": 128}, True)):
+        out = tmp_path / f"run-{written}"
+        opts = SimpleNamespace(out_dir=out, kernel=kernel, gpu=get_gpu("H200"), engines=["sglang"], batch_sizes=[1, 64])
+        _emit(opts, [up, down], [results(up), results(down, **change)], {"triton": "3.6.0"}, {})
+        files = sorted(p.name for p in out.rglob("*.json") if p.name != "manifest.json")
+        assert files == [f"{S3_MOE}.json"] + ([f"{S3_MOE}_down.json"] if written else [])
+        entry = next(t for t in json.loads((out / "manifest.json").read_text())["tables"]
+                     if t["problem"]["part"] == "down")
+        assert bool(entry["files"]) == written and ("not_written" in entry) != written

@@ -270,6 +270,16 @@ def _group_segments(segs: list) -> list:
     return out
 
 
+def named_table_findings(family: TableFamily, name: str, table: dict, where: str, batches: Batches) -> list[Finding]:
+    """Row and key findings of one loadable table, its weight blocks, K and device read from
+    its file name (as --all does for every table, and tuner install for what it writes)."""
+    m = family.name_pattern().match(name)
+    g = m.groupdict() if m else {}
+    block = [int(g["bn"]), int(g["bk"])] if g.get("bn") else None
+    K = int(g["K"]) if g.get("K") else (int(g["N"]) if g.get("down") else None)
+    return row_findings(family, table, where, block, K, g.get("device")) + key_findings(list(table), where, batches)
+
+
 # -- a deployment ---------------------------------------------------------------------------------
 @dataclass
 class KernelAudit:
@@ -699,10 +709,7 @@ def _audit_folder(report: AuditReport, stats: dict, fam: TableFamily, files: Tab
         stats["tables"] += 1
         stats["rows"] += len(table)
         tables[rel] = table
-        block = [int(g["bn"]), int(g["bk"])] if g.get("bn") else None
-        K = int(g["K"]) if g.get("K") else (int(g["N"]) if g.get("down") else None)
-        report.findings += row_findings(fam, table, where, block, K, g["device"])
-        report.findings += key_findings(list(table), where, batches)
+        report.findings += named_table_findings(fam, name, table, where, batches)
         obj = json.loads(raw)
         if isinstance(obj, dict) and "triton_version" in obj and "triton_version" in fam.dropped_keys:
             report.findings.append(Finding("info", "ignored_key", f"triton_version {obj['triton_version']}: "

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
     inst.add_argument("--force", action="store_true",
                       help="install tables measured on another device or Triton, or not numerically checked")
+    inst.add_argument("--merge", action="store_true",
+                      help="where a table would replace one covering batch sizes it lacks, keep the old entries for "
+                      "those (recorded in the backup record); without it (or --force) such an install is refused")
     inst.add_argument("--restore", action="store_true", help="undo the last install for --engine")
     rep = sub.add_parser("report", help="tables and plots of a results folder",
                          description="Print a results folder's tuned times and speedups, and write a Markdown "
@@ -452,7 +455,7 @@ def cmd_install(args) -> int:
     if not args.results:
         raise TunerError("give a results folder to install (or --restore)")
     api.install_results(args.results, args.engine, args.site_packages, args.moe_config_dir, args.gpu, args.force,
-                        args.dry_run)
+                        args.dry_run, merge=args.merge)
     return 0
 
 
