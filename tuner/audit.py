@@ -479,9 +479,12 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
     up = ups.get(up_name) if up_name else None
     if not resolved.found:
         if not resolved.crash:
-            places = "override folder and package" if len(resolved.tried) > 1 else "package"
-            ka.findings.append(Finding("warning", "no_table", f"{inst.label} finds no such file (looked in its {places}): "
-                                       "its default config runs at every M", name))
+            places = {0: "nothing to look in: no package", 1: "looked in its package", 2: "looked in the override "
+                      "folder and its package"}.get(len(resolved.tried), "looked in every triton_* folder")
+            if family.per_triton and resolved.tried:
+                places = "looked in every triton_* folder"
+            ka.findings.append(Finding("warning", "no_table", f"{inst.label} finds no such file ({places}): its default "
+                                       "config runs at every M", name))
         for sib in _siblings(family, resolved, gpu.cuda_name, inst.files, override_here, inst.triton):
             ka.findings.append(Finding("warning", "device_name",
                                        f"{sib} is for another variant of this GPU: {inst.engine} looks up "

@@ -42,7 +42,9 @@ def header_lines(report: AuditReport) -> list[str]:
     return [w for line in lines for w in wrap(line)]
 
 
-def kernel_lines(ka: KernelAudit) -> list[str]:
+def kernel_lines(ka: KernelAudit, said: set | None = None) -> list[str]:
+    """One table lookup: the file, the rows per M range, numerics, findings (a reason already
+    printed for an earlier table, in `said`, is shortened to "as above")."""
     r = ka.resolved
     out = wrap(f"{ka.title}: {'read by default' if ka.reads else 'NOT read by default'}")
     if r.found:
@@ -67,7 +69,10 @@ def kernel_lines(ka: KernelAudit) -> list[str]:
         out += wrap(f"  numerics {n['status'].upper()} key {n['key']} at M={n['M']}: rel. error {rel} ({n['detail']}; "
                      f"{n['kernel']} on {n['problem']})", "  ")
     for f in ka.findings:
-        out += wrap(f"  {f.severity}: {f.kind}: {f.reason}", "  ")
+        repeated = said is not None and (f.kind, f.reason) in said and f.kind in ("not_read", "no_table")
+        out += wrap(f"  {f.severity}: {f.kind}: {'as above' if repeated else f.reason}", "  ")
+        if said is not None:
+            said.add((f.kind, f.reason))
     return out
 
 
@@ -91,8 +96,9 @@ def summary_lines(report: AuditReport) -> list[str]:
 
 def terminal_lines(report: AuditReport) -> list[str]:
     lines = header_lines(report) + [""]
+    said: set = set()
     for ka in report.kernels:
-        lines += kernel_lines(ka) + [""]
+        lines += kernel_lines(ka, said) + [""]
     loose = [f for f in report.findings if not any(f in ka.findings for ka in report.kernels)]
     if report.mode == "deployment" and loose:
         lines += [w for f in loose for w in wrap(f"{f.severity}: {f.kind}: {f.reason}")] + [""]

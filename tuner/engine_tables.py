@@ -135,11 +135,8 @@ def _wheel_version(path: Path, engine: str) -> str | None:
 
 
 def _dist_version(site: Path, dist: str) -> str | None:
-    for info in sorted(site.glob(f"{dist}-*.dist-info")):
-        m = re.match(rf"{re.escape(dist)}-([^-]+)\.dist-info$", info.name)
-        if m:
-            return m.group(1)
-    return None
+    from tuner.install import installed_version
+    return installed_version(site, dist)
 
 
 def _this_triton() -> str | None:
@@ -170,9 +167,8 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
     origin = ""
     triton_found: tuple[str | None, str] = (None, "")
     if site_packages:
-        site = Path(site_packages)
-        if not (site / engine / "__init__.py").is_file():
-            raise TunerError(f"no {engine} package in {site} (looked for {site / engine / '__init__.py'})")
+        from tuner.install import find_site_packages
+        site = find_site_packages(engine, site_packages)
         files, origin = FolderFiles(site), f"installed in {site}"
         found_version = _dist_version(site, engine)
         triton_found = (_dist_version(site, "triton"), f"installed in {site}")
