@@ -234,6 +234,8 @@ def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path,
         ["audit", "--engine", "vllm", "--site-packages", str(vllm_site), "--all", "--engine-version", "9.9.9"],
         ["audit", "--engine", "vllm", "--site-packages", str(vllm_site), "--model", "mixtral-8x7b", "--gpu", "H200",
          "--dtype", "fp8_w8a8", "--tp", "2", "--ep", "4"],
+        ["audit", "--engine", "vllm", "--site-packages", str(vllm_site), "--engine-source", str(vllm_site), "--all"],
+        ["audit", "--engine", "vllm", "--site-packages", str(vllm_site), "--all", "--numerics"],
     ]
     (vllm_site / "vllm-0.33.0.dist-info").mkdir()
     before = sorted(p for p in tmp_path.rglob("*"))

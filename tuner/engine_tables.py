@@ -166,6 +166,8 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
     found_version: str | None = None
     origin = ""
     triton_found: tuple[str | None, str] = (None, "")
+    if site_packages and engine_source:
+        raise TunerError("give --site-packages or --engine-source, not both: they name two installations")
     if site_packages:
         from tuner.install import find_site_packages
         site = find_site_packages(engine, site_packages)
