@@ -5,7 +5,7 @@ gets that code). Tables come from SYNTHETIC landscapes; install needs --force fo
 import json
 
 import pytest
-from engine_loaders import load_loaders, wheel_dir
+from engine_loaders import LOADERS, LOG, load_loaders, wheel, wheel_dir
 from synthetic import write_synthetic_landscape
 
 from kernels import get_kernel
@@ -49,12 +49,36 @@ def ours(results, rel):
     return {int(k): v for k, v in json.loads((results / rel).read_text()).items()}
 
 
-def test_vllm_reads_what_we_install(results, tmp_path, monkeypatch):
-    s = site(tmp_path, "vllm")
+def with_loader_source(s, engine):
+    """The fake site gets the engine's loader files, as an installed engine has them."""
+    import zipfile
+    with zipfile.ZipFile(wheel(engine)) as z:
+        for rel in LOADERS[engine]:
+            (s / rel).parent.mkdir(parents=True, exist_ok=True)
+            (s / rel).write_bytes(z.read(rel))
+    return s
+
+
+def printed_log_lines(out: str) -> dict:
+    """{table file name: the loaded line} that tuner install printed."""
+    lines = {}
+    for line in out.splitlines():
+        if " logs when it loads " in line:
+            name, _, text = line.split(" logs when it loads ", 1)[1].partition(": ")
+            lines[name] = text
+    return lines
+
+
+def test_vllm_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
+    s = with_loader_source(site(tmp_path, "vllm"), "vllm")
     assert main(["install", str(results), "--engine", "vllm", "--site-packages", str(s), "--force"]) == 0
+    printed = printed_log_lines(capsys.readouterr().out)
     monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
     f = load_loaders("vllm", s, H200, "3.6.0")
+    LOG.clear()
     moe = f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128)
+    # the line tuner install printed is the one vLLM's own loader logs
+    assert ("info", printed["E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"]) in LOG
     assert moe == ours(results, "vllm/fused_moe/E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
     assert set(moe) == set(MS)
     gemm = f["get_w8a8_block_fp8_configs"](7168, 2048, 128, 128)
@@ -68,13 +92,16 @@ def test_vllm_reads_what_we_install(results, tmp_path, monkeypatch):
     assert f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128) == moe
 
 
-def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch):
-    s = site(tmp_path, "sglang")
+def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
+    s = with_loader_source(site(tmp_path, "sglang"), "sglang")
     assert main(["install", str(results), "--engine", "sglang", "--site-packages", str(s), "--force"]) == 0
+    printed = printed_log_lines(capsys.readouterr().out)
     monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
     f = load_loaders("sglang", s, H200, "3.6.0")
     base = "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    LOG.clear()
     up = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128)
+    assert ("info", printed["E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"]) in LOG
     down = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128, down_moe=True)
     assert up == ours(results, base + ".json") and down == ours(results, base + "_down.json")
     assert all(up[m]["BLOCK_SIZE_M"] == down[m]["BLOCK_SIZE_M"] for m in MS)

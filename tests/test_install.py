@@ -115,3 +115,64 @@ def test_read_only_target(tmp_path, capsys, monkeypatch):
     assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site)]) == 2
     assert f"cannot write to {target}: permission denied" in capsys.readouterr().err
     assert sorted(str(p) for p in site.rglob("*")) == before
+
+
+# -- coverage, --merge, and the audit of what an install leaves in place -------------------------
+GRID = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
+OLD_ROW = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32, "num_warps": 4,
+           "num_stages": 3}
+
+
+def _tree(root: Path) -> dict:
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_fewer_batch_sizes_refused_merge_keeps_the_rest(tmp_path, capsys):
+    """A 1-key table over an 18-key one: refused (exit 2, one line, nothing changed);
+    --merge keeps the 17 old entries and records them; restore undoes it; --force replaces."""
+    res, site = results_folder(tmp_path / "res"), site_packages(tmp_path / "site")
+    moe = site / "vllm/model_executor/layers/fused_moe/configs" / MOE
+    moe.write_text(json.dumps({str(m): OLD_ROW for m in GRID}))
+    before = _tree(site)
+    backups = list((tmp_path / "backups").rglob("*")) if (tmp_path / "backups").exists() else []
+    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "refusing vllm/fused_moe/" in err and "covers M=1 " in err
+    assert "M=2,4,8,16,24,32,48,64,96,128,256,512,1024,1536,2048,3072,4096" in err and "--merge" in err
+    assert _tree(site) == before
+    assert (list((tmp_path / "backups").rglob("*")) if (tmp_path / "backups").exists() else []) == backups
+    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site), "--merge"]) == 0
+    out = capsys.readouterr().out
+    merged = json.loads(moe.read_text())
+    assert list(merged) == [str(m) for m in GRID] and merged["1"] == TABLE["1"]
+    assert sum(merged[str(m)] == OLD_ROW for m in GRID) == 17
+    assert "(merged: kept M=2,4,8" in out
+    record = json.loads(next((tmp_path / "backups").glob("vllm-*/record.json")).read_text())
+    entry = next(e for e in record["files"] if e["dest"] == str(moe))
+    assert entry["merged"]["kept"] == GRID[1:] and entry["merged"]["new"] == [1]
+    assert main(["install", "--restore", "--engine", "vllm"]) == 0
+    assert _tree(site) == before
+    assert main(["install", str(res), "--engine", "vllm", "--site-packages", str(site), "--force"]) == 0
+    assert json.loads(moe.read_text()) == TABLE
+    capsys.readouterr()
+
+
+def test_install_audits_what_it_leaves(tmp_path, capsys):
+    """SGLang: our up table beside a `_down` table already there with another BLOCK_SIZE_M is
+    a warning (SGLang runs the up one's); a BLOCK_SIZE_K over the weight block is an error
+    that refuses the install (nothing changed) unless --force."""
+    res, site = results_folder(tmp_path / "res"), site_packages(tmp_path / "site")
+    folder = site / "sglang/srt/layers/moe/moe_runner/triton_utils/configs/triton_3_6_0"
+    folder.mkdir(parents=True)
+    (folder / SG_MOE.replace(".json", "_down.json")).write_text(json.dumps({"1": {**TABLE["1"], "BLOCK_SIZE_M": 32}}))
+    assert main(["install", str(res), "--engine", "sglang", "--site-packages", str(site), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "audit: warning: down_block_m:" in out and "BLOCK_SIZE_M differs from the up table's at M=1-4096" in out
+    (res / "sglang/fused_moe/triton_3_6_0" / SG_MOE).write_text(json.dumps({"1": {**TABLE["1"], "BLOCK_SIZE_K": 256}}))
+    before = _tree(site)
+    assert main(["install", str(res), "--engine", "sglang", "--site-packages", str(site)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "refusing the install" in err and "BLOCK_SIZE_K 256" in err
+    assert _tree(site) == before
+    assert main(["install", str(res), "--engine", "sglang", "--site-packages", str(site), "--force"]) == 0
+    capsys.readouterr()

@@ -330,9 +330,11 @@ def gpu_list(text: str | None) -> list[int]:
 # -- installing -----------------------------------------------------------------------------
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
-                    dry_run: bool = False, say: Callable[[str], None] = print) -> Path | None:
+                    dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
-    returns the backup folder (None on a dry run). `say` gets what is (or would be) done."""
+    returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
+    the audit of what the install leaves in place (error findings refuse it unless `force`),
+    and the lines the engine logs when it loads each table, or finds none."""
     from tuner import install as inst
 
     results = Path(results)
@@ -342,15 +344,27 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
-    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target)
+    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge)
     extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
+    findings = inst.audit_install(copies, engine)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and not force:
+        raise TunerError(f"refusing the install: the audit of what it would leave finds {len(errors)} error(s), first "
+                         f"{Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
     for note in notes:
         log.warning("%s", note)
+    for f in findings:
+        say(f"audit: {f.severity}: {f.kind}: {Path(f.table).name}: {f.reason}")
+    if not findings:
+        say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
     if extra:
         say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
             f"into {config_dir} (the variable hides the package's own)")
     for c in copies:
-        say(f"{'would install' if dry_run else 'install'} {c.dest}")
+        say(f"{'would install' if dry_run else 'install'} {c.dest}"
+            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else ""))
+    for line in inst.engine_log_lines(copies, engine, site, config_dir):
+        say(line)
     if dry_run:
         return None
     backup = inst.install(copies, engine, extra)

@@ -44,6 +44,12 @@ class Copy:
     dest: Path
     label: str      # what the file is, for the printout
     root: Path      # the engine config folder dest must stay inside
+    kind: str = ""  # the table family ("fused_moe", "fp8_gemm"); "" for shipped tables copied along
+    text: str | None = None       # what to write when not the source as it is (a --merge)
+    merged: dict | None = None    # {"new": [M...], "kept": [M...]} of a --merge, recorded in the backup
+
+    def content(self) -> str:
+        return self.text if self.text is not None else self.source.read_text()
 
 
 def find_site_packages(engine: str, site_packages: str | None) -> Path:
@@ -161,8 +167,11 @@ def _engine_has(kind: str, engine: str) -> bool:
 
 
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
-                 moe_config_dir: Path | None = None, target_gpu: str | None = None) -> tuple[list[Copy], list[str]]:
-    """(copies to make, notes). Raises TunerError, one line, when the install must not happen."""
+                 moe_config_dir: Path | None = None, target_gpu: str | None = None,
+                 merge: bool = False) -> tuple[list[Copy], list[str]]:
+    """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
+    among others when a table would replace one that covers batch sizes it lacks (unless
+    `merge`: the old entries for those are kept, or `force`)."""
     manifest = read_manifest(results)
     tables = [t for t in manifest["tables"] if (t.get("files") or {}).get(engine)]
     if not tables:
@@ -216,7 +225,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
-        copies.append(Copy(source, dest, f"{kind} {t.get('problem')}", root))
+        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind)
+        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
+        copies.append(copy)
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")
@@ -224,6 +235,48 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if kind in (eng.reads_on_hopper or {}):
             notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {eng.reads_on_hopper[kind]}")
     return copies, notes
+
+
+def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Path) -> Path | None:
+    """The file that will be at `dest` just before our table is written: the one there now,
+    or, for SGLang's config-dir variable, the shipped table install copies there first."""
+    if dest.is_file():
+        return dest
+    if moe_config_dir is not None and engine == "sglang":
+        root = config_roots(site, engine, moe_config_dir)["fused_moe"]
+        if inside(dest, root):
+            shipped = site / ENGINES[engine].moe_folder / dest.relative_to(root)
+            return shipped if shipped.is_file() else None
+    return None
+
+
+def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None) -> list[str]:
+    """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace one
+    covering batch sizes it lacks: those batch sizes would run an entry tuned for another M."""
+    from tuner.engines import load_table, table_family
+    if old_path is None:
+        return []
+    family = table_family(engine, copy.kind)
+    old, crash = load_table(family, old_path.read_bytes())
+    if old is None:
+        return [f"{rel} replaces {old_path}, which {engine}'s loader cannot read ({crash})"]
+    new_raw = json.loads(copy.source.read_text())
+    new = {int(k): v for k, v in new_raw.items() if k not in family.dropped_keys}
+    lost = sorted(set(old) - set(new))
+    if not lost:
+        return []
+    what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
+            f"M={','.join(map(str, lost))}")
+    if merge:
+        merged = {**{m: old[m] for m in lost}, **new}
+        copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
+        copy.merged = {"new": sorted(new), "kept": lost, "from": str(old_path)}
+        return [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
+                "(recorded in the backup record)"]
+    if force:
+        return [f"forced {what}: those batch sizes now run the entry tuned for the nearest M"]
+    raise TunerError(f"refusing {what}: those batch sizes would run an entry tuned for another M (--merge keeps the "
+                     "old entries for them, --force replaces it anyway)")
 
 
 def _check_writable(paths: list[Path]) -> None:
@@ -293,12 +346,15 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 saved = backup / "files" / f"{i:04d}-{c.dest.name}"
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(c.dest, saved)
-            entries.append({"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root)})
+            entry: dict = {"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root)}
+            if c.merged:
+                entry["merged"] = c.merged
+            entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
         atomic_write_json(backup / RECORD, {"engine": engine, "installed": now_iso(),
                                             "roots": [str(r) for r in roots], "files": entries})
         for c in everything:
-            atomic_write_text(c.dest, c.source.read_text())
+            atomic_write_text(c.dest, c.content())
     return backup
 
 
@@ -396,3 +452,77 @@ def plan_config_dir(site: Path, engine: str, config_dir: Path) -> list[Copy]:
         return []
     root = config_roots(site, engine, config_dir)["fused_moe"]
     return [Copy(p, root / rel, "shipped", root) for p, rel in shipped_moe_tables(site, engine)]
+
+
+# -- what the install leaves in place, as `tuner audit` sees it, and the engine's own lines --------
+def audit_install(copies: list[Copy], engine: str) -> list:
+    """The audit's table checks (tuner/audit.py) on what the install would leave in place:
+    every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
+    engine has `_down` tables, each pair as it will stand (ours, or the file already there)."""
+    from tuner.audit import Batches, Finding, named_table_findings, pair_findings
+    from tuner.engines import DEFAULT_BATCH_SIZES, load_table, table_family
+    batches = Batches(max(DEFAULT_BATCH_SIZES))
+    after = {str(c.dest): c.content() for c in copies if c.kind}
+    findings: list = []
+
+    def table_at(path: Path, family):
+        text = after.get(str(path))
+        if text is None and path.is_file():
+            text = path.read_text()
+        return load_table(family, text.encode())[0] if text is not None else None
+
+    for c in copies:
+        if not c.kind:
+            continue
+        family = table_family(engine, c.kind)
+        table, crash = load_table(family, c.content().encode())
+        if table is None:
+            findings.append(Finding("error", "crashes_loader", crash or "unreadable", str(c.dest)))
+            continue
+        findings += named_table_findings(family, c.dest.name, table, str(c.dest), batches)
+        if family.has_down:
+            down = c.dest.name.endswith("_down.json")
+            up_path = c.dest.with_name(c.dest.name[: -len("_down.json")] + ".json") if down else c.dest
+            down_path = c.dest if down else c.dest.with_name(c.dest.name[: -len(".json")] + "_down.json")
+            if down or str(down_path) not in after:          # each pair once
+                up_t, down_t = table_at(up_path, family), table_at(down_path, family)
+                if up_t is not None and down_t is not None:
+                    findings += pair_findings(up_t, down_t, str(down_path), batches, family)
+    return findings
+
+
+def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None) -> list[str]:
+    """For each table installed, the line the engine logs when it loads it and the one it logs
+    when it finds no table there, quoted from the engine's loader source (the target's own
+    package, else the same version's wheel in $TUNER_ENGINE_WHEELS)."""
+    from tuner.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
+    from tuner.engines import table_family
+    version = installed_version(site, engine) or ""
+    inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
+    kinds = sorted({c.kind for c in copies if c.kind})
+    if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
+        wheels = Path(os.environ.get("TUNER_ENGINE_WHEELS", "")) if os.environ.get("TUNER_ENGINE_WHEELS") else None
+        match = sorted(wheels.glob(f"{engine}-{version}-*.whl")) if wheels and version and wheels.is_dir() else []
+        if not match:
+            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site})"]
+        inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
+    out = []
+    for c in copies:
+        if not c.kind:
+            continue
+        family = table_family(engine, c.kind)
+        if c.kind == "fused_moe" and moe_config_dir is not None:
+            path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
+                else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
+        else:
+            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
+        tried = [path]
+        if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
+            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
+        lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
+        label = f"{engine} {version}".strip()
+        if "loaded" in lines:
+            out.append(f"{label} logs when it loads {c.dest.name}: {lines['loaded']}")
+        if "not loaded" in lines and not c.dest.name.endswith("_down.json"):
+            out.append(f"  and when it finds no table there: {lines['not loaded']}")
+    return out

@@ -393,3 +393,16 @@ def table_layers(model: Model, kernel: str, params: dict, tp: int | None = None)
             if p.params["N"] == params.get("N") and p.params["K"] == params.get("K"):
                 return layers_per_pass(model, p.layers)
     return None
+def checkpoint_dtype(model: Model) -> str:
+    """The precision the checkpoint's weights are stored in, as the engines name it in their
+    table files: "fp8_w8a8" for an FP8 checkpoint (quantization_config with quant_method
+    "fp8", or weight blocks), "bf16" for an unquantized one. Other quantization methods
+    (AWQ, GPTQ, ...) run kernels whose tables tuner does not write: one clear line."""
+    qc = model.raw.get("quantization_config") or {}
+    if not isinstance(qc, dict) or not qc:
+        return "bf16"
+    method = str(qc.get("quant_method") or "").lower()
+    if method == "fp8" or (not method and qc.get("weight_block_size") is not None):
+        return "fp8_w8a8"
+    raise TunerError(f"{model.name}'s checkpoint is quantized with {method or qc!r}; tuner handles fp8 (fp8_w8a8) and "
+                     "unquantized (bf16) checkpoints: give --dtype")

@@ -574,11 +574,44 @@ def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[Study
         group_results = [[r for r in rs if r.M in common] for rs in group_results]
     triton_version = env.get("triton") or software_versions()["triton"]
     entries = []
+    copies = _copied_tied_tables(opts.kernel, group, group_results)
     for problem, results in zip(group, group_results):
-        files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name,
-                             triton_version, opts.engines)
-        entries.append(manifest_entry(opts.kernel, problem, results, files, run_info))
+        engines = [] if problem.key in copies else opts.engines
+        files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name, triton_version, engines)
+        entry = manifest_entry(opts.kernel, problem, results, files, run_info)
+        if problem.key in copies:
+            entry["not_written"] = copies[problem.key]
+        entries.append(entry)
+        _audit_emitted(opts, problem, files)
     update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
+
+
+def _copied_tied_tables(kernel: KernelSpec, group: list[Problem], group_results: list[list[StudyResult]]) -> dict:
+    """{problem key: why} of the tied tables (SGLang's `_down`) that came out the same as the
+    table they are tied to at every M: not written, since the engine then reuses that table
+    anyway, and `tuner audit` flags such a file as a copy that was never tuned."""
+    from tuner.kernel_api import table_entry
+    tables = {p.key: {r.M: table_entry(kernel, r.config) for r in rs if r.config is not None}
+              for p, rs in zip(group, group_results)}
+    return {p.key: f"the same configs as {p.tied_to} at every M: the engine reuses that table for it without a file"
+            for p in group if p.tied_to and tables.get(p.key) and tables[p.key] == tables.get(p.tied_to)}
+
+
+def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str]) -> None:
+    """`tuner audit`'s table checks on each table just written, over the batch sizes up to the
+    largest tuned: a tuned table should pass them; where it cannot (too few batch sizes tuned,
+    studies without a result) the run says so, naming the batch sizes that snap far."""
+    from tuner.audit import Batches, named_table_findings
+    from tuner.engines import load_table, table_family
+    batches = Batches(max(opts.batch_sizes))
+    for engine, rel in files.items():
+        family = table_family(engine, opts.kernel.table_kind)
+        table, crash = load_table(family, (opts.out_dir / rel).read_bytes())
+        findings = named_table_findings(family, Path(rel).name, table or {}, rel, batches) if table is not None else []
+        for f in findings:
+            log.warning("%s: %s: %s (tuned M=%s)", rel, f.kind, f.reason, ",".join(map(str, sorted(table or {}))))
+        if crash:
+            raise TunerError(f"{rel} was written but {engine}'s loader would not read it ({crash}): a bug, please report")
 
 
 def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):
