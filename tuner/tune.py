@@ -117,12 +117,14 @@ def kernel_origin_text(kernel: KernelSpec) -> str:
     if kernel.source == "ours":
         return f"ours (kernels/, tuner {kernel.source_version}, code {kernel.code_version})"
     if not kernel.origin:
-        return f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken)"
-    text = f"{kernel.source_label}, read from {kernel.origin} (code {kernel.code_version})"
-    if kernel.notes.get("launcher_matches_engine") is False:
-        text += (f"; WARNING: launcher written for {kernel.notes.get('launcher_written_for')}, and these "
-                 f"wrappers changed since: {', '.join(kernel.notes.get('changed_wrappers', []))}")
-    return text
+        return (f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken; the "
+                f"launcher supports {kernel.source} {', '.join(kernel.notes.get('launcher_supports', []))})")
+    supported = ", ".join(kernel.notes.get("launcher_supports", []))
+    launched = kernel.notes.get("launched_as")
+    how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
+           if launched else "not checked")
+    return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
+            f"{kernel.origin} (code {kernel.code_version})")
 
 
 def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
