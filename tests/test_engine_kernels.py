@@ -239,7 +239,14 @@ def test_no_engine_is_one_clear_line(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("TUNER_ENGINE_WHEELS")
     with pytest.raises(TunerError, match="--engine-source PATH.*--kernel-source ours"):
         locate("vllm")
+    # without a GPU that is what a run says first; with one, the missing engine
     rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1 and "no CUDA GPU is visible" in err
+    import tuner.measure
+    monkeypatch.setattr(tuner.measure, "require_gpu", lambda *a, **k: None)
+    rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1",
+               "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.splitlines()) == 1 and "--engine-source" in err
     # a wheel of the other engine is no source of this one's code

@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 
 from tuner import __version__
-from tuner.api import DEFAULT_TRIALS, DTYPES, MLA_BATCH_SIZES, check_out_dir, kernel_runs, only_problems  # noqa: F401
+from tuner.api import (  # noqa: F401
+    DEFAULT_TRIALS,
+    DTYPES,
+    MLA_BATCH_SIZES,
+    check_out_dir,
+    command_dtype,
+    kernel_runs,
+    only_problems,
+)
 from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
 
@@ -62,8 +70,8 @@ def _common_options() -> _Parser:
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
-    g.add_argument("--dtype", default=None, help="precision (gemm, moe: fp8_w8a8 (default); moe: bf16; "
-                   "mla: bf16 KV cache)")
+    g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
+                   "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
     g.add_argument("--tp", type=_parallel, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--ep", type=_parallel, default=1, help="expert-parallel size (default 1)")
     g.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
@@ -225,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
     bench.add_argument("--tp", type=_parallel, default=1)
     bench.add_argument("--ep", type=_parallel, default=1)
-    bench.add_argument("--dtype", default=None, help="gemm, moe: fp8_w8a8 (default); moe: bf16")
+    bench.add_argument("--dtype", default=None, help="moe: fp8_w8a8 or bf16 (default: the checkpoint's own); "
+                       "gemm: fp8_w8a8")
     bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     bench.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                        help="default: the engines' grid (mla: 32 64 128)")
@@ -286,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
     chk.add_argument("--tp", type=_parallel, default=1)
     chk.add_argument("--ep", type=_parallel, default=1)
-    chk.add_argument("--dtype", default="fp8_w8a8", choices=("fp8_w8a8", "bf16"))
+    chk.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
+                     help="moe: the tables' precision (default: the checkpoint's own, bf16 when it is not quantized)")
     chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     chk.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                      help="check these batch sizes (the entry the engine would use for each) instead of every M")
@@ -319,8 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_worker(args) -> int:
     from tuner.measure import require_gpu
     from tuner.progress import Progress
-    from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
+    from tuner.tune import check_storage_url, load_plans, make_measurer, open_checked_storage, tune_all
 
+    check_storage_url(args.storage)
+    if not args.replay:
+        import torch
+        if not torch.cuda.is_available():       # before the storage or the engines' code is read
+            require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
     storage = open_checked_storage(args.storage)
     for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
                            replay=args.replay, storage=args.storage,
@@ -469,8 +484,7 @@ def cmd_bench(args) -> int:
     from tuner.gpus import get_gpu
     from tuner.models import load_model
 
-    args.dtype = args.dtype or DTYPES[args.kernel][0]
-    if args.dtype not in DTYPES[args.kernel]:
+    if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
     if args.kernel == "mla":
         args.contexts = args.contexts or [4096, 8192, 32768]
@@ -488,6 +502,7 @@ def cmd_bench(args) -> int:
         raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
     gpu = get_gpu(args.gpu)
     model = load_model(args.model)
+    args.dtype = command_dtype(args.kernel, model, args.dtype)
     ceilings = ceilings_mod.load(gpu, args.ceilings)
     kernel_name, make_problems = _problem_builder(args, args.kernel)
     problems = only_problems(make_problems(model), args.only)
@@ -570,8 +585,7 @@ def cmd_landscape(args) -> int:
     from tuner.space import load_space
     from tuner.synthetic import write_synthetic_landscape
 
-    args.dtype = args.dtype or DTYPES[args.kernel][0]
-    if args.dtype not in DTYPES[args.kernel]:
+    if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
     out = Path(args.out)
     if out.exists():
@@ -580,7 +594,9 @@ def cmd_landscape(args) -> int:
     kernel_name, make = _problem_builder(args, args.kernel)
     kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
         else get_kernel(kernel_name)
-    problems = make(load_model(args.model))
+    model = load_model(args.model)
+    args.dtype = command_dtype(args.kernel, model, args.dtype)
+    problems = make(model)
     if args.kernel_source != "ours":
         problems = [p for p in problems if args.kernel_source in p.engines]
         if not problems:
@@ -635,13 +651,16 @@ def cmd_check(args) -> int:
     table = Path(args.table)
     if not table.is_file():
         raise TunerError(f"table {table} not found")
+    model = load_model(args.model)
+    if args.kernel == "moe":
+        args.dtype = command_dtype("moe", model, args.dtype)
     kernel_name, make_problems = {
         "gemm": ("fp8_gemm", lambda model, engine: gemm_problems(model, args.tp, args.ep)),
         "moe": ("fused_moe", lambda model, engine: moe_problems(model, args.tp, args.ep, args.dtype,
                                                                   args.routing, [engine])),
         "mla": ("mla_decode", None),            # our own format: the table holds its problems
     }[args.kernel]
-    rows = run_check(kernel_name, table, load_model(args.model), make_problems, args.routing, args.kernel_source,
+    rows = run_check(kernel_name, table, model, make_problems, args.routing, args.kernel_source,
                      args.engine_source, args.batch_sizes, args.seed, log=lambda line: print(line, flush=True))
     failed = sum(r.status != "pass" for r in rows)
     print(f"{len(rows) - failed} passed, {failed} failed")

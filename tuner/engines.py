@@ -47,11 +47,13 @@ class Engine:
         return (architecture in rule["architectures"] and routed in rule["routed_experts"]
                 and shared == rule["shared_experts"] and ep <= rule["max_ep"])
 
-    def device_name(self, cuda_name: str) -> str:
-        """The device_name= part of a file name for a GPU CUDA calls `cuda_name`."""
+    def device_name(self, cuda_name: str, kind: str = "fused_moe") -> str:
+        """The device_name= part of the file name of a `kind` table ("fused_moe", "fp8_gemm")
+        for a GPU CUDA calls `cuda_name`."""
         if self.name == "vllm":
-            # vLLM folds every H200 variant onto one name and also drops '/'.
-            if re.search(r"\bH200\b", cuda_name):
+            # vLLM's MoE loader folds every H200 variant onto one name (its GEMM loader does
+            # not: an H200 NVL reads NVIDIA_H200_NVL GEMM tables); both drop '/'.
+            if kind == "fused_moe" and re.search(r"\bH200\b", cuda_name):
                 return "NVIDIA_H200"
             return _underscored(cuda_name).replace("/", "_")
         return _underscored(cuda_name)
@@ -62,7 +64,7 @@ class Engine:
 
     def gemm_filename(self, N: int, K: int, cuda_name: str, block_shape, dtype: str = "fp8_w8a8") -> str:
         return (
-            f"N={N},K={K},device_name={self.device_name(cuda_name)},"
+            f"N={N},K={K},device_name={self.device_name(cuda_name, 'fp8_gemm')},"
             f"dtype={dtype},block_shape={self.block_shape(block_shape)}.json"
         )
 
