@@ -33,7 +33,9 @@ from kernels.interpreter_fixes import cast_for_store, dot, interpreting
 from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
-PARTS = ("op", "up", "down")   # the whole layer (vLLM's table), or one projection (SGLang's two)
+# the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with
+# the up table's config (params["up_config"]) and the _down table's (SGLang's two, timed together)
+PARTS = ("op", "up", "down", "pair")
 
 
 # ---------------------------------------------------------------------------
@@ -376,7 +378,7 @@ def make_inputs(params: Params, M: int, device: str = "cuda", seed: int = 0) -> 
         shape = (M * topk, K)
     else:
         inputs["x"] = x
-        shape = (M, K) if part == "op" else (M * topk, 2 * N)
+        shape = (M, K) if part in ("op", "pair") else (M * topk, 2 * N)
     inputs["out"] = torch.empty(shape, dtype=torch.bfloat16, device=device)
     return inputs
 
@@ -385,11 +387,12 @@ def run(inputs: dict, config: Config):
     p = inputs["params"]
     block_shape = p.get("block_shape")
     part = p.get("part", "op")
-    if part == "op":
+    if part in ("op", "pair"):
+        up = {k: p["up_config"][k] for k in config} if part == "pair" else config
         return fused_moe(inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["local_ids"],
                          use_fp8_w8a8=p["dtype"] == "fp8_w8a8", w1_scale=inputs["w1_scale"],
-                         w2_scale=inputs["w2_scale"], block_shape=block_shape, config=config, out=inputs["out"],
-                         nonlocal_pairs=expert_parallel(p) > 1)
+                         w2_scale=inputs["w2_scale"], block_shape=block_shape, config=up, down_config=config,
+                         out=inputs["out"], nonlocal_pairs=expert_parallel(p) > 1)
     quant = inputs["quant"]
     _check_config(config, quant, block_shape)
     gk = block_shape[1] if block_shape else 0
@@ -484,9 +487,9 @@ def compile_only(params: Params, M: int, config: Config) -> None:
     weights = torch.empty((M, topk), dtype=torch.float32, device=dev)
     part = params.get("part", "op")
     gemms = []
-    if part in ("op", "up"):
+    if part in ("op", "pair", "up"):
         gemms.append((M, K, 2 * N, topk, False))
-    if part in ("op", "down"):
+    if part in ("op", "pair", "down"):
         gemms.append((M * topk, N, K, 1, True))
     for rows_a, k_in, n_out, top_k, mul in gemms:
         a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
@@ -519,17 +522,17 @@ def local_pairs(params: Params, M: int) -> float:
 
 
 def flops(params: Params, M: int) -> float:
-    per_pair = {"op": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
+    per_pair = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
     return 2.0 * local_pairs(params, M) * per_pair
 
 
 def bytes_moved(params: Params, M: int) -> float:
     part = params.get("part", "op")
     wbytes = 2 if params["dtype"] == "bf16" else 1
-    mats = {"op": 3, "up": 2, "down": 1}[part]
+    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[part]
     weights = expected_experts_touched(params, M) * mats * params["N"] * params["K"] * wbytes
     pairs = local_pairs(params, M)
-    io = {"op": 2 * M * params["K"] * 2,
+    io = {"op": 2 * M * params["K"] * 2, "pair": 2 * M * params["K"] * 2,
           "up": M * params["K"] * 2 + pairs * 2 * params["N"] * 2,
           "down": pairs * (params["N"] + params["K"]) * 2}[part]
     return weights + io
@@ -556,7 +559,9 @@ def measurement_note(params: Params) -> str:
               "activation, top-k sum) timed with one config, as vLLM applies its table",
         "up": "the first grouped GEMM (w1: gate and up) with its alignment and activation quantization",
         "down": "the second grouped GEMM (w2) with its alignment and activation quantization, "
-                "BLOCK_SIZE_M fixed to the up table's at each M",
+                "BLOCK_SIZE_M shared with the up table's at each M",
+        "pair": "the whole MoE layer with the up table's config for the first GEMM and the _down table's for "
+                "the second",
     }[params.get("part", "op")] + f"; {routing_note(params)}" + (
         f" plus {params['shared_experts']} fused shared expert(s) every token goes to"
         if params.get("shared_experts") else "")
@@ -565,7 +570,8 @@ def measurement_note(params: Params) -> str:
 KERNEL = KernelSpec(
     name="fused_moe",
     table_kind="fused_moe",
-    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing"),
+    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing",
+                  "up_config"),
     config_keys=MATMUL_CONFIG_KEYS,
     make_inputs=make_inputs,
     run=run,

@@ -73,7 +73,8 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch):
     assert main(["install", str(results), "--engine", "sglang", "--site-packages", str(s), "--force"]) == 0
     monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
     f = load_loaders("sglang", s, H200, "3.6.0")
-    base = "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    measured_by = next((results / "sglang/fused_moe").glob("triton_*")).name     # the Triton running the tests
+    base = f"sglang/fused_moe/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     up = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128)
     down = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128, down_moe=True)
     assert up == ours(results, base + ".json") and down == ours(results, base + "_down.json")

@@ -210,6 +210,11 @@ def test_sglang_table_parts_launch_as_the_layer_does(version):
     inputs = spec.make_inputs(SGL_MOE, 4, "cpu", seed=2)
     with LaunchRecorder({"fused_moe_kernel": kernel}) as whole:
         sgl.moe_layer(spec_code(spec), launch, inputs, config_from_entry(spec, up), config_from_entry(spec, down))
+    # the pair the tables are chosen together on (tuner.tune.choose_tied) is that same layer
+    pair = spec.tied_params({**SGL_MOE, "part": "down"}, config_from_entry(spec, up))
+    with LaunchRecorder({"fused_moe_kernel": kernel}, execute=False) as together:
+        spec.run(spec.make_inputs(pair, 4, "cpu", seed=2), config_from_entry(spec, down))
+    assert differences(whole.launches, together.launches) == []
     # the _down part writes [pairs, K] where the layer writes [tokens, top-k, K]: the same strides
     assert differences(whole.launches[1:], layer[1:], ignore=("c_ptr",)) == []
     assert whole.launches[1]["args"]["stride_cm"] == layer[1]["args"]["stride_cm"]

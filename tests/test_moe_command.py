@@ -91,7 +91,7 @@ def test_replay_writes_both_engines_and_ties_block_m(moe_landscape, tmp_path, ca
     manifest = json.loads((out / "manifest.json").read_text())
     how = {t["problem"]["part"]: t["how"] for t in manifest["tables"]}
     assert "as vLLM applies its table" in how["op"]
-    assert "fixed to the up table" in how["down"]
+    assert "shared with the up table" in how["down"]
     compared = 0
     for t in manifest["tables"]:
         for e in t["entries"].values():

@@ -41,7 +41,7 @@ def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float 
 def _fake_moe_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
     E, N, K, topk = params["E"], params["N"], params["K"], params["topk"]
     ep = params.get("ep", 1)                               # routed over E * ep experts, E of them here
-    mats = {"op": 3, "up": 2, "down": 1}[params.get("part", "op")]
+    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")]
     bm, bn = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"]
     touched = E * (1 - (1 - topk / (E * ep)) ** M)
     rows = M * topk / ep / max(touched, 1)                 # tokens per touched expert

@@ -316,6 +316,9 @@ def moe_run(code, launch: dict):
             tma = config["USE_TMA"]
             act = _sorted_activation(inputs, config["BLOCK_SIZE_M"], launch) if tma else inputs["act"]
             _down(code, launch, inputs, config, act, inputs["out"])
+        elif part == "pair":               # the up table's entry with this _down entry
+            up = {k: int(inputs["params"]["up_config"].get(k, 0)) for k in MOE_KEYS}
+            moe_layer(code, launch, inputs, up, config)
         else:
             moe_layer(code, launch, inputs, config, config)
         return inputs["out"]
@@ -340,13 +343,15 @@ def moe_compile_only(code, launch: dict):
         weights = torch.empty((M, top_k), dtype=torch.float32, device=dev)
         tma = bool(config["USE_TMA"])
         part = params.get("part", "op")
+        up = {k: int(params["up_config"].get(k, 0)) for k in MOE_KEYS} if part == "pair" else config
         ep = expert_parallel(params) > 1
         gemms = []
-        if part in ("op", "up"):
-            gemms.append((M, K, 2 * N, top_k, False, False, 1))
-        if part in ("op", "down"):
-            gemms.append((tma_rows(numel, E, config["BLOCK_SIZE_M"]) if tma else numel, N, K, 1, True, tma, top_k))
-        for rows_a, k_in, n_out, tk, mul, a_tma, router_topk in gemms:
+        if part in ("op", "pair", "up"):        # the up GEMM stores sorted before a TMA down GEMM
+            gemms.append((up, M, K, 2 * N, top_k, False, False, 1, part != "up" and tma))
+        if part in ("op", "pair", "down"):
+            gemms.append((config, tma_rows(numel, E, config["BLOCK_SIZE_M"]) if tma else numel, N, K, 1, True, tma,
+                          top_k, False))
+        for cfg, rows_a, k_in, n_out, tk, mul, a_tma, router_topk, c_sorted in gemms:
             a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
             b = phantom((E, n_out, k_in), wdt)
             c = torch.empty((numel, n_out), dtype=torch.bfloat16, device=dev)
@@ -358,8 +363,9 @@ def moe_compile_only(code, launch: dict):
             elif quant != QUANT_NONE:
                 a_s = torch.empty(1, dtype=torch.float32, device=dev)
                 b_s = torch.empty(E, dtype=torch.float32, device=dev)
-            _invoke(code, launch, a, b, c, a_s, b_s, weights, numel, *assign, mul, tk, config, quant, block_shape,
-                    a_use_tma=a_tma, b_use_tma=tma, filter_expert=ep, router_topk=router_topk, warmup=True)
+            _invoke(code, launch, a, b, c, a_s, b_s, weights, numel, *assign, mul, tk, cfg, quant, block_shape,
+                    a_use_tma=a_tma, b_use_tma=bool(cfg["USE_TMA"]), c_sorted=c_sorted, filter_expert=ep,
+                    router_topk=router_topk, warmup=True)
     return compile_only
 
 
@@ -368,7 +374,10 @@ def moe_note(params: Params) -> str:
     what = {"up": "the up GEMM (w1: gate and up) and its activation quantization, storing in token order",
             "down": "the down GEMM (w2) and its activation quantization (with USE_TMA over the sorted rows it "
                     "reads, as the version does), BLOCK_SIZE_M shared with the up table",
-            "op": "the whole layer with one config for both GEMMs"}[part]
+            "op": "the whole layer with one config for both GEMMs",
+            "pair": "the whole layer with the up table's entry and the _down table's, as SGLang runs the two (the "
+                    "up GEMM storing in sorted order and the activation quantized over the rows the down GEMM "
+                    "reads when the _down entry has USE_TMA)"}[part]
     shared = params.get("shared_experts", 0)
     from kernels.fused_moe import routing_note
     return (f"SGLang's fused_moe_kernel as its Triton runner launches it (swap-AB on sm_90, USE_TMA from the "
@@ -444,6 +453,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
                                  compile_only=moe_compile_only(code, release.launch)),
             config_keys=MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),
             default_config=moe_default_config, extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            tied_params=lambda params, up_config: {**params, "part": "pair", "up_config": dict(up_config)},
             description="SGLang's fused MoE (up and _down tables; USE_TMA, swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
