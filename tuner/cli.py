@@ -433,11 +433,13 @@ def cmd_nightly(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from tuner.report import run_source, write_report
+    from tuner.report import run_source, table_sections, write_report
     df, path = write_report(Path(args.run), Path(args.out) if args.out else None)
     source = run_source(Path(args.run))
     print(source)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
+                                    "failures"]):
+        print(line)
     from tuner.report import _geomean
     g = _geomean(df["speedup"])
     if g:
@@ -457,8 +459,10 @@ def cmd_diff(args) -> int:
     print(f"new: {sources[1]}")
     if sources[0] != sources[1]:
         print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
-    cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    from tuner.report import table_sections
+    for line in table_sections(df, ["M", "config_old", "config_new", "time_us_old", "time_us_new", "change_pct",
+                                    "verdict"]):
+        print(line)
     counts = df["verdict"].value_counts().to_dict()
     print(f"{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower, {counts.get('same', 0)} same; "
           f"report: {path}")
