@@ -230,3 +230,26 @@ def test_a_model_that_cannot_fit_gets_a_hint(capsys):
     assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--dry-run",
                  "--kernel-source", "ours"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_install_says_how_to_confirm_the_tables_were_read(tmp_path, capsys):
+    import triton
+    land = tmp_path / "l.jsonl"
+    kernel = kernels.get_kernel("fused_moe")
+    write_synthetic_landscape(land, kernel, load_space(kernel), get_gpu("H200"),
+                              [p.params for p in moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8",
+                                                              engines=("vllm",))], [1])
+    out = tmp_path / "out"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--engines", "vllm", "--replay",
+                 str(land), "--batch-sizes", "1", "--trials", "4", "--out", str(out), "--quiet"]) == 0
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / f"triton-{triton.__version__}.dist-info").mkdir()
+    capsys.readouterr()
+    assert main(["install", str(out), "--engine", "vllm", "--site-packages", str(site), "--gpu", "H200",
+                 "--force"]) == 0
+    printed = capsys.readouterr().out
+    assert 'look in its log (INFO level) for "Using configuration from <file> for MoE layer."' in printed
+    assert "removed when vllm is upgraded or reinstalled" in printed
+    assert "VLLM_TUNED_CONFIG_FOLDER covers fused_moe tables only" in printed

@@ -337,3 +337,21 @@ def test_every_supported_wheel_is_in_ci():
             with zipfile.ZipFile(wheel(wheel_dir(), engine, version)) as z:
                 assert set(module.FILES) <= set(z.namelist())
     assert math.isfinite(1.0)
+
+
+def test_the_log_lines_install_names_are_each_versions_own():
+    """The lines `tuner install` tells users to look for are in every supported version's
+    loader (split at the path: the engines format it in)."""
+    from tuner.engines import LOADED_LOG_LINES
+    files = {("vllm", "fused_moe"): "vllm/model_executor/layers/fused_moe/fused_moe.py",
+             ("vllm", "fp8_gemm"): "vllm/model_executor/layers/quantization/utils/fp8_utils.py",
+             ("sglang", "fused_moe"): "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py",
+             ("sglang", "fp8_gemm"): "sglang/kernels/ops/gemm/fp8_kernel.py"}
+    for (engine, kind), rel in files.items():
+        for version in (vllm if engine == "vllm" else sgl).SUPPORTED:
+            with zipfile.ZipFile(wheel(wheel_dir(), engine, version)) as z:
+                text = " ".join(z.read(rel).decode().replace('"\n', '"').split())    # joined string pieces
+            text = text.replace('" "', "")
+            for line in LOADED_LOG_LINES[engine][kind]:
+                for piece in line.split("<file>")[0].split("<paths>")[0], line.split(">")[-1]:
+                    assert piece.strip() in text, (engine, version, kind, piece)

@@ -350,4 +350,9 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
         say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")
+    from tuner.engines import install_notes
+    kinds = {c.label.split(" ", 1)[0] for c in copies}
+    in_package = any(config_dir is None or not str(c.dest).startswith(str(config_dir)) for c in copies)
+    for line in install_notes(engine, kinds, in_package):
+        say(line)
     return backup

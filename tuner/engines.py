@@ -149,3 +149,51 @@ def lookup_nearest(table: dict, M: int):
         raise KeyError("empty table")
     best = min(keys, key=lambda k: abs(k - M))
     return table[str(best)]
+
+
+# -- after an install: how to see that the engine read the tables, and what undoes them --------
+# The log lines each engine writes when it loads a table (or falls back), verbatim up to the
+# path, from vLLM 0.31.0-0.33.0 and SGLang 0.5.21-0.5.23 (the same in those versions):
+# vLLM logs at INFO (the MoE line once per process), SGLang at INFO (the GEMM line on rank 0).
+LOADED_LOG_LINES = {
+    "vllm": {
+        "fused_moe": ("Using configuration from <file> for MoE layer.",
+                      "Using default MoE config. Performance might be sub-optimal! Config file not found at <paths>"),
+        "fp8_gemm": ("Using configuration from <file> for W8A8 Block FP8 kernel.",
+                     "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config file not "
+                     "found at <file>"),
+    },
+    "sglang": {
+        "fused_moe": ("Using MoE kernel config from <file>.",
+                      "Using default MoE kernel config. Performance might be sub-optimal! Config file not found at "
+                      "<file>"),
+        "fp8_gemm": ("Using configuration from <file> for W8A8 Block FP8 kernel.",
+                     "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config file not "
+                     "found at <file>"),
+    },
+}
+# Which table families each engine's config-folder variable redirects (the others are read
+# from the package's own folder only).
+CONFIG_DIR_VARIABLE = {"vllm": ("VLLM_TUNED_CONFIG_FOLDER", ("fused_moe",)),
+                       "sglang": ("SGLANG_MOE_CONFIG_DIR", ("fused_moe",))}
+
+
+def install_notes(engine: str, kinds, into_package: bool) -> list[str]:
+    """What `tuner install` tells after putting tables of `kinds` where `engine` reads them:
+    the log line that shows each was read (and the one that shows it was not), that tables
+    inside the package are gone when the engine is upgraded or reinstalled, and what the
+    config-folder variable covers."""
+    lines = []
+    for kind in sorted(set(kinds) & set(LOADED_LOG_LINES.get(engine, {}))):
+        read, fallback = LOADED_LOG_LINES[engine][kind]
+        lines.append(f"to confirm {engine} read a {kind} table, look in its log (INFO level) for \"{read}\"; "
+                     f"\"{fallback.split('!')[0]}!\" means it did not find one")
+    variable, covers = CONFIG_DIR_VARIABLE[engine]
+    if into_package:
+        lines.append(f"tables in {engine}'s package folder are removed when {engine} is upgraded or reinstalled "
+                     f"(pip replaces the folder): install them again after that"
+                     + (f", or keep the MoE tables outside with --moe-config-dir ({variable})" if "fused_moe" in covers
+                        else ""))
+    lines.append(f"{variable} covers {' and '.join(covers)} tables only: block-FP8 GEMM tables are read from the "
+                 "package's own folder")
+    return lines

@@ -229,6 +229,8 @@ def checkpoint_dtype(model: Model) -> str | None:
                     return "int4_w4a16"
         if method:
             return method
+        if qc.get("weight_block_size") is not None:       # block-scaled weights without a method: FP8
+            return "fp8_w8a8"
     torch_dtype = model.raw.get("torch_dtype") or model.raw.get("dtype")
     return _TORCH_DTYPES.get(str(torch_dtype).lower()) if torch_dtype else None
 
