@@ -197,7 +197,7 @@ def test_sglang_table_parts_launch_as_the_layer_does(version):
     the rows it reads as the version does)."""
     spec = _spec("sglang", version)
     (kernel,) = jit_functions(spec_code(spec), sgl.MOE_FILE, ["fused_moe_kernel"])
-    up, down = cfg(32, 128, bk=64), cfg(32, 128, bk=64, USE_TMA=1)
+    up, down = cfg(32, 256, bk=64), cfg(32, 256, bk=64, USE_TMA=1)      # swap-AB, BLOCK_SIZE_N > 128
     layer = []
     for part, config in (("up", up), ("down", down)):
         params = {**SGL_MOE, "part": part}

@@ -125,9 +125,8 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         from tuner.measure import require_gpu
         require_gpu(gpu.cuda_name, "a tuning run", "--dry-run shows the plan and --replay FILE tunes over a "
                     "recorded landscape (`tuner landscape synth` makes a SYNTHETIC one to try it)")
+    # said with the plan, or after the run: never in front of a refusal of bad input
     hint = fit_hint(model, gpu, req.tp, checkpoint_dtype(model))
-    if hint:
-        log.warning("%s", hint)
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.tune import check_storage_url, default_storage
@@ -153,6 +152,8 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
         say("\n\n".join(plan_text(opts) for opts in all_opts))
+        if hint:
+            log.warning("%s", hint)
         return []
     done = []
     for opts in all_opts:
@@ -169,6 +170,8 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
                 say(line)
         done.append((opts, results))
+    if hint:
+        log.warning("%s", hint)
     return done
 
 

@@ -329,14 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_worker(args) -> int:
     from tuner.measure import require_gpu
     from tuner.progress import Progress
-    from tuner.tune import check_storage_url, load_plans, make_measurer, open_checked_storage, tune_all
+    from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
 
-    check_storage_url(args.storage)
-    if not args.replay:
-        import torch
-        if not torch.cuda.is_available():       # before the storage or the engines' code is read
-            require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
     storage = open_checked_storage(args.storage)
+    if not args.replay:
+        # the storage's plans first (a storage without one is said as such), then the GPU,
+        # before the engines' code is looked for
+        load_plans(storage, args.study_prefix, load_code=False, storage=args.storage)
+        import torch
+        if not torch.cuda.is_available():
+            require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
     for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
                            replay=args.replay, storage=args.storage,
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,

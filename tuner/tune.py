@@ -339,6 +339,8 @@ def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, probl
     the tied table's result (None when the studies measured no pair)."""
     from tuner.kernel_api import config_dict
     kernel, keys = opts.kernel, problem.tied_keys
+    if problem.tied_to is None:
+        return None
     up = by_key(opts)[problem.tied_to]
 
     def shared(cfg: dict) -> tuple:
@@ -360,7 +362,8 @@ def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, probl
             pair = Problem(kernel.name, kernel.tied_params(problem.params, u), problem.layers, problem.engines)
             together[i] = measurer.measure(pair, M, [d])[0].time_us
     timed_together = all(t is not None for t in together)
-    order = sorted(range(len(candidates)), key=lambda i: (together[i] if timed_together else candidates[i][0]))
+    ranking = [t if timed_together and t is not None else s_ for t, (s_, _, _) in zip(together, candidates)]
+    order = sorted(range(len(candidates)), key=lambda i: ranking[i])
     _, u_cfg, d_cfg = candidates[order[0]]
     info = {"keys": {k: u_cfg[k] for k in keys}, "timed_together": timed_together,
             "candidates": [{"up": u, "down": d, "sum_us": round(s_, 3),
