@@ -35,12 +35,20 @@ def _per_token_group_quant_kernel(
     x_ptr, q_ptr, s_ptr,
     n_cols, stride_x_row, stride_q_row, stride_s_row,
     eps, fp8_min, fp8_max,
-    GROUP: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+    sorted_ids_ptr, num_rows_ptr, num_valid,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr, SORTED: tl.constexpr,
 ):
     # One program quantizes one (row, group): find the group's absolute max,
     # scale it to the FP8 range, store the quantized values and the scale.
     row = tl.program_id(0)
     grp = tl.program_id(1)
+    if SORTED:
+        # rows in a fused MoE's sorted order: only those a grouped GEMM reads (a pair's row
+        # below the padded length) are quantized; the others stay unwritten
+        if row >= tl.load(num_rows_ptr):
+            return
+        if tl.load(sorted_ids_ptr + row) >= num_valid:
+            return
     cols = grp * GROUP + tl.arange(0, BLOCK)
     mask = (tl.arange(0, BLOCK) < GROUP) & (cols < n_cols)
     x = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0).to(tl.float32)
@@ -53,8 +61,12 @@ def _per_token_group_quant_kernel(
     tl.store(s_ptr + row * stride_s_row + grp, scale)
 
 
-def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128, eps: float = _EPS):
-    """Quantize x [M, K] to FP8 e4m3 with one float32 scale per (token, 1 x group_size)."""
+def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128, eps: float = _EPS, sorted_token_ids=None,
+                              num_tokens_post_padded=None, num_valid_tokens: int = 0):
+    """Quantize x [M, K] to FP8 e4m3 with one float32 scale per (token, 1 x group_size).
+    With `sorted_token_ids` (x's rows in a fused MoE's sorted, block-padded order), only
+    the rows a grouped GEMM reads are quantized: those below `num_tokens_post_padded` that
+    hold a pair (an id below `num_valid_tokens`); the others are left unwritten."""
     assert x.dim() == 2 and x.shape[1] % group_size == 0, "K must be a multiple of the group"
     M, K = x.shape
     x = x.contiguous()
@@ -64,8 +76,10 @@ def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = 128, eps: float
         _per_token_group_quant_kernel[(M, K // group_size)](
             x, q, s, K, x.stride(0), q.stride(0), s.stride(0),
             eps, -FP8_MAX, FP8_MAX,
+            sorted_token_ids if sorted_token_ids is not None else s, num_tokens_post_padded
+            if num_tokens_post_padded is not None else s, num_valid_tokens,
             GROUP=group_size, BLOCK=triton.next_power_of_2(group_size),
-            INTERPRET=interpreting(),
+            INTERPRET=interpreting(), SORTED=sorted_token_ids is not None,
         )
     return q, s
 

@@ -33,7 +33,9 @@ from kernels.interpreter_fixes import cast_for_store, dot, interpreting
 from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
-PARTS = ("op", "up", "down")   # the whole layer (vLLM's table), or one projection (SGLang's two)
+# the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with
+# the up table's config (params["up_config"]) and the _down table's (SGLang's two, timed together)
+PARTS = ("op", "up", "down", "pair")
 
 
 # ---------------------------------------------------------------------------
@@ -45,7 +47,8 @@ def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return min(num_pairs + num_experts * (block_m - 1), num_pairs * block_m)
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, rows: int | None = None):
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, rows: int | None = None,
+                         invalid: str = "drop"):
     """Returns (sorted_ids, expert_ids, num_rows):
       sorted_ids [R] int32  flat (token * topk + k) indices grouped by expert, each group
                             padded to a multiple of block_m with the sentinel M * topk;
@@ -53,22 +56,44 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int,
       num_rows   [1] int32  the padded length actually used (R is an upper bound).
     Shapes do not depend on the data, so this can be captured in a CUDA graph. `rows` sizes
     sorted_ids (at least the default bound; engines size it their own way, which sets how
-    many programs a launch has)."""
+    many programs a launch has).
+
+    Negative ids are pairs routed to an expert this GPU does not hold (expert parallelism).
+    invalid="drop": they take no row (vLLM's alignment with an expert map);
+    invalid="bucket": they form a leading group of blocks whose expert id is -1 (SGLang's
+    "+1" convention, whose kernel writes zeros for such blocks)."""
     flat = topk_ids.flatten().long()
     n = flat.numel()
     dev = flat.device
-    rows = max(rows or 0, max_padded_rows(n, num_experts, block_m))
-    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    if invalid == "bucket":
+        # One more expert, number 0 for the invalid pairs; every id shifts up by one.
+        ids, buckets = (flat + 1).clamp_(min=0), num_experts + 1
+    elif invalid == "drop":
+        # Invalid pairs go to a last bucket that takes no rows.
+        ids, buckets = torch.where(flat < 0, num_experts, flat), num_experts + 1
+    else:
+        raise ValueError(f"invalid= takes 'drop' or 'bucket', not {invalid!r}")
+    rows = max(rows or 0, max_padded_rows(n, buckets if invalid == "bucket" else num_experts, block_m))
+    counts = torch.zeros(buckets, dtype=torch.long, device=dev).scatter_add_(0, ids, torch.ones_like(ids))
     padded = (counts + block_m - 1) // block_m * block_m
+    if invalid == "drop":
+        padded[-1] = 0
     ends = torch.cumsum(padded, 0)
-    order = torch.sort(flat, stable=True).indices
-    experts_sorted = flat[order]
+    order = torch.sort(ids, stable=True).indices
+    experts_sorted = ids[order]
     rank = torch.arange(n, device=dev) - (torch.cumsum(counts, 0) - counts)[experts_sorted]
-    sorted_ids = torch.full((rows,), n, dtype=torch.int32, device=dev)
-    sorted_ids[(ends - padded)[experts_sorted] + rank] = order.to(torch.int32)
+    pos = (ends - padded)[experts_sorted] + rank
+    if invalid == "drop":
+        pos = torch.where(experts_sorted == num_experts, rows, pos)     # a slot past the end
+    sorted_ids = torch.full((rows + 1,), n, dtype=torch.int32, device=dev)
+    sorted_ids[pos] = order.to(torch.int32)
+    sorted_ids = sorted_ids[:rows]
     block_starts = torch.arange(0, rows, block_m, device=dev)
-    expert_ids = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+    last = num_experts if invalid == "bucket" else num_experts - 1
+    expert_ids = torch.searchsorted(ends, block_starts, right=True).clamp_(max=last)
+    if invalid == "bucket":
+        expert_ids -= 1
+    return sorted_ids, expert_ids.to(torch.int32), ends[-1:].to(torch.int32)
 
 
 # ---------------------------------------------------------------------------
@@ -194,10 +219,12 @@ def _check_config(config: Config, quant: int, block_shape) -> None:
 
 
 def fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, *, use_fp8_w8a8=False, w1_scale=None,
-              w2_scale=None, block_shape=None, config=None, down_config=None, out=None):
+              w2_scale=None, block_shape=None, config=None, down_config=None, out=None, nonlocal_pairs=False):
     """The MoE layer. `config` is one table entry (None: vLLM's default for this M);
     `down_config` optionally gives the second GEMM its own config (SGLang's `_down`
-    table), which must share BLOCK_SIZE_M since both GEMMs use one alignment."""
+    table), which must share BLOCK_SIZE_M since both GEMMs use one alignment.
+    `nonlocal_pairs`: topk_ids holds -1 for pairs routed to experts on other GPUs (expert
+    parallelism); they take no part here and add nothing to the output."""
     M, K = hidden_states.shape
     E, two_n, _ = w1.shape
     top_k = topk_ids.shape[1]
@@ -223,7 +250,9 @@ def fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, *, use_fp8_w8a8=Fal
     act = silu_and_mul(h)
     a2, a2_scale = _quantize(act, quant, gk)
     # GEMM2: down projection, scaled by each pair's routing weight.
-    y = torch.empty((M * top_k, K), dtype=hidden_states.dtype, device=hidden_states.device)
+    # Pairs of other GPUs' experts are never written: their rows must add nothing.
+    y = (torch.zeros if nonlocal_pairs else torch.empty)((M * top_k, K), dtype=hidden_states.dtype,
+                                                         device=hidden_states.device)
     _grouped_gemm(a2, a2_scale, w2, w2_scale, y, align, topk_weights, 1, True, quant, block_shape, down_config)
     return torch.sum(y.view(M, top_k, K), dim=1, out=out)
 
@@ -313,14 +342,34 @@ def pairs_per_token(params: Params) -> int:
     return params["topk"] + params.get("shared_experts", 0)
 
 
+def expert_parallel(params: Params) -> int:
+    """How many GPUs the experts are spread over (1: tensor parallelism only)."""
+    return int(params.get("ep", 1))
+
+
+def local_ids(params: Params, topk_ids: torch.Tensor) -> torch.Tensor:
+    """The ids as this GPU's experts see them: under expert parallelism this GPU (rank 0)
+    holds global experts 0 .. E-1, and a pair routed elsewhere becomes -1 (SGLang's
+    dispatcher maps them so; vLLM's expert map does the same)."""
+    if expert_parallel(params) == 1:
+        return topk_ids
+    return torch.where(topk_ids < params["E"], topk_ids, -1).to(torch.int32)
+
+
 def make_inputs(params: Params, M: int, device: str = "cuda", seed: int = 0) -> dict:
     E, N, K = params["E"], params["N"], params["K"]
     topk = pairs_per_token(params)
     part = params.get("part", "op")
+    ep = expert_parallel(params)
+    if ep > 1 and params.get("shared_experts"):
+        raise ValueError("a fused shared expert under expert parallelism: no engine runs that on NVIDIA GPUs")
     gen = torch.Generator(device=device).manual_seed(seed)
-    weights, ids = route(M, E, params["topk"], params.get("routing", "uniform"), gen, device,
+    # Under expert parallelism the router picks among every GPU's experts (E * ep): one GPU
+    # sees every token with its global top-k ids and runs only the pairs it holds (~1/ep).
+    weights, ids = route(M, E * ep, params["topk"], params.get("routing", "uniform"), gen, device,
                          params.get("shared_experts", 0))
     inputs = {**_weights(params, device), "topk_weights": weights, "topk_ids": ids, "params": params,
+              "local_ids": local_ids(params, ids),
               "quant": _quant_mode(params["dtype"] == "fp8_w8a8", params.get("block_shape"))}
     x = torch.randn((M, K), generator=gen, device=device).to(torch.bfloat16)
     if part == "down":
@@ -329,7 +378,7 @@ def make_inputs(params: Params, M: int, device: str = "cuda", seed: int = 0) -> 
         shape = (M * topk, K)
     else:
         inputs["x"] = x
-        shape = (M, K) if part == "op" else (M * topk, 2 * N)
+        shape = (M, K) if part in ("op", "pair") else (M * topk, 2 * N)
     inputs["out"] = torch.empty(shape, dtype=torch.bfloat16, device=device)
     return inputs
 
@@ -338,14 +387,18 @@ def run(inputs: dict, config: Config):
     p = inputs["params"]
     block_shape = p.get("block_shape")
     part = p.get("part", "op")
-    if part == "op":
-        return fused_moe(inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+    if part in ("op", "pair"):
+        up = {k: p["up_config"][k] for k in config} if part == "pair" else config
+        return fused_moe(inputs["x"], inputs["w1"], inputs["w2"], inputs["topk_weights"], inputs["local_ids"],
                          use_fp8_w8a8=p["dtype"] == "fp8_w8a8", w1_scale=inputs["w1_scale"],
-                         w2_scale=inputs["w2_scale"], block_shape=block_shape, config=config, out=inputs["out"])
+                         w2_scale=inputs["w2_scale"], block_shape=block_shape, config=up, down_config=config,
+                         out=inputs["out"], nonlocal_pairs=expert_parallel(p) > 1)
     quant = inputs["quant"]
     _check_config(config, quant, block_shape)
     gk = block_shape[1] if block_shape else 0
-    align = moe_align_block_size(inputs["topk_ids"], config["BLOCK_SIZE_M"], p["E"])
+    if expert_parallel(p) > 1:
+        inputs["out"].zero_()              # rows of other GPUs' pairs: never written below
+    align = moe_align_block_size(inputs["local_ids"], config["BLOCK_SIZE_M"], p["E"])
     if part == "up":
         a, a_s = _quantize(inputs["x"], quant, gk)
         _grouped_gemm(a, a_s, inputs["w1"], inputs["w1_scale"], inputs["out"], align, inputs["topk_weights"],
@@ -385,12 +438,14 @@ def reference(inputs: dict) -> torch.Tensor:
     part = p.get("part", "op")
     quant, block_shape = inputs["quant"], p.get("block_shape")
     gk = block_shape[1] if block_shape else 0
-    ids, wts = inputs["topk_ids"].long(), inputs["topk_weights"].double()
+    ids, wts = inputs["local_ids"].long(), inputs["topk_weights"].double()
     M, topk = ids.shape
     K, N = p["K"], p["N"]
     dev = ids.device
     experts = []
     for e in torch.unique(ids).tolist():
+        if e < 0:
+            continue                     # another GPU's expert: this GPU adds nothing for it
         tok, kk = torch.nonzero(ids == e, as_tuple=True)
         experts.append((e, tok, kk, tok * topk + kk))
 
@@ -432,9 +487,9 @@ def compile_only(params: Params, M: int, config: Config) -> None:
     weights = torch.empty((M, topk), dtype=torch.float32, device=dev)
     part = params.get("part", "op")
     gemms = []
-    if part in ("op", "up"):
+    if part in ("op", "pair", "up"):
         gemms.append((M, K, 2 * N, topk, False))
-    if part in ("op", "down"):
+    if part in ("op", "pair", "down"):
         gemms.append((M * topk, N, K, 1, True))
     for rows_a, k_in, n_out, top_k, mul in gemms:
         a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
@@ -456,21 +511,28 @@ def expected_experts_touched(params: Params, M: int) -> float:
     skew touches fewer, so this stays an upper bound on the weight bytes read)."""
     shared = params.get("shared_experts", 0)
     routed = params["E"] - shared
-    return routed * (1.0 - (1.0 - params["topk"] / routed) ** M) + shared
+    drawn_from = routed * expert_parallel(params)          # every GPU's experts under EP
+    return routed * (1.0 - (1.0 - params["topk"] / drawn_from) ** M) + shared
+
+
+def local_pairs(params: Params, M: int) -> float:
+    """Expected (token, expert) pairs this GPU runs: all of them, or under expert
+    parallelism the ~1/ep of the routed ones whose expert it holds."""
+    return M * (params["topk"] / expert_parallel(params) + params.get("shared_experts", 0))
 
 
 def flops(params: Params, M: int) -> float:
-    per_pair = {"op": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
-    return 2.0 * M * pairs_per_token(params) * per_pair
+    per_pair = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
+    return 2.0 * local_pairs(params, M) * per_pair
 
 
 def bytes_moved(params: Params, M: int) -> float:
     part = params.get("part", "op")
     wbytes = 2 if params["dtype"] == "bf16" else 1
-    mats = {"op": 3, "up": 2, "down": 1}[part]
+    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[part]
     weights = expected_experts_touched(params, M) * mats * params["N"] * params["K"] * wbytes
-    pairs = M * pairs_per_token(params)
-    io = {"op": 2 * M * params["K"] * 2,
+    pairs = local_pairs(params, M)
+    io = {"op": 2 * M * params["K"] * 2, "pair": 2 * M * params["K"] * 2,
           "up": M * params["K"] * 2 + pairs * 2 * params["N"] * 2,
           "down": pairs * (params["N"] + params["K"]) * 2}[part]
     return weights + io
@@ -481,14 +543,26 @@ def shared_memory(params: Params, config: Config) -> int:
     return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"] * elt
 
 
+def routing_note(params: Params) -> str:
+    """How tokens were routed for timing, in words."""
+    ep = expert_parallel(params)
+    text = f"{params.get('routing', 'uniform')} top-{params['topk']} routing"
+    if ep > 1:
+        text += (f" over all {params['E'] * ep} experts of {ep} GPUs, of which this GPU holds {params['E']} and "
+                 f"runs only those pairs (~1/{ep})")
+    return text
+
+
 def measurement_note(params: Params) -> str:
     return {
         "op": "the whole MoE layer (alignment, activation quantization, both grouped GEMMs, "
               "activation, top-k sum) timed with one config, as vLLM applies its table",
         "up": "the first grouped GEMM (w1: gate and up) with its alignment and activation quantization",
         "down": "the second grouped GEMM (w2) with its alignment and activation quantization, "
-                "BLOCK_SIZE_M fixed to the up table's at each M",
-    }[params.get("part", "op")] + f"; {params.get('routing', 'uniform')} top-{params['topk']} routing" + (
+                "BLOCK_SIZE_M shared with the up table's at each M",
+        "pair": "the whole MoE layer with the up table's config for the first GEMM and the _down table's for "
+                "the second",
+    }[params.get("part", "op")] + f"; {routing_note(params)}" + (
         f" plus {params['shared_experts']} fused shared expert(s) every token goes to"
         if params.get("shared_experts") else "")
 
@@ -496,7 +570,8 @@ def measurement_note(params: Params) -> str:
 KERNEL = KernelSpec(
     name="fused_moe",
     table_kind="fused_moe",
-    problem_keys=("E", "N", "K", "topk", "shared_experts", "dtype", "block_shape", "part", "routing"),
+    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing",
+                  "up_config"),
     config_keys=MATMUL_CONFIG_KEYS,
     make_inputs=make_inputs,
     run=run,

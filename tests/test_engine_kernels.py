@@ -199,27 +199,26 @@ def test_sglang_gemm_kernel_choice(monkeypatch, engine_kernels):
 
 # -- the wrappers the launchers mirror ---------------------------------------------------
 @pytest.mark.parametrize("engine,module", [("vllm", vllm), ("sglang", sgl)])
-def test_launchers_mirror_the_wrappers_of_the_wheel_ci_reads(engine, module):
-    """Fails when .ci/run's engine wheel has other wrappers than the launcher was written for:
-    a newer engine version must be read, and the launcher (and MIRRORED) updated."""
-    from kernels.engines.base import changed_wrappers
-    code = locate(engine)
-    assert code.version == module.WRITTEN_FOR
-    for name, mirrored in module.MIRRORED.items():
-        assert changed_wrappers(code, mirrored) == [], f"{engine} {code.version} changed the {name} wrapper"
+def test_every_supported_version_resolves_to_its_release(engine, module):
+    """Each supported version's wheel (as .ci/run downloads them) has exactly the wrappers and
+    kernel signatures its release records: a new engine version must be read and added."""
+    from engine_wrappers import wheel
+    for version in module.SUPPORTED:
+        for name in module.KERNEL_FUNCTIONS:
+            spec = kernels.get_kernel(name, engine, str(wheel(wheel_dir(), engine, version)), load_code=True)
+            assert spec.notes["launched_as"] == version and spec.notes["launcher_matches_engine"] is True
 
 
-def test_a_changed_wrapper_is_noticed(tmp_path):
-    """An extracted folder whose swap rule was edited: the spec says the launcher no longer
-    matches, and the plan would say which wrapper changed."""
+def test_a_changed_wrapper_is_refused(tmp_path):
+    """An extracted folder whose swap rule was edited: the launcher no longer mirrors it, so
+    it is refused in one line naming what changed (not run with a warning)."""
     folder = extract("vllm", None, tmp_path / "vllm")
     rel = "vllm/model_executor/layers/fused_moe/utils.py"
     text = (folder / rel).read_text()
     old = function_source(text, "enable_swap_ab")
     (folder / rel).write_text(text.replace(old, old.replace("BLOCK_SIZE_M < 64", "BLOCK_SIZE_M < 32")))
-    spec = kernels.get_kernel("fused_moe", "vllm", str(folder))
-    assert spec.notes["launcher_matches_engine"] is False
-    assert spec.notes["changed_wrappers"] == [f"{rel}:enable_swap_ab"]
+    with pytest.raises(TunerError, match="wrappers differ from the released 0.33.0's: enable_swap_ab changed"):
+        kernels.get_kernel("fused_moe", "vllm", str(folder))
     assert kernels.get_kernel("fused_moe", "vllm").notes["launcher_matches_engine"] is True
 
 
@@ -240,7 +239,14 @@ def test_no_engine_is_one_clear_line(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("TUNER_ENGINE_WHEELS")
     with pytest.raises(TunerError, match="--engine-source PATH.*--kernel-source ours"):
         locate("vllm")
+    # without a GPU that is what a run says first; with one, the missing engine
     rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1 and "no CUDA GPU is visible" in err
+    import tuner.measure
+    monkeypatch.setattr(tuner.measure, "require_gpu", lambda *a, **k: None)
+    rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1",
+               "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.splitlines()) == 1 and "--engine-source" in err
     # a wheel of the other engine is no source of this one's code

@@ -98,7 +98,8 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     printed = printed_log_lines(capsys.readouterr().out)
     monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
     f = load_loaders("sglang", s, H200, "3.6.0")
-    base = "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    measured_by = next((results / "sglang/fused_moe").glob("triton_*")).name     # the Triton running the tests
+    base = f"sglang/fused_moe/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     LOG.clear()
     up = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128)
     assert ("info", printed["E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"]) in LOG
@@ -110,3 +111,26 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     # SGLang under another Triton falls back to the newest triton_* folder it has
     f = load_loaders("sglang", s, H200, "3.7.0")
     assert f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128) == up
+
+
+def test_h200_nvl_names_are_the_ones_vllm_and_sglang_look_for(tmp_path):
+    """On an H200 NVL, vLLM's own MoE loader reads NVIDIA_H200 files and its GEMM loader
+    NVIDIA_H200_NVL ones; SGLang's read NVIDIA_H200_NVL for both: the names we write."""
+    from tuner.engines import ENGINES
+    nvl = get_gpu("H200-NVL").cuda_name
+    entry = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+                   "num_warps": 4, "num_stages": 3}}
+    gemm = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
+    moe = {"E": 256, "N": 256, "dtype": "fp8_w8a8", "block_shape": [128, 128]}
+    for engine in ("vllm", "sglang"):
+        s = site(tmp_path, engine)
+        eng = ENGINES[engine]
+        for kind, params, folder in (("fp8_gemm", gemm, eng.gemm_folder), ("fused_moe", moe, eng.moe_folder)):
+            rel = eng.table_relpath(kind, params, nvl, "3.6.0")
+            sub = rel.split("/", 2)[2]                      # <engine>/<kind>/[triton_x/]name
+            path = s / folder / sub
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(entry))
+        f = load_loaders(engine, s, nvl, "3.6.0")
+        assert f["get_w8a8_block_fp8_configs"](7168, 2048, 128, 128) == {1: entry["1"]}, engine
+        assert f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128) == {1: entry["1"]}, engine

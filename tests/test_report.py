@@ -115,3 +115,38 @@ def test_diff_refuses_unrelated_runs_and_another_pairs_report(two_runs, tmp_path
     assert (out / "diff.md").read_text() == before
     assert main(["diff", str(new), str(old), "--out", str(out), "--force"]) == 0
     assert (out / "diff.md").read_text() != before
+
+
+def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two_runs, capsys):
+    old, new = two_runs
+    for argv in (["report", str(old)], ["diff", str(old), str(new), "--out", str(new / "w")]):
+        assert main(argv) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert max(map(len, printed)) <= 120
+        # our kernel timed one table for both engines: both files, each as its engine names it
+        assert "vllm: N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json" in printed
+        assert "sglang: N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json" in printed
+        assert "  config = BLOCK_SIZE_M BLOCK_SIZE_N BLOCK_SIZE_K GROUP_SIZE_M num_warps num_stages" in printed
+    md = (new / "w" / "diff.md").read_text()
+    assert "## vllm: N=7168,K=2048" in md and "; sglang: N=7168" in md and "config = BLOCK_SIZE_M" in md
+
+
+def test_every_plot_says_where_its_times_came_from_and_diff_bars_follow_the_verdict(two_runs, tmp_path,
+                                                                                     monkeypatch):
+    import tuner.report as report
+    old, new = two_runs
+    plots = []
+    monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None:
+                        plots.append((title, source, colours, ratio)))
+    report.write_report(old, tmp_path / "r.md")
+    report.write_diff(old, new, tmp_path / "d")
+    assert plots and all("SYNTHETIC" in source for _, source, _, _ in plots)
+    diffs = [p for p in plots if p[2] is not None]
+    assert diffs and all(src.startswith("old: ") and "\nnew: " in src for _, src, _, _ in diffs)
+    df = report.diff_frame(old, new)
+    slower = df[df["verdict"] == "slower"]
+    for title, _, colours, (_, ms, _) in diffs:
+        for m, colour in zip(ms, colours):
+            verdict = df[(df["M"] == m) & df["problem"].apply(lambda p: p in title)]["verdict"].iloc[0]
+            assert colour == report.VERDICT_COLOURS[verdict]
+    assert set(slower["M"]) == {128} and "tab:red" in {c for _, _, cs, _ in diffs for c in cs}

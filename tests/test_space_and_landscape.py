@@ -97,3 +97,22 @@ def test_search_efficiency_counts_trials_to_the_best(tmp_path):
         assert r.to_1pct is not None and 1 <= r.to_3pct <= r.to_1pct <= n
     table = summary_table(runs, n)
     assert list(table["sampler"]) == ["random", "tpe+seeds"]
+
+
+def test_synth_writes_each_point_once_under_the_running_triton(tmp_path, capsys):
+    """`landscape synth` and `landscape info` count the same points (no seed written twice)
+    and the header names the Triton that is running."""
+    import triton
+
+    from tuner.cli import main
+    out = tmp_path / "s.jsonl"
+    assert main(["landscape", "synth", "--kernel", "moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                 "--batch-sizes", "1", "64", "--out", str(out)]) == 0
+    wrote = int(capsys.readouterr().out.split()[1])
+    assert main(["landscape", "info", str(out)]) == 0
+    info = capsys.readouterr().out
+    assert f"{wrote} points" in info.splitlines()[-1] and f"triton {triton.__version__}," in info
+    lines = out.read_text().splitlines()[1:]
+    keys = [json.dumps([json.loads(x)["problem"], json.loads(x)["M"], json.loads(x)["config"]], sort_keys=True)
+            for x in lines]
+    assert len(keys) == len(set(keys)) == wrote

@@ -114,13 +114,22 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     """Plan and run one tuning run per kernel that times some of the tables (each
     engine's own, or ours); `say` gets the plan (dry run) or each kernel's results table.
     Returns [(run options, {problem key: [StudyResult]})] (nothing on a dry run)."""
+    from tuner.models import checkpoint_dtype, fit_hint
     from tuner.space import load_space
     from tuner.tune import RunOptions, plan_text, results_table, run_tuning
 
     req = request.checked()
     keys_given = req.batch_sizes is not None
     model, gpu, settings = _load_common(req)
+    problems = only_problems(_problems(req, model), req.only)      # a bad --tp/--ep/--only is said first
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
+    if not req.dry_run and not req.replay:
+        # the first thing a run without a GPU is told (before the engines' code or --out)
+        from tuner.measure import require_gpu
+        require_gpu(gpu.cuda_name, "a tuning run", "--dry-run shows the plan and --replay FILE tunes over a "
+                    "recorded landscape (`tuner landscape synth` makes a SYNTHETIC one to try it)")
+    # said with the plan, or after the run: never in front of a refusal of bad input
+    hint = fit_hint(model, gpu, req.tp, checkpoint_dtype(model))
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.tune import check_storage_url, default_storage
@@ -128,7 +137,7 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         check_out_dir(out)
         check_storage_url(req.storage or default_storage(out))
     notes: list[str] = []
-    runs = kernel_runs(req, KERNEL_OF[req.command], only_problems(_problems(req, model), req.only), notes)
+    runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
     all_opts = []
     for kernel, problems in runs:
         all_opts.append(RunOptions(
@@ -146,11 +155,9 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
         say("\n\n".join(plan_text(opts) for opts in all_opts))
+        if hint:
+            log.warning("%s", hint)
         return []
-    if not req.replay:
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name, "a tuning run", "--dry-run shows the plan and --replay FILE tunes over a "
-                    "recorded landscape (`tuner landscape synth` makes a SYNTHETIC one to try it)")
     done = []
     for opts in all_opts:
         kernel = opts.kernel
@@ -166,6 +173,8 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
                 say(line)
         done.append((opts, results))
+    if hint:
+        log.warning("%s", hint)
     return done
 
 
@@ -176,10 +185,9 @@ def _load_common(req: TuneRequest):
     from tuner.models import load_model
     from tuner.search import SearchSettings
 
-    req.dtype = req.dtype or DTYPES[req.command][0]
     if req.batch_sizes is None:
         req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
-    if req.dtype not in DTYPES[req.command]:
+    if req.dtype is not None and req.dtype not in DTYPES[req.command]:
         raise TunerError(f"--dtype {req.dtype} is not supported by `tuner {req.command}`; "
                          f"choose from {', '.join(DTYPES[req.command])}")
     if req.replay and req.record:
@@ -190,6 +198,7 @@ def _load_common(req: TuneRequest):
         raise TunerError(f"--baseline {req.baseline} is not a folder")
     gpu = get_gpu(req.gpu)
     model = load_model(req.model)
+    req.dtype = command_dtype(req.command, model, req.dtype)
     trials = req.trials or DEFAULT_TRIALS[req.command]
     settings = SearchSettings(budget=trials, patience=req.patience or max(8, trials // 3),
                               sampler=req.sampler, seed=req.seed)
@@ -213,6 +222,15 @@ def traffic_keys(req: TuneRequest, settings, keys_given: bool):
         req.batch_sizes = keys
     settings.budgets = {str(m): n for m, n in split_budget(shares, settings.budget).items()}
     return profile
+
+
+def command_dtype(command: str, model, given: str | None) -> str:
+    """The --dtype of a kernel command: for the fused MoE the checkpoint's own precision unless
+    given (a given one that differs is warned about); gemm and mla have one each."""
+    if command in ("moe", "fused_moe"):
+        from tuner.models import resolve_dtype
+        return resolve_dtype(model, given, DTYPES["moe"], "moe")
+    return given or DTYPES["mla" if command in ("mla", "mla_decode") else "gemm"][0]
 
 
 def _problems(req: TuneRequest, model) -> list:
@@ -371,4 +389,8 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
         say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")
+    from tuner.engines import install_notes
+    in_package = any(config_dir is None or not str(c.dest).startswith(str(config_dir)) for c in copies)
+    for line in install_notes(engine, in_package):
+        say(line)
     return backup

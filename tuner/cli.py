@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 
 from tuner import __version__
-from tuner.api import DEFAULT_TRIALS, DTYPES, MLA_BATCH_SIZES, check_out_dir, kernel_runs, only_problems  # noqa: F401
+from tuner.api import (  # noqa: F401
+    DEFAULT_TRIALS,
+    DTYPES,
+    MLA_BATCH_SIZES,
+    check_out_dir,
+    command_dtype,
+    kernel_runs,
+    only_problems,
+)
 from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
 
@@ -62,8 +70,8 @@ def _common_options() -> _Parser:
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
-    g.add_argument("--dtype", default=None, help="precision (gemm, moe: fp8_w8a8 (default); moe: bf16; "
-                   "mla: bf16 KV cache)")
+    g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
+                   "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
     g.add_argument("--tp", type=_parallel, default=1, help="tensor-parallel size (default 1)")
     g.add_argument("--ep", type=_parallel, default=1, help="expert-parallel size (default 1)")
     g.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
@@ -246,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
     bench.add_argument("--tp", type=_parallel, default=1)
     bench.add_argument("--ep", type=_parallel, default=1)
-    bench.add_argument("--dtype", default=None, help="gemm, moe: fp8_w8a8 (default); moe: bf16")
+    bench.add_argument("--dtype", default=None, help="moe: fp8_w8a8 or bf16 (default: the checkpoint's own); "
+                       "gemm: fp8_w8a8")
     bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     bench.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                        help="default: the engines' grid (mla: 32 64 128)")
@@ -310,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
     chk.add_argument("--tp", type=_parallel, default=1)
     chk.add_argument("--ep", type=_parallel, default=1)
-    chk.add_argument("--dtype", default="fp8_w8a8", choices=("fp8_w8a8", "bf16"))
+    chk.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
+                     help="moe: the tables' precision (default: the checkpoint's own, bf16 when it is not quantized)")
     chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     chk.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                      help="check these batch sizes (the entry the engine would use for each) instead of every M")
@@ -410,11 +420,11 @@ def cmd_audit(args) -> int:
         report = audit_all(inst, batches, override_dir)
     else:
         from tuner.gpus import get_gpu
-        from tuner.models import check_parallel, checkpoint_dtype, load_model
+        from tuner.models import check_parallel, load_model, resolve_dtype
         gpu = get_gpu(args.gpu)
         model = load_model(args.model)
         check_parallel(model, args.tp, args.ep)
-        dtype = args.dtype or checkpoint_dtype(model)
+        dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
         numerics_model = load_model(args.numerics_model or "configs/examples/small-moe.json") if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))
         if args.numerics:
@@ -435,6 +445,13 @@ def cmd_worker(args) -> int:
     from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
 
     storage = open_checked_storage(args.storage)
+    if not args.replay:
+        # the storage's plans first (a storage without one is said as such), then the GPU,
+        # before the engines' code is looked for
+        load_plans(storage, args.study_prefix, load_code=False, storage=args.storage)
+        import torch
+        if not torch.cuda.is_available():
+            require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
     for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
                            replay=args.replay, storage=args.storage,
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
@@ -542,7 +559,7 @@ def cmd_nightly(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from tuner.report import run_model, run_source, run_traffic, traffic_report_lines, write_report
+    from tuner.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
     run = Path(args.run)
     from tuner.results import read_manifest
     read_manifest(run)                      # not a results folder: one line, before the profile's
@@ -551,7 +568,9 @@ def cmd_report(args) -> int:
     df, path = write_report(run, Path(args.out) if args.out else None, traffic)
     source = run_source(Path(args.run))
     print(source)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
+                                    "failures"]):
+        print(line)
     from tuner.report import _geomean
     g = _geomean(df["speedup"])
     if g:
@@ -581,8 +600,10 @@ def cmd_diff(args) -> int:
     print(f"new: {sources[1]}")
     if sources[0] != sources[1]:
         print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
-    cols = ["problem", "M", "time_us_old", "time_us_new", "change_pct", "verdict"]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    from tuner.report import table_sections
+    for line in table_sections(df, ["M", "config_old", "config_new", "time_us_old", "time_us_new", "change_pct",
+                                    "verdict"]):
+        print(line)
     for line in traffic or []:
         print(line)
     counts = df["verdict"].value_counts().to_dict()
@@ -610,8 +631,7 @@ def cmd_bench(args) -> int:
     from tuner.gpus import get_gpu
     from tuner.models import load_model
 
-    args.dtype = args.dtype or DTYPES[args.kernel][0]
-    if args.dtype not in DTYPES[args.kernel]:
+    if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
     if args.kernel == "mla":
         args.contexts = args.contexts or [4096, 8192, 32768]
@@ -636,6 +656,7 @@ def cmd_bench(args) -> int:
         raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
     gpu = get_gpu(args.gpu)
     model = load_model(args.model)
+    args.dtype = command_dtype(args.kernel, model, args.dtype)
     ceilings = ceilings_mod.load(gpu, args.ceilings)
     kernel_name, make_problems = _problem_builder(args, args.kernel)
     problems = only_problems(make_problems(model), args.only)
@@ -725,8 +746,7 @@ def cmd_landscape(args) -> int:
     from tuner.space import load_space
     from tuner.synthetic import write_synthetic_landscape
 
-    args.dtype = args.dtype or DTYPES[args.kernel][0]
-    if args.dtype not in DTYPES[args.kernel]:
+    if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
     out = Path(args.out)
     if out.exists():
@@ -735,7 +755,9 @@ def cmd_landscape(args) -> int:
     kernel_name, make = _problem_builder(args, args.kernel)
     kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
         else get_kernel(kernel_name)
-    problems = make(load_model(args.model))
+    model = load_model(args.model)
+    args.dtype = command_dtype(args.kernel, model, args.dtype)
+    problems = make(model)
     if args.kernel_source != "ours":
         problems = [p for p in problems if args.kernel_source in p.engines]
         if not problems:
@@ -790,13 +812,16 @@ def cmd_check(args) -> int:
     table = Path(args.table)
     if not table.is_file():
         raise TunerError(f"table {table} not found")
+    model = load_model(args.model)
+    if args.kernel == "moe":
+        args.dtype = command_dtype("moe", model, args.dtype)
     kernel_name, make_problems = {
         "gemm": ("fp8_gemm", lambda model, engine: gemm_problems(model, args.tp, args.ep)),
         "moe": ("fused_moe", lambda model, engine: moe_problems(model, args.tp, args.ep, args.dtype,
                                                                   args.routing, [engine])),
         "mla": ("mla_decode", None),            # our own format: the table holds its problems
     }[args.kernel]
-    rows = run_check(kernel_name, table, load_model(args.model), make_problems, args.routing, args.kernel_source,
+    rows = run_check(kernel_name, table, model, make_problems, args.routing, args.kernel_source,
                      args.engine_source, args.batch_sizes, args.seed, log=lambda line: print(line, flush=True))
     failed = sum(r.status != "pass" for r in rows)
     print(f"{len(rows) - failed} passed, {failed} failed")

@@ -68,7 +68,10 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
         # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
         shared = ({"shared_experts": 1} if int(e) == (model.n_routed_experts or 0) + 1 and ENGINES[engine]
                   .fuses_shared_expert(arch, model.n_routed_experts, model.n_shared_experts, 1) else {})
-        params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok,
+        routed = model.n_routed_experts or 0
+        # a table with a share of the model's experts is one GPU's under expert parallelism
+        ep = {"ep": routed // int(e)} if 0 < int(e) < routed and routed % int(e) == 0 else {}
+        params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok, **ep,
                   "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
                   "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
         return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]

@@ -48,11 +48,13 @@ class Engine:
         return (architecture in rule["architectures"] and routed in rule["routed_experts"]
                 and shared == rule["shared_experts"] and ep <= rule["max_ep"])
 
-    def device_name(self, cuda_name: str) -> str:
-        """The device_name= part of a file name for a GPU CUDA calls `cuda_name`."""
+    def device_name(self, cuda_name: str, kind: str = "fused_moe") -> str:
+        """The device_name= part of the file name of a `kind` table ("fused_moe", "fp8_gemm")
+        for a GPU CUDA calls `cuda_name`."""
         if self.name == "vllm":
-            # vLLM folds every H200 variant onto one name and also drops '/'.
-            if re.search(r"\bH200\b", cuda_name):
+            # vLLM's MoE loader folds every H200 variant onto one name (its GEMM loader does
+            # not: an H200 NVL reads NVIDIA_H200_NVL GEMM tables); both drop '/'.
+            if kind == "fused_moe" and re.search(r"\bH200\b", cuda_name):
                 return "NVIDIA_H200"
             return _underscored(cuda_name).replace("/", "_")
         return _underscored(cuda_name)
@@ -63,7 +65,7 @@ class Engine:
 
     def gemm_filename(self, N: int, K: int, cuda_name: str, block_shape, dtype: str = "fp8_w8a8") -> str:
         return (
-            f"N={N},K={K},device_name={self.device_name(cuda_name)},"
+            f"N={N},K={K},device_name={self.device_name(cuda_name, 'fp8_gemm')},"
             f"dtype={dtype},block_shape={self.block_shape(block_shape)}.json"
         )
 
@@ -654,3 +656,24 @@ def _int_like(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+# -- after an install: what undoes the tables, and what the config-folder variables cover -------
+# (the engines' own log lines for a table loaded or not found are quoted from their loader
+# source at run time: tuner/engine_tables.py log_lines, printed by tuner install)
+def install_notes(engine: str, into_package: bool) -> list[str]:
+    """What `tuner install` tells after putting tables where `engine` reads them (besides the
+    engine's log lines for each table): that tables inside the package are gone when the
+    engine is upgraded or reinstalled, and what the config-folder variable covers."""
+    covered = {kind: fam.env_var for (e, kind), fam in TABLE_FAMILIES.items() if e == engine and fam.env_var}
+    variable = " / ".join(sorted(set(covered.values())))
+    lines = []
+    if into_package:
+        lines.append(f"tables in {engine}'s package folder are removed when {engine} is upgraded or reinstalled "
+                     f"(pip replaces the folder): install them again after that"
+                     + (f", or keep the MoE tables outside with --moe-config-dir ({variable})" if "fused_moe" in covered
+                        else ""))
+    if covered:
+        lines.append(f"{variable} covers {' and '.join(sorted(covered))} tables only: the other tables are read from "
+                     "the package's own folder")
+    return lines

@@ -20,6 +20,7 @@ class GpuSpec:
     l2_bytes: int
     hbm_tb_s: float           # datasheet memory bandwidth
     fp8_tflops: float         # datasheet dense FP8 tensor rate
+    memory_gb: float = 80.0   # datasheet HBM capacity (GB): does a model's shard fit?
 
 
 _HOPPER_SMEM = 232448  # 227 KiB: the sm_90 per-block opt-in shared-memory limit
@@ -29,11 +30,11 @@ GPUS: dict[str, GpuSpec] = {
     for g in [
         GpuSpec("H100", "NVIDIA H100 80GB HBM3", 132, _HOPPER_SMEM, 50 << 20, 3.35, 1979.0),
         GpuSpec("H100-PCIe", "NVIDIA H100 PCIe", 114, _HOPPER_SMEM, 50 << 20, 2.0, 1513.0),
-        GpuSpec("H100-NVL", "NVIDIA H100 NVL", 132, _HOPPER_SMEM, 50 << 20, 3.9, 1671.0),
-        GpuSpec("H200", "NVIDIA H200", 132, _HOPPER_SMEM, 50 << 20, 4.8, 1979.0),
-        GpuSpec("H200-NVL", "NVIDIA H200 NVL", 132, _HOPPER_SMEM, 50 << 20, 4.8, 1671.0),
+        GpuSpec("H100-NVL", "NVIDIA H100 NVL", 132, _HOPPER_SMEM, 50 << 20, 3.9, 1671.0, memory_gb=94),
+        GpuSpec("H200", "NVIDIA H200", 132, _HOPPER_SMEM, 50 << 20, 4.8, 1979.0, memory_gb=141),
+        GpuSpec("H200-NVL", "NVIDIA H200 NVL", 132, _HOPPER_SMEM, 50 << 20, 4.8, 1671.0, memory_gb=141),
         GpuSpec("H800", "NVIDIA H800", 132, _HOPPER_SMEM, 50 << 20, 3.35, 1979.0),
-        GpuSpec("H20", "NVIDIA H20", 78, _HOPPER_SMEM, 60 << 20, 4.0, 296.0),
+        GpuSpec("H20", "NVIDIA H20", 78, _HOPPER_SMEM, 60 << 20, 4.0, 296.0, memory_gb=96),
     ]
 }
 

@@ -99,6 +99,11 @@ class KernelSpec:
     # only where they differ from the default. Keys in bool_keys are JSON true/false there.
     optional_keys: dict = field(default_factory=dict)
     bool_keys: tuple[str, ...] = ()
+    # For a problem tied to another (SGLang's _down table to its up table): the params of a
+    # problem that times a config of it together with `up_config` of the table it is tied
+    # to, as the engine runs the two (run(inputs, config) then times both); None: the two
+    # tables' own times are added instead.
+    tied_params: Callable[[Params, Config], Params] | None = None
 
     @property
     def source_label(self) -> str:

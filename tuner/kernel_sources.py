@@ -43,6 +43,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "tuner")) / "engine-kernels"
 
 
+def version_key(version: str) -> tuple:
+    """'0.5.23' -> (0, 5, 23): versions compared as numbers, not as text (0.5.3 < 0.5.23)."""
+    return tuple(int(x) if x.isdigit() else -1 for x in re.findall(r"\d+|[a-z]+", version))
+
+
 def _wheel_version(path: Path, dist: str) -> str | None:
     m = re.match(rf"{re.escape(dist)}-([^-]+)-.*\.whl$", path.name)
     return m.group(1) if m else None
@@ -98,9 +103,9 @@ def _from_folder(path: Path, engine: str) -> EngineCode | None:
         if info.get("engine") != engine:
             return None
         return EngineCode(engine, str(info.get("version", "")), str(path.resolve()), "folder", _root=path)
-    wheels = sorted(path.glob(f"{engine}-*.whl"))
+    wheels = sorted(path.glob(f"{engine}-*.whl"), key=lambda w: version_key(_wheel_version(w, engine) or ""))
     if wheels:
-        return _from_wheel(wheels[-1], engine)
+        return _from_wheel(wheels[-1], engine)          # the newest version
     for sub in sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []:
         if (sub / EXTRACT_MANIFEST).is_file():
             found = _from_folder(sub, engine)

@@ -1,12 +1,15 @@
 """Models: load a model description and turn it, with TP/EP, into kernel problems.
 
 A model is a Hugging Face config.json or one of our YAML files (same field names),
-named on the command line by a name in configs/models/ or by a path.
+named on the command line by a name in configs/models/ (any case), by a path to such a
+file, or by a folder holding a config.json (a Hugging Face snapshot).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +18,8 @@ import yaml
 from tuner.errors import TunerError
 from tuner.paths import MODELS_DIR
 from tuner.problems import Problem
+
+log = logging.getLogger("tuner")
 
 
 @dataclass
@@ -84,23 +89,52 @@ def known_models() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _hub_id_hint(text: str) -> str:
+    return (f"{text} looks like a Hugging Face model id; tuner reads only the model's config.json: get it with "
+            f"`huggingface-cli download {text} config.json --local-dir models/{text.split('/')[-1]}` and give "
+            f"--model models/{text.split('/')[-1]} (a folder with a config.json, such as a downloaded snapshot)")
+
+
 def load_model(name_or_path: str) -> Model:
-    """Read a model by name (configs/models/NAME.yaml) or by path (.json/.yaml)."""
-    path = Path(name_or_path)
+    """Read a model by name (configs/models/NAME.yaml, any case), by path (.json/.yaml), or
+    from a folder holding a config.json (a Hugging Face snapshot)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TunerError(f"--model {name_or_path} is a folder without a config.json (give a Hugging Face "
+                             "snapshot folder, a config.json, or a name from configs/models/)")
+        path = path / "config.json"
     if not path.is_file():
-        candidate = MODELS_DIR / f"{name_or_path}.yaml"
-        if candidate.is_file():
-            path = candidate
+        by_name = {m.lower(): m for m in known_models()}
+        if name_or_path.lower() in by_name:
+            path = MODELS_DIR / f"{by_name[name_or_path.lower()]}.yaml"
+        elif _HUB_ID.match(name_or_path) and path.suffix not in (".json", ".yaml", ".yml") \
+                and not path.parent.exists():
+            raise TunerError(_hub_id_hint(name_or_path))
         elif path.suffix in (".json", ".yaml", ".yml") or "/" in name_or_path:
             raise TunerError(f"model file {name_or_path} not found")
         else:
             raise TunerError(f"unknown model {name_or_path!r}; known: {', '.join(known_models())}, "
-                             "or give a path to a config.json")
+                             "or give a path to a config.json or to a folder holding one")
     raw = _read_file(path)
     # Some HF configs nest the language model's fields (multimodal wrappers).
     if "text_config" in raw and "hidden_size" not in raw:
         raw = {**raw["text_config"], "quantization_config": raw.get("quantization_config")}
     return _model_from_fields(raw, path)
+
+
+def _folder_name(path: Path) -> str:
+    """A model's name from where its file is: the file's stem, the folder of a config.json,
+    or for a Hugging Face cache snapshot (models--ORG--NAME/snapshots/<hash>/) its NAME."""
+    if path.name != "config.json":
+        return path.stem
+    folder = path.resolve().parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.split("--")[-1]
+    return folder.name
 
 
 def _int_field(raw: dict, key: str, path: Path, required: bool = False):
@@ -130,7 +164,7 @@ def _model_from_fields(raw: dict, path: Path) -> Model:
     if n_experts and moe_inter is None:
         moe_inter = f("intermediate_size")   # Mixtral: every expert has the dense width
     model = Model(
-        name=str(raw.get("name") or (path.parent.name if path.name == "config.json" else path.stem)),
+        name=str(raw.get("name") or _folder_name(path)),
         source=str(path),
         hidden_size=f("hidden_size", True),
         num_attention_heads=f("num_attention_heads", True),
@@ -165,6 +199,100 @@ def _model_from_fields(raw: dict, path: Path) -> Model:
         raise TunerError(f"model file {path}: num_experts_per_tok ({model.num_experts_per_tok}) exceeds the "
                          f"{model.n_routed_experts} routed experts")
     return model
+
+
+# -- the checkpoint's precision ---------------------------------------------------------------
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+
+
+def checkpoint_dtype(model: Model) -> str | None:
+    """The precision of the checkpoint's weights as the engines name their tables' dtype,
+    from its quantization_config ("fp8_w8a8", "int8_w8a8", "int8_w8a16", "int4_w4a16", or
+    the quantization method's own name for anything else, e.g. "mxfp4"), else from its
+    torch_dtype ("bf16", "fp16", "fp32"); None when the model says neither."""
+    qc = model.raw.get("quantization_config")
+    if isinstance(qc, dict) and qc:
+        method = str(qc.get("quant_method") or "").lower()
+        if method in ("fp8", "fbgemm_fp8"):
+            return "fp8_w8a8"
+        if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "moe_wna16"):
+            bits = qc.get("bits", qc.get("w_bit", 4))
+            return "int8_w8a16" if bits == 8 else "int4_w4a16"
+        if method == "compressed-tensors":
+            for group in (qc.get("config_groups") or {}).values():
+                w, a = (group or {}).get("weights") or {}, (group or {}).get("input_activations")
+                if w.get("type") == "float" and w.get("num_bits") == 8:
+                    return "fp8_w8a8"
+                if w.get("type") == "int" and w.get("num_bits") == 8:
+                    return "int8_w8a8" if a else "int8_w8a16"
+                if w.get("type") == "int" and w.get("num_bits") == 4:
+                    return "int4_w4a16"
+        if method:
+            return method
+        if qc.get("weight_block_size") is not None:       # block-scaled weights without a method: FP8
+            return "fp8_w8a8"
+    torch_dtype = model.raw.get("torch_dtype") or model.raw.get("dtype")
+    return _TORCH_DTYPES.get(str(torch_dtype).lower()) if torch_dtype else None
+
+
+def resolve_dtype(model: Model, given: str | None, allowed: tuple[str, ...], command: str) -> str:
+    """The --dtype a kernel command tunes: given, or the checkpoint's own precision (bf16 when
+    the checkpoint is not quantized), as the engines' tuning scripts take it. A given one that
+    differs from the checkpoint's is warned about (one line): the engine serving this
+    checkpoint reads the checkpoint's table, not that one."""
+    own = checkpoint_dtype(model)
+    served = own if own not in (None, "fp16", "fp32") else "bf16"   # unquantized: tables without dtype
+    if given is None:
+        if served not in allowed:
+            raise TunerError(f"{model.name}'s checkpoint is quantized as {own} (its quantization_config); "
+                             f"`tuner {command}` tunes {' and '.join(allowed)} tables: give --dtype to tune one "
+                             "of those anyway")
+        return served
+    if given != served:
+        log.warning("--dtype %s, but %s's checkpoint is %s (%s): the engine serving it reads the %s table%s; "
+                    "tuning %s anyway", given, model.name, served,
+                    "its quantization_config" if own not in (None, "bf16", "fp16", "fp32")
+                    else "no quantization_config", served,
+                    " unless it quantizes the weights itself (vLLM --quantization fp8)" if given == "fp8_w8a8" else "",
+                    given)
+    return given
+
+
+# -- does it fit one GPU? ----------------------------------------------------------------------
+_BYTES_PER_WEIGHT = {"fp8_w8a8": 1.0, "int8_w8a8": 1.0, "int8_w8a16": 1.0, "int4_w4a16": 0.5, "fp32": 4.0}
+
+
+def weight_bytes(model: Model, dtype: str | None) -> float:
+    """About how many bytes the model's weights take (linear layers, experts and embeddings;
+    norms and biases are too small to matter)."""
+    h = model.hidden_size
+    attention = sum(lin.N * lin.K for lin in sharded_linears(model, 1)
+                    if not lin.name.startswith(("mlp.", "shared_experts.")))
+    moe_layers = max(model.num_hidden_layers - model.first_k_dense_replace, 0) if model.is_moe else 0
+    dense_layers = model.num_hidden_layers - moe_layers
+    dense = 3 * h * (model.intermediate_size or 0) if model.has_dense_mlp or not model.is_moe else 0
+    experts = (model.n_routed_experts or 0) * 3 * h * (model.moe_intermediate_size or 0) \
+        + 3 * h * model.shared_intermediate
+    vocab = model.raw.get("vocab_size") or 0
+    embeddings = vocab * h * (1 if model.raw.get("tie_word_embeddings") else 2)
+    params = model.num_hidden_layers * attention + dense_layers * dense + moe_layers * experts
+    return params * _BYTES_PER_WEIGHT.get(dtype or "", 2.0) + embeddings * 2.0
+
+
+def fit_hint(model: Model, gpu, tp: int, dtype: str | None) -> str | None:
+    """A hint when the model's weights cannot fit the GPUs at this --tp (a table for a shape
+    nobody runs), naming the smallest TP that would; None when they fit."""
+    need = weight_bytes(model, dtype) / tp
+    room = gpu.memory_gb * 1e9 * 0.9            # leave room for the KV cache and activations
+    if need <= room:
+        return None
+    fits = next((t for t in (2, 4, 8, 16, 32, 64) if t > tp and weight_bytes(model, dtype) / t <= room
+                 and model.num_attention_heads % t == 0), None)
+    return (f"{model.name}'s weights (about {weight_bytes(model, dtype) / 1e9:.0f} GB as {dtype or 'bf16'}) do not "
+            f"fit {'one ' + gpu.key if tp == 1 else f'{tp} {gpu.key}s'} ({gpu.memory_gb:g} GB"
+            f"{'' if tp == 1 else ' each'}) at --tp {tp}: "
+            "the tables are for the shapes of the parallelism you serve with; give its --tp (and --ep)"
+            + (f", e.g. --tp {fits}" if fits else ", across more GPUs than one node has"))
 
 
 def check_parallel(model: Model, tp: int, ep: int) -> None:
@@ -304,8 +432,9 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
         if block and N % block[0]:
             raise TunerError(f"--tp {tp} leaves {model.name}'s experts {N} wide, not a multiple of the "
                              f"{block[0]}-wide weight blocks (the engines refuse it); try a smaller --tp or --ep")
-        base = {"E": E, "N": N, "K": model.hidden_size, "topk": model.num_experts_per_tok, "dtype": dtype,
-                "block_shape": block}
+        base = {"E": E, "N": N, "K": model.hidden_size, "topk": model.num_experts_per_tok,
+                # under expert parallelism one GPU sees every token routed over all experts
+                **({"ep": ep} if ep > 1 else {}), "dtype": dtype, "block_shape": block}
         if name == "vllm":
             out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), ("vllm",)))
         else:
@@ -393,16 +522,3 @@ def table_layers(model: Model, kernel: str, params: dict, tp: int | None = None)
             if p.params["N"] == params.get("N") and p.params["K"] == params.get("K"):
                 return layers_per_pass(model, p.layers)
     return None
-def checkpoint_dtype(model: Model) -> str:
-    """The precision the checkpoint's weights are stored in, as the engines name it in their
-    table files: "fp8_w8a8" for an FP8 checkpoint (quantization_config with quant_method
-    "fp8", or weight blocks), "bf16" for an unquantized one. Other quantization methods
-    (AWQ, GPTQ, ...) run kernels whose tables tuner does not write: one clear line."""
-    qc = model.raw.get("quantization_config") or {}
-    if not isinstance(qc, dict) or not qc:
-        return "bf16"
-    method = str(qc.get("quant_method") or "").lower()
-    if method == "fp8" or (not method and qc.get("weight_block_size") is not None):
-        return "fp8_w8a8"
-    raise TunerError(f"{model.name}'s checkpoint is quantized with {method or qc!r}; tuner handles fp8 (fp8_w8a8) and "
-                     "unquantized (bf16) checkpoints: give --dtype")

@@ -1,8 +1,9 @@
 """Reports over results folders: `tuner report RUN` and `tuner diff OLD NEW`.
 
-Both print a table (pandas) and write a Markdown file with PNG plots (matplotlib): time
-against M for each problem and the speedup, so a reader sees at once what got faster,
-what got slower, and by how much.
+Both print tables (pandas; one per engine table file, within 120 columns, the config's keys
+named) and write a Markdown file with PNG plots (matplotlib): time against M for each
+problem and the speedup, coloured by verdict and titled with where the times came from, so
+a reader sees at once what got faster, what got slower, by how much, and in which file.
 """
 
 from __future__ import annotations
@@ -28,14 +29,30 @@ def _number(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
 
 
+WIDTH = 120        # terminal tables stay within this many columns
+
+
+def _files(entry: dict) -> tuple[str, str]:
+    """(engines, files) a manifest table was written to: 'vllm', 'vllm: E=...json' (one
+    line per engine; our kernel times one table for both engines' files)."""
+    files = entry.get("files") or {}
+    if not files:
+        source = (entry.get("kernel_source") or {}).get("source", "ours")
+        return source, f"{source}: (no file)"
+    return ", ".join(files), "\n".join(f"{engine}: {Path(str(f)).name}" for engine, f in files.items())
+
+
 def manifest_frame(run: Path) -> pd.DataFrame:
-    """One row per (table, M) of a results folder's manifest."""
+    """One row per (table, M) of a results folder's manifest, with the engine and file it
+    belongs to and its config's keys (the legend of the config column)."""
     manifest = read_manifest(run)
     rows = []
     for t in manifest.get("tables", []):
+        engine, file = _files(t)
         for m, e in (t.get("entries") or {}).items():
             cfg = e.get("config")
             rows.append({
+                "engine": engine, "file": file, "legend": " ".join(cfg) if cfg else "",
                 "problem": _label(t), "M": int(m),
                 "config": " ".join(str(v) for v in cfg.values()) if cfg else "-",
                 # manifests written before times were checked may hold NaN or Infinity: no number
@@ -46,7 +63,43 @@ def manifest_frame(run: Path) -> pd.DataFrame:
             })
     if not rows:
         raise TunerError(f"{run}/manifest.json lists no tuned entries")
-    return pd.DataFrame(rows).sort_values(["problem", "M"]).reset_index(drop=True)
+    df = pd.DataFrame(rows).sort_values(["engine", "file", "problem", "M"]).reset_index(drop=True)
+    # every row of a table names its config's keys (the first tuned entry's)
+    df["legend"] = df.groupby(["engine", "file", "problem"])["legend"].transform(lambda v: max(v, key=len))
+    return df
+
+
+def _fit(text: str, width: int = WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _wrapped(prefix: str, text: str, width: int = WIDTH) -> list[str]:
+    """`prefix text` over as many lines as it takes, broken at commas, each within width."""
+    lines, line = [], prefix
+    for part in text.split(","):
+        piece = part if line == prefix else "," + part
+        if len(line) + len(piece) > width and line != prefix:
+            lines.append(line + ",")
+            line = " " * len(prefix) + part
+        else:
+            line += piece
+    return lines + [_fit(line, width)]
+
+
+def table_sections(df: pd.DataFrame, columns: list[str]) -> list[str]:
+    """A terminal view of a report or diff frame: per engine table file, a heading (engine,
+    file, problem, the config legend) and its rows, every line within WIDTH columns."""
+    out: list[str] = []
+    for (engine, file, problem), part in df.groupby(["engine", "file", "problem"], sort=True):
+        out += [_fit(line) for line in file.splitlines()]
+        out += _wrapped("  problem ", problem)
+        legend = part["legend"].iloc[0] if "legend" in part else ""
+        if legend:
+            out.append(_fit(f"  config = {legend}"))
+        shown = part[columns].to_string(index=False, float_format=lambda v: f"{v:.2f}").splitlines()
+        out += [_fit("  " + line) for line in shown]
+        out.append("")
+    return out
 
 
 def failures_by_kind(run: Path) -> dict[str, int]:
@@ -60,13 +113,16 @@ def failures_by_kind(run: Path) -> dict[str, int]:
 
 
 def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
-          source: str = "") -> None:
+          source: str, colours: list[str] | None = None) -> None:
+    """Time against M (log-log) and a bar per M of the ratio, coloured by verdict (given, or
+    green for a gain and red for a loss), titled with the problem and where the times came
+    from (red when SYNTHETIC)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.4))
     for name, (xs, ys) in series.items():
         ax1.plot(xs, ys, marker="o", label=name)
     ax1.set_xscale("log", base=2)
@@ -80,13 +136,16 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
     ax1.legend()
     ax1.grid(True, which="both", alpha=0.3)
     name, xs, ys = ratio
-    ax2.bar([str(x) for x in xs], ys, color=["tab:green" if y >= 1 else "tab:red" for y in ys])
+    ax2.bar([str(x) for x in xs], ys, color=colours or ["tab:green" if y >= 1 else "tab:red" for y in ys])
+    if colours:
+        from matplotlib.patches import Patch
+        used = [v for v, c in VERDICT_COLOURS.items() if c in colours]
+        ax2.legend(handles=[Patch(color=VERDICT_COLOURS[v], label=v) for v in used], fontsize=7)
     ax2.axhline(1.0, color="black", linewidth=0.8)
     ax2.set_xlabel("M (batch size)")
     ax2.set_ylabel(name)
     ax2.tick_params(axis="x", labelrotation=60)
-    fig.suptitle(f"{title}\n{source}" if source else title, fontsize=9,
-                 color="red" if "SYNTHETIC" in source else "black")
+    fig.suptitle(f"{title}\n{source}", fontsize=8, color="red" if "SYNTHETIC" in source else "black")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -133,17 +192,23 @@ def write_report(run: Path, out: Path | None = None,
         if not with_default.empty:
             series["default config"] = (list(with_default["M"]), list(with_default["default_us"]))
         sp = part.dropna(subset=["speedup"])
-        _plot(png, problem, series, ("speedup over default", list(sp["M"]), list(sp["speedup"])), source)
-        lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
-                  markdown_table(part.drop(columns=["problem"])), ""]
+        head = "; ".join(part["file"].iloc[0].splitlines())
+        _plot(png, f"{head}\n{problem}", series, ("speedup over default", list(sp["M"]), list(sp["speedup"])),
+              source)
+        lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
+                  f"![{problem}]({png.name})", "",
+                  markdown_table(part.drop(columns=["problem", "engine", "file", "legend"])), ""]
     atomic_write_text(out, "\n".join(lines) + "\n")
     return df, out
 
 
 def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
-    a = manifest_frame(old)[["problem", "M", "config", "time_us", "spread"]]
-    b = manifest_frame(new)[["problem", "M", "config", "time_us", "spread"]]
+    cols = ["engine", "file", "legend", "problem", "M", "config", "time_us", "spread"]
+    a, b = manifest_frame(old)[cols], manifest_frame(new)[cols]
     df = a.merge(b, on=["problem", "M"], how="outer", suffixes=("_old", "_new"))
+    for key in ("engine", "file", "legend"):       # as the new run names them, else the old
+        df[key] = df[f"{key}_new"].fillna(df[f"{key}_old"])
+        df = df.drop(columns=[f"{key}_old", f"{key}_new"])
     df["change_pct"] = (df["time_us_new"] / df["time_us_old"] - 1.0) * 100.0
     # beyond noise: more than the larger of the two spreads and `noise`
     band = df[["spread_old", "spread_new"]].fillna(0).max(axis=1).clip(lower=noise) * 100.0
@@ -160,7 +225,11 @@ def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
         return "same"
 
     df["verdict"] = [verdict(r, lim) for (_, r), lim in zip(df.iterrows(), band)]
-    return df.sort_values(["problem", "M"]).reset_index(drop=True)
+    return df.sort_values(["engine", "file", "problem", "M"]).reset_index(drop=True)
+
+
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "same": "tab:gray", "new": "tab:blue",
+                   "dropped": "tab:orange"}
 
 
 def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
@@ -188,16 +257,19 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
     if not worst.empty:
         lines += ["Slower:", ""] + [f"- {r.problem} M={r.M}: {r.time_us_old:.2f} -> {r.time_us_new:.2f} us "
                                     f"({r.change_pct:+.1f}%)" for r in worst.itertuples()] + [""]
+    sources = f"old: {run_source(old)}\nnew: {run_source(new)}"
     for i, (problem, part) in enumerate(df.groupby("problem", sort=True)):
         png = out.parent / f"diff-{i}.png"
         both = part.dropna(subset=["time_us_old", "time_us_new"])
-        _plot(png, problem,
+        head = "; ".join(part["file"].iloc[0].splitlines())
+        _plot(png, f"{head}\n{problem}",
               {"old": (list(part.dropna(subset=["time_us_old"])["M"]), list(part["time_us_old"].dropna())),
                "new": (list(part.dropna(subset=["time_us_new"])["M"]), list(part["time_us_new"].dropna()))},
-              ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])))
-        table = part.drop(columns=["problem"])
-        lines += [f"## {problem}", "", f"![{problem}]({png.name})", "",
-                  markdown_table(table, floatfmt=".2f"), ""]
+              ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])), sources,
+              colours=[VERDICT_COLOURS[v] for v in both["verdict"]])
+        table = part.drop(columns=["problem", "engine", "file", "legend"])
+        lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
+                  f"![{problem}]({png.name})", "", markdown_table(table, floatfmt=".2f"), ""]
     atomic_write_text(out, "\n".join(lines) + "\n")
     return df, out
 

@@ -116,7 +116,7 @@ def kernel_source_info(kernel: KernelSpec) -> dict:
     the version with the target engine's)."""
     info = {"source": kernel.source, "version": kernel.source_version, "origin": kernel.origin,
             "code_version": kernel.code_version}
-    for key in ("launcher_written_for", "launcher_matches_engine", "changed_wrappers"):
+    for key in ("launcher_supports", "launched_as", "launcher_matches_engine"):
         if key in kernel.notes:
             info[key] = kernel.notes[key]
     return info

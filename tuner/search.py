@@ -97,6 +97,9 @@ class StudyResult:
     # With a traffic profile, where the tuned config did not beat the default beyond noise and
     # the default was written instead: the tuned config, its time and why (tuner/results.py).
     kept_default: dict | None = None
+    # for a table tied to another (SGLang's _down): how the shared keys were chosen for both
+    # (tuner.tune.choose_tied): the candidate pairs, their times, which won
+    tied: dict = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -110,7 +113,8 @@ class StudyResult:
                 "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
                 "numerics": self.numerics, "rejected": self.rejected, "failures": self.failures,
                 "default_error": self.default_error,
-                **({"kept_default": self.kept_default} if self.kept_default else {})}
+                **({"kept_default": self.kept_default} if self.kept_default else {}),
+                **({"tied": self.tied} if self.tied else {})}
 
 
 def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
@@ -433,4 +437,44 @@ class StudyRunner:
         return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
                            d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
-                           kept_default=d.get("kept_default"))
+                           kept_default=d.get("kept_default"), tied=d.get("tied") or {})
+
+    # -- concluding a study again (tables tied to each other) -----------------------------
+    def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
+        """What a finished study measured: {config tuple: time, None when it failed}."""
+        study = optuna.load_study(study_name=study_name(problem, M, self.prefix, self.kernel.source),
+                                  storage=self.storage)
+        return self._state(study.get_trials(deepcopy=False))[0]
+
+    def conclude(self, problem: Problem, M: int, ordered: list[Config], default: Config,
+                 tied: dict | None = None) -> StudyResult:
+        """Make the first of `ordered` that passes the numerics check the study's result, its
+        time and the default's taken again together (the choice was made elsewhere: two
+        tables deciding together). Keeps the study's trial count, stop reason and failures."""
+        kernel = self.kernel
+        study = optuna.load_study(study_name=study_name(problem, M, self.prefix, kernel.source),
+                                  storage=self.storage)
+        before = study.user_attrs.get("result") or {}
+        retime = ordered + ([default] if default not in ordered else [])
+        again = self.measurer.measure(problem, M, retime)
+        by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
+        d = by_cfg[config_tuple(kernel, default)]
+        default_error = None if d.time_us is not None else (d.error or "failed")
+        result = StudyResult(problem, M, None, None, None, default, d.time_us, before.get("trials", 0),
+                             before.get("stopped", "budget"), {"status": "failed",
+                                                               "detail": "every candidate failed the numerics check"},
+                             default_error=default_error, tied=tied or {})
+        for cfg, m in zip(ordered, again):
+            if m.time_us is None:
+                continue
+            check: NumericsCheck = self.measurer.check_numerics(problem, M, cfg)
+            if check.failed:
+                result.rejected.append({"config": cfg, "numerics": check.as_dict()})
+                continue
+            result.config, result.time_us, result.spread, result.numerics = cfg, m.time_us, m.spread, check.as_dict()
+            break
+        if result.config is None:
+            result.stopped = "no config"
+        result.failures = self._failures(study, result)
+        study.set_user_attr("result", result.as_dict())
+        return result

@@ -40,10 +40,11 @@ def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float 
 
 def _fake_moe_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
     E, N, K, topk = params["E"], params["N"], params["K"], params["topk"]
-    mats = {"op": 3, "up": 2, "down": 1}[params.get("part", "op")]
+    ep = params.get("ep", 1)                               # routed over E * ep experts, E of them here
+    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")]
     bm, bn = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"]
-    touched = E * (1 - (1 - topk / E) ** M)
-    rows = M * topk / max(touched, 1)                      # tokens per touched expert
+    touched = E * (1 - (1 - topk / (E * ep)) ** M)
+    rows = M * topk / ep / max(touched, 1)                 # tokens per touched expert
     padded = touched * math.ceil(rows / bm) * bm           # rows computed, padding included
     compute = padded * mats * N * K / 2.5e8 * (1 + 0.5 / cfg["num_stages"]) * (1.1 if bn == 32 else 1.0)
     memory = touched * mats * N * K / 4.0e6 * (1.0 + 0.1 * abs(math.log2(bn / 128)))
@@ -68,9 +69,13 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
     """The pruned grid (and the seeds) of every problem and M, timed by the cost model;
     returns the number of points written."""
     device = device or gpu.cuda_name
+    import triton
+
+    from tuner.kernel_api import config_tuple
     from tuner.tune import landscape_source
+    # the running Triton: a replay refuses (or notes) a landscape of another one, as it would a recording
     header = {"format": "tuner-landscape/1", "kernel": kernel.name, **landscape_source(kernel),
-              "device": device, "triton": "3.6.0",
+              "device": device, "triton": triton.__version__,
               "torch": "synthetic", "cuda": "synthetic", "driver": "synthetic",
               "recorded": "2026-11-22T00:00:00+00:00", "synthetic": True}
     w = LandscapeWriter(path, kernel, header)
@@ -79,6 +84,8 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
         for M in batch_sizes:
             seeds = [kernel.default_config(params, M), *kernel.extra_seeds(params, M)]
             grid = space.configs(params, M, gpu) + [space.canonical(params, M, gpu, c) for c in seeds]
+            # a seed that is also a grid point is one point, as `landscape info` counts them
+            grid = list({config_tuple(kernel, c): c for c in grid}.values())
             for cfg in grid:
                 t = fake_time_us(params, M, cfg)
                 w.write(params, M, cfg, Point(t, None if t else "synthetic failure", 0.01 if t else None))

@@ -141,12 +141,14 @@ def kernel_origin_text(kernel: KernelSpec) -> str:
     if kernel.source == "ours":
         return f"ours (kernels/, tuner {kernel.source_version}, code {kernel.code_version})"
     if not kernel.origin:
-        return f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken)"
-    text = f"{kernel.source_label}, read from {kernel.origin} (code {kernel.code_version})"
-    if kernel.notes.get("launcher_matches_engine") is False:
-        text += (f"; WARNING: launcher written for {kernel.notes.get('launcher_written_for')}, and these "
-                 f"wrappers changed since: {', '.join(kernel.notes.get('changed_wrappers', []))}")
-    return text
+        return (f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken; the "
+                f"launcher supports {kernel.source} {', '.join(kernel.notes.get('launcher_supports', []))})")
+    supported = ", ".join(kernel.notes.get("launcher_supports", []))
+    launched = kernel.notes.get("launched_as")
+    how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
+           if launched else "not checked")
+    return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
+            f"{kernel.origin} (code {kernel.code_version})")
 
 
 def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
@@ -326,13 +328,12 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         neighbour = None
         for M in sorted(opts.ms_for(problem)):
-            fixed = tied_config = None
+            tied_config = None
             if problem.tied_to:
                 tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
                 if not tied or not tied.get("config"):
                     continue            # nothing to tie to at this M: left out of both tables
                 tied_config = tied["config"]
-                fixed = {k: tied_config[k] for k in problem.tied_keys}
             progress.start_study(f"{_label(problem)} M={M}")
             default = table_default(opts.kernel, problem, M, tied_config)
             seeds = [("default", default)]
@@ -341,11 +342,68 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
                 seeds.append(("baseline", lookup_nearest(baseline, M)))
             if neighbour:
                 seeds.append(("neighbour", neighbour))
-            r = runner.tune(problem, M, seeds, fixed, default)
+            # a tied table searches its shared keys freely too: both tables choose them together below
+            r = runner.tune(problem, M, seeds, None, default)
+            if problem.tied_to and not r.tied:
+                r = choose_tied(opts, runner, measurer, problem, M) or r
             neighbour = r.config or neighbour
             progress.end_study(_summary(r))
         if after_problem:
             after_problem()
+
+
+def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, problem: Problem, M: int) -> StudyResult | None:
+    """Choose the keys a tied table shares with the table it is tied to (SGLang's `_down`
+    table and its up table share BLOCK_SIZE_M) for both together, once both studies are done:
+    the candidate pairs are the best up config for each shared value with each down config
+    measured with that value, ranked by the sum of the two times; the best few are timed again
+    as the engine runs the two together, where the kernel can (`tied_params`: for SGLang the
+    whole layer, whose up GEMM stores in sorted order before a TMA down GEMM), else ranked by
+    the sum. Both studies are then concluded on the winning pair (numerics checked); returns
+    the tied table's result (None when the studies measured no pair)."""
+    from tuner.kernel_api import config_dict
+    kernel, keys = opts.kernel, problem.tied_keys
+    if problem.tied_to is None:
+        return None
+    up = by_key(opts)[problem.tied_to]
+
+    def shared(cfg: dict) -> tuple:
+        return tuple(cfg[k] for k in keys)
+
+    def timed(p: Problem) -> list[tuple[float, dict]]:
+        return sorted((t, config_dict(kernel, c)) for c, t in runner.measured(p, M).items() if t is not None)
+    best_up: dict[tuple, tuple[float, dict]] = {}
+    ups = timed(up)
+    for t, c in ups:
+        best_up.setdefault(shared(c), (t, c))
+    pairs = [(best_up[shared(d)][0] + t, best_up[shared(d)][1], d) for t, d in timed(problem) if shared(d) in best_up]
+    if not pairs:
+        return None
+    candidates = pairs[: max(1, opts.settings.top_k)]
+    together: list[float | None] = [None] * len(candidates)
+    if kernel.tied_params is not None:
+        for i, (_, u, d) in enumerate(candidates):
+            pair = Problem(kernel.name, kernel.tied_params(problem.params, u), problem.layers, problem.engines)
+            together[i] = measurer.measure(pair, M, [d])[0].time_us
+    timed_together = all(t is not None for t in together)
+    ranking = [t if timed_together and t is not None else s_ for t, (s_, _, _) in zip(together, candidates)]
+    order = sorted(range(len(candidates)), key=lambda i: ranking[i])
+    _, u_cfg, d_cfg = candidates[order[0]]
+    info = {"keys": {k: u_cfg[k] for k in keys}, "timed_together": timed_together,
+            "candidates": [{"up": u, "down": d, "sum_us": round(s_, 3),
+                            "together_us": None if t is None else round(t, 3)}
+                           for (s_, u, d), t in zip(candidates, together)], "chosen": order[0]}
+
+    def in_line(first: dict, ranked: list[tuple[float, dict]]) -> list[dict]:
+        rest = [c for _, c in ranked if shared(c) == shared(first) and c != first]
+        return [first] + rest[: opts.settings.top_k - 1]
+    u_result = stored_result(runner.storage, opts, up, M) or {}
+    info["up_alone"] = {k: (u_result.get("config") or {}).get(k) for k in keys}    # what the up study chose by itself
+    if u_result.get("config") != u_cfg:
+        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M))
+        u_cfg = u_now.config or u_cfg
+    default = table_default(kernel, problem, M, u_cfg)
+    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info)
 
 
 def table_default(kernel: KernelSpec, problem: Problem, M: int, tied_config: dict | None) -> dict:
@@ -571,6 +629,11 @@ def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[Study
           run_info: dict) -> None:
     if len(group) > 1:
         common = set.intersection(*({r.M for r in rs if r.config} for rs in group_results))
+        # tied tables are written together where they agree on the keys they share (a tied
+        # study not chosen with its partner yet, e.g. still running elsewhere, waits)
+        keys = next((p.tied_keys for p in group if p.tied_to), ())
+        by_m = [{r.M: r.config for r in rs if r.config} for rs in group_results]
+        common = {m for m in common if len({tuple(c[m][k] for k in keys) for c in by_m}) == 1}
         group_results = [[r for r in rs if r.M in common] for rs in group_results]
     triton_version = env.get("triton") or software_versions()["triton"]
     entries = []

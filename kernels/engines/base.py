@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from kernels.interpreter_fixes import interpreting, patch_interpreter
 from tuner.errors import TunerError
 from tuner.kernel_api import KernelSpec
+from tuner.kernel_sources import version_key
 
 
 def target_capability() -> tuple[int, int]:
@@ -65,6 +67,86 @@ def changed_wrappers(code, mirrored: dict[str, str]) -> list[str]:
     return sorted(k for k, h in mirrored.items() if now.get(k) != h)
 
 
+# -- the engine versions a launcher supports --------------------------------------------
+@dataclass(frozen=True)
+class Release:
+    """One released engine version, as a launcher launches its kernel: the hashes of the
+    wrapper functions the launcher mirrors, the hash of each jit kernel's parameter list
+    (`signature_hash`), and the few launch differences of that version (small data,
+    keyed by name, read by the one launcher of the engine)."""
+    version: str
+    mirrored: dict[str, str]
+    signatures: dict[str, str]
+    launch: dict = field(default_factory=dict)
+
+
+def signature_hash(text: str, name: str) -> str:
+    """A hash of a top-level function's parameter names, in order (KeyError when the file
+    has no such function): what a launch must pass."""
+    import ast
+
+    from tuner.kernel_sources import source_hash
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            args = node.args
+            return source_hash(",".join(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs))
+    raise KeyError(name)
+
+
+def _signatures(code, kernel_files: dict[str, list[str]]) -> dict[str, str]:
+    out = {}
+    for rel, names in kernel_files.items():
+        text = code.read(rel)
+        for name in names:
+            try:
+                out[f"{rel}:{name}"] = signature_hash(text, name)
+            except KeyError:
+                out[f"{rel}:{name}"] = "missing"
+    return out
+
+
+def resolve_release(code, engine: str, kernel: str, releases: list[Release],
+                    kernel_files: dict[str, list[str]]) -> Release:
+    """The supported release whose wrappers and kernel signatures this engine code has (the
+    one of its own version number when several match); anything else is refused in one
+    line that says which versions work and what to do."""
+    from tuner.kernel_sources import mirrored_hashes
+    keys = sorted({k for r in releases for k in r.mirrored})
+    by_file: dict[str, list[str]] = {}
+    for key in keys:
+        rel, name = key.rsplit(":", 1)
+        by_file.setdefault(rel, []).append(name)
+    hashes = mirrored_hashes(code, by_file)
+    sigs = _signatures(code, kernel_files)
+    matching = [r for r in releases if all(hashes.get(k) == h for k, h in r.mirrored.items())
+                and all(sigs.get(k) == h for k, h in r.signatures.items())]
+    for r in matching:
+        if r.version == code.version:
+            return r
+    if matching:
+        return max(matching, key=lambda r: version_key(r.version))
+    supported = sorted({r.version for r in releases}, key=version_key)
+    missing = [k.replace(":", " has no ") for k, h in sigs.items() if h == "missing"]
+    same_kernel = [r for r in releases if all(sigs.get(k) == h for k, h in r.signatures.items())]
+    if missing:
+        why = f"its kernel moved or was renamed ({'; '.join(k.rsplit('/', 1)[-1] for k in missing)})"
+    elif not same_kernel:
+        newest = max(releases, key=lambda r: version_key(r.version))
+        changed = sorted(k.rsplit(":", 1)[1] for k, h in newest.signatures.items() if sigs.get(k) != h)
+        why = f"its {', '.join(changed)} takes other arguments than in any supported version"
+    else:
+        near = next((r for r in same_kernel if r.version == code.version),
+                    max(same_kernel, key=lambda r: version_key(r.version)))
+        changed = sorted(k.rsplit(":", 1)[1] for k, h in near.mirrored.items() if hashes.get(k) != h)
+        why = (f"its wrappers differ from the released {near.version}'s" if near.version == code.version
+               else f"its wrappers differ from every supported version's ({near.version}'s")
+        why += f": {', '.join(changed)} changed" + (")" if near.version != code.version else "")
+    raise TunerError(
+        f"{engine} {code.version} ({code.where}) cannot be launched for {kernel}: {why}; tuner launches {engine} "
+        f"{', '.join(supported)}: time with one of those (pip install '{engine}=={supported[-1]}', or "
+        f"--engine-source a wheel of it), or time our kernels with --kernel-source ours")
+
+
 def code_version(code, kernel_files: dict[str, list[str]], launcher_file: str) -> str:
     """A hash of the engine's kernel functions as read now and of our launcher module."""
     from tuner.kernel_sources import function_source
@@ -73,24 +155,32 @@ def code_version(code, kernel_files: dict[str, list[str]], launcher_file: str) -
     for rel in sorted(kernel_files):
         text = code.read(rel)
         for name in kernel_files[rel]:
-            digest.update(function_source(text, name).encode())
+            try:
+                digest.update(function_source(text, name).encode())
+            except KeyError:
+                raise TunerError(f"{code.engine} {code.version} ({code.where}) has no function {name} in {rel}: "
+                                 "its kernels changed; time our kernels with --kernel-source ours") from None
     return digest.hexdigest()[:16]
 
 
-def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, mirrored: dict,
-                launcher_file: str, written_for: str, **changes) -> KernelSpec:
+def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, releases: list[Release],
+                launcher_file: str, build, **changes) -> KernelSpec:
     """Our kernel's spec (problems, inputs, reference, cost model) with the engine's launch,
-    defaults and keys; source and code version filled from the engine's code when given."""
+    defaults and keys. `build(release)` gives the version-dependent parts (run,
+    compile_only, ...) for the release the engine's code is (the newest without code: a
+    replay or a plan); a version the launcher does not support is refused here."""
     notes = dict(base.notes)
-    notes["launcher_written_for"] = f"{engine} {written_for}"
+    supported = sorted({r.version for r in releases}, key=version_key)
+    notes["launcher_supports"] = supported
+    release = max(releases, key=lambda r: version_key(r.version))
     changes.update(source_version="", origin="", code_version="")     # known only from the code
     if code is not None:
-        changed = changed_wrappers(code, mirrored)
-        notes["launcher_matches_engine"] = not changed
-        if changed:
-            notes["changed_wrappers"] = changed
+        release = resolve_release(code, engine, base.name, releases, kernel_files)
+        notes["launched_as"] = release.version
+        notes["launcher_matches_engine"] = True
         changes.update(source_version=code.version, origin=code.origin,
                        code_version=code_version(code, kernel_files, launcher_file))
+    changes.update(build(release))
     return dataclasses.replace(base, source=engine, **changes, notes=notes)
 
 

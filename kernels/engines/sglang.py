@@ -1,26 +1,40 @@
-"""SGLang's own Triton kernels (fused MoE, block-FP8 GEMM), launched as SGLang 0.5.23 launches them.
+"""SGLang's own Triton kernels (fused MoE, block-FP8 GEMM), launched as SGLang 0.5.21, 0.5.22
+and 0.5.23 launch them (RELEASES: each version's wrapper hashes, kernel signatures and launch
+differences; any other code is refused when it is loaded).
 
-Mirrored from SGLang's wrappers (all in this file, checked against MIRRORED's hashes):
+Mirrored from SGLang's wrappers (all in this file, checked against RELEASES' hashes):
 - fused MoE (`_prepare_fused_moe_run`, `_fused_moe_kernel_sequence`, `invoke_fused_moe_kernel`,
   `should_enable_swap_ab`, `moe_align_block_size`, `get_default_config`):
   * two tables: the up GEMM's and the `_down` GEMM's, sharing BLOCK_SIZE_M (one alignment);
   * `USE_TMA` (optional key, default false): in the `_down` table the down GEMM loads A and
     B through TMA descriptors, reading the activation in expert-sorted, block-padded order
-    (the up GEMM then stores its output in that order, and the activation is quantized
-    over the sorted rows); in the up table the up GEMM loads B through a TMA descriptor;
+    (the up GEMM then stores its output in that order); in the up table the up GEMM loads B
+    through a TMA descriptor;
+  * the activation quantization before a TMA down GEMM: 0.5.22 and 0.5.23 quantize only the
+    sorted rows the down GEMM reads (block FP8, N not one 128-wide group); 0.5.21 quantizes
+    every row of the sorted buffer;
   * swap-AB: fp8_w8a8 configs with BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64 on sm_90;
   * even-K: the K mask is dropped when BLOCK_SIZE_K divides K;
   * the sorted length: numel * BLOCK_SIZE_M when numel < E + 1, else
-    numel + (E + 1) * (BLOCK_SIZE_M - 1), rounded up to a multiple of 4; the grid covers it;
+    numel + (E + 1) * (BLOCK_SIZE_M - 1), rounded up to a multiple of 4 (0.5.22, 0.5.23; not
+    rounded in 0.5.21); the grid covers it;
+  * expert parallelism: the dispatcher maps the router's global ids to this GPU's experts,
+    -1 for the others' ("+1" alignment: those pairs form a leading group of blocks with
+    expert -1, for which the kernel writes zeros); 0.5.21 and 0.5.22 pass the kernel
+    `filter_expert` (true under expert parallelism) and `LORA_PRESERVE_BASE`, 0.5.23 neither
+    (it skips expert -1 always) but `A_OUTPUT_SLICES`, `A_OUTPUT_SLICE_WIDTH`, `A_OUTPUT_SLICE_K`;
+  * the down GEMM is launched with ROUTER_TOPK = the pairs per token (top-k, plus the fused
+    shared expert); the up GEMM with 1;
   * programmatic dependent launch (USE_GDC, launch_pdl) on compute capability 9.0 and newer.
   What we time per table: the up table, its activation quantization and GEMM; the `_down`
-  table, its activation quantization (over sorted rows with USE_TMA) and GEMM. The alignment
-  and, with USE_TMA, the sorted copy of the activation that the up GEMM would have written
-  are made before timing (the up GEMM is timed storing in token order). What is ours, not
-  SGLang's (same math, other code): the activation quantization and the alignment sort.
+  table, its activation quantization (with USE_TMA over the sorted rows, as the version
+  does) and GEMM. The alignment and, with USE_TMA, the sorted copy of the activation that
+  the up GEMM would have written are made before timing (the up GEMM is timed storing in
+  token order). What is ours, not SGLang's (same math, other code): the activation
+  quantization, the alignment sort, the dispatcher's id mapping and silu-and-mul.
 - block-FP8 GEMM (`w8a8_block_fp8_matmul_triton`): on sm_90, a config with `SWAP_AB` true or
   `SPLIT_K` > 1 runs the Hopper kernel (swapped operands; K split over SPLIT_K programs with
-  fp32 partials and a reduction kernel), any other the plain one.
+  fp32 partials and a reduction kernel), any other the plain one. Alike in all three versions.
 """
 
 from __future__ import annotations
@@ -29,12 +43,22 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.engines.base import engine_spec, gemm_phantoms, jit_functions, on_cuda_device, phantom, target_capability
+from kernels.engines.base import (
+    Release,
+    engine_spec,
+    gemm_phantoms,
+    jit_functions,
+    on_cuda_device,
+    phantom,
+    target_capability,
+)
+from kernels.fp8_gemm import per_token_group_quant_fp8
 from kernels.fused_moe import (
     QUANT_BLOCK,
     QUANT_NONE,
     _quant_mode,
     _quantize,
+    expert_parallel,
     moe_align_block_size,
     pairs_per_token,
     silu_and_mul,
@@ -42,7 +66,6 @@ from kernels.fused_moe import (
 from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 ENGINE = "sglang"
-WRITTEN_FOR = "0.5.23"
 MOE_FILE = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
 GEMM_FILE = "sglang/kernels/ops/gemm/fp8_kernel.py"
 RUNNER = "sglang/srt/layers/moe/moe_runner/triton_utils"
@@ -51,25 +74,49 @@ KERNEL_FUNCTIONS = {
     "fp8_gemm": {GEMM_FILE: ["_w8a8_block_fp8_matmul", "_w8a8_block_fp8_matmul_hopper",
                              "_reduce_block_fp8_split_k"]},
 }
-MIRRORED = {
-    "fused_moe": {
-        f"{MOE_FILE}:invoke_fused_moe_kernel": "f68ce34e7a465e1c",
+
+
+def _moe_release(version: str, invoke: str, sequence: str, align: str, kernel: str, **launch) -> Release:
+    return Release(version, {
+        f"{MOE_FILE}:invoke_fused_moe_kernel": invoke,
         f"{MOE_FILE}:should_enable_swap_ab": "fd7a63e1007b9d4d",
         f"{RUNNER}/fused_moe.py:_prepare_fused_moe_run": "d49eb4b8975a0dfd",
-        f"{RUNNER}/fused_moe.py:_fused_moe_kernel_sequence": "1033ffaa70a23e3c",
-        f"{RUNNER}/moe_align_block_size.py:moe_align_block_size": "6f09229ee755071a",
+        f"{RUNNER}/fused_moe.py:_fused_moe_kernel_sequence": sequence,
+        f"{RUNNER}/moe_align_block_size.py:moe_align_block_size": align,
         f"{RUNNER}/fused_moe_triton_config.py:get_default_config": "e57a4a24e1a9c63a",
         f"{RUNNER}/fused_moe_triton_config.py:try_get_optimal_moe_config": "e1ab1aa5876dd06b",
-    },
-    "fp8_gemm": {
-        f"{GEMM_FILE}:w8a8_block_fp8_matmul_triton": "cfee408d7549735e",
-        f"{GEMM_FILE}:get_w8a8_block_fp8_configs": "a4b4f552d119b1b2",
-    },
+    }, {f"{MOE_FILE}:fused_moe_kernel": kernel}, launch)
+
+
+def _gemm_release(version: str) -> Release:
+    return Release(version, {f"{GEMM_FILE}:w8a8_block_fp8_matmul_triton": "cfee408d7549735e",
+                             f"{GEMM_FILE}:get_w8a8_block_fp8_configs": "a4b4f552d119b1b2"},
+                   {f"{GEMM_FILE}:_w8a8_block_fp8_matmul": "14adf0b64ce7eb69",
+                    f"{GEMM_FILE}:_w8a8_block_fp8_matmul_hopper": "2e4f83218dc2b7e3",
+                    f"{GEMM_FILE}:_reduce_block_fp8_split_k": "1f2ab96cd79572e4"})
+
+
+# The released versions the launchers launch: the hash of every wrapper function they mirror
+# (tuner.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
+# differs in the launch (read by the one launcher below). A test runs each version's own
+# wrapper from its wheel beside ours.
+RELEASES = {
+    "fused_moe": [
+        _moe_release("0.5.21", "b3b0bef33baaa639", "ccd1ae8f899ce24b", "6ae4086d05bb8f32", "e726f7cf80332b30",
+                     sorted_rows_multiple=1, kernel_flags="filter_expert", quantize_rows_read=False),
+        _moe_release("0.5.22", "b3b0bef33baaa639", "98713eb442f67ce0", "a3868290dc96f66d", "e726f7cf80332b30",
+                     sorted_rows_multiple=4, kernel_flags="filter_expert", quantize_rows_read=True),
+        _moe_release("0.5.23", "f68ce34e7a465e1c", "1033ffaa70a23e3c", "6f09229ee755071a", "cbe61027b1c9d4fb",
+                     sorted_rows_multiple=4, kernel_flags="output_slices", quantize_rows_read=True),
+    ],
+    "fp8_gemm": [_gemm_release(v) for v in ("0.5.21", "0.5.22", "0.5.23")],
 }
+SUPPORTED = ("0.5.21", "0.5.22", "0.5.23")
 FILES = sorted({rel for fns in KERNEL_FUNCTIONS.values() for rel in fns}
-               | {key.rsplit(":", 1)[0] for m in MIRRORED.values() for key in m})
+               | {key.rsplit(":", 1)[0] for rs in RELEASES.values() for r in rs for key in r.mirrored})
 MOE_KEYS = MATMUL_CONFIG_KEYS + ("USE_TMA",)
 GEMM_KEYS = MATMUL_CONFIG_KEYS + ("SWAP_AB", "SPLIT_K")
+NEWEST = RELEASES["fused_moe"][-1].launch
 
 
 # -- fused MoE -----------------------------------------------------------------------------
@@ -84,10 +131,12 @@ def use_pdl() -> bool:
     return on_cuda_device() and target_capability()[0] >= 9
 
 
-def sorted_rows(numel: int, E: int, block_m: int) -> int:
-    """moe_align_block_size's buffer length (E + 1 buckets, int4 stores)."""
+def sorted_rows(numel: int, E: int, block_m: int, launch: dict = NEWEST) -> int:
+    """moe_align_block_size's buffer length (E + 1 buckets; a multiple of 4 where the
+    version pads it for int4 stores)."""
     rows = numel * block_m if numel < E + 1 else numel + (E + 1) * (block_m - 1)
-    return (rows + 3) // 4 * 4
+    step = launch["sorted_rows_multiple"]
+    return (rows + step - 1) // step * step
 
 
 def tma_rows(numel: int, E: int, block_m: int) -> int:
@@ -129,9 +178,10 @@ def _tma_allocator() -> None:
     _ALLOCATOR_SET = True
 
 
-def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, numel: int, sorted_ids, expert_ids,
+def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, numel: int, sorted_ids, expert_ids,
             num_post_padded, mul_routed_weight: bool, top_k: int, config: Config, quant: int, block_shape,
-            a_use_tma: bool = False, b_use_tma: bool = False, c_sorted: bool = False, warmup: bool = False):
+            a_use_tma: bool = False, b_use_tma: bool = False, c_sorted: bool = False,
+            filter_expert: bool = False, router_topk: int = 1, warmup: bool = False):
     """invoke_fused_moe_kernel for fp8_w8a8 (block or per-tensor) and bf16. A is quantized
     here when it is not FP8 yet, as SGLang does."""
     (kernel,) = jit_functions(code, MOE_FILE, ["fused_moe_kernel"])
@@ -152,6 +202,10 @@ def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, numel: int, sorted_id
     K = B.shape[2]
     grid = (triton.cdiv(sorted_ids.shape[0], config["BLOCK_SIZE_M"]) * triton.cdiv(B.shape[1], config["BLOCK_SIZE_N"]),)
     pdl = {"USE_GDC": True, "launch_pdl": True, "GDC_EARLY": A.shape[0] <= 512} if use_pdl() else {}
+    if launch["kernel_flags"] == "filter_expert":          # 0.5.21, 0.5.22
+        flags = {"filter_expert": filter_expert, "LORA_PRESERVE_BASE": False}
+    else:                                                  # 0.5.23
+        flags = {"A_OUTPUT_SLICES": 1, "A_OUTPUT_SLICE_WIDTH": 0, "A_OUTPUT_SLICE_K": 0}
     args = (A, a_desc, B, b_desc, None, C, A_scale, B_scale, topk_weights, sorted_ids, expert_ids,
             num_post_padded, None, B.shape[1], K, sorted_ids.shape[0], numel,
             A.stride(0), A.stride(1), B.stride(0), B.stride(2), B.stride(1), 0, 0, C.stride(-2), C.stride(-1),
@@ -164,8 +218,8 @@ def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, numel: int, sorted_id
     meta = dict(MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=tl.bfloat16,
                 use_fp8_w8a8=use_fp8, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
                 even_Ks=K % config["BLOCK_SIZE_K"] == 0, c_sorted=c_sorted, swap_ab=use_fp8 and swap_ab(config),
-                FUSE_ADD_TO_OUTPUT=False, A_OUTPUT_SLICES=1, A_OUTPUT_SLICE_WIDTH=0, A_OUTPUT_SLICE_K=0,
-                MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, ROUTER_TOPK=1, FUSE_SWIGLU=False, **pdl,
+                FUSE_ADD_TO_OUTPUT=False, MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, ROUTER_TOPK=router_topk,
+                FUSE_SWIGLU=False, **flags, **pdl,
                 BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
                 BLOCK_SIZE_K=config["BLOCK_SIZE_K"], GROUP_SIZE_M=config["GROUP_SIZE_M"],
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
@@ -175,24 +229,26 @@ def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, numel: int, sorted_id
         kernel[grid](*args, **meta)
 
 
-def _alignment(inputs: dict, block_m: int):
-    """The expert alignment for this BLOCK_SIZE_M, made once per input set (untimed)."""
+def _alignment(inputs: dict, block_m: int, launch: dict):
+    """The expert alignment for this BLOCK_SIZE_M, made once per input set (untimed): the
+    "+1" convention, pairs of other GPUs' experts (-1) in a leading group of blocks."""
     cache = inputs.setdefault("_sglang_align", {})
     if block_m not in cache:
-        ids = inputs["topk_ids"]
+        ids = inputs["local_ids"]
         E = inputs["w1"].shape[0]
-        cache[block_m] = moe_align_block_size(ids, block_m, E, rows=sorted_rows(ids.numel(), E, block_m))
+        cache[block_m] = moe_align_block_size(ids, block_m, E, rows=sorted_rows(ids.numel(), E, block_m, launch),
+                                              invalid="bucket")
     return cache[block_m]
 
 
-def _sorted_activation(inputs: dict, block_m: int):
+def _sorted_activation(inputs: dict, block_m: int, launch: dict):
     """With USE_TMA the down GEMM reads the activation in sorted, block-padded rows, as the
     up GEMM wrote it (c_sorted): built from the token-order activation, once, untimed."""
     cache = inputs.setdefault("_sglang_sorted_act", {})
     if block_m not in cache:
         import torch
         act = inputs["act"]
-        sorted_ids, _, _ = _alignment(inputs, block_m)
+        sorted_ids, _, _ = _alignment(inputs, block_m, launch)
         numel = inputs["topk_ids"].numel()
         rows = tma_rows(numel, inputs["w1"].shape[0], block_m)
         out = torch.zeros((rows, act.shape[1]), dtype=act.dtype, device=act.device)
@@ -203,59 +259,73 @@ def _sorted_activation(inputs: dict, block_m: int):
     return cache[block_m]
 
 
-def _up(code, inputs: dict, config: Config, out, c_sorted: bool = False) -> None:
+def _up(code, launch: dict, inputs: dict, config: Config, out, c_sorted: bool = False) -> None:
     p = inputs["params"]
     ids = inputs["topk_ids"]
-    _invoke(code, inputs["x"], inputs["w1"], out, None, inputs["w1_scale"], inputs["topk_weights"], ids.numel(),
-            *_alignment(inputs, config["BLOCK_SIZE_M"]), False, ids.shape[1], config, inputs["quant"],
-            p.get("block_shape"), b_use_tma=bool(config["USE_TMA"]), c_sorted=c_sorted)
+    _invoke(code, launch, inputs["x"], inputs["w1"], out, None, inputs["w1_scale"], inputs["topk_weights"],
+            ids.numel(), *_alignment(inputs, config["BLOCK_SIZE_M"], launch), False, ids.shape[1], config,
+            inputs["quant"], p.get("block_shape"), b_use_tma=bool(config["USE_TMA"]), c_sorted=c_sorted,
+            filter_expert=expert_parallel(p) > 1)
 
 
-def _down(code, inputs: dict, config: Config, act, out) -> None:
+def _down(code, launch: dict, inputs: dict, config: Config, act, out) -> None:
     """The down GEMM; `act` token-ordered, or (USE_TMA) sorted rows as the up GEMM left them."""
     p = inputs["params"]
     block_shape = p.get("block_shape")
     ids = inputs["topk_ids"]
     quant = inputs["quant"]
     tma = bool(config["USE_TMA"])
+    align = _alignment(inputs, config["BLOCK_SIZE_M"], launch)
     a_scale = None
-    if tma:
-        # the quantization over sorted rows that SGLang runs before a TMA down GEMM
-        act, a_scale = _quantize(act, quant, block_shape[1])
-    _invoke(code, act, inputs["w2"], out, a_scale, inputs["w2_scale"], inputs["topk_weights"], ids.numel(),
-            *_alignment(inputs, config["BLOCK_SIZE_M"]), True, 1, config, quant, block_shape,
-            a_use_tma=tma, b_use_tma=tma)
+    if tma and launch["quantize_rows_read"] and quant == QUANT_BLOCK and act.shape[-1] != block_shape[1]:
+        # the quantization SGLang runs before a TMA down GEMM, over the sorted rows it reads
+        act, a_scale = per_token_group_quant_fp8(act, block_shape[1], sorted_token_ids=align[0],
+                                                 num_tokens_post_padded=align[2], num_valid_tokens=ids.numel())
+    _invoke(code, launch, act, inputs["w2"], out, a_scale, inputs["w2_scale"], inputs["topk_weights"], ids.numel(),
+            *align, True, 1, config, quant, block_shape, a_use_tma=tma, b_use_tma=tma,
+            filter_expert=expert_parallel(p) > 1, router_topk=ids.shape[1])
 
 
-def moe_run(code):
+def moe_layer(code, launch: dict, inputs: dict, up_config: Config, down_config: Config):
+    """The whole layer as _fused_moe_kernel_sequence runs it with the up table's and the
+    `_down` table's entries: the up GEMM (storing in sorted order when the down entry has
+    USE_TMA), silu-and-mul, the down GEMM, the top-k sum into inputs["out"]."""
+    import torch
+    x, ids = inputs["x"], inputs["topk_ids"]
+    M, K = x.shape
+    E, two_n, _ = inputs["w1"].shape
+    numel = ids.numel()
+    tma = bool(down_config["USE_TMA"])
+    rows = numel + (min(numel, E + 1) * (up_config["BLOCK_SIZE_M"] - 1) if tma else 0)
+    cache1 = torch.empty((rows, two_n), dtype=x.dtype, device=x.device)
+    _up(code, launch, inputs, up_config, cache1, c_sorted=tma)
+    act = silu_and_mul(cache1)
+    cache3 = torch.empty((M, ids.shape[1], K), dtype=x.dtype, device=x.device)
+    _down(code, launch, inputs, down_config, act, cache3)
+    return torch.sum(cache3, dim=1, out=inputs["out"])
+
+
+def moe_run(code, launch: dict):
     """One table's GEMM (part up or down), or for part "op" the whole layer with one config
-    for both tables, as _fused_moe_kernel_sequence runs it."""
+    for both tables."""
     def run(inputs: dict, config: Config):
-        import torch
         part = inputs["params"].get("part", "op")
         if part == "up":
-            _up(code, inputs, config, inputs["out"])
+            _up(code, launch, inputs, config, inputs["out"])
         elif part == "down":
-            act = _sorted_activation(inputs, config["BLOCK_SIZE_M"]) if config["USE_TMA"] else inputs["act"]
-            _down(code, inputs, config, act, inputs["out"])
+            tma = config["USE_TMA"]
+            act = _sorted_activation(inputs, config["BLOCK_SIZE_M"], launch) if tma else inputs["act"]
+            _down(code, launch, inputs, config, act, inputs["out"])
+        elif part == "pair":               # the up table's entry with this _down entry
+            up = {k: int(inputs["params"]["up_config"].get(k, 0)) for k in MOE_KEYS}
+            moe_layer(code, launch, inputs, up, config)
         else:
-            x, ids = inputs["x"], inputs["topk_ids"]
-            M, K = x.shape
-            E, two_n, _ = inputs["w1"].shape
-            numel = ids.numel()
-            tma = bool(config["USE_TMA"])
-            rows = numel + (min(numel, E + 1) * (config["BLOCK_SIZE_M"] - 1) if tma else 0)
-            cache1 = torch.zeros((rows, two_n), dtype=x.dtype, device=x.device)
-            _up(code, inputs, config, cache1, c_sorted=tma)
-            act = silu_and_mul(cache1)
-            cache3 = torch.empty((M, ids.shape[1], K), dtype=x.dtype, device=x.device)
-            _down(code, inputs, config, act, cache3)
-            torch.sum(cache3, dim=1, out=inputs["out"])
+            moe_layer(code, launch, inputs, config, config)
         return inputs["out"]
     return run
 
 
-def moe_compile_only(code):
+def moe_compile_only(code, launch: dict):
     """Compile the table's GEMM launch without running it (weights are phantoms)."""
     def compile_only(params: Params, M: int, config: Config) -> None:
         import torch
@@ -266,19 +336,22 @@ def moe_compile_only(code):
         block_shape = params.get("block_shape")
         quant = _quant_mode(params["dtype"] == "fp8_w8a8", block_shape)
         wdt = torch.bfloat16 if quant == QUANT_NONE else torch.float8_e4m3fn
-        rows = sorted_rows(numel, E, config["BLOCK_SIZE_M"])
+        rows = sorted_rows(numel, E, config["BLOCK_SIZE_M"], launch)
         assign = (torch.empty(rows, dtype=torch.int32, device=dev),
                   torch.empty(triton.cdiv(rows, config["BLOCK_SIZE_M"]), dtype=torch.int32, device=dev),
                   torch.empty(1, dtype=torch.int32, device=dev))
         weights = torch.empty((M, top_k), dtype=torch.float32, device=dev)
         tma = bool(config["USE_TMA"])
         part = params.get("part", "op")
+        up = {k: int(params["up_config"].get(k, 0)) for k in MOE_KEYS} if part == "pair" else config
+        ep = expert_parallel(params) > 1
         gemms = []
-        if part in ("op", "up"):
-            gemms.append((M, K, 2 * N, top_k, False, False))
-        if part in ("op", "down"):
-            gemms.append((tma_rows(numel, E, config["BLOCK_SIZE_M"]) if tma else numel, N, K, 1, True, tma))
-        for rows_a, k_in, n_out, tk, mul, a_tma in gemms:
+        if part in ("op", "pair", "up"):        # the up GEMM stores sorted before a TMA down GEMM
+            gemms.append((up, M, K, 2 * N, top_k, False, False, 1, part != "up" and tma))
+        if part in ("op", "pair", "down"):
+            gemms.append((config, tma_rows(numel, E, config["BLOCK_SIZE_M"]) if tma else numel, N, K, 1, True, tma,
+                          top_k, False))
+        for cfg, rows_a, k_in, n_out, tk, mul, a_tma, router_topk, c_sorted in gemms:
             a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
             b = phantom((E, n_out, k_in), wdt)
             c = torch.empty((numel, n_out), dtype=torch.bfloat16, device=dev)
@@ -290,21 +363,26 @@ def moe_compile_only(code):
             elif quant != QUANT_NONE:
                 a_s = torch.empty(1, dtype=torch.float32, device=dev)
                 b_s = torch.empty(E, dtype=torch.float32, device=dev)
-            _invoke(code, a, b, c, a_s, b_s, weights, numel, *assign, mul, tk, config, quant, block_shape,
-                    a_use_tma=a_tma, b_use_tma=tma, warmup=True)
+            _invoke(code, launch, a, b, c, a_s, b_s, weights, numel, *assign, mul, tk, cfg, quant, block_shape,
+                    a_use_tma=a_tma, b_use_tma=bool(cfg["USE_TMA"]), c_sorted=c_sorted, filter_expert=ep,
+                    router_topk=router_topk, warmup=True)
     return compile_only
 
 
 def moe_note(params: Params) -> str:
     part = params.get("part", "op")
     what = {"up": "the up GEMM (w1: gate and up) and its activation quantization, storing in token order",
-            "down": "the down GEMM (w2) and its activation quantization (over the sorted rows with USE_TMA), "
-                    "BLOCK_SIZE_M fixed to the up table's at each M",
-            "op": "the whole layer with one config for both GEMMs"}[part]
+            "down": "the down GEMM (w2) and its activation quantization (with USE_TMA over the sorted rows it "
+                    "reads, as the version does), BLOCK_SIZE_M shared with the up table",
+            "op": "the whole layer with one config for both GEMMs",
+            "pair": "the whole layer with the up table's entry and the _down table's, as SGLang runs the two (the "
+                    "up GEMM storing in sorted order and the activation quantized over the rows the down GEMM "
+                    "reads when the _down entry has USE_TMA)"}[part]
     shared = params.get("shared_experts", 0)
+    from kernels.fused_moe import routing_note
     return (f"SGLang's fused_moe_kernel as its Triton runner launches it (swap-AB on sm_90, USE_TMA from the "
             f"table): {what}; the alignment (and, with USE_TMA, the sorted activation) made before timing; "
-            f"{params.get('routing', 'uniform')} top-{params['topk']} routing"
+            f"{routing_note(params)}"
             + (f" plus {shared} fused shared expert(s) every token goes to" if shared else ""))
 
 
@@ -370,16 +448,18 @@ def kernel_spec(name: str, code) -> KernelSpec:
     from tuner.errors import TunerError
     if name == "fused_moe":
         return engine_spec(
-            kernels.get_kernel("fused_moe"), code, ENGINE, KERNEL_FUNCTIONS[name], MIRRORED[name], __file__,
-            WRITTEN_FOR, config_keys=MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),
-            run=moe_run(code), compile_only=moe_compile_only(code), default_config=moe_default_config,
-            extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            kernels.get_kernel("fused_moe"), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            lambda release: dict(run=moe_run(code, release.launch),
+                                 compile_only=moe_compile_only(code, release.launch)),
+            config_keys=MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),
+            default_config=moe_default_config, extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            tied_params=lambda params, up_config: {**params, "part": "pair", "up_config": dict(up_config)},
             description="SGLang's fused MoE (up and _down tables; USE_TMA, swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
-            kernels.get_kernel("fp8_gemm"), code, ENGINE, KERNEL_FUNCTIONS[name], MIRRORED[name], __file__,
-            WRITTEN_FOR, config_keys=GEMM_KEYS, optional_keys={"SWAP_AB": 0, "SPLIT_K": 1},
-            bool_keys=("SWAP_AB",), run=gemm_run(code), compile_only=gemm_compile_only(code),
+            kernels.get_kernel("fp8_gemm"), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            lambda release: dict(run=gemm_run(code), compile_only=gemm_compile_only(code)),
+            config_keys=GEMM_KEYS, optional_keys={"SWAP_AB": 0, "SPLIT_K": 1}, bool_keys=("SWAP_AB",),
             default_config=gemm_default_config, extra_seeds=lambda params, M: [],
             description="SGLang's block-scaled FP8 GEMM (SWAP_AB and SPLIT_K on sm_90)")
     raise TunerError(f"SGLang reads no {name} table: its {name} launch is fixed (tune our kernel with "

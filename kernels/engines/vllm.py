@@ -1,6 +1,8 @@
-"""vLLM's own Triton kernels (fused MoE, block-FP8 GEMM), launched as vLLM 0.33.0 launches them.
+"""vLLM's own Triton kernels (fused MoE, block-FP8 GEMM), launched as vLLM 0.31.0, 0.32.0 and
+0.33.0 launch them (RELEASES: each version's wrapper hashes, kernel signatures and launch
+differences; any other code is refused when it is loaded).
 
-Mirrored from vLLM's wrappers (all in this file, checked against MIRRORED's hashes):
+Mirrored from vLLM's wrappers (all in this file, checked against RELEASES' hashes):
 - fused MoE (`fused_experts_impl`, `_prepare_expert_assignment`,
   `invoke_fused_moe_triton_kernel`, `enable_swap_ab`, `moe_align_block_size`):
   * swap-AB: fp8_w8a8 configs with BLOCK_SIZE_M < 64 and BLOCK_SIZE_N >= 64 run with
@@ -9,7 +11,15 @@ Mirrored from vLLM's wrappers (all in this file, checked against MIRRORED's hash
     one (token, expert) pair per program, grid M * topk * BLOCK_SIZE_M rows);
   * the grid covers min(sorted length, M * topk * BLOCK_SIZE_M) rows when M < BLOCK_SIZE_M;
   * BLOCK_SIZE_K is clamped to the smaller weight-block side (256 runs as 128);
-  * the sorted length is numel + E * (BLOCK_SIZE_M - 1), at most numel * BLOCK_SIZE_M.
+  * the sorted length is numel + E * (BLOCK_SIZE_M - 1), at most numel * BLOCK_SIZE_M;
+  * expert parallelism (an expert map): the router's global ids are aligned over the global
+    expert count with the pairs of other GPUs' experts dropped (`ignore_invalid_experts`),
+    never on the small-batch path, and the second GEMM's output is zeroed first;
+  * the weight-scale strides: 0.33.0 passes stride 0 along N when the weight has a single
+    128-row scale block (`B_scale.size(1) == 1`) and the expert stride of a per-tensor
+    scale; 0.31.0 and 0.32.0 pass stride(1) always and 0 for a 1-D scale.
+  What differs between the versions is said in RELEASES; 0.31.0 and 0.32.0 launch alike
+  (0.32.0 only added a batch-invariant switch to the GEMM wrapper).
   What is ours, not vLLM's (same math, other code): the activation quantization, the
   alignment sort, silu-and-mul and the top-k sum (vLLM runs CUDA ops there).
 - block-FP8 GEMM (`w8a8_triton_block_scaled_mm`): the kernel as launched, with vLLM's
@@ -22,12 +32,13 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.engines.base import engine_spec, gemm_phantoms, jit_functions, phantom, target_capability
+from kernels.engines.base import Release, engine_spec, gemm_phantoms, jit_functions, phantom, target_capability
 from kernels.fused_moe import (
     QUANT_BLOCK,
     QUANT_NONE,
     _quant_mode,
     _quantize,
+    expert_parallel,
     max_padded_rows,
     moe_align_block_size,
     pairs_per_token,
@@ -36,32 +47,51 @@ from kernels.fused_moe import (
 from tuner.kernel_api import Config, KernelSpec, Params
 
 ENGINE = "vllm"
-WRITTEN_FOR = "0.33.0"
 MOE_FILE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 GEMM_FILE = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
+UTILS_FILE = "vllm/model_executor/layers/fused_moe/utils.py"
+ALIGN_FILE = "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"
 KERNEL_FUNCTIONS = {
     "fused_moe": {MOE_FILE: ["fused_moe_kernel"]},
     "fp8_gemm": {GEMM_FILE: ["_w8a8_triton_block_scaled_mm"]},
 }
-# The wrapper functions this module mirrors, with the hash of their source in vLLM 0.33.0
-# (tuner.kernel_sources.source_hash of the function's text). A test fails when the wheel
-# CI reads has other wrappers; at run time a mismatch is reported in the plan and manifest.
-MIRRORED = {
-    "fused_moe": {
-        f"{MOE_FILE}:invoke_fused_moe_triton_kernel": "3b6d8285a010b8eb",
-        f"{MOE_FILE}:_prepare_expert_assignment": "7876dff758589184",
-        f"{MOE_FILE}:fused_experts_impl": "9bafa096d6a2b3b1",
+
+
+def _moe_release(version: str, invoke: str, assign: str, impl: str, b_scale_strides: str) -> Release:
+    return Release(version, {
+        f"{MOE_FILE}:invoke_fused_moe_triton_kernel": invoke,
+        f"{MOE_FILE}:_prepare_expert_assignment": assign,
+        f"{MOE_FILE}:fused_experts_impl": impl,
         f"{MOE_FILE}:get_default_config": "b20a248171029381",
-        "vllm/model_executor/layers/fused_moe/utils.py:enable_swap_ab": "aa95821acc13f6b4",
-        "vllm/model_executor/layers/fused_moe/moe_align_block_size.py:moe_align_block_size": "6584999e6bee4352",
-    },
-    "fp8_gemm": {
-        f"{GEMM_FILE}:w8a8_triton_block_scaled_mm": "0094934606cd2df9",
-    },
+        f"{UTILS_FILE}:enable_swap_ab": "aa95821acc13f6b4",
+        f"{ALIGN_FILE}:moe_align_block_size": "6584999e6bee4352",
+    }, {f"{MOE_FILE}:fused_moe_kernel": "9f462d5d8650b5bc"}, {"b_scale_strides": b_scale_strides})
+
+
+def _gemm_release(version: str, wrapper: str) -> Release:
+    return Release(version, {f"{GEMM_FILE}:w8a8_triton_block_scaled_mm": wrapper},
+                   {f"{GEMM_FILE}:_w8a8_triton_block_scaled_mm": "0e414ab244d3712f"})
+
+
+# The released versions the launchers launch: the hash of every wrapper function they mirror
+# (tuner.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
+# differs in the launch. A test runs each version's own wrapper from its wheel beside ours.
+RELEASES = {
+    "fused_moe": [
+        _moe_release("0.31.0", "e6042ec3ea54c064", "c06074d11c5750ab", "86e47c84d0726035", "ndim"),
+        _moe_release("0.32.0", "e6042ec3ea54c064", "c06074d11c5750ab", "86e47c84d0726035", "ndim"),
+        _moe_release("0.33.0", "3b6d8285a010b8eb", "7876dff758589184", "9bafa096d6a2b3b1", "size"),
+    ],
+    "fp8_gemm": [
+        _gemm_release("0.31.0", "626102ae0a9264da"),
+        _gemm_release("0.32.0", "0094934606cd2df9"),
+        _gemm_release("0.33.0", "0094934606cd2df9"),
+    ],
 }
+SUPPORTED = ("0.31.0", "0.32.0", "0.33.0")
 # Every file a launcher here reads (what `tuner engine-source extract` copies).
 FILES = sorted({rel for fns in KERNEL_FUNCTIONS.values() for rel in fns}
-               | {key.rsplit(":", 1)[0] for m in MIRRORED.values() for key in m})
+               | {key.rsplit(":", 1)[0] for rs in RELEASES.values() for r in rs for key in r.mirrored})
 
 
 # -- fused MoE ---------------------------------------------------------------------------
@@ -93,7 +123,19 @@ def moe_default_config(params: Params, M: int) -> Config:
             "num_warps": 4 if M <= 128 else 8, "num_stages": 4 if M <= 32 else 3}
 
 
-def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, sorted_ids, expert_ids, num_post_padded,
+def _b_scale_strides(B_scale, launch: dict) -> tuple[int, int, int]:
+    """(expert, K, N) strides of the weight scales as the version passes them."""
+    if B_scale is None:
+        return 0, 0, 0
+    k = B_scale.stride(2) if B_scale.ndim == 3 else 0
+    if launch["b_scale_strides"] == "size":          # 0.33.0
+        return (B_scale.stride(0), k,
+                B_scale.stride(1) if B_scale.ndim >= 2 and B_scale.size(1) > 1 else 0)
+    return (B_scale.stride(0) if B_scale.ndim >= 2 else 0, k,      # 0.31.0, 0.32.0
+            B_scale.stride(1) if B_scale.ndim >= 2 else 0)
+
+
+def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, sorted_ids, expert_ids, num_post_padded,
             mul_routed_weight: bool, top_k: int, config: Config, quant: int, block_shape, warmup: bool = False):
     """invoke_fused_moe_triton_kernel for fp8_w8a8 (block or per-tensor) and bf16; with
     `warmup` it compiles the launch without running it."""
@@ -119,9 +161,7 @@ def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, sorted_ids, expert_id
         A.stride(0), A.stride(1), B.stride(0), B.stride(2), B.stride(1), C.stride(1), C.stride(2),
         A_scale.stride(0) if A_scale is not None and A_scale.ndim == 2 else 0,
         A_scale.stride(1) if A_scale is not None and A_scale.ndim == 2 else 0,
-        B_scale.stride(0) if B_scale is not None else 0,
-        B_scale.stride(2) if B_scale is not None and B_scale.ndim == 3 else 0,
-        B_scale.stride(1) if B_scale is not None and B_scale.ndim >= 2 and B_scale.size(1) > 1 else 0,
+        *_b_scale_strides(B_scale, launch),
         0, 0,
         0 if block_shape is None else block_shape[0],
         0 if block_shape is None else block_shape[1])
@@ -139,17 +179,21 @@ def _invoke(code, A, B, C, A_scale, B_scale, topk_weights, sorted_ids, expert_id
         kernel[grid](*args, **meta)
 
 
-def expert_assignment(topk_ids, config: Config, E: int):
-    """_prepare_expert_assignment (no expert map, weights on the GPU)."""
-    M, topk = topk_ids.shape
-    if naive_block_assignment(M, topk, E):
+def expert_assignment(local_ids, config: Config, E: int, ep: int = 1):
+    """_prepare_expert_assignment (weights on the GPU). Under expert parallelism (an expert
+    map: `local_ids` holds -1 for other GPUs' experts) never the small-batch path, and the
+    alignment is sized over the global expert count with those pairs dropped."""
+    M, topk = local_ids.shape
+    bm = config["BLOCK_SIZE_M"]
+    if ep == 1 and naive_block_assignment(M, topk, E):
         import torch
-        return None, topk_ids.view(-1), torch.full((1,), topk_ids.numel() * config["BLOCK_SIZE_M"],
-                                                   dtype=torch.int32, device=topk_ids.device)
-    return moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
+        return None, local_ids.view(-1), torch.full((1,), local_ids.numel() * bm,
+                                                    dtype=torch.int32, device=local_ids.device)
+    return moe_align_block_size(local_ids, bm, E, rows=max_padded_rows(local_ids.numel(), E * ep, bm),
+                                invalid="drop")
 
 
-def moe_run(code):
+def moe_run(code, launch: dict):
     """The whole layer, as fused_experts_impl runs it with one config (vLLM's table)."""
     def run(inputs: dict, config: Config):
         import torch
@@ -157,7 +201,8 @@ def moe_run(code):
         block_shape = p.get("block_shape")
         quant = inputs["quant"]
         x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
-        ids, weights = inputs["topk_ids"], inputs["topk_weights"]
+        ids, weights = inputs["local_ids"], inputs["topk_weights"]
+        ep = expert_parallel(p)
         M, K = x.shape
         E, two_n, _ = w1.shape
         top_k = ids.shape[1]
@@ -165,18 +210,20 @@ def moe_run(code):
         cache1 = torch.empty((M, top_k, two_n), dtype=x.dtype, device=x.device)
         cache3 = torch.empty((M, top_k, K), dtype=x.dtype, device=x.device)
         a1, a1_scale = _quantize(x, quant, gk)
-        sorted_ids, expert_ids, num_post_padded = expert_assignment(ids, config, E)
-        _invoke(code, a1, w1, cache1, a1_scale, inputs["w1_scale"], weights, sorted_ids, expert_ids,
+        sorted_ids, expert_ids, num_post_padded = expert_assignment(ids, config, E, ep)
+        _invoke(code, launch, a1, w1, cache1, a1_scale, inputs["w1_scale"], weights, sorted_ids, expert_ids,
                 num_post_padded, False, top_k, config, quant, block_shape)
         act = silu_and_mul(cache1.view(-1, two_n))
         a2, a2_scale = _quantize(act, quant, gk)
-        _invoke(code, a2, w2, cache3, a2_scale, inputs["w2_scale"], weights, sorted_ids, expert_ids,
+        if ep > 1:
+            cache3.zero_()              # the rows of other GPUs' pairs are never written
+        _invoke(code, launch, a2, w2, cache3, a2_scale, inputs["w2_scale"], weights, sorted_ids, expert_ids,
                 num_post_padded, True, 1, config, quant, block_shape)
         return torch.sum(cache3, dim=1, out=inputs["out"])
     return run
 
 
-def moe_compile_only(code):
+def moe_compile_only(code, launch: dict):
     """Compile a config's two GEMM launches without running them, on tensors of the timed
     run's shapes, strides and alignment (so the timed run finds them in Triton's cache).
     The weights are views of a few bytes: nothing runs, so nothing is read."""
@@ -190,10 +237,11 @@ def moe_compile_only(code):
         wdt = torch.bfloat16 if quant == QUANT_NONE else torch.float8_e4m3fn
         ids = torch.zeros((M, top_k), dtype=torch.int32, device=dev)
         weights = torch.empty((M, top_k), dtype=torch.float32, device=dev)
-        if naive_block_assignment(M, top_k, E):
+        ep = expert_parallel(params)
+        if ep == 1 and naive_block_assignment(M, top_k, E):
             assign = (None, ids.view(-1), torch.empty(1, dtype=torch.int32, device=dev))
         else:
-            rows = max_padded_rows(M * top_k, E, config["BLOCK_SIZE_M"])
+            rows = max_padded_rows(M * top_k, E * ep, config["BLOCK_SIZE_M"])
             assign = (torch.empty(rows, dtype=torch.int32, device=dev),
                       torch.empty(triton.cdiv(rows, config["BLOCK_SIZE_M"]), dtype=torch.int32, device=dev),
                       torch.empty(1, dtype=torch.int32, device=dev))
@@ -209,7 +257,8 @@ def moe_compile_only(code):
             elif quant != QUANT_NONE:
                 a_s = torch.empty(1, dtype=torch.float32, device=dev)
                 b_s = torch.empty(E, dtype=torch.float32, device=dev)
-            _invoke(code, a, b, c, a_s, b_s, weights, *assign, mul, tk, config, quant, block_shape, warmup=True)
+            _invoke(code, launch, a, b, c, a_s, b_s, weights, *assign, mul, tk, config, quant, block_shape,
+                    warmup=True)
     return compile_only
 
 
@@ -218,8 +267,8 @@ def base_moe() -> KernelSpec:
 
 
 def moe_note(params: Params) -> str:
-    return ("vLLM's fused_moe_kernel, launched as fused_experts does (swap-AB on sm_90, the "
-            "small-batch path when M*topk*4 <= E); " + base_moe().measurement_note(params))
+    return ("vLLM's fused_moe_kernel, launched as fused_experts does (swap-AB on sm_90, the small-batch path "
+            "when M*topk*4 <= E and no expert parallelism); " + base_moe().measurement_note(params))
 
 
 # -- block-FP8 GEMM ----------------------------------------------------------------------
@@ -266,20 +315,16 @@ def gemm_compile_only(code):
 def kernel_spec(name: str, code) -> KernelSpec:
     from tuner.errors import TunerError
     if name == "fused_moe":
-        base = base_moe()
         return engine_spec(
-            base, code, ENGINE, KERNEL_FUNCTIONS[name], MIRRORED[name], __file__, WRITTEN_FOR,
-            run=moe_run(code), compile_only=moe_compile_only(code), default_config=moe_default_config,
-            extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            lambda release: dict(run=moe_run(code, release.launch), compile_only=moe_compile_only(code, release.launch)),
+            default_config=moe_default_config, extra_seeds=lambda params, M: [], measurement_note=moe_note,
             description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90)")
     if name == "fp8_gemm":
-        base = kernels.get_kernel("fp8_gemm")
         return engine_spec(
-            base, code, ENGINE, KERNEL_FUNCTIONS[name], MIRRORED[name], __file__, WRITTEN_FOR,
-            run=gemm_run(code), compile_only=gemm_compile_only(code), default_config=gemm_default_config,
-            extra_seeds=lambda params, M: [],
+            kernels.get_kernel("fp8_gemm"), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            lambda release: dict(run=gemm_run(code), compile_only=gemm_compile_only(code)),
+            default_config=gemm_default_config, extra_seeds=lambda params, M: [],
             description="vLLM's block-scaled FP8 GEMM (_w8a8_triton_block_scaled_mm)")
     raise TunerError(f"vLLM reads no {name} table: its {name} launch is fixed (tune our kernel with "
                      "--kernel-source ours)")
-
-
