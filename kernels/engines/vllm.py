@@ -33,7 +33,7 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
 
 ENGINE = "vllm"
 WRITTEN_FOR = "0.33.0"
@@ -182,7 +182,7 @@ def moe_compile_only(code):
     The weights are views of a few bytes: nothing runs, so nothing is read."""
     def compile_only(params: Params, M: int, config: Config) -> None:
         import torch
-        dev = "cuda"
+        dev = COMPILE_DEVICE
         E, N, K = params["E"], params["N"], params["K"]
         top_k = pairs_per_token(params)
         block_shape = params.get("block_shape")
