@@ -106,6 +106,8 @@ class ReplayMeasurer:
     def environment(self) -> dict:
         h = self.landscape.header
         env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded", "code_version")}
+        if h.get("device_kind"):
+            env["device_kind"] = h["device_kind"]
         if h.get("synthetic"):
             env["synthetic"] = True
         return env
