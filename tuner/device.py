@@ -209,11 +209,12 @@ class CpuDevice:
 
 
 # -- compile workers -------------------------------------------------------------------------
-def init_compile_worker(kind: str) -> None:
-    """Initializer of a compile-worker process (a ProcessPoolExecutor of the measuring child):
-    it dies with its parent, and on the CPU device compiles for sm_90 without a GPU."""
+def init_compile_worker(kind: str, parent: int | None = None) -> None:
+    """Initializer of a compile-worker process (a ProcessPoolExecutor of the measuring child,
+    whose pid is `parent`): it dies with its parent (killing its group, siblings included),
+    and on the CPU device compiles for sm_90 without a GPU."""
     from tuner.process_tree import watch_parent
-    watch_parent(kill_group=True)
+    watch_parent(kill_group=True, parent=parent)
     if kind == "cpu":
         compile_for_sm90()
 

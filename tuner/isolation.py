@@ -19,6 +19,7 @@ import atexit
 import importlib
 import math
 import multiprocessing.util  # noqa: F401 - imported before our atexit hook, so that ours runs first
+import os
 import signal
 import threading
 import traceback
@@ -37,12 +38,12 @@ DEFAULT_TIMEOUT_S = 120.0          # one config, compile included: a fifth of a 
 COMPILE_SHARE = 0.5                # a compile worker's build is waited for at most this share of it
 
 
-def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool) -> None:
+def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int | None = None) -> None:
     """The child: build the measurer, then serve requests until told to stop."""
     become_group_leader()
     if pdeathsig:
         die_with_parent()
-    watch_parent(kill_group=True)
+    watch_parent(kill_group=True, parent=parent)
     try:
         module, attr = factory.split(":")
         inner = getattr(importlib.import_module(module), attr)(**kwargs)
@@ -144,7 +145,7 @@ class IsolatedMeasurer:
         # PR_SET_PDEATHSIG follows the thread that starts the child: ask for it only from the
         # main thread, which lives as long as the run (the parent watch covers the rest)
         pdeathsig = threading.current_thread() is threading.main_thread()
-        self.proc = ctx.Process(target=_child_main, args=(child_end, self.factory, self.kwargs, pdeathsig),
+        self.proc = ctx.Process(target=_child_main, args=(child_end, self.factory, self.kwargs, pdeathsig, os.getpid()),
                                 daemon=False)
         self.proc.start()
         child_end.close()

@@ -109,7 +109,7 @@ class DeviceMeasurer:
     def _new_pool(self) -> ProcessPoolExecutor:
         from tuner.device import init_compile_worker
         return ProcessPoolExecutor(self._compile_workers, mp_context=get_context("spawn"),
-                                   initializer=init_compile_worker, initargs=(self.device.kind,))
+                                   initializer=init_compile_worker, initargs=(self.device.kind, os.getpid()))
 
     def environment(self) -> dict:
         return {**self._env, "clocks_now": self.device.nvml_snapshot(),

@@ -42,10 +42,12 @@ def die_with_parent() -> None:
         pass
 
 
-def watch_parent(kill_group: bool = True, interval_s: float = WATCH_INTERVAL_S) -> threading.Thread:
+def watch_parent(kill_group: bool = True, interval_s: float = WATCH_INTERVAL_S,
+                 parent: int | None = None) -> threading.Thread:
     """A daemon thread that ends this process (and with kill_group its whole process group)
-    as soon as its parent is gone."""
-    parent = os.getppid()
+    as soon as its parent is gone. `parent`: the pid the parent had when it started this
+    process (a process still starting up when its parent died already has another parent)."""
+    parent = parent or os.getppid()
 
     def watch() -> None:
         while True:
