@@ -48,12 +48,20 @@ def _ours(name: str):
                                code_version=digest.hexdigest()[:16])
 
 
-def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_code: bool = True):
+def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_code: bool = True,
+               module: str | None = None):
     """The KernelSpec of kernel `name` from `source`: our file in kernels/ ("ours"), or an
     engine's own kernel ("vllm", "sglang"), read from the installed engine or from
     `origin` (its wheel, or a folder of files extracted from it). load_code=False: an
-    engine's kernel without its code (keys, space, defaults), to replay or plan."""
+    engine's kernel without its code (keys, space, defaults), to replay or plan. `module`:
+    a kernel defined outside kernels/ (a test's), the module whose KERNEL it is."""
     from tuner.errors import TunerError
+    if module:
+        from tuner.kernel_api import KernelSpec
+        spec = getattr(importlib.import_module(module), "KERNEL", None)
+        if not isinstance(spec, KernelSpec) or spec.name != name:
+            raise TunerError(f"module {module} defines no KERNEL named {name!r}")
+        return spec
     if name not in KERNEL_MODULES:
         raise TunerError(f"unknown kernel {name!r}; known: {', '.join(KERNEL_MODULES)}")
     if source == "ours":

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter_fixes import cast_for_store, interpreting, round_to_grid
-from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0
@@ -248,12 +248,12 @@ def reference(inputs: dict) -> torch.Tensor:
 
 
 def compile_only(params: Params, M: int, config: Config) -> None:
-    """Compile a config on the current GPU without launching it (compile workers).
-    Uninitialized tensors of the real shapes give the same specialization (shapes,
-    strides, 16-byte alignment) as the timed run, so the timed run finds it in Triton's cache."""
+    """Compile a config without launching it (compile workers), on memoryless tensors of
+    the real shapes: the same specialization (dtypes, strides, 16-byte alignment) as the
+    timed run, so the timed run finds it in Triton's cache."""
     N, K = params["N"], params["K"]
     bn, bk = params["block_shape"]
-    dev = "cuda"
+    dev = COMPILE_DEVICE
     A = torch.empty((M, K), dtype=FP8, device=dev)
     B = torch.empty((N, K), dtype=FP8, device=dev)
     As = torch.empty((M, triton.cdiv(K, bk)), dtype=torch.float32, device=dev)

@@ -30,7 +30,7 @@ from kernels.fp8_gemm import (
     per_token_group_quant_fp8_reference,
 )
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
 # the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with
@@ -473,13 +473,13 @@ def reference(inputs: dict) -> torch.Tensor:
 
 
 def compile_only(params: Params, M: int, config: Config) -> None:
-    """Compile the config's GEMM variants on the current GPU without launching them."""
+    """Compile the config's GEMM variants without launching them (memoryless tensors)."""
     E, N, K = params["E"], params["N"], params["K"]
     topk = pairs_per_token(params)
     block_shape = params.get("block_shape")
     quant = _quant_mode(params["dtype"] == "fp8_w8a8", block_shape)
     wdt = torch.bfloat16 if quant == QUANT_NONE else FP8
-    dev = "cuda"
+    dev = COMPILE_DEVICE
     rows = max_padded_rows(M * topk, E, config["BLOCK_SIZE_M"])
     align = (torch.empty(rows, dtype=torch.int32, device=dev),
              torch.empty(triton.cdiv(rows, config["BLOCK_SIZE_M"]), dtype=torch.int32, device=dev),

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
 from tuner.space import rule
 
 LATENT, ROPE = 512, 64
@@ -308,7 +308,7 @@ def reference(inputs: dict) -> torch.Tensor:
 
 def compile_only(params: Params, M: int, config: Config) -> None:
     H, page = params["heads"], params["page_size"]
-    dev = "cuda"
+    dev = COMPILE_DEVICE
     pages = triton.cdiv(int(params["context"] * 1.25) + 1, page)
     q = torch.empty((M, H, LATENT + ROPE), dtype=torch.bfloat16, device=dev)
     kv = torch.empty((M * pages + 8, page, LATENT + ROPE), dtype=torch.bfloat16, device=dev)

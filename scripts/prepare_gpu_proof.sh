@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# Run here (with network, beside ../shared) before a GPU call: gathers what the bare GPU
+# Run here (with network, beside ../shared) before the GPU calls: gathers what the bare GPU
 # machine lacks into ignored folders of the repository, small enough to carry (< 64 MiB):
-#   .whl/         Optuna and its dependencies (../shared/device/wheels.sh)
+#   .whl/         Optuna, cmaes and the dependencies the device image lacks (alembic, colorlog,
+#                 sqlalchemy, mako, greenlet; it has torch, triton, numpy, pandas, pyyaml,
+#                 nvidia-ml-py, matplotlib, tqdm, packaging, markupsafe), via ../shared/device/wheels.sh
 #   .engine-src/  the engines' kernel files, extracted from their wheels ($TUNER_ENGINE_WHEELS)
 #   .baselines/   the engines' shipped tables (../shared/baselines)
-# Then prints the device call to make.
+# Then checks every wheel the proof imports is there, and prints the device calls to make
+# (bench/README.md has them with their time plan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for d in /.whl/ /.engine-src/ /.baselines/; do
   grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude
 done
-bash ../shared/device/wheels.sh >/dev/null
+bash ../shared/device/wheels.sh "cmaes==0.13.1" >/dev/null
+missing=()
+for dist in optuna cmaes alembic colorlog sqlalchemy mako; do
+  ls .whl | grep -qi "^${dist}-" || missing+=("$dist")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "prepare_gpu_proof: no wheel in .whl/ for: ${missing[*]} (the device image lacks them)" >&2
+  exit 1
+fi
 wheels=${TUNER_ENGINE_WHEELS:-$HOME/.cache/tuner-engine-wheels}
 rm -rf .engine-src
 for engine in vllm sglang; do
@@ -19,13 +30,15 @@ done
 rm -rf .baselines && cp -r ../shared/baselines .baselines
 du -sh .whl .engine-src .baselines
 cat <<'MSG'
-Device calls (one command may run 10 minutes; the session has 30 minutes of device time, so
-three back-to-back calls, each sending the results of the one before with the working tree):
-  run(command="bash scripts/gpu_proof.sh --minutes 9 --steps environment validate landscapes",
-      carry=[".whl", ".engine-src", ".baselines"], timeout_s=600)
-  (unpack $OUT/proof-*.tar.gz into the repository root: bench/results/<gpu>-<date>/)
-  run(command="bash scripts/gpu_proof.sh --minutes 9 --steps tune", carry=[...same], timeout_s=600)
-  (unpack again)
-  run(command="bash scripts/gpu_proof.sh --minutes 8 --steps bench sampler", carry=[...same], timeout_s=600)
-Then unpack, look at bench/results/<gpu>-<date>/summary.md, and commit the folder.
+Device calls (each ends within about 8.5 minutes; see bench/README.md for the time plan):
+  run(command="bash scripts/gpu_proof.sh --call 1 --minutes 8",
+      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=600)
+  then here: tar xzf <files_at>/proof-H200-<date>.tar.gz   (puts back bench/results/H200-<date>/)
+  run(command="bash scripts/gpu_proof.sh --call 2 --minutes 8",
+      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=600)
+  then here: tar xzf <files_at>/proof-H200-<date>.tar.gz
+             python3 -m tuner proof --call local --gpu H200 --out bench/results/H200-<date>
+If no H200 can be had: the same two calls with kind="nvidia-h100-x1" (H100 in the names);
+neither engine ships a DeepSeek-V3 TP8 MoE table for the H100, so the MoE bench has no shipped
+contender there. Keep both calls on one kind.
 MSG

@@ -3,15 +3,21 @@
 engine's default launch, and that launch's time. The first thing to run when a GPU is lent.
 
     PYTHONPATH=$PWD python3 scripts/validate_kernels.py --gpu H200 [--kernel-source ours vllm sglang]
-        [--engine-source DIR ...] [--out results.json]
+        [--engine-source DIR ...] [--only TEXT ...] [--batch-sizes 1 64 512] [--out results.json]
+        [--model deepseek-v3 --tp 8] [--device cuda|cpu] [--compile-workers N]
 
 Per kernel source: ours (kernels/), or an engine's own kernels (read from --engine-source,
 the installed engine or $TUNER_ENGINE_WHEELS), on the problems of that engine's tables.
-Prints one line per case and exits 1 if any case fails its tolerance (or NaN), 2 without a GPU.
+Every case runs in an isolated measuring child (tuner/isolation.py) whose compile workers
+build all of a kernel's cases first: a case that crashes the child, hangs or poisons its CUDA
+context fails its own line and the next runs in a fresh child. `--device cpu` runs the same
+code on the CPU device (Triton's interpreter; give a small --model). Prints one line per
+case, writes --out after every case, and exits 1 if any case fails its tolerance (or NaN),
+2 on bad input or without a GPU.
 """
 
 import argparse
-import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,20 +29,30 @@ from tuner.kernel_sources import kernel_for  # noqa: E402
 from tuner.models import gemm_problems, load_model, mla_problems, moe_problems  # noqa: E402
 
 
-def cases(source: str):
+def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list[int] | None):
     """(problem, engine, batch sizes) whose tables `source` times."""
-    model = load_model("deepseek-v3")
-    for p in gemm_problems(model, 8):
+    def wanted(p) -> bool:
+        return not only or any(text in p.key for text in only)
+    for p in gemm_problems(model, tp):
+        if not wanted(p):
+            continue
         for engine in (p.engines if source == "ours" else [e for e in p.engines if e == source]):
-            yield p, engine, [1, 64, 1024]
+            yield p, engine, batch_sizes or [1, 64, 1024]
             if source == "ours":
                 break                      # one shared table: one case
-    for p in moe_problems(model, 8, 1, "fp8_w8a8"):
-        if source in ("ours", p.engines[0]):
-            yield p, p.engines[0], [1, 64, 512]
-    if source == "ours":
-        for p in mla_problems(model, 8, [4096, 32768], 64)[0]:
-            yield p, "tuner", [1, 32]
+    for p in moe_problems(model, tp, 1, "fp8_w8a8"):
+        if source in ("ours", p.engines[0]) and wanted(p):
+            yield p, p.engines[0], batch_sizes or [1, 64, 512]
+    if source == "ours" and model.is_mla:
+        for p in mla_problems(model, tp, [4096, 32768], 64)[0]:
+            if wanted(p):
+                yield p, "tuner", batch_sizes or [1, 32]
+
+
+def write(path: str | None, env: dict, rows: list) -> None:
+    if path:
+        from tuner.paths import atomic_write_json
+        atomic_write_json(Path(path), {"environment": env, "cases": rows}, indent=2)
 
 
 def main() -> int:
@@ -44,40 +60,58 @@ def main() -> int:
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--kernel-source", nargs="+", default=["ours"], choices=("ours", "vllm", "sglang"))
     ap.add_argument("--engine-source", nargs="+", default=None, metavar="PATH")
+    ap.add_argument("--model", default="deepseek-v3")
+    ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                    help="only the problems whose key holds one of these texts")
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=None, metavar="M")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--measure-timeout", type=float, default=120.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    rows, failed, env = [], 0, {}
+    rows: list = []
+    failed, env = 0, {}
     try:
-        from tuner.measure_gpu import GpuMeasurer
+        from tuner.device import require
+        from tuner.isolation import isolated_gpu_measurer
+        from tuner.provenance import short_label, time_source
         gpu = get_gpu(args.gpu)
+        require(args.device, gpu, "validating kernels", "--device cpu runs them on the CPU device")
+        model = load_model(args.model)
         for source in args.kernel_source:
-            measurers = {}
-            for problem, engine, ms in cases(source):
+            by_kernel: dict = {}
+            for problem, engine, ms in cases(source, model, args.tp, args.only, args.batch_sizes):
                 kernel = kernel_for(problem.kernel, engine, source, args.engine_source)
-                if kernel.name not in measurers:
-                    measurers[kernel.name] = GpuMeasurer(kernel, gpu, compile_workers=0)
-                m = measurers[kernel.name]
-                for M in ms:
-                    cfg = kernel.default_config(problem.params, M)
-                    check = m.check_numerics(problem, M, cfg)
-                    timing = m.measure(problem, M, [cfg])[0]
-                    row = {"kernel": kernel.name, "kernel_source": kernel.source_label, "problem": problem.key,
-                           "M": M, "config": cfg, "numerics": check.as_dict(), "time_us": timing.time_us,
-                           "spread": timing.spread, "error": timing.error, "time_source": "measured on the GPU"}
-                    rows.append(row)
-                    failed += check.failed
-                    t = f"{timing.time_us:9.2f} us (GPU)" if timing.time_us else f"error {timing.error}"
-                    rel = check.rel_error if check.rel_error is not None else float("nan")
-                    print(f"{check.status:7s} rel {rel:.2e}  {t}  [{kernel.source_label}] {kernel.name} "
-                          f"{problem.key} M={M}", flush=True)
-            env = env or next(iter(measurers.values())).environment() if measurers else env
-            for m in measurers.values():
-                m.close()
+                by_kernel.setdefault(kernel.name, (kernel, []))[1].extend(
+                    (problem, M, kernel.default_config(problem.params, M)) for M in ms)
+            for kernel, work in by_kernel.values():
+                measurer = isolated_gpu_measurer(kernel, gpu.key, args.compile_workers, args.measure_timeout,
+                                                 device=args.device)
+                try:
+                    measurer.precompile(work)          # every case at once, in the compile workers
+                    for problem, M, cfg in work:
+                        check = measurer.check_numerics(problem, M, cfg)
+                        timing = measurer.measure(problem, M, [cfg])[0]
+                        env = measurer.environment()
+                        row = {"kernel": kernel.name, "kernel_source": kernel.source_label, "problem": problem.key,
+                               "M": M, "config": cfg, "numerics": check.as_dict(), "time_us": timing.time_us,
+                               "spread": timing.spread, "error": timing.error,
+                               "time_source": time_source(env, measurer.label)}
+                        rows.append(row)
+                        failed += check.failed
+                        t = f"{timing.time_us:9.2f} us ({short_label(env)})" if timing.time_us \
+                            else f"error {timing.error}"
+                        rel = check.rel_error if check.rel_error is not None else float("nan")
+                        print(f"{check.status:7s} rel {rel:.2e}  {t}  [{kernel.source_label}] {kernel.name} "
+                              f"{problem.key} M={M}" + (f"  ({check.detail})" if check.failed else ""), flush=True)
+                        write(args.out, env, rows)       # after every case: a cut call keeps them
+                finally:
+                    measurer.close()
     except TunerError as e:
         print(f"validate_kernels: error: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        Path(args.out).write_text(json.dumps({"environment": env, "cases": rows}, indent=2))
+    write(args.out, env, rows)
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

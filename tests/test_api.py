@@ -61,7 +61,9 @@ def test_a_nightly_job_becomes_the_same_request(tmp_path):
     ({"batch_sizes": [1, -4]}, "--batch-sizes must be at least 1, not -4"),
     ({"compile_workers": True}, "--compile-workers must be an integer"),
     ({"sampler": "grid"}, "--sampler 'grid' is not one of tpe, random, cmaes"),
-    ({"kernel_source": "vllm"}, "--kernel-source 'vllm' is not one of engine, ours"),
+    ({"kernel_source": "trtllm"}, "--kernel-source 'trtllm' is not one of engine, ours, vllm, sglang"),
+    ({"kernel_source": "vllm", "engines": ["sglang"]}, "--kernel-source vllm times vllm's tables only"),
+    ({"device": "tpu"}, "--device 'tpu' is not one of cuda, cpu"),
     ({"engines": ["trtllm"]}, "--engines takes some of vllm, sglang"),
     ({"command": "conv"}, "unknown tuning command 'conv'"),
 ])

@@ -292,7 +292,8 @@ CASES = [
     ("synthetic landscape over an existing file", lambda t: [
         "landscape", "synth", "--kernel", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
         "--out", str((t / "l.jsonl").write_text("mine") and t / "l.jsonl")], "exists"),
-    ("proof with no time", lambda t: ["proof", "--fake", "--minutes", "0", "--out", str(t / "p")], "--minutes"),
+    ("proof with no time", lambda t: ["proof", "--device", "cpu", "--minutes", "0", "--out", str(t / "p")],
+     "--minutes"),
     ("ceilings --out is a folder", lambda t: ["ceilings", "--gpu", "H200", "--out", str(t)], "is a folder"),
 ]
 

@@ -1,106 +1,159 @@
-"""The GPU proof's flow on a CPU (tuner proof --fake): every step runs, writes its results
-before the next, says SYNTHETIC, keeps within its time box; the shell wrapper bundles it."""
+"""The GPU proof rehearsed on the CPU device: both device calls and the local part run every
+step through the code a GPU call runs (measuring child, compile workers, the engines' kernels
+from their wheels when .ci/run provides them), with a tiny model; every result is labelled
+CPU DEVICE, lands in the folder and the bundle after every step, and leaves no process
+behind. Also: what is cut by its time box keeps what it has, and the device calls in
+bench/README.md fit the device tool."""
 
-import gzip
 import json
 import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from tuner.cli import main
 from tuner.gpus import get_gpu
-from tuner.proof import Proof
-from tuner.proof_summary import engine_vs_ours
+from tuner.proof import CALLS, STEPS, Proof
 
 REPO = Path(__file__).resolve().parents[1]
+NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 @pytest.fixture(scope="module")
-def proof_dir(tmp_path_factory, request):
-    out = tmp_path_factory.mktemp("proof") / "p"
-    shared = REPO.parent / "shared" / "baselines"
-    args = ["proof", "--fake", "--gpu", "H200", "--minutes", "6", "--out", str(out)]
-    if shared.is_dir():
-        args += ["--baselines", str(shared)]
-    assert main(args) == 0
-    return out
+def rehearsal(tmp_path_factory):
+    root = tmp_path_factory.mktemp("proof")
+    out, bundle = root / "H200-rehearsal", root / "OUT"
+    codes = {call: main(["proof", "--device", "cpu", "--gpu", "H200", "--minutes", "8", "--out", str(out),
+                         "--bundle", str(bundle), "--call", call]) for call in ("1", "2", "local")}
+    return out, bundle, codes
 
 
-def test_fake_proof_runs_every_step(proof_dir):
-    steps = json.loads((proof_dir / "steps.json").read_text())
-    status = {s["name"]: s["status"] for s in steps["steps"]}
-    assert status == {"environment": "skipped", "validate": "ok" if (REPO.parent / "shared").is_dir() else "skipped",
-                      "landscapes": "ok", "tune": "ok", "bench": "ok", "sampler": "ok"}
-    summary = (proof_dir / "summary.md").read_text()
-    assert summary.startswith("# GPU proof\n\n*** FAKE RUN")
-    assert "SYNTHETIC" in summary and "## Bench moe" in summary and "## Sampler study: gemm" in summary
-    for land in ("gemm", "moe"):
-        with gzip.open(proof_dir / "landscapes" / f"{land}.jsonl.gz", "rt") as f:
-            assert json.loads(f.readline())["synthetic"] is True
-    assert (proof_dir / "tuned" / "moe-deepseek-v3-tp8" / "manifest.json").is_file()
-    bench = json.loads(next((proof_dir / "bench" / "moe").glob("bench-*.json")).read_text())
-    assert bench["synthetic"] is True and bench["rows"]
+def test_the_rehearsal_runs_every_step_on_the_cpu_device(rehearsal):
+    out, _, codes = rehearsal
+    assert codes == {"1": 0, "2": 0, "local": 0}
+    steps = json.loads((out / "steps.json").read_text())["steps"]
+    assert [s["name"] for s in steps] == list(STEPS)
+    assert all(s["status"] == "ok" for s in steps), steps
+    assert not any("outlived" in d for s in steps for d in s["detail"]), "a step left processes behind"
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# GPU proof\n\n*** REHEARSAL ON THE CPU DEVICE")
+    assert "measured on the GPU" not in summary and summary.count("*** CPU DEVICE") >= 3
+    env = json.loads((out / "environment.json").read_text())
+    ceilings = json.loads((out / "ceilings.json").read_text())
+    assert env["device_kind"] == ceilings["device_kind"] == "cpu"
+    assert ceilings["l2_bytes"] == 60 << 20                     # the H200's L2, from the table
 
 
-def test_fake_proof_checks_a_shipped_table_on_the_engine_kernel(proof_dir):
-    if not (REPO.parent / "shared" / "baselines").is_dir() or not os.environ.get("TUNER_ENGINE_WHEELS"):
-        pytest.skip("needs ../shared/baselines and TUNER_ENGINE_WHEELS (.ci/run provides both)")
-    [check] = (proof_dir / "validate").glob("check-vllm-*.txt")
-    text = check.read_text()
-    assert "kernel: vLLM's fused MoE" in text and text.rstrip().endswith("1 passed, 0 failed")
+def test_the_rehearsal_tunes_on_each_engines_kernel_with_compile_workers(rehearsal):
+    out, _, _ = rehearsal
+    smoke = json.loads((out / "runs" / "smoke" / "manifest.json").read_text())
+    assert [e["time_us"] > 0 for t in smoke["tables"] for e in t["entries"].values()] == [True]
+    manifest = json.loads((out / "tuned" / "moe" / "manifest.json").read_text())
+    engines = os.environ.get("TUNER_ENGINE_WHEELS")
+    by_source = {}
+    for t in manifest["tables"]:
+        by_source.setdefault(t["kernel_source"]["source"], []).append(t)
+        assert t["environment"]["device_kind"] == "cpu"
+        # the measuring child started its compile workers, and they built every config for sm_90
+        compiles = t["environment"]["compiles"]
+        assert compiles["built"] > 0 and compiles["failed"] == compiles["lost"] == 0, compiles
+        assert all(e["time_us"] > 0 and e["numerics"]["status"] == "passed" for e in t["entries"].values())
+    assert sorted(by_source) == (["sglang", "vllm"] if engines else ["ours"])
+    assert sum(len(ts) for ts in by_source.values()) == 3        # vLLM's table, SGLang's up and _down
+    validated = json.loads((out / "validate" / "kernels.json").read_text())["cases"]
+    assert validated and all(c["numerics"]["status"] == "passed" and c["time_us"] > 0 for c in validated)
+    assert all(c["time_source"].startswith("CPU DEVICE") for c in validated)
+    assert {c["kernel_source"].split()[0] for c in validated} == ({"ours", "vllm", "sglang"} if engines else {"ours"})
 
 
-def test_steps_out_of_time_say_so_and_the_rest_still_report(tmp_path):
-    proof = Proof(tmp_path / "p", get_gpu("H200"), minutes=0.02, fake=True)   # 1.2 s for everything
-    assert proof.execute(log=lambda line: None) == 0
-    steps = {s["name"]: s for s in json.loads((tmp_path / "p" / "steps.json").read_text())["steps"]}
-    assert steps["landscapes"]["status"] == "out of time"
-    assert any("out of time" in d for d in steps["landscapes"]["detail"])
-    assert (tmp_path / "p" / "summary.md").is_file()
+def test_the_rehearsal_benches_records_and_studies_labelled_cpu_device(rehearsal):
+    out, _, _ = rehearsal
+    for kernel in ("moe", "gemm"):
+        [path] = (out / "bench" / kernel).glob("bench-*.json")
+        bench = json.loads(path.read_text())
+        assert bench["cpu_device"] is True and bench["banner"].startswith("*** CPU DEVICE")
+        timed = [r for r in bench["rows"] if r["time_us"]]
+        assert timed and all(r["time_source"].startswith("CPU DEVICE") for r in timed)
+    moe = json.loads(next((out / "bench" / "moe").glob("bench-*.json")).read_text())
+    assert {"default", "tuned"} <= {r["contender"] for r in moe["rows"]}      # same kernel, one run
+    import gzip
+    with gzip.open(out / "landscapes" / "gemm.jsonl.gz", "rt") as f:
+        header, *points = [json.loads(line) for line in f]
+    assert header["device_kind"] == "cpu" and header["device"] == "CPU device (stand-in for NVIDIA H200)"
+    assert len(points) >= 2 and all(p.get("time_us") for p in points)
+    study = (out / "sampler" / "gemm.md").read_text()
+    assert "CPU DEVICE landscape" in study and "| tpe |" in study
+    assert (out / "tuned" / "moe" / "report" / "report.md").read_text().count("CPU DEVICE") >= 1
 
 
-def test_a_proof_split_over_calls_keeps_earlier_steps(proof_dir, tmp_path):
-    import shutil
-    copy = tmp_path / "copy"
-    shutil.copytree(proof_dir, copy)
-    proof = Proof(copy, get_gpu("H200"), minutes=2, fake=True)
-    assert proof.execute(log=lambda line: None, only=["sampler"]) == 0
-    names = [s["name"] for s in json.loads((copy / "steps.json").read_text())["steps"]]
-    assert sorted(names) == sorted(["environment", "validate", "landscapes", "tune", "bench", "sampler"])
+def test_the_bundle_comes_back_through_the_device_tool(rehearsal):
+    """At most 8 files, plain names, not deeper than 2 folders, under 16 MiB each; the
+    tarball's top folder is where bench/README.md says it unpacks: bench/results/<name>."""
+    out, bundle, _ = rehearsal
+    files = [p for p in bundle.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in files) == ["proof-H200-rehearsal.tar.gz", "summary.md"]
+    assert all(NAME_OK.match(p.name) and p.stat().st_size < 16 << 20 for p in files)
+    with tarfile.open(bundle / "proof-H200-rehearsal.tar.gz") as tar:
+        names = tar.getnames()
+    top = "bench/results/H200-rehearsal"
+    assert all(n == top or n.startswith(top + "/") for n in names)
+    for rel in ("summary.md", "steps.json", "tuned/moe/manifest.json", "landscapes/gemm.jsonl.gz",
+                "validate/kernels.json"):
+        assert f"{top}/{rel}" in names
+    assert (bundle / "summary.md").read_text() == (out / "summary.md").read_text()
 
 
-def test_a_partial_landscape_is_kept_gzipped(tmp_path):
-    proof = Proof(tmp_path, get_gpu("H200"), minutes=1, fake=True)
-    land = tmp_path / "landscapes"
-    land.mkdir()
-    (land / "gemm.jsonl.gz.partial").write_text('{"format": "tuner-landscape/1"}\n{"M": 1}\n')
-    assert proof.keep_partial_landscapes() == ["gemm.partial.jsonl.gz"]
-    with gzip.open(land / "gemm.partial.jsonl.gz", "rt") as f:
-        assert f.read().count("\n") == 2
-    assert not (land / "gemm.jsonl.gz.partial").exists()
+def test_a_call_cut_by_its_time_keeps_what_it_has_and_a_failed_smoke_stops_it(tmp_path):
+    """A call with next to no time: each step is stopped, says so, and is bundled; the smoke
+    test that timed nothing stops the rest of the call, with the reason."""
+    proof = Proof(tmp_path / "H200-cut", get_gpu("H200"), minutes=0.05, device="cpu", bundle=tmp_path / "OUT")
+    assert proof.execute(CALLS["1"], log=lambda line: None) == 1
+    steps = {s["name"]: s for s in json.loads((tmp_path / "H200-cut" / "steps.json").read_text())["steps"]}
+    assert steps["environment"]["status"] == "out of time"
+    assert steps["smoke"]["status"] == "failed" and "the smoke test failed" in steps["smoke"]["detail"][-1]
+    assert steps["validate"]["status"] == steps["tune-vllm"]["status"] == "skipped"
+    assert steps["validate"]["detail"][0].startswith("not run: the smoke test timed no config")
+    with tarfile.open(tmp_path / "OUT" / "proof-H200-cut.tar.gz") as tar:
+        assert "bench/results/H200-cut/summary.md" in tar.getnames()
 
 
-def test_engine_vs_ours_ratio():
-    rows = [{"problem": "p", "M": 1, "contender": "shipped vllm-0.33.0", "kernel_source": "vllm 0.33.0", "time_us": 10.0},
-            {"problem": "p", "M": 1, "contender": "shipped vllm-0.33.0", "kernel_source": "ours", "time_us": 15.0},
-            {"problem": "p", "M": 1, "contender": "landscape best", "kernel_source": "ours", "time_us": 1.0},
-            {"problem": "p", "M": 16, "contender": "default", "kernel_source": "ours", "time_us": None}]
-    [r] = engine_vs_ours(rows)
-    assert r["ours / engine"] == pytest.approx(1.5) and r["engine kernel"] == "vllm 0.33.0"
-
-
-def test_the_shell_wrapper_bundles_results_for_the_device_tool(tmp_path):
+def test_the_shell_wrapper_bundles_into_the_device_tools_out(tmp_path):
     out_dir = tmp_path / "OUT"
     out_dir.mkdir()
     env = {**os.environ, "OUT": str(out_dir), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    r = subprocess.run(["bash", "scripts/gpu_proof.sh", "--fake", "--gpu", "H200", "--minutes", "0.05",
-                        "--out", str(tmp_path / "res" / "p"), "--steps", "environment"],
+    r = subprocess.run(["bash", "scripts/gpu_proof.sh", "--device", "cpu", "--gpu", "H200", "--minutes", "1",
+                        "--out", str(tmp_path / "res" / "H200-x"), "--steps", "environment"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    [tarball] = out_dir.glob("proof-H200-*.tar.gz")
-    assert (out_dir / "summary.md").read_text().startswith("# GPU proof")
-    listing = subprocess.run(["tar", "tzf", str(tarball)], capture_output=True, text=True).stdout.split()
-    assert "p/summary.md" in listing and "p/steps.json" in listing
+    with tarfile.open(out_dir / "proof-H200-x.tar.gz") as tar:
+        assert {"bench/results/H200-x/summary.md", "bench/results/H200-x/ceilings.json"} <= set(tar.getnames())
+    assert (out_dir / "summary.md").read_text().startswith("# GPU proof\n\n*** REHEARSAL ON THE CPU DEVICE")
+
+
+def test_the_device_calls_in_bench_readme_fit_the_device_tool():
+    """The `run` calls bench/README.md gives: at most two GPU calls, each a command of at most
+    2,000 characters that ends well inside the tool's 10 minutes, kind nvidia-h200, at most 8
+    carried paths (the ones prepare_gpu_proof.sh makes), and the H100 fallback said."""
+    text = (REPO / "bench" / "README.md").read_text()
+    calls = [json.loads(m) for m in re.findall(r"^run\((\{.*\})\)$", text, flags=re.M)]
+    assert len(calls) == 2
+    for call, part in zip(calls, ("1", "2")):
+        assert call["kind"] == "nvidia-h200" and call["timeout_s"] <= 600
+        assert len(call["command"]) <= 2000 and f"--call {part}" in call["command"]
+        minutes = float(re.search(r"--minutes (\d+(?:\.\d+)?)", call["command"]).group(1))
+        assert minutes * 60 + 40 <= 540            # the steps' budget, a step's 20 s grace, start-up: < 9 min
+        assert call["carry"] == [".whl", ".engine-src", ".baselines"]
+    assert "nvidia-h100-x1" in text and "tar xzf" in text
+    prepare = (REPO / "scripts" / "prepare_gpu_proof.sh").read_text()
+    assert all(c in prepare for c in (".whl", ".engine-src", ".baselines", "cmaes"))
+
+
+def test_bad_proof_options_are_one_line(tmp_path, capsys):
+    assert main(["proof", "--device", "cpu", "--call", "1", "--steps", "smoke", "--out", str(tmp_path / "p")]) == 2
+    assert main(["proof", "--device", "cpu", "--steps", "tune", "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "not both" in err[0] and "not a step" in err[1]

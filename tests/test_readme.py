@@ -84,7 +84,7 @@ def test_the_readme_has_commands_and_tags():
     assert any(c.argv[:3] == ["tuner", "landscape", "synth"] for c in COMMANDS)
     assert {t for c in COMMANDS for t in c.tags} == set(TAGS)
     gpu_runs = [c for c in COMMANDS if c.argv[0] == "tuner" and c.argv[1] in ("gemm", "moe", "mla")
-                and "--dry-run" not in c.argv and "--replay" not in c.argv]
+                and "--dry-run" not in c.argv and "--replay" not in c.argv and "cpu" not in c.argv]
     assert gpu_runs and all("GPU" in c.tags for c in gpu_runs)        # a tuning run without a landscape
 
 
@@ -122,6 +122,8 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
         shows_times = "--replay" in command.argv or command.argv[1:2] in (["report"], ["diff"], ["landscape"])
         if shows_times:               # every landscape in the README is synthetic, and says so
             assert "SYNTHETIC" in out, where
+        if "--device" in command.argv:   # the CPU device's times say so
+            assert "*** CPU DEVICE" in out, where
         ran += 1
     assert ran >= 15
     assert (tmp_path / "runs" / "moe-deepseek-v3-H200-tp8" / "report" / "report.md").is_file()

@@ -45,14 +45,15 @@ class TuneRequest:
     baseline: str | None = None
     storage: str | None = None
     study_prefix: str = ""
-    kernel_source: str | None = None            # "engine" (default) or "ours"
+    kernel_source: str | None = None            # "engine" (default), "ours", or one engine's ("vllm")
     engine_source: list[str] | None = None
     out: str | None = None
     replay: str | None = None
     record: str | None = None
     gpus: str | None = None                     # "0,1,2,3"; None: every visible GPU
     compile_workers: int = min(16, os.cpu_count() or 1)
-    measure_timeout: int = 300
+    measure_timeout: int = 120
+    device: str = "cuda"                        # "cpu": the CPU device (tuner/device.py), for CI
     recycle_after: int = 256
     dry_run: bool = False
     quiet: bool = False
@@ -86,13 +87,23 @@ class TuneRequest:
 
         for name, value, allowed in (("sampler", self.sampler, ("tpe", "random", "cmaes")),
                                      ("routing", self.routing, ("uniform", "zipf")),
-                                     ("kernel_source", self.kernel_source, (None, "engine", "ours"))):
+                                     ("kernel_source", self.kernel_source, (None, "engine", "ours", *ENGINE_NAMES)),
+                                     ("device", self.device, ("cuda", "cpu"))):
             if value not in allowed:
                 raise TunerError(f"--{name.replace('_', '-')} {value!r} is not one of "
                                  f"{', '.join(str(a) for a in allowed if a)}")
         if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
             raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
+        if self.sampler == "cmaes":
+            from tuner.search import SearchSettings, make_sampler
+            make_sampler(SearchSettings(sampler="cmaes"))       # one line now if cmaes is missing
         changes: dict = {}
+        if self.kernel_source in ENGINE_NAMES:
+            # one engine's own kernel: it times that engine's tables only
+            if self.engines != list(ENGINE_NAMES) and self.engines != [self.kernel_source]:
+                raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
+                                 f"not --engines {' '.join(self.engines)}")
+            changes["engines"] = [self.kernel_source]
         for name in ("tp", "ep", "measure_timeout", "recycle_after", "page_size"):
             changes[name] = whole(name, getattr(self, name))
         changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
@@ -125,9 +136,10 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
     if not req.dry_run and not req.replay:
         # the first thing a run without a GPU is told (before the engines' code or --out)
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name, "a tuning run", "--dry-run shows the plan and --replay FILE tunes over a "
-                    "recorded landscape (`tuner landscape synth` makes a SYNTHETIC one to try it)")
+        from tuner.device import require
+        require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
+                "landscape (`tuner landscape synth` makes a SYNTHETIC one to try it), and --device cpu runs the "
+                "GPU's code path on the CPU (times that mean nothing about a GPU)")
     # said with the plan, or after the run: never in front of a refusal of bad input
     hint = fit_hint(model, gpu, req.tp, checkpoint_dtype(model))
     if not req.dry_run:
@@ -146,7 +158,8 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             out_dir=out_dir(req, model.name, gpu.key), storage=req.storage,
             engines=req.engines, replay=req.replay, record=record_path(req.record, kernel, len(runs) > 1),
             baseline=req.baseline, compile_workers=req.compile_workers, measure_timeout=req.measure_timeout,
-            recycle_after=req.recycle_after, prefix=req.study_prefix, gpus=gpu_list(req.gpus),
+            recycle_after=req.recycle_after, prefix=req.study_prefix, gpus=gpu_list(req.gpus, req.device),
+            device=req.device,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
                       "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {})},
             quiet=req.quiet, traffic=profile,
@@ -329,7 +342,9 @@ def record_path(record: str | None, kernel, several: bool) -> str | None:
     return str(path.with_name(f"{stem}.{kernel.source}{dot}{ext}"))
 
 
-def gpu_list(text: str | None) -> list[int]:
+def gpu_list(text: str | None, device: str = "cuda") -> list[int]:
+    if device == "cpu":
+        return []                   # the CPU device is one device: no worker per GPU
     if text is None:
         try:
             import torch

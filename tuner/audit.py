@@ -555,7 +555,9 @@ def run_numerics(report: AuditReport, inst: Installation, numerics_model, seed: 
 
     import torch
 
-    from tuner.check import check_config
+    from tuner.check import check_gpu
+    from tuner.device import device_name
+    from tuner.isolation import isolated_gpu_measurer
     from tuner.kernel_api import config_from_entry
     from tuner.kernel_sources import kernel_for
     from tuner.models import gemm_problems, moe_problems
@@ -564,41 +566,53 @@ def run_numerics(report: AuditReport, inst: Installation, numerics_model, seed: 
     if not on_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     device = "cuda" if on_gpu else "cpu"
+    spec = check_gpu(None, device)
     origin = _code_origin(inst)
-    report.header["numerics"] = ("compiled on " + torch.cuda.get_device_name() + " at the deployment's shapes") \
-        if on_gpu else f"Triton's interpreter on the CPU, on {numerics_model.name}'s shapes (no GPU here)"
-    kernels: dict[str, Any] = {}
-    for i, ka in enumerate(report.kernels):
-        if ka.table is None or not ka.rows:
-            continue
-        if ka.kind not in kernels:
-            kernels[ka.kind] = kernel_for(ka.kind, inst.engine, inst.engine, [origin])
-        kernel = kernels[ka.kind]
-        problem = ka.problem if on_gpu else _small_problem(ka, numerics_model, moe_problems, gemm_problems)
-        done: dict[tuple, dict] = {}
-        for row in ka.rows:
-            if row.get("loaded") is None:
+    report.header["numerics"] = (f"compiled on {device_name(device, spec)} at the deployment's shapes" if on_gpu
+                                 else f"Triton's interpreter on the CPU device, on {numerics_model.name}'s shapes "
+                                      "(no GPU here)")
+    # Each kernel's rows run in an isolated measuring child (tuner/isolation.py), as `tuner
+    # check` runs them: a row that crashes it or poisons its CUDA context fails alone.
+    measurers: dict[str, Any] = {}
+    try:
+        for i, ka in enumerate(report.kernels):
+            if ka.table is None or not ka.rows:
                 continue
-            config = config_from_entry(kernel, row["loaded"])
-            ident = (row["key"], tuple(sorted(config.items())))
-            if ident in done:
-                continue
-            M = row["key"] if row["first"] <= row["key"] <= row["last"] else row["first"]
-            result = check_config(kernel, problem, M, config, device, seed + len(done) + 100 * i)
-            entry = {"key": row["key"], "M": M, "status": result.status, "rel_error": result.rel_error,
-                     "detail": result.detail, "config": config, "problem": problem.key,
-                     "kernel": kernel.source_label}
-            done[ident] = entry
-            ka.numerics.append(entry)
-            rel = f"{result.rel_error:.2e}" if result.rel_error is not None else "-"
-            log(f"numerics {result.status.upper():4s} rel {rel:>8s}  {ka.kind} {ka.part} key {row['key']} at M={M} "
-                f"on {problem.key}")
-            if result.status != "pass":
-                what = f"rel. error {result.rel_error:.2e}" if result.rel_error is not None else "no result"
-                f = Finding("error", "numerics", f"key {row['key']} at M={M}: {what} ({result.detail}) on "
-                            f"{kernel.source_label}'s kernel, {problem.key}", ka.where, [row["key"]])
-                ka.findings.append(f)
-                report.findings.append(f)
+            if ka.kind not in measurers:
+                kernel = kernel_for(ka.kind, inst.engine, inst.engine, [origin])
+                measurers[ka.kind] = isolated_gpu_measurer(kernel, spec.key, compile_workers=0, device=device)
+            measurer = measurers[ka.kind]
+            kernel = measurer.kernel
+            problem = ka.problem if on_gpu else _small_problem(ka, numerics_model, moe_problems, gemm_problems)
+            done: dict[tuple, dict] = {}
+            for row in ka.rows:
+                if row.get("loaded") is None:
+                    continue
+                config = config_from_entry(kernel, row["loaded"])
+                ident = (row["key"], tuple(sorted(config.items())))
+                if ident in done:
+                    continue
+                M = row["key"] if row["first"] <= row["key"] <= row["last"] else row["first"]
+                case_seed = seed + len(done) + 100 * i
+                check = measurer.check_numerics(problem, M, config, case_seed)
+                status = "pass" if check.status == "passed" else "fail"
+                entry = {"key": row["key"], "M": M, "status": status, "rel_error": check.rel_error,
+                         "detail": check.detail or f"seed {case_seed}", "config": config, "problem": problem.key,
+                         "kernel": kernel.source_label}
+                done[ident] = entry
+                ka.numerics.append(entry)
+                rel = f"{check.rel_error:.2e}" if check.rel_error is not None else "-"
+                log(f"numerics {status.upper():4s} rel {rel:>8s}  {ka.kind} {ka.part} key {row['key']} at M={M} "
+                    f"on {problem.key}")
+                if status != "pass":
+                    what = f"rel. error {check.rel_error:.2e}" if check.rel_error is not None else "no result"
+                    f = Finding("error", "numerics", f"key {row['key']} at M={M}: {what} ({entry['detail']}) on "
+                                f"{kernel.source_label}'s kernel, {problem.key}", ka.where, [row["key"]])
+                    ka.findings.append(f)
+                    report.findings.append(f)
+    finally:
+        for m in measurers.values():
+            m.close()
 
 
 def _code_origin(inst: Installation) -> str:

@@ -28,7 +28,7 @@ from tuner.environment import now_iso, software_versions
 from tuner.kernel_api import KernelSpec, config_dict, config_from_entry
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.problems import Problem
-from tuner.provenance import banner, is_synthetic, time_source
+from tuner.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
 
 
 @dataclass
@@ -157,7 +157,6 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
     """All contenders of every (problem, M) of one kernel, timed on `measurer`."""
     rows: list[BenchRow] = []
     source = time_source(measurer.environment(), measurer.label)
-    on_gpu = not measurer.label.startswith("replay")
     for problem in problems:
         for M in batch_sizes[problem.key]:
             floor = ceilings.floor_us(kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M))
@@ -165,50 +164,78 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
             # one call: the configs are timed under the same conditions
             unique = {json.dumps(c.config, sort_keys=True): c.config for c in cands}
             times = dict(zip(unique, measurer.measure(problem, M, list(unique.values()))))
+            mine = []
             for c in cands:
                 m = times[json.dumps(c.config, sort_keys=True)]
-                rows.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
+                mine.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
                                      floor, source, m.error))
-            rows += reference_rows(kernel, problem, M, floor, gpu, on_gpu)
-            best = min((r for r in rows[-len(cands):] if r.time_us), key=lambda r: r.time_us or math.inf, default=None)
+            rows += mine + reference_rows(kernel, problem, M, floor, measurer)
+            best = min((r for r in mine if r.time_us), key=lambda r: r.time_us or math.inf, default=None)
             progress(f"{kernel.source_label} {problem.key} M={M}: "
-                     + (f"best {best.contender} {best.time_us:.2f} us" if best else "nothing timed")
-                     + f" [{source}]")
+                     + (f"best {best.contender} {best.time_us:.2f} us ({short_label(measurer.environment())})"
+                        if best else "nothing timed") + f" [{source}]")
     return rows
 
 
-def reference_rows(kernel: KernelSpec, problem: Problem, M: int, floor: float, gpu, on_gpu: bool) -> list[BenchRow]:
+def reference_rows(kernel: KernelSpec, problem: Problem, M: int, floor: float, measurer) -> list[BenchRow]:
+    """The references outside Triton for one (problem, M): timed in the measuring child
+    (reference_timings), so that a reference that crashes or poisons its CUDA context takes
+    down only that child; without a device (a replayed landscape), a note."""
     if kernel.table_kind != "fp8_gemm":
         return [BenchRow(kernel.source_label, problem.key, M, "reference", None, None, None, floor, "-",
                          reference_note(kernel))]
-    if not on_gpu:
+    if not hasattr(measurer, "run_here"):
         return [BenchRow(kernel.source_label, problem.key, M, "reference", None, None, None, floor, "-",
                          "needs a GPU (" + reference_note(kernel) + ")")]
-    import torch
+    source = time_source(measurer.environment(), measurer.label)
+    try:
+        timed = measurer.run_here("tuner.bench:reference_timings", problem, M)
+    except RuntimeError as e:
+        return [BenchRow(kernel.source_label, problem.key, M, "reference", None, None, None, floor, "-",
+                         f"not timed: {e}")]
+    return [BenchRow(kernel.source_label, problem.key, M, r["contender"], None, r.get("time_us"), r.get("spread"),
+                     floor, source if r.get("time_us") else "-", r.get("error")) for r in timed]
 
-    from tuner.gpu_timing import graph_times, l2_flush_buffer, summarize
-    sets = [kernel.make_inputs(problem.params, M, "cuda", seed) for seed in range(4)]
+
+def reference_timings(measurer, problem: Problem, M: int) -> list[dict]:
+    """In the measuring process (DeviceMeasurer.run_here): every block-FP8 GEMM outside
+    Triton that computes this problem right, timed the device's way on the kernel's own
+    input sets (CUDA graphs and events with the L2 flushed on a GPU; the wall clock on the
+    CPU device). Per family, the first variant that computes the right answer is timed. A
+    CUDA error that poisons the context stops the rest, each said in one line, and the
+    measuring child is replaced after this call."""
+    from tuner.gpu_timing import summarize
+    from tuner.measure_gpu import poisons_context
+    kernel, device = measurer.kernel, measurer.device
+    sets = [kernel.make_inputs(problem.params, M, device.tensor_device, seed) for seed in range(measurer.input_sets)]
     reference = kernel.reference(sets[0])
-    flush = l2_flush_buffer(torch, gpu.l2_bytes)
-    device = f"measured on the GPU ({torch.cuda.get_device_name()})"
-    out: list[BenchRow] = []
+    out: list[dict] = []
     tried: dict[str, str | None] = {}
+    lost = None
     for family, variant, build in gemm_reference_candidates():
         if family in tried and tried[family] is None:
             continue                               # this family already has a working variant
-        why = check_reference(build(sets[0]), sets[0], reference)
-        if why:
-            tried[family] = (tried.get(family) or "") + f"{variant}: {why}; "
+        if lost:
+            tried[family] = (tried.get(family) or "") + f"{variant}: not run, {lost}; "
             continue
-        tried[family] = None
-        t = summarize(graph_times(torch, [build(s) for s in sets], flush))
-        out.append(BenchRow(kernel.source_label, problem.key, M, f"{family} ({variant})", None, t.median_us,
-                            t.spread, floor, device))
-    out += [BenchRow(kernel.source_label, problem.key, M, family, None, None, None, floor, "-",
-                     f"not usable here: {why.rstrip('; ')}") for family, why in tried.items() if why]
+        why = check_reference(build(sets[0]), sets[0], reference)
+        if why is None:
+            try:
+                t = summarize(device.time_runs([build(s) for s in sets], measurer.flush, measurer.reps))
+            except Exception as e:  # noqa: BLE001 - a reference that runs once but not in a graph
+                text = str(e).strip().splitlines()
+                why = f"{type(e).__name__}: {text[0][:160] if text else ''}"
+            else:
+                tried[family] = None
+                out.append({"contender": f"{family} ({variant})", "time_us": t.median_us, "spread": t.spread})
+                continue
+        tried[family] = (tried.get(family) or "") + f"{variant}: {why}; "
+        if poisons_context(why):
+            lost, measurer.poisoned = f"the CUDA context was lost ({why})", True
+    out += [{"contender": family, "error": f"not usable here: {why.rstrip('; ')}"}
+            for family, why in tried.items() if why]
     if not any(f == "DeepGEMM" for f, _, _ in gemm_reference_candidates()):
-        out.append(BenchRow(kernel.source_label, problem.key, M, "DeepGEMM", None, None, None, floor, "-",
-                            "not importable here"))
+        out.append({"contender": "DeepGEMM", "error": "not importable here"})
     return out
 
 
@@ -271,7 +298,7 @@ def plot(part, path: Path, title: str, subtitle: str) -> None:
     ax.set_ylabel("time (us)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.suptitle(f"{title}\n{subtitle}", fontsize=8, color="red" if "SYNTHETIC" in subtitle else "black")
+    fig.suptitle(f"{title}\n{subtitle}", fontsize=8, color="red" if is_loud(subtitle) else "black")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -287,6 +314,7 @@ def bench_header(measurers: list, gpu, ceilings: Ceilings, run_info: dict, out: 
             **{k: v for k, v in software_versions().items() if k not in env or not env.get(k)},
             **{k: env.get(k) for k in ("torch", "triton") if env.get(k)},
             "time_source": time_source(env, label), "synthetic": is_synthetic(env),
+            "cpu_device": is_cpu_device(env),
             "banner": banner(env, label), "ceilings": ceilings.source,
             "ceiling_values": {"copy_tb_s": ceilings.copy_tb_s, "fp8_tflops": ceilings.fp8_tflops}}
 

@@ -7,7 +7,9 @@ figures measured on the device when a ceilings file exists for it:
   fp8_tflops    torch._scaled_mm on 8192 x 8192 x 8192 FP8 e4m3 (per-tensor scales), bf16 out
   bf16_tflops   torch.matmul on 8192 x 8192 x 8192 bf16
   l2_bytes, sm_count from the device's properties.
-Files live in bench/ceilings/<gpu key>.json (or where --ceilings points).
+Files live in bench/ceilings/<gpu key>.json (or where --ceilings points). On the CPU device
+(tuner/device.py) the same code measures small sizes with the wall clock, for CI; such a file
+names the CPU device, goes elsewhere by default, and is never taken for a GPU's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.environment import now_iso, nvml_index, nvml_snapshot, software_versions
+from tuner.environment import now_iso, software_versions
 from tuner.errors import TunerError
 from tuner.gpus import GpuSpec
 from tuner.paths import REPO_ROOT, atomic_write_json, read_json
@@ -40,7 +42,9 @@ def datasheet(gpu: GpuSpec) -> Ceilings:
     return Ceilings(gpu.hbm_tb_s, gpu.fp8_tflops, None, f"datasheet figures for the {gpu.key}")
 
 
-def default_path(gpu: GpuSpec) -> Path:
+def default_path(gpu: GpuSpec, device: str = "cuda") -> Path:
+    if device == "cpu":                          # never where a GPU's ceilings are looked for
+        return REPO_ROOT / "runs" / f"ceilings-{gpu.key}-cpu-device.json"
     return CEILINGS_DIR / f"{gpu.key}.json"
 
 
@@ -57,17 +61,19 @@ def read(path: Path) -> dict:
     return data
 
 
-def load(gpu: GpuSpec, path: str | Path | None = None) -> Ceilings:
+def load(gpu: GpuSpec, path: str | Path | None = None, device_name: str | None = None) -> Ceilings:
     """Measured ceilings for this GPU (from `path`, else bench/ceilings/<gpu>.json), else
-    the datasheet's, labelled as such."""
+    the datasheet's, labelled as such. A file measured on another device (the CPU device
+    included) than `device_name` (default: the GPU's CUDA name) is refused."""
     file = Path(path) if path else default_path(gpu)
     if not file.is_file():
         if path:
             raise TunerError(f"ceilings file {path} not found")
         return datasheet(gpu)
     data = read(file)
-    if data.get("device") and data["device"] != gpu.cuda_name:
-        raise TunerError(f"ceilings file {file} was measured on {data['device']!r}, not {gpu.cuda_name!r}")
+    expected = device_name or gpu.cuda_name
+    if data.get("device") and data["device"] != expected:
+        raise TunerError(f"ceilings file {file} was measured on {data['device']!r}, not {expected!r}")
     source = f"measured on {data.get('device')} {str(data.get('measured', ''))[:10]}"
     if data.get("fp8_tflops") is None:
         source += " (FP8 rate: datasheet)"
@@ -75,43 +81,50 @@ def load(gpu: GpuSpec, path: str | Path | None = None) -> Ceilings:
                     data.get("bf16_tflops"), source)
 
 
-def measure(gpu: GpuSpec, size: int = 8192, copy_bytes: int = 1 << 30, reps: int = 20) -> dict:
-    """Measure the ceilings on the present GPU (which must be `gpu`)."""
+def measure(gpu: GpuSpec, size: int | None = None, copy_bytes: int | None = None, reps: int | None = None,
+            device: str = "cuda") -> dict:
+    """Measure the ceilings on the present GPU (which must be `gpu`), or on the CPU device
+    (small sizes, wall clock: a rehearsal of this code, not a GPU's figures)."""
     import torch
 
-    from tuner.gpu_timing import graph_times, summarize
-    from tuner.measure import require_gpu
-    require_gpu(gpu.cuda_name, "measuring the ceilings", "")
-    props = torch.cuda.get_device_properties(0)
-    out = {"format": FORMAT, "device": torch.cuda.get_device_name(), "measured": now_iso(),
-           **software_versions(), **nvml_snapshot(nvml_index(torch.cuda.current_device())),
-           "sm_count": props.multi_processor_count, "l2_bytes": getattr(props, "L2_cache_size", None),
-           "method": "CUDA graph replays timed with CUDA events after a warm-up; median of "
-                     f"{reps}; random data", "figures": {}}
+    from tuner.device import make_device, require
+    from tuner.gpu_timing import summarize
+    require(device, gpu, "measuring the ceilings", "")
+    dev = make_device(device, gpu)
+    sizes = dev.ceiling_sizes
+    size, copy_bytes, reps = size or sizes["size"], copy_bytes or sizes["copy_bytes"], reps or sizes["reps"]
+    props = dev.properties()
+    how = ("CUDA graph replays timed with CUDA events" if dev.kind == "cuda"
+           else "CPU DEVICE: calls on a CPU timed with the wall clock (not a GPU's figures)")
+    out = {"format": FORMAT, "device": dev.name, "device_kind": dev.kind, "measured": now_iso(),
+           **software_versions(), **dev.nvml_snapshot(),
+           "sm_count": props["sm_count"], "l2_bytes": props["l2_bytes"],
+           "method": f"{how} after a warm-up; median of {reps}; random data", "figures": {}}
+    on = dev.tensor_device
 
     def timed(runs) -> dict:
-        t = summarize(graph_times(torch, runs, None, reps))
+        t = summarize(dev.time_runs(runs, None, reps))
         return {"median_us": t.median_us, "spread": t.spread}
 
-    # Copy: 1 GiB, far larger than the L2, so no flush is needed.
+    # Copy: 1 GiB on a GPU, far larger than the L2, so no flush is needed.
     n = copy_bytes // 4
-    src = [torch.randn(n, device="cuda") for _ in range(2)]
-    dst = torch.empty(n, device="cuda")
+    src = [torch.randn(n, device=on) for _ in range(2)]
+    dst = torch.empty(n, device=on)
     t = timed([lambda s=s, d=dst: d.copy_(s) for s in src])
     out["copy_tb_s"] = 2 * copy_bytes / (t["median_us"] * 1e6)
     out["figures"]["copy"] = {**t, "bytes_read_plus_written": 2 * copy_bytes}
     del src, dst              # free 1.5 GiB before the matmuls (the closures are done)
 
     flops = 2.0 * size ** 3
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(size, size, device=on, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=on, dtype=torch.bfloat16)
     t = timed([lambda: torch.matmul(a, b)])
     out["bf16_tflops"] = flops / (t["median_us"] * 1e6)
     out["figures"]["bf16_matmul"] = {**t, "shape": [size, size, size]}
 
     fp8 = torch.float8_e4m3fn
     a8, b8 = a.to(fp8), b.to(fp8).t()                     # _scaled_mm wants B column-major
-    one = torch.ones((), device="cuda")
+    one = torch.ones((), device=on)
     try:
         t = timed([lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)])
         out["fp8_tflops"] = flops / (t["median_us"] * 1e6)
@@ -128,9 +141,11 @@ def write(data: dict, path: Path) -> Path:
 
 
 def summary_lines(data: dict) -> list[str]:
-    fp8 = f"{data['fp8_tflops']:.0f} TFLOP/s" if data.get("fp8_tflops") else \
+    fp8 = f"{data['fp8_tflops']:.3g} TFLOP/s" if data.get("fp8_tflops") else \
         f"not measured ({data['figures']['fp8_matmul'].get('error')})"
+    where = "CPU DEVICE: wall clock on a CPU, not a GPU's figures" if data.get("device_kind") == "cpu" \
+        else "measured on the GPU"
     return [f"device {data['device']} (driver {data.get('driver')}, torch {data.get('torch')}, "
             f"triton {data.get('triton')}), {data.get('sm_count')} SMs, L2 {data.get('l2_bytes')} bytes",
-            f"copy {data['copy_tb_s']:.2f} TB/s (read + written), BF16 matmul {data['bf16_tflops']:.0f} TFLOP/s, "
-            f"FP8 matmul {fp8}  [measured on the GPU]"]
+            f"copy {data['copy_tb_s']:.3g} TB/s (read + written), BF16 matmul {data['bf16_tflops']:.3g} TFLOP/s, "
+            f"FP8 matmul {fp8}  [{where}]"]

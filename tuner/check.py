@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner import numerics
 from tuner.errors import TunerError
 from tuner.paths import read_json
 from tuner.problems import Problem
@@ -62,21 +61,6 @@ def pick_batch_sizes(entries: dict[int, dict], wanted: list[int] | None) -> dict
     return {m: lookup_nearest(table, m) for m in sorted(set(wanted))}
 
 
-def check_config(kernel, problem: Problem, M: int, config: dict, device: str, seed: int) -> CheckRow:
-    """One config on fresh inputs, the output poisoned with NaN first (tuner/numerics.py)."""
-    t0 = time.monotonic()
-    try:
-        agreement, _ = numerics.check_config(kernel, problem.params, M, config, device, seed)
-    except TunerError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a config that does not compile or run fails its check
-        text = str(e).strip().splitlines()
-        return CheckRow(problem, M, config, "fail", None, f"{type(e).__name__}: {text[0] if text else ''}"[:300],
-                        time.monotonic() - t0)
-    return CheckRow(problem, M, config, "pass" if agreement.passed else "fail",
-                    None if agreement.unwritten else agreement.rel_error, agreement.detail, time.monotonic() - t0)
-
-
 def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_problems, routing: str,
                    engine_hint: str | None) -> tuple[str, list[tuple[Problem, dict]], list[str]]:
     """(the engine whose table it is, [(problem, {M: config})], notes). The problems come from
@@ -114,27 +98,30 @@ def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_
 
 def run_check(kernel_name: str, table_path: Path, model, make_problems, routing: str,
               source: str, origins: list[str] | None, batch_sizes: list[int] | None, seed: int | None,
-              log=print) -> list[CheckRow]:
-    """Check every (problem, M) of the table on the chosen kernel; log one line each."""
-    import torch
-
+              log=print, device: str | None = None, gpu: str | None = None) -> list[CheckRow]:
+    """Check every (problem, M) of the table on the chosen kernel; log one line each. The
+    kernel runs in an isolated measuring child (tuner/isolation.py) on a GPU or the CPU
+    device, so a config that crashes the child, hangs or poisons its CUDA context fails its
+    own line and the next runs in a fresh child."""
+    from tuner.device import device_name, require
     from tuner.engines import ENGINE_NAMES
+    from tuner.isolation import isolated_gpu_measurer
     from tuner.kernel_api import config_from_entry
     from tuner.kernel_sources import kernel_for
 
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")     # before any kernel module is imported
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = device or default_device()
+    spec = check_gpu(gpu, device)
+    require(device, spec, "checking a table on the GPU", "--device cpu runs it in Triton's interpreter")
     table = read_table(table_path)
     hint = source if source in ENGINE_NAMES else None
     engine, work, notes = table_problems(kernel_name, table_path, table, model, make_problems, routing, hint)
     kernel = kernel_for(kernel_name, engine, source, origins)
     log(f"kernel: {kernel.description} [{kernel.source_label}" + (f", {kernel.origin}]" if kernel.origin else "]"))
-    log("device: " + (torch.cuda.get_device_name() if device == "cuda"
-                      else "no GPU: Triton's interpreter on the CPU (slow; a small model keeps it fast)"))
+    log("device: " + (device_name(device, spec) if device == "cuda"
+                      else f"{device_name(device, spec)}: Triton's interpreter (slow; a small model keeps it fast)"))
     for note in notes:
         log(f"note: {note}")
-    rows = []
+    plan = []
     base_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     for problem, entries in work:
         for i, (M, entry) in enumerate(pick_batch_sizes(entries, batch_sizes).items()):
@@ -143,9 +130,41 @@ def run_check(kernel_name: str, table_path: Path, model, make_problems, routing:
             except (KeyError, TypeError, ValueError):
                 raise TunerError(f"{table_path}: the entry for M={M} lacks one of "
                                  f"{', '.join(kernel.config_keys)}") from None
-            row = check_config(kernel, problem, M, config, device, base_seed + i)
+            plan.append((problem, M, config, base_seed + i))
+    rows = []
+    measurer = isolated_gpu_measurer(kernel, spec.key, compile_workers=0, device=device)
+    try:
+        for problem, M, config, case_seed in plan:
+            t0 = time.monotonic()
+            check = measurer.check_numerics(problem, M, config, case_seed)
+            row = CheckRow(problem, M, config, "pass" if check.status == "passed" else "fail", check.rel_error,
+                           check.detail or f"seed {case_seed}", time.monotonic() - t0)
             rows.append(row)
             rel = f"{row.rel_error:.2e}" if row.rel_error is not None else "-"
             log(f"{row.status.upper():4s}  rel {rel:>8s}  M={M:<5d} {problem.key}  "
                 f"{' '.join(f'{k}={v}' for k, v in config.items())}  ({row.detail}; {row.seconds:.1f}s)")
+    finally:
+        measurer.close()
     return rows
+
+
+def default_device() -> str:
+    """cuda where a GPU is visible, else the CPU device."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_gpu(key: str | None, device: str):
+    """The GPU the check runs on: --gpu, else the one present (the CPU device stands in for
+    an H100 unless told otherwise)."""
+    from tuner.gpus import GPUS, get_gpu
+    if key:
+        return get_gpu(key)
+    if device == "cpu":
+        return GPUS["H100"]
+    import torch
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    found = next((g for g in GPUS.values() if g.cuda_name == name), None)
+    if found is None:
+        raise TunerError(f"this machine's GPU {name or '(none)'} is not one of {', '.join(GPUS)}; give --gpu")
+    return found

@@ -100,10 +100,10 @@ def _common_options() -> _Parser:
                    help="prefix of this run's study names, so several runs can share one storage "
                    "(and `tuner worker` processes can join it)")
     k = p.add_argument_group("whose kernel is timed")
-    k.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
+    k.add_argument("--kernel-source", choices=("engine", "ours", *ENGINE_NAMES), default=None,
                    help="engine (default): each engine's tables are timed on that engine's own Triton kernel, "
-                   "read from the installed engine or --engine-source; ours: on our kernels in kernels/ "
-                   "(with --replay: the landscape's)")
+                   "read from the installed engine or --engine-source; vllm or sglang: that engine's kernel, for "
+                   "its tables only; ours: on our kernels in kernels/ (with --replay: the landscape's)")
     k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                    help="the engines' released wheels, folders holding them, or folders made by "
                    "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS)")
@@ -116,13 +116,24 @@ def _common_options() -> _Parser:
                    "worker process per GPU on shared studies")
     o.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1),
                    help="parallel compile processes on a GPU run (default: CPU count, at most 16)")
-    o.add_argument("--measure-timeout", type=_positive, default=300, metavar="S",
-                   help="seconds one config may take (compile included) before it counts as hung (default 300)")
+    o.add_argument("--measure-timeout", type=_positive, default=120, metavar="S",
+                   help="seconds one config may take (compile included) before it counts as hung (default 120; "
+                   "compile workers are waited for at most half of it)")
+    _device_option(o)
     o.add_argument("--recycle-after", type=_positive, default=256, metavar="N",
                    help="configs a measuring worker serves before it is replaced (default 256)")
     o.add_argument("--dry-run", action="store_true", help="print the plan and stop (no GPU needed)")
     o.add_argument("--quiet", action="store_true", help="no progress output")
     return p
+
+
+DEVICE_HELP = ("what measures: cuda (default), the GPU; cpu, the CPU device: the GPU's whole code path (measuring "
+               "child, compile workers compiling for sm_90, timeouts, numerics, tables) run on a CPU in Triton's "
+               "interpreter, for CI and rehearsals; its times are labelled CPU DEVICE and mean nothing about a GPU")
+
+
+def _device_option(group, default: str | None = "cuda", extra: str = "") -> None:
+    group.add_argument("--device", choices=("cuda", "cpu"), default=default, help=DEVICE_HELP + extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--study-prefix", default="", metavar="NAME")
     worker.add_argument("--replay", default=None, metavar="FILE", help="measure by replaying a landscape")
     worker.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
-    worker.add_argument("--measure-timeout", type=_positive, default=300, metavar="S")
+    worker.add_argument("--measure-timeout", type=_positive, default=120, metavar="S")
     worker.add_argument("--recycle-after", type=_positive, default=256, metavar="N")
+    _device_option(worker)
     worker.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                         help="where this machine has the engines' code, for plans timed on an engine's kernel "
                         "(default: where the plan's machine had it, the installed engine, $TUNER_ENGINE_WHEELS)")
@@ -218,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--traffic", default=None, metavar="FILE",
                        help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): also print "
                        "the traffic-weighted speedup and, with --model, the per-pass estimate")
+    _device_option(drift)
     night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
                            description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
                            "fine, 3 a table regressed, 1 a job failed.")
@@ -275,36 +288,46 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ceilings", default=None, metavar="FILE",
                        help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
     bench.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
+    bench.add_argument("--measure-timeout", type=_positive, default=120, metavar="S",
+                       help="seconds one config may take before it counts as hung (default 120)")
+    _device_option(bench)
     bench.add_argument("--out", required=True, metavar="DIR")
     bench.add_argument("--traffic", default=None, metavar="FILE",
                        help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): bench at the "
                        "keys it chooses (unless --batch-sizes) and print the traffic-weighted speedups")
     bench.add_argument("--quiet", action="store_true")
-    proof = sub.add_parser("proof", help="the whole GPU proof in one unattended call (scripts/gpu_proof.sh)",
-                           description="Environment and ceilings, kernels against the reference, landscapes, the "
-                           "DeepSeek-V3 TP8 MoE tune, benches and the sampler study, each step time-boxed and "
-                           "written before the next; summary.md at the end. --fake runs the same flow on a CPU "
-                           "over SYNTHETIC landscapes (for tests).")
+    proof = sub.add_parser("proof", help="the GPU proof, most valuable first, in two device calls (scripts/gpu_proof.sh)",
+                           description="Call 1: environment and ceilings, a MoE smoke test (stops the call when "
+                           "nothing is timed), kernel validation, the vLLM MoE tune; call 2: the SGLang MoE tune, "
+                           "the MoE and GEMM benches, a landscape with the time left; local (no GPU): report and "
+                           "sampler study. Each step is time-boxed and written before the next (and bundled into "
+                           "--bundle). --device cpu rehearses it on the CPU device with a tiny model (for CI).")
     proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
-    proof.add_argument("--minutes", type=float, default=25.0, help="the whole budget (default 25)")
+    proof.add_argument("--minutes", type=float, default=8.0, help="this call's budget (default 8)")
     proof.add_argument("--out", default=None, metavar="DIR",
-                       help="default bench/results/<gpu>-<date>/ (with --fake: runs/proof-fake-<date>/)")
+                       help="default bench/results/<gpu>-<date>/ (with --device cpu: runs/proof-cpu-device-...)")
     proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                        help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
                        "else $TUNER_ENGINE_WHEELS)")
     proof.add_argument("--baselines", default=None, metavar="DIR",
                        help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
-    proof.add_argument("--fake", action="store_true", help="no GPU: SYNTHETIC landscapes and a small model")
-    proof.add_argument("--steps", nargs="+", default=None, choices=("environment", "validate", "landscapes", "tune",
-                                                                   "bench", "sampler"),
-                       help="run only these steps (a proof split over several calls into one folder; the summary "
-                       "keeps the other steps' earlier results)")
+    proof.add_argument("--call", choices=("1", "2", "local"), default=None,
+                       help="which part: 1 and 2 need the GPU (one device call each), local runs here after")
+    proof.add_argument("--steps", nargs="+", default=None, metavar="STEP",
+                       help="run only these steps (of: environment smoke validate tune-vllm tune-sglang bench-moe "
+                       "bench-gemm landscapes report sampler); the summary keeps earlier calls' steps")
+    proof.add_argument("--bundle", default=None, metavar="DIR",
+                       help="after every step, write the folder as one tarball (top folder bench/results/<name>) "
+                       "and summary.md into DIR (the device tool's $OUT)")
+    _device_option(proof)
     ceil = sub.add_parser("ceilings", help="measure this GPU's copy bandwidth and matmul rates",
                           description="Measure device-to-device copy bandwidth (bytes read plus written), FP8 "
                           "and BF16 dense matmul rates at 8192^3, L2 size and SM count; bench, drift and the "
                           "plan read them for rooflines. Needs the GPU.")
     ceil.add_argument("--gpu", required=True)
-    ceil.add_argument("--out", default=None, metavar="FILE", help="default bench/ceilings/<gpu>.json")
+    ceil.add_argument("--out", default=None, metavar="FILE",
+                      help="default bench/ceilings/<gpu>.json (with --device cpu: runs/ceilings-<gpu>-cpu-device.json)")
+    _device_option(ceil)
     chk = sub.add_parser("check", help="run a table's configs against the reference on a chosen kernel",
                          description="Run every config of a table (the engine's own format; every M in it, or "
                          "those given) on a kernel against the float64 reference; one line per config, exit 1 "
@@ -325,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--batch-sizes", type=_batch, nargs="+", metavar="M", default=None,
                      help="check these batch sizes (the entry the engine would use for each) instead of every M")
     chk.add_argument("--seed", type=int, default=None, help="input seed (default: fresh random inputs)")
+    _device_option(chk, None, "; default: cuda where a GPU is visible, else cpu")
+    chk.add_argument("--gpu", default=None, help="the GPU it runs on (default: the one present; the CPU device "
+                     "stands in for an H100)")
     src = sub.add_parser("engine-source", help="copy the engine files the launchers need out of a wheel",
                          description="Extract, from an engine's wheel (or the installed engine), the few source "
                          "files whose kernels tuner times, into a folder small enough to carry to a GPU machine "
@@ -440,25 +466,28 @@ def cmd_audit(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from tuner.measure import require_gpu
+    from tuner.device import require
     from tuner.progress import Progress
     from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
 
     storage = open_checked_storage(args.storage)
-    if not args.replay:
+    if not args.replay and args.device == "cuda":
         # the storage's plans first (a storage without one is said as such), then the GPU,
         # before the engines' code is looked for
         load_plans(storage, args.study_prefix, load_code=False, storage=args.storage)
         import torch
         if not torch.cuda.is_available():
+            from tuner.measure import require_gpu
             require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
     for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
                            replay=args.replay, storage=args.storage,
                            compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
-                           recycle_after=args.recycle_after):
+                           recycle_after=args.recycle_after, device=args.device):
         if not args.replay:
-            require_gpu(opts.gpu.cuda_name, "a worker", "--replay FILE measures from a recorded landscape")
-        progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet)
+            require(args.device, opts.gpu, "a worker", "--replay FILE measures from a recorded landscape")
+        from tuner.tune import time_unit
+        progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet,
+                            unit=time_unit(opts))
         measurer = make_measurer(opts, progress)
         try:
             tune_all(opts, storage, measurer, progress)
@@ -477,6 +506,8 @@ def cmd_collect(args) -> int:
         results = collect(opts, storage, wait=args.wait)
         table = results_table(results, opts.kernel.config_keys)
         if not table.empty:
+            from tuner.report import run_source
+            print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
             print(table.to_string(index=False))
     print(f"tables and manifest in {args.out}/")
     return 0
@@ -513,13 +544,14 @@ def cmd_drift(args) -> int:
         from tuner.traffic import load_profile
         profile = load_profile(args.traffic, args.tp)
     tables = find_tables(args.tables, model, args.routing)
-    measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source)
+    measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source,
+                          device=args.device)
     try:
         df = measure_drift(tables, measurers, args.noise)
     finally:
         measurers.close()
     from tuner.provenance import banner
-    print(banner(measurers.environment(), "replay" if args.replay else "gpu"))
+    print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
     print(drift_table(df).to_string(index=False))
     losing = df[df["verdict"].isin(["loses", "fails"])]
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
@@ -575,7 +607,8 @@ def cmd_report(args) -> int:
     g = _geomean(df["speedup"])
     if g:
         print(f"Geometric-mean speedup over the engines' default config"
-              f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}: {g:.2f}x")
+              f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}"
+              f"{' (CPU DEVICE: not a GPU time)' if 'CPU DEVICE' in source else ''}: {g:.2f}x")
     for line in traffic or []:
         print(line)
     print(f"report: {path}")
@@ -657,13 +690,14 @@ def cmd_bench(args) -> int:
     gpu = get_gpu(args.gpu)
     model = load_model(args.model)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
-    ceilings = ceilings_mod.load(gpu, args.ceilings)
+    from tuner.device import device_name
+    ceilings = ceilings_mod.load(gpu, args.ceilings, device_name(args.device, gpu) if not args.replay else None)
     kernel_name, make_problems = _problem_builder(args, args.kernel)
     problems = only_problems(make_problems(model), args.only)
     baselines = [(Path(d).name, d) for d in args.baseline or []]
     if not args.replay:
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name, "a bench", "--replay FILE benches a recorded landscape")
+        from tuner.device import require
+        require(args.device, gpu, "a bench", "--replay FILE benches a recorded landscape")
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     rows: list = []
     measurers: list = []
@@ -720,10 +754,11 @@ def cmd_bench(args) -> int:
 
 def _bench_measurer(args, kernel, gpu):
     if args.replay:
+        from tuner.device import device_name
         from tuner.measure import ReplayMeasurer
-        return ReplayMeasurer.from_file(args.replay, kernel, gpu.cuda_name)
+        return ReplayMeasurer.from_file(args.replay, kernel, device_name(args.device, gpu))
     from tuner.isolation import isolated_gpu_measurer
-    return isolated_gpu_measurer(kernel, gpu.key, args.compile_workers)
+    return isolated_gpu_measurer(kernel, gpu.key, args.compile_workers, args.measure_timeout, device=args.device)
 
 
 def cmd_landscape(args) -> int:
@@ -772,32 +807,38 @@ def cmd_landscape(args) -> int:
 
 def cmd_proof(args) -> int:
     from tuner import proof as proof_mod
+    from tuner.device import require
     from tuner.gpus import get_gpu
     gpu = get_gpu(args.gpu)
     if not 0 < args.minutes <= 24 * 60:            # NaN fails this too
         raise TunerError(f"--minutes must be more than 0 and at most a day, not {args.minutes}")
-    if not args.fake:
-        from tuner.measure import require_gpu
-        require_gpu(gpu.cuda_name, "the GPU proof", "--fake runs its flow over SYNTHETIC landscapes")
-    out = Path(args.out) if args.out else proof_mod.default_out(gpu, args.fake)
+    steps = proof_mod.steps_of(args.call, args.steps)
+    unknown = [s for s in steps if s not in proof_mod.STEPS]
+    if unknown:
+        raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(proof_mod.STEPS)}")
+    if any(s not in proof_mod.CALLS["local"] for s in steps):
+        require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
+    out = Path(args.out) if args.out else proof_mod.default_out(gpu, args.device)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
+    if args.bundle and Path(args.bundle).exists() and not Path(args.bundle).is_dir():
+        raise TunerError(f"--bundle {args.bundle} is a file, not a folder")
     baselines = Path(args.baselines) if args.baselines else proof_mod.default_baselines()
     if args.baselines and not Path(args.baselines).is_dir():
         raise TunerError(f"--baselines {baselines} is not a folder")
-    run = proof_mod.Proof(out, gpu, args.minutes, args.fake, args.engine_source or proof_mod.default_engine_source(),
-                          baselines)
-    return run.execute(log=lambda line: print(line, flush=True), only=args.steps)
+    run = proof_mod.Proof(out, gpu, args.minutes, args.device, args.engine_source or proof_mod.default_engine_source(),
+                          baselines, Path(args.bundle) if args.bundle else None)
+    return run.execute(steps, log=lambda line: print(line, flush=True))
 
 
 def cmd_ceilings(args) -> int:
     from tuner import ceilings as ceilings_mod
     from tuner.gpus import get_gpu
     gpu = get_gpu(args.gpu)
-    path = Path(args.out) if args.out else ceilings_mod.default_path(gpu)
+    path = Path(args.out) if args.out else ceilings_mod.default_path(gpu, args.device)
     if path.exists() and path.is_dir():
         raise TunerError(f"--out {path} is a folder; give a file name")
-    data = ceilings_mod.measure(gpu)
+    data = ceilings_mod.measure(gpu, device=args.device)
     ceilings_mod.write(data, path)
     for line in ceilings_mod.summary_lines(data):
         print(line)
@@ -822,7 +863,8 @@ def cmd_check(args) -> int:
         "mla": ("mla_decode", None),            # our own format: the table holds its problems
     }[args.kernel]
     rows = run_check(kernel_name, table, model, make_problems, args.routing, args.kernel_source,
-                     args.engine_source, args.batch_sizes, args.seed, log=lambda line: print(line, flush=True))
+                     args.engine_source, args.batch_sizes, args.seed, log=lambda line: print(line, flush=True),
+                     device=args.device, gpu=args.gpu)
     failed = sum(r.status != "pass" for r in rows)
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
@@ -920,6 +962,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
+        if getattr(args, "device", None) == "cpu":
+            from tuner.device import prepare_process
+            prepare_process("cpu")          # before any kernel is imported here
         return COMMANDS[args.command](args)
     except TunerError as e:
         print(f"tuner: error: {e}", file=sys.stderr)

@@ -161,9 +161,12 @@ class Measurers:
     does) and one measurer per kernel, made on first use: a replayed landscape or the GPU."""
 
     def __init__(self, gpu, replay: str | None = None, compile_workers: int = 8,
-                 kernel_source: str | None = None, engine_source: list[str] | None = None):
+                 kernel_source: str | None = None, engine_source: list[str] | None = None, device: str = "cuda"):
+        from tuner.device import CpuDevice, CudaDevice, check_kind
         from tuner.kernel_sources import source_mode
         self.gpu, self.replay, self.compile_workers = gpu, replay, compile_workers
+        self.device = check_kind(device)
+        self.label = (CpuDevice if device == "cpu" else CudaDevice).label
         self.mode = source_mode(kernel_source, replay)
         self.engine_source = engine_source
         self._made: dict = {}
@@ -177,14 +180,16 @@ class Measurers:
         key = (kernel.name, kernel.source)
         if key not in self._made:
             if self.replay:
+                from tuner.device import device_name
                 from tuner.measure import ReplayMeasurer
-                self._made[key] = ReplayMeasurer.from_file(self.replay, kernel, self.gpu.cuda_name)
+                self._made[key] = ReplayMeasurer.from_file(self.replay, kernel, device_name(self.device, self.gpu))
             else:
+                from tuner.device import require
                 from tuner.isolation import isolated_gpu_measurer
-                from tuner.measure import require_gpu
-                require_gpu(self.gpu.cuda_name, "re-timing tables", "--replay FILE re-times them from a "
-                            "recorded landscape")
-                self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers)
+                require(self.device, self.gpu, "re-timing tables", "--replay FILE re-times them from a "
+                        "recorded landscape")
+                self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers,
+                                                        device=self.device)
         return self._made[key]
 
     def environment(self) -> dict:

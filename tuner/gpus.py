@@ -1,7 +1,8 @@
 """The Hopper GPUs we tune for: the names users type, the names CUDA reports, limits.
 
 Rates here are datasheet figures, used only to print rough floors in a plan; reported
-rooflines use ceilings measured on the device (bench/).
+rooflines use ceilings measured on the device (bench/). The L2 size here sizes the L2 flush
+only where the device cannot be asked (the CPU device); on a GPU the real one is read off it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("H100", "NVIDIA H100 80GB HBM3", 132, _HOPPER_SMEM, 50 << 20, 3.35, 1979.0),
         GpuSpec("H100-PCIe", "NVIDIA H100 PCIe", 114, _HOPPER_SMEM, 50 << 20, 2.0, 1513.0),
         GpuSpec("H100-NVL", "NVIDIA H100 NVL", 132, _HOPPER_SMEM, 50 << 20, 3.9, 1671.0, memory_gb=94),
-        GpuSpec("H200", "NVIDIA H200", 132, _HOPPER_SMEM, 50 << 20, 4.8, 1979.0, memory_gb=141),
-        GpuSpec("H200-NVL", "NVIDIA H200 NVL", 132, _HOPPER_SMEM, 50 << 20, 4.8, 1671.0, memory_gb=141),
+        GpuSpec("H200", "NVIDIA H200", 132, _HOPPER_SMEM, 60 << 20, 4.8, 1979.0, memory_gb=141),
+        GpuSpec("H200-NVL", "NVIDIA H200 NVL", 132, _HOPPER_SMEM, 60 << 20, 4.8, 1671.0, memory_gb=141),
         GpuSpec("H800", "NVIDIA H800", 132, _HOPPER_SMEM, 50 << 20, 3.35, 1979.0),
         GpuSpec("H20", "NVIDIA H20", 78, _HOPPER_SMEM, 60 << 20, 4.0, 296.0, memory_gb=96),
     ]

@@ -201,6 +201,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         problems = []
         if not t.get("numerics_passed"):
             problems.append("its numerics check did not pass (or was not run: replayed timings)")
+        from tuner.provenance import is_cpu_device
+        if is_cpu_device(env):
+            problems.append("it was timed on the CPU device (Triton's interpreter on a CPU, standing in for a "
+                            "GPU in CI): its configs were never timed on a GPU")
         if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
             problems.append(f"it was measured under Triton {env['triton']}, the target runs {target_triton}")
         if gpu and env.get("device") and env["device"] != gpu:

@@ -15,6 +15,12 @@ Config = dict[str, int]
 # the order their tables list them.
 MATMUL_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 Params = dict[str, Any]   # a problem's shape/dtype keys, e.g. {"N": 7168, "K": 2048, "block_shape": [128, 128]}
+# What `compile_only` builds its launch on: tensors of the real shapes, strides and dtypes
+# that own no memory. Triton specializes a launch on dtypes, integer arguments and 16-byte
+# alignment (a meta tensor's address, 0, is aligned like any allocation), so the build lands
+# under the key the timed run looks up, while a compile worker allocates nothing: an MLA
+# decode at 128 x 32K would otherwise take 6 GB in every worker.
+COMPILE_DEVICE = "meta"
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,8 @@ class KernelSpec:
          measures first; `shared_memory(params, config)` and `rows(params, M)` feed the
          space's pruning rules (tuner/space.py) before anything compiles.
       2. `compile_only(params, M, config)` (when not None), in a compile worker process:
-         builds the config into Triton's cache, launching nothing that matters.
+         builds the config into Triton's cache (`kernel.warmup(...)`), launching nothing,
+         on tensors of COMPILE_DEVICE; its launch has the Triton cache key of `run`'s.
       3. `make_inputs(params, M, device, seed)` -> inputs, then `run(inputs, config)` any
          number of times (timing, CUDA-graph capture), and for the numerics check:
          `inputs["out"]` poisoned with NaN, `run`, then `reference(inputs)`.
@@ -104,6 +111,9 @@ class KernelSpec:
     # to, as the engine runs the two (run(inputs, config) then times both); None: the two
     # tables' own times are added instead.
     tied_params: Callable[[Params, Config], Params] | None = None
+    # A kernel defined outside kernels/ (a test's kernel): the importable module whose KERNEL
+    # it is, so that a measuring child or compile worker builds the same one. "": kernels/.
+    module: str = ""
 
     @property
     def source_label(self) -> str:
@@ -113,7 +123,8 @@ class KernelSpec:
     @property
     def ref(self) -> dict:
         """What another process needs to build this same spec (kernels.get_kernel(**ref))."""
-        return {"name": self.name, "source": self.source, "origin": self.origin}
+        ref = {"name": self.name, "source": self.source, "origin": self.origin}
+        return {**ref, "module": self.module} if self.module else ref
 
 
 def config_from_entry(spec: KernelSpec, entry: dict) -> Config:

@@ -243,6 +243,9 @@ def describe(land: Landscape) -> list[str]:
              f"driver {h.get('driver')}; recorded {h.get('recorded')}"]
     if h.get("synthetic"):
         lines.append("  *** SYNTHETIC: made by a cost model, not measured on any GPU ***")
+    from tuner.provenance import is_cpu_device
+    if is_cpu_device(h):
+        lines.append("  *** CPU DEVICE: recorded on a CPU in Triton's interpreter, not on any GPU ***")
     total = failed = 0
     for key, params in sorted(land.problems.items()):
         ms = land.batch_sizes(params)

@@ -1,7 +1,8 @@
 """Measurers: where timings come from. The search talks only to this interface.
 
 - ReplayMeasurer answers from a recorded landscape (CPU; tests, offline studies).
-- tuner.measure_gpu.GpuMeasurer times on a real GPU.
+- tuner.measure_gpu.DeviceMeasurer times on a GPU, or on the CPU device in CI
+  (tuner/device.py), inside an isolated child (tuner/isolation.py).
 - RecordingMeasurer times the full pruned grid on the GPU into a landscape, then
   answers the search from what it recorded.
 """
@@ -106,6 +107,8 @@ class ReplayMeasurer:
     def environment(self) -> dict:
         h = self.landscape.header
         env = {k: h.get(k) for k in ("device", "driver", "cuda", "torch", "triton", "recorded", "code_version")}
+        if h.get("device_kind"):
+            env["device_kind"] = h["device_kind"]
         if h.get("synthetic"):
             env["synthetic"] = True
         return env

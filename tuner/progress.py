@@ -7,8 +7,9 @@ import time
 
 
 class Progress:
-    def __init__(self, total_studies: int, stream=None, enabled: bool = True):
+    def __init__(self, total_studies: int, stream=None, enabled: bool = True, unit: str = "us"):
         self.total = max(total_studies, 1)
+        self.unit = unit                      # how a time is shown ("us (CPU device)" off a GPU)
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
@@ -26,7 +27,7 @@ class Progress:
         frac = (self.study - 1 + min(done / max(budget, 1), 1.0)) / self.total
         width = 24
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        best_s = f"{best:.2f} us" if best is not None else "-"
+        best_s = f"{best:.2f} {self.unit}" if best is not None else "-"
         line = (f"\r[{bar}] {self.study}/{self.total} {self.label}  trial {done}/{budget}  best {best_s}"
                 f"  {time.monotonic() - self.t0:.0f}s")
         self.stream.write(line.ljust(len(self._last)))

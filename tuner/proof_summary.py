@@ -38,14 +38,15 @@ def engine_vs_ours(rows: list[dict]) -> list[dict]:
     return out
 
 
-def summary_markdown(out: Path, results: list, fake: bool, elapsed: float) -> str:
+def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> str:
     import pandas as pd
 
     from tuner.report import markdown_table
     env = _load(out / "environment.json") or {}
     lines = ["# GPU proof", ""]
-    if fake:
-        lines += ["*** FAKE RUN: no GPU; every time below comes from a SYNTHETIC cost model and means nothing ***", ""]
+    if device == "cpu":
+        lines += ["*** REHEARSAL ON THE CPU DEVICE: no GPU; every time below is a wall-clock time of Triton's "
+                  "interpreter on a CPU (CPU DEVICE) and means nothing about any GPU ***", ""]
     lines += [f"Device {env.get('device', 'none')}, driver {env.get('driver', '-')}, torch {env.get('torch')}, "
               f"Triton {env.get('triton')}, CUDA {env.get('cuda')}; written {env.get('written')}; "
               f"{elapsed / 60:.1f} minutes so far.", ""]
@@ -55,7 +56,8 @@ def summary_markdown(out: Path, results: list, fake: bool, elapsed: float) -> st
     ceil = _load(out / "ceilings.json")
     if ceil:
         from tuner.ceilings import summary_lines
-        lines += ["## Ceilings (measured on the GPU)", ""] + [f"- {s}" for s in summary_lines(ceil)] + [""]
+        where = "the CPU DEVICE, not a GPU" if ceil.get("device_kind") == "cpu" else "the GPU"
+        lines += [f"## Ceilings (measured on {where})", ""] + [f"- {s}" for s in summary_lines(ceil)] + [""]
     val = _load(out / "validate" / "kernels.json")
     checks = sorted((out / "validate").glob("check-*.txt")) if (out / "validate").is_dir() else []
     if val or checks:
@@ -63,8 +65,9 @@ def summary_markdown(out: Path, results: list, fake: bool, elapsed: float) -> st
         if val:
             cases = val.get("cases", [])
             bad = [c for c in cases if c["numerics"]["status"] != "passed"]
+            where = next((c.get("time_source") for c in cases if c.get("time_source")), "-")
             lines.append(f"- validate_kernels: {len(cases) - len(bad)} passed, {len(bad)} failed "
-                         f"(default configs at DeepSeek-V3 TP8 shapes, measured on the GPU)")
+                         f"(default configs; times: {where})")
             lines += [f"  - FAILED [{c['kernel_source']}] {c['kernel']} {c['problem']} M={c['M']}: "
                       f"{c['numerics'].get('detail')}" for c in bad]
         lines += [f"- tuner check {p.stem[len('check-'):]}: {_last_line(p)}" for p in checks]
@@ -83,14 +86,31 @@ def summary_markdown(out: Path, results: list, fake: bool, elapsed: float) -> st
             except Exception as e:  # noqa: BLE001 - a broken landscape is reported, not fatal
                 lines.append(f"- {land.name}: unreadable ({e})")
         lines.append("")
-    tuned = _load(out / "tuned" / "moe-deepseek-v3-tp8" / "manifest.json")
+    smoke = _load(out / "runs" / "smoke" / "manifest.json")
+    if smoke:
+        from tuner.report import run_source
+        entries = [(t, m, e) for t in smoke.get("tables", []) for m, e in (t.get("entries") or {}).items()]
+        lines += ["## Smoke test", "", run_source(out / "runs" / "smoke"), ""]
+        lines += [f"- {(t.get('kernel_source') or {}).get('source')} M={m}: "
+                  + (f"{x['time_us']:.2f} us" if x.get("time_us") else f"no time ({x.get('failures')})")
+                  for t, m, x in entries] + [""]
+    tuned = _load(out / "tuned" / "moe" / "manifest.json")
     if tuned:
+        from tuner.report import run_source
         n = sum(len(t.get("entries", {})) for t in tuned.get("tables", []))
-        tune = next((r for r in results if r.name == "tune"), None)
-        lines += ["## DeepSeek-V3 TP8 MoE tables", "",
-                  f"{len(tuned.get('tables', []))} tables, {n} entries ({tune.status if tune else '-'}, "
-                  f"{tune.seconds / 60 if tune else 0:.1f} minutes wall time); times: {tuned.get('measured_by')}. "
-                  "Report: tuned/moe-deepseek-v3-tp8/report/report.md", ""]
+        tunes = [r for r in results if r.name.startswith("tune-")]
+        lines += ["## MoE tables", "", run_source(out / "tuned" / "moe"), "",
+                  f"{len(tuned.get('tables', []))} tables, {n} entries ("
+                  + "; ".join(f"{r.name} {r.status}, {r.seconds / 60:.1f} minutes" for r in tunes)
+                  + "). Report: tuned/moe/report/report.md", ""]
+        for t in tuned.get("tables", []):
+            who = (t.get("kernel_source") or {}).get("source", "ours")
+            for m, entry in sorted((t.get("entries") or {}).items(), key=lambda kv: int(kv[0])):
+                speed = f", {entry['speedup']:.2f}x the default" if entry.get("speedup") else ""
+                lines.append(f"- [{who}] {', '.join(t.get('files', {}).values()) or t['problem']} M={m}: "
+                             + (f"{entry['time_us']:.2f} us{speed}, numerics "
+                                f"{entry.get('numerics', {}).get('status')}" if entry.get("time_us") else "no config"))
+        lines.append("")
     for bench in sorted((out / "bench").glob("*/bench-*.json")) if (out / "bench").is_dir() else []:
         data = _load(bench) or {}
         rows = data.get("rows", [])

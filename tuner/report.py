@@ -18,6 +18,7 @@ from tuner import failures
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_text
 from tuner.problems import Problem
+from tuner.provenance import is_loud
 from tuner.results import read_manifest
 
 
@@ -145,7 +146,8 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
     ax2.set_xlabel("M (batch size)")
     ax2.set_ylabel(name)
     ax2.tick_params(axis="x", labelrotation=60)
-    fig.suptitle(f"{title}\n{source}", fontsize=8, color="red" if "SYNTHETIC" in source else "black")
+    fig.suptitle(f"{title}\n{source}" if source else title, fontsize=8,
+                 color="red" if is_loud(source) else "black")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -158,7 +160,8 @@ def _geomean(values) -> float | None:
 
 
 def run_source(run: Path) -> str:
-    """Where a results folder's times came from, in one line (loud when SYNTHETIC)."""
+    """Where a results folder's times came from, in one line (loud when SYNTHETIC or from the
+    CPU device)."""
     from tuner.provenance import banner
     manifest = read_manifest(run)
     env: dict = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
@@ -175,7 +178,8 @@ def write_report(run: Path, out: Path | None = None,
     lines = [f"# Tuning report: {run}", "", source, ""]
     g = _geomean(df["speedup"])
     if g:
-        where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else ""
+        where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else \
+            " (CPU DEVICE: not a GPU's times)" if is_loud(source) else ""
         lines += [f"Geometric-mean speedup over the engines' default config{where}: **{g:.2f}x** "
                   f"over {df['speedup'].notna().sum()} batch sizes.", ""]
     if traffic_lines:

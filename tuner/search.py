@@ -74,6 +74,11 @@ def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "cmaes":
+        try:
+            import cmaes  # noqa: F401 - Optuna's CMA-ES sampler imports it only when it first samples
+        except ImportError:
+            raise TunerError("--sampler cmaes needs the cmaes package (pip install cmaes); "
+                             "tpe and random need nothing more") from None
         return optuna.samplers.CmaEsSampler(seed=s.seed, warn_independent_sampling=False)
     raise TunerError(f"unknown sampler {s.sampler!r}; choose from {', '.join(SAMPLERS)}")
 

@@ -55,7 +55,7 @@ class RunOptions:
     record: str | None = None
     baseline: str | None = None
     compile_workers: int = 8
-    measure_timeout: float = 300.0   # seconds one config may take before its worker is replaced
+    measure_timeout: float = 120.0   # seconds one config may take before its worker is replaced
     recycle_after: int = 256         # configs a measuring worker serves before a fresh one
     run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
     quiet: bool = False
@@ -63,6 +63,13 @@ class RunOptions:
     gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
     plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
     traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
+    device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/device.py)
+
+    @property
+    def device_name(self) -> str:
+        """The device as studies, landscapes and manifests name it."""
+        from tuner.device import device_name
+        return device_name(self.device, self.gpu)
 
     def ms_for(self, problem: Problem) -> list[int]:
         if self.plan_ms is not None:
@@ -204,16 +211,16 @@ def landscape_source(kernel: KernelSpec) -> dict:
 # -- the run ----------------------------------------------------------------------------
 def make_measurer(opts: RunOptions, progress: Progress) -> Measurer:
     if opts.replay:
-        return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.gpu.cuda_name)
+        return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
     from tuner import isolation
     # Every compile and timing happens in a replaceable child process (tuner/isolation.py).
     gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
-                                            opts.measure_timeout, opts.recycle_after)
+                                            opts.measure_timeout, opts.recycle_after, opts.device)
     if not opts.record:
         return gpu_m
     env = gpu_m.environment()
     header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
-              "device": env["device"],
+              "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
               "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
               "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso()}
     writer = LandscapeWriter(opts.record, opts.kernel, header)
@@ -283,7 +290,7 @@ def open_checked_storage(url: str) -> BaseStorage:
 def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     """Tune every (problem, M) (here, or in one worker process per GPU), then write the
     tables and the manifest from what the storage holds; returns the results."""
-    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet)
+    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
     t0 = time.monotonic()
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
     check_baselines(opts)
@@ -302,7 +309,7 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
             storage = open_run_storage(opts)
             save_plan(storage, opts)
             tune_all(opts, storage, measurer, progress,
-                     after_problem=lambda: collect(opts, storage, quiet=True))
+                     after_study=lambda: collect(opts, storage, quiet=True))
         finally:
             measurer.close()
     results = collect(opts, storage)
@@ -311,7 +318,7 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
 
 
 def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progress: Progress,
-             after_problem: Callable[[], object] | None = None) -> None:
+             after_study: Callable[[], object] | None = None) -> None:
     """Run every study of the plan against one measurer. Several processes may do this at
     once on one storage (workers): they share the studies."""
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
@@ -347,9 +354,9 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
             if problem.tied_to and not r.tied:
                 r = choose_tied(opts, runner, measurer, problem, M) or r
             neighbour = r.config or neighbour
-            progress.end_study(_summary(r))
-        if after_problem:
-            after_problem()
+            progress.end_study(_summary(r, time_unit(opts)))
+            if after_study:
+                after_study()           # the tables as far as they go: a stopped run keeps them
 
 
 def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, problem: Problem, M: int) -> StudyResult | None:
@@ -540,7 +547,7 @@ def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
 def plan_identity(opts: RunOptions) -> dict:
     """What a plan's studies will be timed on, as far as it is known before measuring
     (each study adds the Triton and, for a replay, the landscape's code; search.identity)."""
-    return {"device": opts.gpu.cuda_name, "kernel": opts.kernel.source_label,
+    return {"device": opts.device_name, "kernel": opts.kernel.source_label,
             "code_version": opts.kernel.code_version or None, "space": opts.space.version}
 
 
@@ -594,7 +601,7 @@ def run_gpu_workers(opts: RunOptions, progress: Progress) -> None:
     procs = []
     for gpu in opts.gpus:
         cmd = [sys.executable, "-m", "tuner", "worker", "--storage", url, "--study-prefix", opts.prefix,
-               "--compile-workers", str(max(1, opts.compile_workers // len(opts.gpus))),
+               "--device", opts.device, "--compile-workers", str(max(1, opts.compile_workers // len(opts.gpus))),
                "--measure-timeout", str(int(opts.measure_timeout)), "--recycle-after", str(opts.recycle_after),
                "--quiet"]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
@@ -728,13 +735,20 @@ def check_baselines(opts: RunOptions) -> None:
                                  f"{key!r}: {str(entry)[:80]}") from None
 
 
-def _summary(r: StudyResult) -> str:
+def time_unit(opts: RunOptions) -> str:
+    """How a time of this run is shown: microseconds, and where they were not taken on a GPU, so."""
+    if opts.replay:
+        return "us"
+    return "us (CPU device)" if opts.device == "cpu" else "us"
+
+
+def _summary(r: StudyResult, unit: str = "us") -> str:
     if r.resumed:
-        return "stored: " + _summary(dataclasses.replace(r, resumed=False))
+        return "stored: " + _summary(dataclasses.replace(r, resumed=False), unit)
     if r.config is None:
         return f"no config ({r.numerics.get('detail', r.stopped)})"
     sp = f", {r.speedup:.2f}x default" if r.speedup else ""
-    return f"{r.time_us:.2f} us{sp} after {r.trials} trials ({r.stopped})"
+    return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
 
 
 def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) -> pd.DataFrame:

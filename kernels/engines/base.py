@@ -14,7 +14,7 @@ import torch
 
 from kernels.interpreter_fixes import interpreting, patch_interpreter
 from tuner.errors import TunerError
-from tuner.kernel_api import KernelSpec
+from tuner.kernel_api import COMPILE_DEVICE, KernelSpec
 from tuner.kernel_sources import version_key
 
 
@@ -27,7 +27,10 @@ def target_capability() -> tuple[int, int]:
 
 
 def on_cuda_device() -> bool:
-    return not interpreting() and torch.cuda.is_available()
+    """Launching (or compiling) for a CUDA GPU: one is present, or this is a compile worker of
+    the CPU device, which compiles for sm_90 without one (tuner/device.py)."""
+    from tuner.device import compiling_for_sm90
+    return not interpreting() and (torch.cuda.is_available() or compiling_for_sm90())
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,18 +187,15 @@ def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, release
     return dataclasses.replace(base, source=engine, **changes, notes=notes)
 
 
-def phantom(shape, dtype, device: str = "cuda") -> torch.Tensor:
-    """A tensor of `shape` (contiguous strides, 16-byte aligned) backed by a few bytes: for
-    compiling a launch, which looks only at dtype, strides and alignment, without the
-    gigabytes a full expert weight would take in every compile worker."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return torch.empty(16, dtype=dtype, device=device).as_strided(tuple(shape), tuple(reversed(strides)))
+def phantom(shape, dtype, device: str = COMPILE_DEVICE) -> torch.Tensor:
+    """A contiguous tensor of `shape` that owns no memory (a meta tensor): for compiling a
+    launch, which looks only at dtype, strides and alignment, without the gigabytes a full
+    expert weight would take in every compile worker. (A view of a few real bytes would fail
+    torch's storage bounds check, on a GPU as here.)"""
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
 
 
-def gemm_phantoms(params, M: int, device: str = "cuda"):
+def gemm_phantoms(params, M: int, device: str = COMPILE_DEVICE):
     """(A, B, As, Bs, C) of a block-FP8 GEMM problem for compiling, B a phantom."""
     N, K = params["N"], params["K"]
     bn, bk = params["block_shape"]

@@ -63,7 +63,7 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from tuner.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 ENGINE = "sglang"
 MOE_FILE = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
@@ -329,7 +329,7 @@ def moe_compile_only(code, launch: dict):
     """Compile the table's GEMM launch without running it (weights are phantoms)."""
     def compile_only(params: Params, M: int, config: Config) -> None:
         import torch
-        dev = "cuda"
+        dev = COMPILE_DEVICE
         E, N, K = params["E"], params["N"], params["K"]
         top_k = pairs_per_token(params)
         numel = M * top_k

@@ -44,7 +44,7 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from tuner.kernel_api import Config, KernelSpec, Params
+from tuner.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
 
 ENGINE = "vllm"
 MOE_FILE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
@@ -229,7 +229,7 @@ def moe_compile_only(code, launch: dict):
     The weights are views of a few bytes: nothing runs, so nothing is read."""
     def compile_only(params: Params, M: int, config: Config) -> None:
         import torch
-        dev = "cuda"
+        dev = COMPILE_DEVICE
         E, N, K = params["E"], params["N"], params["K"]
         top_k = pairs_per_token(params)
         block_shape = params.get("block_shape")
