@@ -6,7 +6,6 @@ parallelism, both sides of the swap-AB rule, BLOCK_SIZE_M 8, TMA and the fused s
 expert. And what is not supported is refused in one line."""
 
 import json
-import math
 import zipfile
 
 import pytest
@@ -336,4 +335,3 @@ def test_every_supported_wheel_is_in_ci():
         for version in module.SUPPORTED:
             with zipfile.ZipFile(wheel(wheel_dir(), engine, version)) as z:
                 assert set(module.FILES) <= set(z.namelist())
-    assert math.isfinite(1.0)
