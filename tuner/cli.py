@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from tuner import __version__
-from tuner.api import DEFAULT_TRIALS, DTYPES, MLA_BATCH_SIZES, check_out_dir, kernel_runs, only_problems  # noqa: F401
+from tuner.api import DEFAULT_TRIALS, DTYPES, MLA_BATCH_SIZES, SAMPLERS, check_out_dir, kernel_runs, only_problems  # noqa: F401
 from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
 
@@ -78,7 +78,8 @@ def _common_options() -> _Parser:
                    help="measured configs per batch size (default 48 for gemm, 32 for moe)")
     s.add_argument("--patience", type=_positive, default=None,
                    help="stop a study after this many trials without a 0.5%% gain (default trials/3)")
-    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "cmaes"))
+    s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
+                   help="gp (default): a Gaussian process over the study's own candidates; tpe, random, cmaes: Optuna's")
     s.add_argument("--seed", type=int, default=0, help="sampler seed")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",
