@@ -22,7 +22,7 @@ DIRS = ([Path(os.environ["TUNER_REAL_LANDSCAPES"])] if os.environ.get("TUNER_REA
 PATH = next((d / NAME for d in DIRS if (d / NAME).is_file()), None)
 pytestmark = pytest.mark.skipif(PATH is None, reason=f"{NAME} is not in {' or '.join(map(str, DIRS))} "
                                 "(make it with `python scripts/search_benchmark.py convert`)")
-BUDGET, SEEDS = 48, range(8)
+BUDGET, SEEDS = 32, range(8)
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,12 @@ def land():
 
 
 def mean_ratio(land, variant, settings_for=None):
+    """The mean, over the seeds, of the run's ratio to the landscape's best averaged over
+    trials 8 to 32: how close the search is, and how soon (sturdier than one checkpoint)."""
     landscape, space, gpu = land
     traces = benchmark_traces(landscape, space, gpu, variant, SEEDS, BUDGET, settings_for)
     assert len(traces) == len(SEEDS)
-    return statistics.fmean(t.ratio_at(BUDGET) for t in traces), traces
+    return statistics.fmean(statistics.fmean(t.ratio_at(n) for n in range(8, BUDGET + 1)) for t in traces), traces
 
 
 def test_the_default_search_beats_random_and_plain_tpe_on_a_real_gemm_landscape(land):
@@ -49,4 +51,4 @@ def test_the_default_search_beats_random_and_plain_tpe_on_a_real_gemm_landscape(
     random, _ = mean_ratio(land, "random")
     plain, _ = mean_ratio(land, "plain-tpe")
     assert ours < random and ours < plain, (ours, random, plain)
-    assert ours <= 1.05
+    assert statistics.fmean(t.ratio_at(BUDGET) for t in traces) <= 1.05
