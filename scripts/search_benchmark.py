@@ -137,9 +137,8 @@ def _ours(label: str, parallel: int = 1, seeded: bool = True, **changes):
     """Our search as `tuner gemm --replay` runs it (tuner.search.default_settings: the
     settings a tuning command derives from --trials), some settings changed for an ablation;
     `parallel` stands for the compile workers of a GPU run (a replay has none)."""
-    from tuner.search import default_settings
-
     def settings_for(budget: int, seed: int):
+        from tuner.search import default_settings
         return dataclasses.replace(default_settings(budget, seed=seed, parallel=parallel), **changes), seeded
     return label, settings_for
 

@@ -112,3 +112,26 @@ def test_sqlite_storage_keeps_a_write_ahead_log_synced_at_checkpoints(tmp_path):
         sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()
     assert sync == 1                                           # NORMAL: no fsync per commit
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_moe_group_sizes_at_or_above_the_programs_along_m_are_folded():
+    """Our fused MoE: the programs along M are the aligned rows over BLOCK_SIZE_M (as
+    moe_align_block_size sizes them); GROUP_SIZE_M values at or above that count walk the
+    programs alike, so the space keeps the smallest (M=1, top-8: 8 programs, 16 stands
+    for 16, 32 and 64)."""
+    import torch
+
+    from kernels.fused_moe import m_tiles, moe_align_block_size
+    kernel = get_kernel("fused_moe")
+    params = {"E": 256, "N": 256, "K": 7168, "topk": 8, "shared_experts": 0, "dtype": "fp8_w8a8",
+              "block_shape": [128, 128], "part": "op", "routing": "uniform"}
+    for M in (1, 3, 40):
+        ids = torch.randint(0, 256, (M, 8), dtype=torch.int32)
+        for bm in (16, 64):
+            sorted_ids = moe_align_block_size(ids, bm, 256)[0]
+            assert m_tiles(params, M, {"BLOCK_SIZE_M": bm}) == -(-sorted_ids.shape[0] // bm)
+    space = load_space(kernel)
+    groups = {c["GROUP_SIZE_M"] for c in space.configs(params, 1, GPU)}
+    assert groups == {1, 16}
+    assert space.canonical(params, 1, GPU, {**kernel.default_config(params, 1), "GROUP_SIZE_M": 64})["GROUP_SIZE_M"] == 16
+    assert {c["GROUP_SIZE_M"] for c in space.configs(params, 64, GPU)} == {1, 16, 32, 64}
