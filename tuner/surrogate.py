@@ -35,7 +35,7 @@ def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]]) -> np.nd
     cols = []
     for j, vals in enumerate(choices):
         v = candidates[:, j].astype(float)
-        lo, hi = min(vals), max(vals)
+        lo, hi = float(min(vals)), float(max(vals))
         if lo > 0:
             v, lo, hi = np.log2(v), math.log2(lo), math.log2(hi)
         cols.append((v - lo) / (hi - lo) if hi > lo else np.zeros_like(v))
