@@ -21,8 +21,8 @@ from tuner.search import SearchSettings, StudyRunner
 from tuner.space import SearchSpace
 
 # (label, Optuna sampler, seed the study with the engines' defaults?)
-VARIANTS = [("tpe", "tpe", False), ("cmaes", "cmaes", False), ("random", "random", False),
-            ("tpe+seeds (shipped)", "tpe", True)]
+VARIANTS = [("gp+seeds (default)", "gp", True), ("gp", "gp", False), ("tpe", "tpe", False),
+            ("cmaes", "cmaes", False), ("random", "random", False), ("tpe+seeds (shipped)", "tpe", True)]
 
 
 class _LoggingReplay(ReplayMeasurer):

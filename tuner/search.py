@@ -1,11 +1,14 @@
 """The search: one Optuna study per (problem, M), driven by ask/tell.
 
-Each launch-config key is an ordinal parameter (an index into its sorted values), so
-TPE and CMA-ES see that 64 lies between 32 and 128. A trial is one of:
-  COMPLETE  a measured config (value: median time in microseconds)
-  FAIL      a config that failed to compile or run (user attrs "error", "failure")
-  PRUNED    a sample outside the pruned space, or a repeat of a measured config
-            (costs nothing, does not count against the budget; TPE learns to avoid it)
+Each launch-config key is a categorical parameter over its values (on recorded GPU
+landscapes that beat index-encoded integers for TPE; scripts/search_benchmark.py), and the
+default sampler (tuner/surrogate.py) picks among the study's own candidates. A trial is:
+  COMPLETE  a measured config (value: median time in microseconds; user attr "config"),
+            or a proposal repeating one, told the time measured before (user attr
+            "repeat", no "config": it costs nothing and never counts as a measurement)
+  FAIL      a config that failed to compile or run (user attrs "error", "failure"); or,
+            without "error", a proposal of a config being measured right now
+  PRUNED    a sample outside the pruned space (costs nothing; samplers learn to avoid it)
 The budget counts distinct measured configs, including those a stopped run left in
 the storage, so a run started again continues where it stopped. Workers sharing a study
 and the trials a dead one left behind are tuner/study_storage.py's business; when to stop
@@ -50,7 +53,7 @@ class SearchSettings:
     patience: int = 16              # stop after this many measured trials without a gain
     min_gain: float = 0.005         # what counts as a gain (0.5 %)
     top_k: int = 3                  # finalists re-timed before choosing
-    batch: int = 8                  # trials asked at once (compiled in parallel on a GPU)
+    batch: int = 1                  # trials asked at once (the configs compiled in parallel on a GPU)
     sampler: str = "gp"
     seed: int = 0
 

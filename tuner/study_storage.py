@@ -15,7 +15,9 @@ Trial user attributes written here and by the search (tuner/search.py):
   config    the launch config it measures (absent on trials pruned before one was chosen)
   error     why a measured config failed (FAIL trials); "interrupted" when its worker died
   failure   the kind of that failure (tuner/failures.py)
-  pruned    why a trial was not measured ("repeat", "over budget", a space rule's name)
+  pruned    why a trial was not measured ("repeat" of another worker's claim, "pending
+            repeat", "over budget", a space rule's name)
+  repeat    the measured config a proposal repeated (the trial is told its time)
   seed      where a queued config came from ("default", "baseline", "requeued", ...)
 """
 
