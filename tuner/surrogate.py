@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2, 3.0)     # per key, in units of the key's [0, 1] range
 NOISE = 1e-3                                          # of the standardized log time
+FAILED_AS_WORST = True                                # a failed config enters the model as the slowest seen
 REFIT_EVERY = 4                                       # observations between length-scale fits
 
 
@@ -155,7 +156,7 @@ class CandidateGPSampler(BaseSampler):
 
     def _acquire(self, done: dict, timed: dict, pending: list, free: np.ndarray) -> int:
         worst = math.log(max(timed.values()))
-        idx = np.array(list(done))
+        idx = np.array([i for i in done if FAILED_AS_WORST or i in timed])
         y = np.array([math.log(done[i]) if done[i] is not None and done[i] > 0 else worst for i in idx])
         mu, sd = y.mean(), y.std() or 1.0
         y = (y - mu) / sd
