@@ -61,9 +61,9 @@ class SearchSettings:
 def default_settings(trials: int, *, sampler: str = "gp", seed: int = 0, patience: int | None = None,
                      parallel: int = 1) -> SearchSettings:
     """The search a tuning command runs: `trials` distinct configs per study, patience
-    (default: a third of the trials, at least 8), and batches as large as the configs
+    (default: half the trials, at least 8; tuner/stopping.py waits for 3/4 of the budget), and batches as large as the configs
     compiled in parallel (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
-    return SearchSettings(budget=trials, patience=patience or max(8, trials // 3), sampler=sampler, seed=seed,
+    return SearchSettings(budget=trials, patience=patience or max(8, trials // 2), sampler=sampler, seed=seed,
                           batch=max(1, min(8, parallel)))
 
 
