@@ -77,7 +77,8 @@ def _common_options() -> _Parser:
     s.add_argument("--trials", type=_positive, default=None,
                    help="measured configs per batch size (default 48 for gemm, 32 for moe)")
     s.add_argument("--patience", type=_positive, default=None,
-                   help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget is measured (default trials/2)")
+                   help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
+                   "is measured (default trials/2)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
                    help="gp (default): a Gaussian process over the study's own candidates; tpe, random, cmaes: Optuna's")
     s.add_argument("--seed", type=int, default=0, help="sampler seed")
