@@ -356,6 +356,13 @@ def local_ids(params: Params, topk_ids: torch.Tensor) -> torch.Tensor:
     return torch.where(topk_ids < params["E"], topk_ids, -1).to(torch.int32)
 
 
+def m_tiles(params: Params, M: int, config: Config) -> int:
+    """Programs along M of both grouped GEMMs: the aligned rows (one sort serves both) over
+    BLOCK_SIZE_M."""
+    rows = max_padded_rows(M * pairs_per_token(params), params["E"], config["BLOCK_SIZE_M"])
+    return -(-rows // config["BLOCK_SIZE_M"])
+
+
 def make_inputs(params: Params, M: int, device: str = "cuda", seed: int = 0) -> dict:
     E, N, K = params["E"], params["N"], params["K"]
     topk = pairs_per_token(params)
@@ -584,6 +591,7 @@ KERNEL = KernelSpec(
     default_config=default_config,
     shared_memory=shared_memory,
     compile_only=compile_only,
+    m_tiles=m_tiles,
     measurement_note=measurement_note,
     description="fused MoE (sorted tokens, grouped GEMMs)",
 )

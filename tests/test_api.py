@@ -60,7 +60,7 @@ def test_a_nightly_job_becomes_the_same_request(tmp_path):
     ({"batch_sizes": []}, "--batch-sizes takes a list of integers"),
     ({"batch_sizes": [1, -4]}, "--batch-sizes must be at least 1, not -4"),
     ({"compile_workers": True}, "--compile-workers must be an integer"),
-    ({"sampler": "grid"}, "--sampler 'grid' is not one of tpe, random, cmaes"),
+    ({"sampler": "grid"}, "--sampler 'grid' is not one of gp, tpe, random, cmaes"),
     ({"kernel_source": "trtllm"}, "--kernel-source 'trtllm' is not one of engine, ours, vllm, sglang"),
     ({"kernel_source": "vllm", "engines": ["sglang"]}, "--kernel-source vllm times vllm's tables only"),
     ({"device": "tpu"}, "--device 'tpu' is not one of cuda, cpu"),

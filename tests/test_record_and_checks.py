@@ -68,7 +68,8 @@ def test_record_writes_the_full_grid_and_replays_it(fake_gpu, tmp_path):
     model = block_fp8_model(tmp_path / "small.yaml", 2048, 16, 2048)   # three GEMM shapes keep this quick
     land_path = tmp_path / "rec.jsonl.gz"
     args = ["--model", str(model), "--tp", "1", "--batch-sizes", "1", "16"]
-    assert gemm(tmp_path / "a", "--record", str(land_path), *args) == 0
+    # one compile worker: the GPU run then asks one config at a time, as a replay does
+    assert gemm(tmp_path / "a", "--record", str(land_path), "--compile-workers", "1", *args) == 0
     land = read_landscape(land_path, KERNEL)
     assert land.header["device"] == "NVIDIA H200" and land.header["kernel"] == "fp8_gemm"
     # every problem of the plan, both Ms, the pruned grid (64 configs) plus the default seeds

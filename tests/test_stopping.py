@@ -42,7 +42,7 @@ def test_exhausted_when_every_candidate_is_measured_or_the_sampler_is_stuck():
 
 
 def test_converged_after_patience_without_a_gain_once_the_seeds_are_measured():
-    rule = StoppingRule(budget=48, patience=3, seeds=4)
+    rule = StoppingRule(budget=48, patience=3, seeds=4, fair_share=0.0)
     flat = [5.0, 6.0, 6.0, 6.0]                                    # 3 trials without a gain
     assert trials_since_gain(flat, 0.005) == 3
     # 4 measured < seeds + patience = 7: the seeds might still hold the winner
@@ -60,6 +60,16 @@ def test_a_small_budget_converges_at_the_budget_not_after_the_seeds():
 
 
 def test_failures_count_towards_convergence():
-    rule = StoppingRule(budget=48, patience=3)
+    rule = StoppingRule(budget=48, patience=3, fair_share=0.0)
     assert rule.reason(4, 100, [5.0, None, None, None]) == CONVERGED
     assert rule.reason(4, 100, [None, None, None, 5.0]) is None   # the first time is a gain
+
+
+def test_no_convergence_before_a_fair_share_of_the_budget():
+    # A plateau of `patience` trials early on is no reason to stop: the search must have
+    # measured three quarters of its budget (36 of 48) first.
+    rule = StoppingRule(budget=48, patience=16, seeds=2)
+    plateau = [5.0] + [6.0] * 34                                   # 35 measured, 34 without a gain
+    assert rule.reason(35, 1000, plateau) is None
+    assert rule.reason(36, 1000, plateau + [6.0]) == CONVERGED
+    assert rule.reason(36, 1000, plateau[:20] + [4.0] + [6.0] * 15) is None   # a gain 15 trials ago

@@ -23,6 +23,8 @@ COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
+# --sampler: the first is the default (tuner/search.py make_sampler builds each; README says why gp)
+SAMPLERS = ("gp", "tpe", "random", "cmaes")
 MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
@@ -39,7 +41,7 @@ class TuneRequest:
     engines: list[str] = field(default_factory=lambda: list(ENGINE_NAMES))
     trials: int | None = None
     patience: int | None = None
-    sampler: str = "tpe"
+    sampler: str = SAMPLERS[0]
     seed: int = 0
     space: str | None = None
     baseline: str | None = None
@@ -85,7 +87,7 @@ class TuneRequest:
                 raise TunerError(f"--{name.replace('_', '-')} must be at least {least}, not {v}")
             return v
 
-        for name, value, allowed in (("sampler", self.sampler, ("tpe", "random", "cmaes")),
+        for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
                                      ("routing", self.routing, ("uniform", "zipf")),
                                      ("kernel_source", self.kernel_source, (None, "engine", "ours", *ENGINE_NAMES)),
                                      ("device", self.device, ("cuda", "cpu"))):
@@ -196,7 +198,7 @@ def _load_common(req: TuneRequest):
     command's defaults filled into the request)."""
     from tuner.gpus import get_gpu
     from tuner.models import load_model
-    from tuner.search import SearchSettings
+    from tuner.search import default_settings
 
     if req.batch_sizes is None:
         req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
@@ -213,8 +215,9 @@ def _load_common(req: TuneRequest):
     model = load_model(req.model)
     req.dtype = command_dtype(req.command, model, req.dtype)
     trials = req.trials or DEFAULT_TRIALS[req.command]
-    settings = SearchSettings(budget=trials, patience=req.patience or max(8, trials // 3),
-                              sampler=req.sampler, seed=req.seed)
+    # Batches as large as the configs compiled at once on a GPU; a replay compiles nothing.
+    settings = default_settings(trials, sampler=req.sampler, seed=req.seed, patience=req.patience,
+                                parallel=1 if req.replay else req.compile_workers)
     return model, gpu, settings
 
 

@@ -16,6 +16,7 @@ from tuner.api import (  # noqa: F401
     DEFAULT_TRIALS,
     DTYPES,
     MLA_BATCH_SIZES,
+    SAMPLERS,
     check_out_dir,
     command_dtype,
     kernel_runs,
@@ -85,8 +86,10 @@ def _common_options() -> _Parser:
     s.add_argument("--trials", type=_positive, default=None,
                    help="measured configs per batch size (default 48 for gemm, 32 for moe)")
     s.add_argument("--patience", type=_positive, default=None,
-                   help="stop a study after this many trials without a 0.5%% gain (default trials/3)")
-    s.add_argument("--sampler", default="tpe", choices=("tpe", "random", "cmaes"))
+                   help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
+                   "is measured (default trials/2)")
+    s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
+                   help="gp (default): a Gaussian process over the study's own candidates; tpe, random, cmaes: Optuna's")
     s.add_argument("--seed", type=int, default=0, help="sampler seed")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",

@@ -74,6 +74,11 @@ class KernelSpec:
     shared_memory: Callable[[Params, Config], int]   # bytes one program needs, estimated
     # Rows of the M dimension one launch covers (bounds BLOCK_SIZE_M usefully).
     rows: Callable[[Params, int], int] = lambda params, M: M
+    # Programs along M of a launch with this config, where that is known exactly (None:
+    # ceil(rows / BLOCK_SIZE_M)); GROUP_SIZE_M values at or above it walk the programs
+    # identically (tuner/space.py group_m_equivalence). A launcher that cannot say returns
+    # a number past every GROUP_SIZE_M, which folds nothing.
+    m_tiles: Callable[[Params, int, Config], int] | None = None
     # Further configs worth seeding every study with (e.g. another engine's default).
     extra_seeds: Callable[[Params, int], list[Config]] = lambda params, M: []
     # Compile a config without running it (for parallel compile workers); may be None.

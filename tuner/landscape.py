@@ -206,18 +206,23 @@ class LandscapeWriter:
     def has(self, params: dict, M: int, config: dict) -> bool:
         return (problem_key(self.kernel, params), M, config_tuple(self.kernel, config)) in self.done
 
-    def write(self, params: dict, M: int, config: dict, point: Point) -> None:
+    def write(self, params: dict, M: int, config: dict, point: Point) -> Point:
+        """Append one measurement; returns it as the file holds it (times rounded), so a
+        recording run searches the very numbers a replay of the file will read."""
         rec = {"problem": params, "M": M, "config": config}
         if point.time_us is not None:
-            rec["time_us"] = round(point.time_us, 4)
+            point = Point(round(point.time_us, 4), point.error,
+                          None if point.spread is None else round(point.spread, 4), point.kind)
+            rec["time_us"] = point.time_us
             if point.spread is not None:
-                rec["spread"] = round(point.spread, 4)
+                rec["spread"] = point.spread
         else:
             rec["error"] = point.error or "failed"
             rec["failure"] = point.kind
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()
         self.done.add((problem_key(self.kernel, params), M, config_tuple(self.kernel, config)))
+        return point
 
     def close(self) -> None:
         self._f.close()

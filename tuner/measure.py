@@ -167,8 +167,7 @@ class RecordingMeasurer:
         for i in range(0, len(todo), chunk):
             part = todo[i:i + chunk]
             for cfg, m in zip(part, map(valid, self.gpu.measure(problem, M, part))):
-                point = Point(m.time_us, m.error, m.spread, m.kind)
-                self.writer.write(problem.params, M, cfg, point)
+                point = self.writer.write(problem.params, M, cfg, Point(m.time_us, m.error, m.spread, m.kind))
                 self.replay.landscape.add(problem.params, M, cfg, point)
             if self.progress:
                 self.progress(f"recording {problem.key} M={M}: {min(i + chunk, len(todo))}/{len(todo)}")
@@ -185,8 +184,7 @@ class RecordingMeasurer:
         known = self.replay.candidates(problem, M) or set()
         missing = [c for c in configs if config_tuple(self.kernel, c) not in known]
         for cfg, m in zip(missing, map(valid, self.gpu.measure(problem, M, missing)) if missing else []):
-            point = Point(m.time_us, m.error, m.spread, m.kind)
-            self.writer.write(problem.params, M, cfg, point)
+            point = self.writer.write(problem.params, M, cfg, Point(m.time_us, m.error, m.spread, m.kind))
             self.replay.landscape.add(problem.params, M, cfg, point)
         return self.replay.measure(problem, M, configs)
 

@@ -1,11 +1,14 @@
 """The search: one Optuna study per (problem, M), driven by ask/tell.
 
-Each launch-config key is an ordinal parameter (an index into its sorted values), so
-TPE and CMA-ES see that 64 lies between 32 and 128. A trial is one of:
-  COMPLETE  a measured config (value: median time in microseconds)
-  FAIL      a config that failed to compile or run (user attrs "error", "failure")
-  PRUNED    a sample outside the pruned space, or a repeat of a measured config
-            (costs nothing, does not count against the budget; TPE learns to avoid it)
+Each launch-config key is a categorical parameter over its values (on recorded GPU
+landscapes that beat index-encoded integers for TPE; scripts/search_benchmark.py), and the
+default sampler (tuner/surrogate.py) picks among the study's own candidates. A trial is:
+  COMPLETE  a measured config (value: median time in microseconds; user attr "config"),
+            or a proposal repeating one, told the time measured before (user attr
+            "repeat", no "config": it costs nothing and never counts as a measurement)
+  FAIL      a config that failed to compile or run (user attrs "error", "failure"); or,
+            without "error", a proposal of a config being measured right now
+  PRUNED    a sample outside the pruned space (costs nothing; samplers learn to avoid it)
 The budget counts distinct measured configs, including those a stopped run left in
 the storage, so a run started again continues where it stopped. Workers sharing a study
 and the trials a dead one left behind are tuner/study_storage.py's business; when to stop
@@ -24,6 +27,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from tuner.api import SAMPLERS
 from tuner.errors import TunerError
 from tuner.failures import NUMERICS, RUNTIME, count_by_kind, kind_of
 from tuner.gpus import GpuSpec
@@ -38,7 +42,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
-SAMPLERS = ("tpe", "random", "cmaes")
+# How trial parameters encode a config: each key a categorical parameter over its values.
+# Studies stored before this attribute existed encoded each key as an index (an int).
+ENCODING = "categorical-values/2"
 
 
 @dataclass
@@ -47,8 +53,8 @@ class SearchSettings:
     patience: int = 16              # stop after this many measured trials without a gain
     min_gain: float = 0.005         # what counts as a gain (0.5 %)
     top_k: int = 3                  # finalists re-timed before choosing
-    batch: int = 8                  # trials asked at once (compiled in parallel on a GPU)
-    sampler: str = "tpe"
+    batch: int = 1                  # trials asked at once (the configs compiled in parallel on a GPU)
+    sampler: str = "gp"
     seed: int = 0
     # Budgets of single batch sizes, as {"M": trials} (JSON-safe: stored plans carry them);
     # a batch size not named here gets `budget`. Set from a traffic profile (tuner/traffic.py).
@@ -65,12 +71,29 @@ class SearchSettings:
         return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
 
 
-def make_sampler(settings: SearchSettings) -> optuna.samplers.BaseSampler:
+def default_settings(trials: int, *, sampler: str = "gp", seed: int = 0, patience: int | None = None,
+                     parallel: int = 1) -> SearchSettings:
+    """The search a tuning command runs: `trials` distinct configs per study, patience
+    (default: half the trials, at least 8; tuner/stopping.py waits for 3/4 of the budget), and batches as large as the configs
+    compiled in parallel (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
+    return SearchSettings(budget=trials, patience=patience or max(8, trials // 2), sampler=sampler, seed=seed,
+                          batch=max(1, min(8, parallel)))
+
+
+def make_sampler(settings: SearchSettings, keys: tuple[str, ...] = (), choices: dict | None = None,
+                 candidates=()) -> optuna.samplers.BaseSampler:
+    """The study's sampler. `gp` scores the study's own candidates (tuner/surrogate.py); the
+    others propose within the parameters' values. A constant liar only where trials run
+    in parallel (a batch of more than one)."""
     s = settings
     if s.sampler == "tpe":
         return optuna.samplers.TPESampler(
             seed=s.seed, n_startup_trials=max(4, min(10, s.budget // 4)), multivariate=True,
-            constant_liar=True)
+            constant_liar=s.batch > 1)
+    if s.sampler == "gp":
+        from tuner.surrogate import CandidateGPSampler
+        return CandidateGPSampler(keys, choices or {}, candidates, seed=s.seed,
+                                  n_startup=max(4, min(8, s.budget // 6)))
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "cmaes":
@@ -224,21 +247,28 @@ class StudyRunner:
 
     def _open(self, target: _Target) -> optuna.Study:
         """Create or reopen the study; its stored parameter encoding wins, so that trials
-        a stopped run left keep their meaning (what that encoding cannot say is dropped)."""
+        a stopped run left keep their meaning (what that encoding cannot say is dropped).
+        A study stored with another encoding (an older tuner's) is refused in one line."""
         keys = self.kernel.config_keys
         choices = {k: sorted({t[i] for t in target.allowed}) for i, k in enumerate(keys)}
-        study = optuna.create_study(study_name=study_name(target.problem, target.M, self.prefix, self.kernel.source),
-                                    storage=self.storage, direction="minimize",
-                                    sampler=make_sampler(self.settings), load_if_exists=True)
+        name = study_name(target.problem, target.M, self.prefix, self.kernel.source)
+        study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
+                                    sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
         self._check_identity(study)
         stored = study.user_attrs.get("choices")
         if stored is None:
             study.set_user_attr("choices", choices)
+            study.set_user_attr("encoding", ENCODING)
+        elif study.user_attrs.get("encoding") != ENCODING:
+            raise TunerError(f"the storage holds study {name} from an older tuner that encoded configs as "
+                             f"{study.user_attrs.get('encoding') or 'indices'}, not {ENCODING}: "
+                             "give another --out (or --storage, or --study-prefix), or delete that storage")
         elif stored != choices:
             choices = {k: [int(v) for v in stored[k]] for k in keys}
             target.allowed = {t for t in target.allowed if all(v in choices[k] for k, v in zip(keys, t))}
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
+        study.sampler = make_sampler(self.settings, keys, choices, target.allowed)
         return study
 
     def identity(self) -> dict:
@@ -271,10 +301,10 @@ class StudyRunner:
                              "its results are not this run's: give another --out (or --storage, or --study-prefix)")
 
     def _encode(self, choices: dict, cfg: Config) -> dict:
-        return {k: choices[k].index(cfg[k]) for k in self.kernel.config_keys}
+        return {k: int(cfg[k]) for k in self.kernel.config_keys}
 
     def _suggest(self, trial: optuna.Trial, choices: dict) -> Config:
-        return {k: choices[k][trial.suggest_int(k, 0, len(choices[k]) - 1)] for k in self.kernel.config_keys}
+        return {k: int(trial.suggest_categorical(k, choices[k])) for k in self.kernel.config_keys}
 
     def _queue_seeds(self, study: optuna.Study, target: _Target) -> None:
         measured, _ = self._state(study.get_trials(deepcopy=False))
@@ -339,8 +369,15 @@ class StudyRunner:
                     reason = (self.space.rejected_by(target.problem.params, target.M, self.gpu, cfg)
                               or "not in the landscape")
                     close_trial(study, trial, TrialState.PRUNED, pruned=reason)
-                elif t in measured or t in pending:
-                    close_trial(study, trial, TrialState.PRUNED, pruned="repeat")
+                elif t in measured:
+                    # A repeat costs nothing and is told what it measured: closing it PRUNED
+                    # would teach the sampler that the best region is bad. No "config" on it,
+                    # so it never counts as a measurement (study_storage.counts).
+                    self._tell_repeat(study, trial, measured[t], cfg)
+                elif t in pending:
+                    # Measured by this batch or another worker right now: no value yet, and
+                    # FAIL (not PRUNED) so that no sampler reads it as a bad config.
+                    close_trial(study, trial, TrialState.FAIL, pruned="pending repeat")
                 else:
                     trial.set_user_attr("config", cfg)
                     batch.append((trial, cfg))
@@ -376,6 +413,13 @@ class StudyRunner:
                                                           user_attrs={"seed": "requeued"}))
 
     # -- helpers --------------------------------------------------------------------
+    @staticmethod
+    def _tell_repeat(study: optuna.Study, trial: optuna.Trial, value: float | None, cfg: Config) -> None:
+        if value is None:
+            close_trial(study, trial, TrialState.FAIL, repeat=cfg)
+        else:
+            close_trial(study, trial, value=value, repeat=cfg)
+
     def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement) -> None:
         if m.time_us is None:
             close_trial(study, trial, TrialState.FAIL, error=m.error or "failed",

@@ -107,7 +107,8 @@ def _canonical_group_m(ctx: RuleContext, cfg: Config) -> int:
     """The GROUP_SIZE_M that behaves the same as cfg's: every value at or above the
     number of M tiles walks the tiles identically, so the smallest such choice stands
     for all of them."""
-    m_tiles = math.ceil(ctx.kernel.rows(ctx.params, ctx.M) / cfg["BLOCK_SIZE_M"])
+    m_tiles = (ctx.kernel.m_tiles(ctx.params, ctx.M, cfg) if ctx.kernel.m_tiles is not None
+               else math.ceil(ctx.kernel.rows(ctx.params, ctx.M) / cfg["BLOCK_SIZE_M"]))
     g = cfg["GROUP_SIZE_M"]
     if g < m_tiles:
         return g

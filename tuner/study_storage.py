@@ -15,7 +15,9 @@ Trial user attributes written here and by the search (tuner/search.py):
   config    the launch config it measures (absent on trials pruned before one was chosen)
   error     why a measured config failed (FAIL trials); "interrupted" when its worker died
   failure   the kind of that failure (tuner/failures.py)
-  pruned    why a trial was not measured ("repeat", "over budget", a space rule's name)
+  pruned    why a trial was not measured ("repeat" of another worker's claim, "pending
+            repeat", "over budget", a space rule's name)
+  repeat    the measured config a proposal repeated (the trial is told its time)
   seed      where a queued config came from ("default", "baseline", "requeued", ...)
 """
 
@@ -27,12 +29,14 @@ import inspect
 import logging
 import os
 import socket
+import sqlite3
 import threading
 import time
 import warnings
 from typing import Any, Callable, Iterable
 
 import optuna
+import sqlalchemy
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
@@ -269,11 +273,30 @@ def requeue_stale_trial(study: optuna.Study, trial: FrozenTrial) -> None:
         study.enqueue_trial(trial.params, user_attrs={"seed": "requeued"})
 
 
+def _sqlite_pragmas(dbapi_connection, connection_record) -> None:
+    """Every SQLite connection: write-ahead log, synced at checkpoints only. A commit is then
+    one write to the log and no fsync: what a killed process committed is in the file (the
+    kernel holds it), so kill -9 loses nothing; only a power cut may lose the last
+    commits, never the database's consistency. Where the file system cannot do WAL (some
+    network file systems), SQLite keeps its rollback journal and syncs as before."""
+    if not isinstance(dbapi_connection, sqlite3.Connection):
+        return
+    cursor = dbapi_connection.cursor()
+    try:
+        mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode and str(mode[0]).lower() == "wal":
+            cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()
+
+
 def open_storage(url: str) -> BaseStorage:
     """An Optuna storage for a URL. Databases get Optuna's heartbeat, so that workers on
     other machines can take over the trials of one that died."""
     if url.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql"):
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+        if url.startswith("sqlite") and not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
+            sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas)
         # Optuna 4.9 renamed the stale-trial callback argument.
         callback = ("heartbeat_stale_trial_callback"
                     if "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters

@@ -105,6 +105,19 @@ def naive_block_assignment(M: int, topk: int, E: int) -> bool:
     return M * topk * 4 <= E
 
 
+def moe_m_tiles(params: Params, M: int, config: Config) -> int:
+    """Programs along M of both of the layer's GEMMs where vLLM's wrapper fixes them to the
+    pairs: the naive path (EM = pairs x BLOCK_SIZE_M), or fewer pairs than BLOCK_SIZE_M and
+    than experts (EM capped at A's rows x top_k x BLOCK_SIZE_M in the up and the down GEMM).
+    Elsewhere the count depends on the alignment's padding: a number past every
+    GROUP_SIZE_M, so nothing is folded."""
+    pairs = M * params["topk"]
+    naive = params.get("ep", 1) == 1 and naive_block_assignment(M, params["topk"], params["E"])   # never under EP
+    if naive or pairs < min(config["BLOCK_SIZE_M"], params["E"]):
+        return pairs
+    return 1 << 30
+
+
 def moe_default_config(params: Params, M: int) -> Config:
     """get_default_config (CUDA branch): what vLLM runs for a batch size with no table."""
     block = params.get("block_shape")
@@ -318,7 +331,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
         return engine_spec(
             base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
             lambda release: dict(run=moe_run(code, release.launch), compile_only=moe_compile_only(code, release.launch)),
-            default_config=moe_default_config, extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            default_config=moe_default_config, m_tiles=moe_m_tiles, extra_seeds=lambda params, M: [], measurement_note=moe_note,
             description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""The search benchmark: our search against plain TPE and random search on REAL landscapes.
+
+    python scripts/search_benchmark.py convert [--mirror-root DIR] [--out DIR]
+    python scripts/search_benchmark.py run [--landscapes DIR] [--seeds 40] [--variants ...]
+
+`convert` turns complete, brute-forced landscapes that other projects recorded on real GPUs
+and published (see SOURCES: repository, path, commit, GPU, license) into our landscape
+format (tuner-landscape/1, JSON Lines, gzipped), their origin in the header. It reads each
+file from a git mirror of its repository (`--mirror-root`, folders named owner+name/repo)
+or downloads it from its public origin at the pinned commit.
+
+`run` replays every variant over every landscape for many seeds, each through the
+project's own search (tuner.search.StudyRunner, the code path of `tuner gemm --replay`)
+or, for the references, Optuna as it comes; it prints per landscape and checkpoint (16,
+32, 48, 100 measured configs) the ratio of the best time found to the landscape's best
+(mean with a 95 % confidence interval, median, worst), the share of runs within 1 % and
+5 % of the best, and the median number of trials to get there; then the issue's targets,
+met or not. Every time comes from a landscape recorded on the GPU its header names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.errors import TunerError  # noqa: E402
+from tuner.landscape import read_header, read_landscape  # noqa: E402
+from tuner.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space  # noqa: E402
+from tuner.offline import CHECKPOINTS, benchmark_rows, benchmark_traces  # noqa: E402
+from tuner.report import markdown_table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+HUB = "AutoTuningAssociation/benchmark_hub"
+HUB_COMMIT = "25254eeae2dd4ff019e3b90b3d11c09a4a5d68e1"
+HUB_A100_COMMIT = "8eeb99e7179e6838af95d392ac6c60cebfd8c434"
+XGEMM_DEFAULT = {"MWG": 64, "NWG": 64, "MDIMC": 16, "NDIMC": 16, "MDIMA": 16, "NDIMB": 16,
+                 "VWM": 2, "VWN": 2, "SA": 1, "SB": 1}
+# CLBlast's Xgemm with SA=SB=1 (operands through shared memory) and the loading threads laid
+# out like the computing ones: 6 parameters, tile (MWG, NWG), threads (MDIMC, NDIMC) and
+# vector widths (VWM, VWN), the size of a Triton matmul space.
+XGEMM_SLICE = {"SA": 1, "SB": 1, "MDIMA": "MDIMC", "NDIMB": "NDIMC"}
+
+# name: (repository, commit, path, what it is, slice of the complete grid or None, default config)
+SOURCES = {
+    f"xgemm-{gpu.lower().replace('_', '')}{'-6p' if sl else ''}": (
+        HUB, HUB_COMMIT, f"cachefiles/KernelTuner data/gemm/{gpu}.json.gz",
+        "CLBlast Xgemm, 4096^3 fp32, kernel_tuner brute force", sl, XGEMM_DEFAULT)
+    for gpu in ("RTX_2080_Ti", "RTX_3090", "RTX_Titan") for sl in (None, XGEMM_SLICE)
+}
+SOURCES["convolution-a100"] = (HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A100.json.gz",
+                               "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
+                               {"block_size_x": 32, "block_size_y": 8, "tile_size_x": 1, "tile_size_y": 1,
+                                "read_only": 0, "use_padding": 1, "use_shmem": 1})
+LICENSE = "MIT (AutoTuningAssociation/benchmark_hub LICENSE, (c) 2025 AutoTuningAssociation)"
+DEFAULT_LANDSCAPES = [Path(os.environ["TUNER_REAL_LANDSCAPES"])] if os.environ.get("TUNER_REAL_LANDSCAPES") else []
+DEFAULT_LANDSCAPES += [REPO.parent / "shared" / "landscapes" / "real", REPO / "real-landscapes"]
+
+
+def _read_origin(repo: str, commit: str, path: str, mirror_root: Path | None) -> bytes:
+    git_dir = mirror_root / repo.replace("/", "+") / "repo" if mirror_root else None
+    if git_dir and git_dir.is_dir():
+        return subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], check=True,
+                              capture_output=True).stdout
+    url = f"https://raw.githubusercontent.com/{repo}/{commit}/{urllib.request.quote(path)}"
+    with urllib.request.urlopen(url, timeout=120) as r:     # noqa: S310 - a fixed public origin
+        return r.read()
+
+
+def _kernel_tuner_cache(raw: bytes) -> dict:
+    text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:      # kernel_tuner leaves the cache unterminated while it runs
+        return json.loads(text.rstrip().rstrip(",") + "}}")
+
+
+def convert_one(name: str, mirror_root: Path | None, out_dir: Path) -> Path:
+    repo, commit, path = SOURCES[name][:3]
+    return convert_cache(_kernel_tuner_cache(_read_origin(repo, commit, path, mirror_root)), name, SOURCES[name],
+                         out_dir)
+
+
+def convert_cache(cache: dict, name: str, source: tuple, out_dir: Path) -> Path:
+    """A kernel_tuner cache (its 'cache' of configs with 'time' in ms, or a failure's name)
+    as a landscape of ours: the parameters that vary become the config keys; `source`
+    (see SOURCES) says where it came from and which slice of the grid to keep."""
+    repo, commit, path, what, slice_, default = source
+    tune = cache["tune_params"]
+    entries = list(cache["cache"].values())
+    if slice_:
+        entries = [e for e in entries if all(e[k] == (e[v] if isinstance(v, str) else v) for k, v in slice_.items())]
+    keys = [k for k in cache["tune_params_keys"] if len(tune[k]) > 1 and k not in (slice_ or {})]
+    values = {k: sorted({int(e[k]) for e in entries}) for k in keys}
+    size = cache.get("problem_size") or []
+    problem = {"kernel": cache.get("kernel_name", name), "problem_size": size}
+    header = {"format": "tuner-landscape/1", "kernel": name, "device": cache["device_name"],
+              "recorded": entries[0].get("timestamp") if entries else None,
+              "config_keys": keys, "problem_keys": list(problem), "params": values,
+              "default_config": {k: default[k] for k in keys},
+              "origin": {"repository": f"https://github.com/{repo}", "commit": commit, "path": path,
+                         "what": what, "gpu": cache["device_name"], "license": LICENSE,
+                         "units": "kernel_tuner 'time' in ms, here in us",
+                         "slice": slice_ and {k: (f"= {v}" if isinstance(v, str) else v) for k, v in slice_.items()},
+                         "fixed": {k: tune[k][0] for k in cache["tune_params_keys"] if len(tune[k]) == 1}},
+              "measured_on_gpu": True}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dst = out_dir / f"{name}.jsonl.gz"
+    tmp = dst.with_name(dst.name + ".tmp")
+    with gzip.open(tmp, "wt") as f:
+        f.write(json.dumps(header) + "\n")
+        for e in entries:
+            rec = {"problem": problem, "M": int(size[0]) if size else 1, "config": {k: int(e[k]) for k in keys}}
+            t = e.get("time")
+            if isinstance(t, (int, float)) and t > 0:
+                rec["time_us"] = round(float(t) * 1000.0, 4)
+            else:
+                rec["error"] = str(t)
+                rec["failure"] = "compile" if "Compil" in str(t) else "invalid" if "Invalid" in str(t) else "runtime"
+            f.write(json.dumps(rec) + "\n")
+    os.replace(tmp, dst)
+    return dst
+
+
+# -- the variants --------------------------------------------------------------------------
+def _ours(label: str, parallel: int = 1, seeded: bool = True, **changes):
+    """Our search as `tuner gemm --replay` runs it (tuner.search.default_settings: the
+    settings a tuning command derives from --trials), some settings changed for an ablation;
+    `parallel` stands for the compile workers of a GPU run (a replay has none)."""
+    def settings_for(budget: int, seed: int):
+        from tuner.search import default_settings
+        return dataclasses.replace(default_settings(budget, seed=seed, parallel=parallel), **changes), seeded
+    return label, settings_for
+
+
+def _old_default(budget: int, seed: int):
+    """The search as it was before issue 21 (run with that version's code on PYTHONPATH):
+    TPE, patience a third of the trials, batches of 8 with a constant liar."""
+    from tuner.search import SearchSettings
+    return SearchSettings(budget=budget, patience=max(8, budget // 3), sampler="tpe", seed=seed, batch=8), True
+
+
+VARIANTS = {
+    "old48": ("the search before issue 21 (TPE over indices, patience, batches of 8), --trials 48", _old_default),
+    "old": ("the search before issue 21, --trials 100", _old_default),
+    "ours": _ours("ours (default, --trials 100)"),
+    "ours48": _ours("ours (default, --trials 48)"),
+    "ours-noseed": _ours("ours, no default seed", seeded=False),
+    "ours-tpe": _ours("ours, --sampler tpe", sampler="tpe"),
+    "ours-nopatience": _ours("ours, no early stop", patience=10 ** 9),
+    "ours-gp": _ours("ours, --sampler gp", sampler="gp"),
+    "ours-random": _ours("ours, --sampler random", sampler="random"),
+    "ours-batch8": _ours("ours, batches of 8 (16 compile workers)", parallel=16),
+    "plain-tpe": ("optuna TPESampler(), categorical", None),
+    "plain-gp": ("optuna GPSampler(), categorical (needs scipy)", None),
+    "random": ("random over the pruned space", None),
+}
+
+
+def find_landscapes(dirs: list[Path], names: list[str] | None) -> list[Path]:
+    for d in dirs:
+        files = sorted(d.glob("*.jsonl.gz")) if d.is_dir() else []
+        if names:
+            files = [f for f in files if f.name.split(".")[0] in names]
+        if files:
+            return files
+    raise TunerError("no real landscapes found in " + ", ".join(map(str, dirs))
+                     + "; make them with `python scripts/search_benchmark.py convert`")
+
+
+def run(args) -> int:
+    dirs = [Path(args.landscapes)] if args.landscapes else DEFAULT_LANDSCAPES
+    files = find_landscapes(dirs, args.only)
+    out = []
+    summary = []
+    for path in files:
+        header = read_header(path)
+        kernel = landscape_kernel(header)
+        land = read_landscape(path, kernel)
+        space, gpu = landscape_space(kernel, header), landscape_gpu(header)
+        grid = sum(len(p) for p in land.points.values())
+        o = header.get("origin", {})
+        out.append(f"\n## {path.name}: {header['device']}, {len(kernel.config_keys)} parameters, {grid} configs\n")
+        out.append(f"{o.get('what')}; from {o.get('repository')} {o.get('path')} @ {str(o.get('commit'))[:12]}"
+                   f" ({o.get('license')}); times recorded on the GPU named, replayed here\n")
+        for name in args.variants:
+            label, settings_for = VARIANTS[name]
+            variant = name if name in ("random", "plain-tpe", "plain-gp") else f"ours:{name}"
+            budget = 48 if name.endswith("48") else max(CHECKPOINTS)
+            t0 = time.monotonic()
+            traces = benchmark_traces(land, space, gpu, variant, range(args.seeds), budget, settings_for)
+            rows = benchmark_rows(traces)
+            spent = time.monotonic() - t0
+            print(f"{path.name} {label}: {len(traces)} runs in {spent:.0f}s", file=sys.stderr)
+            out.append(f"\n**{label}** ({len(traces)} runs, {spent:.0f} s)\n")
+            import pandas as pd
+            out.append(markdown_table(pd.DataFrame(rows), ".3f"))
+            summary.append({"landscape": path.name.split(".")[0], "params": len(kernel.config_keys), "grid": grid,
+                            "variant": name, **{f"mean@{r['trials']}": r["mean"] for r in rows},
+                            "within1%@100": rows[-1]["within 1%"],
+                            "trials to 1% (median)": rows[-1]["median trials to 1%"]})
+    import pandas as pd
+    text = ["# Search benchmark on real landscapes", "",
+            f"Command: `python scripts/search_benchmark.py {' '.join(sys.argv[1:])}` "
+            f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores shared with other work: times are of this machine)",
+            "", "Times replayed from landscapes recorded on real GPUs by other projects (origin per landscape).",
+            "", "## Summary (mean ratio to the landscape's best at N measured configs)", "",
+            markdown_table(pd.DataFrame(summary), ".3f"), *targets(summary), *out]
+    report = "\n".join(text) + "\n"
+    print(report)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report)
+    return 0
+
+
+def targets(summary: list[dict]) -> list[str]:
+    """The issue's targets, met or not, for the default search."""
+    lines = ["", "## Targets (default search)", ""]
+    by = {(s["landscape"], s["variant"]): s for s in summary}
+    for land in dict.fromkeys(s["landscape"] for s in summary):
+        ours = by.get((land, "ours"))
+        if not ours:
+            continue
+        at48 = by.get((land, "ours48"), ours)          # the default budget's own run
+        checks = []
+        for ref in ("plain-tpe", "random"):
+            if (land, ref) in by:
+                checks.append((f"beats {ref} at 48 ({at48['mean@48']:.3f} < {by[(land, ref)]['mean@48']:.3f})",
+                               at48["mean@48"] < by[(land, ref)]["mean@48"]))
+                checks.append((f"beats {ref} at 100 ({ours['mean@100']:.3f} < {by[(land, ref)]['mean@100']:.3f})",
+                               ours["mean@100"] < by[(land, ref)]["mean@100"]))
+        if ours["params"] <= 7:
+            checks.append((f"mean@48 {at48['mean@48']:.3f} <= 1.05", at48["mean@48"] <= 1.05))
+            checks.append((f"mean@100 {ours['mean@100']:.3f} <= 1.02", ours["mean@100"] <= 1.02))
+        checks.append((f"within 1 % at 100 in {ours['within1%@100']:.0%} >= 50 %", ours["within1%@100"] >= 0.5))
+        med = ours["trials to 1% (median)"]
+        checks.append((f"median trials to 1 % {med} <= 20 % of {ours['grid']}",
+                       med is not None and med <= 0.2 * ours["grid"]))
+        lines.append(f"- {land}: " + "; ".join(f"{'MET' if ok else 'MISSED'} {what}" for what, ok in checks))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="convert the published landscapes (SOURCES) into ours")
+    c.add_argument("--mirror-root", default="/work/.mirror", help="git mirrors (owner+name/repo); else download")
+    c.add_argument("--out", default=str(REPO / "real-landscapes"))
+    c.add_argument("--only", nargs="*")
+    r = sub.add_parser("run", help="run the variants over the converted landscapes")
+    r.add_argument("--landscapes", help="folder of converted landscapes (default: $TUNER_REAL_LANDSCAPES, "
+                   "../shared/landscapes/real, real-landscapes/)")
+    r.add_argument("--only", nargs="*", help="landscape names")
+    r.add_argument("--seeds", type=int, default=40)
+    r.add_argument("--variants", nargs="*", default=["ours", "plain-tpe", "random"], choices=list(VARIANTS))
+    r.add_argument("--out", help="also write the report here (Markdown)")
+    args = ap.parse_args()
+    try:
+        if args.cmd == "convert":
+            for name in args.only or SOURCES:
+                print(convert_one(name, Path(args.mirror_root) if args.mirror_root else None, Path(args.out)))
+            return 0
+        return run(args)
+    except TunerError as e:
+        print(f"search_benchmark: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
