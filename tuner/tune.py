@@ -492,7 +492,7 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
                 group = [keys[problem.tied_to], problem]
             else:
                 group = [problem]
-            _emit(opts, group, [results[p.key] for p in group], env, run_info)
+            _emit(opts, group, [results[p.key] for p in group], env, run_info, warn=not quiet)
     if missing and not quiet:
         log.warning("%d studies have no result yet; their batch sizes are left out", missing)
     return results
@@ -633,7 +633,7 @@ def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, r
 
 
 def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
-          run_info: dict) -> None:
+          run_info: dict, warn: bool = True) -> None:
     if len(group) > 1:
         common = set.intersection(*({r.M for r in rs if r.config} for rs in group_results))
         # tied tables are written together where they agree on the keys they share (a tied
@@ -652,7 +652,7 @@ def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[Study
         if problem.key in copies:
             entry["not_written"] = copies[problem.key]
         entries.append(entry)
-        _audit_emitted(opts, problem, files)
+        _audit_emitted(opts, problem, files, warn)
     update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
 
 
@@ -667,17 +667,19 @@ def _copied_tied_tables(kernel: KernelSpec, group: list[Problem], group_results:
             for p in group if p.tied_to and tables.get(p.key) and tables[p.key] == tables.get(p.tied_to)}
 
 
-def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str]) -> None:
+def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], warn: bool = True) -> None:
     """`tuner audit`'s table checks on each table just written, over the batch sizes up to the
     largest tuned: a tuned table should pass them; where it cannot (too few batch sizes tuned,
-    studies without a result) the run says so, naming the batch sizes that snap far."""
+    studies without a result) the run says so, naming the batch sizes that snap far. Tables
+    written while the run goes on (warn=False) are partial by design: only the loader's
+    reading of them is checked, and the findings are said once, for the final tables."""
     from tuner.audit import Batches, named_table_findings
     from tuner.engines import load_table, table_family
     batches = Batches(max(opts.batch_sizes))
     for engine, rel in files.items():
         family = table_family(engine, opts.kernel.table_kind)
         table, crash = load_table(family, (opts.out_dir / rel).read_bytes())
-        findings = named_table_findings(family, Path(rel).name, table or {}, rel, batches) if table is not None else []
+        findings = named_table_findings(family, Path(rel).name, table, rel, batches) if warn and table is not None else []
         for f in findings:
             log.warning("%s: %s: %s (tuned M=%s)", rel, f.kind, f.reason, ",".join(map(str, sorted(table or {}))))
         if crash:
