@@ -21,7 +21,7 @@ from tuner.numerics import check_config
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
-def _triton_unsqueezes_scalars() -> bool:
+def triton_unsqueezes_scalars() -> bool:
     """Whether this Triton's front end takes `scalar[:, None]`. 3.6 does; 3.9 refuses it
     ("too many indices for tensor of rank 0"), interpreted and compiled alike (compiling
     for sm_90 fails the same way without a GPU)."""
@@ -46,7 +46,7 @@ def _triton_unsqueezes_scalars() -> bool:
 # `a_scale[:, None]` of what is now the block's one (scalar) weight scale. A Triton whose
 # front end refuses that cannot compile those configs at all, so there is no result to check.
 SGLANG_SCALAR_SCALE = pytest.mark.skipif(
-    not _triton_unsqueezes_scalars(),
+    not triton_unsqueezes_scalars(),
     reason="this Triton refuses `scalar[:, None]`, which SGLang 0.5.23's fused_moe_kernel does with swap-AB at "
            "BLOCK_SIZE_N <= 128 (a_scale[:, None] on the one weight scale): it cannot compile such configs here")
 

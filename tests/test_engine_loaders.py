@@ -5,6 +5,7 @@ gets that code). Tables come from SYNTHETIC landscapes; install needs --force fo
 import json
 
 import pytest
+import triton
 from engine_loaders import LOADERS, LOG, load_loaders, wheel, wheel_dir
 from synthetic import write_synthetic_landscape
 
@@ -37,11 +38,17 @@ def results(tmp_path_factory):
     return out
 
 
+# The fake site runs the Triton that runs the tests (the one that measured the tables), as a
+# user who tunes and installs on one machine has it; NEWER is a Triton that has no folder.
+TRITON = triton.__version__
+NEWER = f"{TRITON.split('.')[0]}.{int(TRITON.split('.')[1]) + 1}.0"
+
+
 def site(tmp_path, engine):
     s = tmp_path / engine
     (s / engine).mkdir(parents=True)
     (s / engine / "__init__.py").write_text("")
-    (s / "triton-3.6.0.dist-info").mkdir()
+    (s / f"triton-{TRITON}.dist-info").mkdir()
     return s
 
 
@@ -74,7 +81,7 @@ def test_vllm_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     assert main(["install", str(results), "--engine", "vllm", "--site-packages", str(s), "--force"]) == 0
     printed = printed_log_lines(capsys.readouterr().out)
     monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
-    f = load_loaders("vllm", s, H200, "3.6.0")
+    f = load_loaders("vllm", s, H200, TRITON)
     LOG.clear()
     moe = f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128)
     # the line tuner install printed is the one vLLM's own loader logs
@@ -88,7 +95,7 @@ def test_vllm_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     assert main(["install", str(results), "--engine", "vllm", "--site-packages", str(site(tmp_path / "b", "vllm")),
                  "--moe-config-dir", str(cfg_dir), "--force"]) == 0
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(cfg_dir))
-    f = load_loaders("vllm", tmp_path / "nowhere", H200, "3.6.0")   # nothing in the package folder
+    f = load_loaders("vllm", tmp_path / "nowhere", H200, TRITON)   # nothing in the package folder
     assert f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128) == moe
 
 
@@ -97,7 +104,7 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     assert main(["install", str(results), "--engine", "sglang", "--site-packages", str(s), "--force"]) == 0
     printed = printed_log_lines(capsys.readouterr().out)
     monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
-    f = load_loaders("sglang", s, H200, "3.6.0")
+    f = load_loaders("sglang", s, H200, TRITON)
     measured_by = next((results / "sglang/fused_moe").glob("triton_*")).name     # the Triton running the tests
     base = f"sglang/fused_moe/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     LOG.clear()
@@ -109,7 +116,7 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     gemm = f["get_w8a8_block_fp8_configs"](7168, 2048, 128, 128)
     assert gemm == ours(results, "sglang/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
     # SGLang under another Triton falls back to the newest triton_* folder it has
-    f = load_loaders("sglang", s, H200, "3.7.0")
+    f = load_loaders("sglang", s, H200, NEWER)
     assert f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128) == up
 
 

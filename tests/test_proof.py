@@ -14,10 +14,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from test_engine_kernels import triton_unsqueezes_scalars
 
 from tuner.cli import main
 from tuner.gpus import get_gpu
 from tuner.proof import CALLS, STEPS, Proof
+
+# Under a Triton that refuses `scalar[:, None]` (3.9), SGLang 0.5.23's own fused MoE kernel
+# cannot compile the swap-AB rows of its shipped table: the proof's check of that table fails
+# there, rightly, and with it call 1. On the GPU machines' Triton (3.6) every step passes.
+SGLANG_COMPILES_HERE = triton_unsqueezes_scalars()
 
 REPO = Path(__file__).resolve().parents[1]
 NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -34,10 +40,19 @@ def rehearsal(tmp_path_factory):
 
 def test_the_rehearsal_runs_every_step_on_the_cpu_device(rehearsal):
     out, _, codes = rehearsal
-    assert codes == {"1": 0, "2": 0, "local": 0}
     steps = json.loads((out / "steps.json").read_text())["steps"]
     assert [s["name"] for s in steps] == list(STEPS)
-    assert all(s["status"] == "ok" for s in steps), steps
+    validate = next(s for s in steps if s["name"] == "validate")
+    sglang_checked = any(d.startswith("check sglang ") for d in validate["detail"])
+    expect_fail = sglang_checked and not SGLANG_COMPILES_HERE
+    assert codes == {"1": 1 if expect_fail else 0, "2": 0, "local": 0}
+    for step in steps:
+        if step is not validate or not expect_fail:
+            assert step["status"] == "ok", step
+        else:   # only SGLang's own checks fail, and they do fail: the proof does not hide them
+            failed = [d for d in step["detail"] if "failed" in d]
+            assert step["status"] == "failed" and failed, step
+            assert all(d.startswith("check sglang ") for d in failed), step
     assert not any("outlived" in d for s in steps for d in s["detail"]), "a step left processes behind"
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# GPU proof\n\n*** REHEARSAL ON THE CPU DEVICE")
