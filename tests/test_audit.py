@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.audit import Batches, audit_all, audit_deployment
-from tuner.audit_report import markdown, terminal_lines
 from tuner.cli import main
-from tuner.engine_tables import FolderFiles, Installation
-from tuner.engines import DEFAULT_BATCH_SIZES, far_ranges, nearest_key, snap_ranges
-from tuner.gpus import get_gpu
-from tuner.models import load_model
+from tuner.emit.audit import Batches, audit_all, audit_deployment
+from tuner.emit.audit_report import markdown, terminal_lines
+from tuner.emit.engine_tables import FolderFiles, Installation
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, far_ranges, nearest_key, snap_ranges
+from tuner.plan.gpus import get_gpu
+from tuner.plan.models import load_model
 
 VMOE = "vllm/model_executor/layers/fused_moe/configs"
 VGEMM = "vllm/model_executor/layers/quantization/utils/configs"
@@ -271,10 +271,10 @@ def test_emitter_writes_no_down_copy(tmp_path):
     differs is."""
     from types import SimpleNamespace
 
-    from kernels import get_kernel
-    from tuner.models import moe_problems
-    from tuner.search import StudyResult
-    from tuner.tune import _emit
+    from tuner.commands.tune import _emit
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.models import moe_problems
+    from tuner.search.runner import StudyResult
 
     kernel = get_kernel("fused_moe", "sglang", load_code=False)
     up, down = moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8", engines=["sglang"])

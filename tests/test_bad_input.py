@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.space import load_space
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
 
 MOE = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
 GEMM = "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
@@ -316,7 +316,7 @@ def test_there_are_enough_cases():
 
 @pytest.mark.parametrize("name,build,needle", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(name, build, needle, tmp_path, capsys, monkeypatch):
-    from tuner import install
+    from tuner.emit import install
     monkeypatch.chdir(tmp_path)                       # default --out folders land here, if any
     monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")
     (tmp_path / "victim.json").write_text('{"keep": true}')

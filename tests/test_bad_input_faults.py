@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from synthetic import slowed_cli, write_synthetic_landscape
 
-from kernels import get_kernel
-from tuner.gpus import get_gpu
-from tuner.space import load_space
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,

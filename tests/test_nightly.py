@@ -12,13 +12,13 @@ import pytest
 import yaml
 from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.landscape import read_landscape
-from tuner.models import gemm_problems, load_model
-from tuner.problems import Problem
-from tuner.space import load_space
+from tuner.measure.landscape import read_landscape
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.models import gemm_problems, load_model
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
@@ -142,7 +142,7 @@ def test_mla_tables_drift_retune_and_never_get_slower(tmp_path, capsys):
     """MLA decode tables (our own format) go through the same night: drift re-times them,
     a retune is seeded with them, and the new table is never slower than the old one."""
     import kernels.mla_decode as md
-    from tuner.models import mla_problems
+    from tuner.plan.models import mla_problems
 
     kernel, gpu = get_kernel("mla_decode"), get_gpu("H200")
     space = load_space(kernel)

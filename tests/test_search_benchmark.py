@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tuner.landscape import read_header, read_landscape
-from tuner.landscape_kernel import landscape_kernel, landscape_space
+from tuner.measure.landscape import read_header, read_landscape
+from tuner.measure.landscape_kernel import landscape_kernel, landscape_space
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("search_benchmark", REPO / "scripts" / "search_benchmark.py")

@@ -22,8 +22,8 @@ from tuner.api import (  # noqa: F401
     kernel_runs,
     only_problems,
 )
-from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -419,10 +419,10 @@ def _add_audit_parser(sub) -> None:
 
 
 def cmd_audit(args) -> int:
-    from tuner.audit import Batches, audit_all, audit_deployment, run_numerics
-    from tuner.audit_report import terminal_lines, wrap, write_outputs
-    from tuner.engine_tables import locate_installation
-    from tuner.engines import table_family
+    from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics
+    from tuner.emit.audit_report import terminal_lines, wrap, write_outputs
+    from tuner.emit.engine_tables import locate_installation
+    from tuner.plan.engines import table_family
 
     if args.all:
         extra = [o for o, v in (("--model", args.model), ("--gpu", args.gpu), ("--numerics", args.numerics),
@@ -448,8 +448,8 @@ def cmd_audit(args) -> int:
     if args.all:
         report = audit_all(inst, batches, override_dir)
     else:
-        from tuner.gpus import get_gpu
-        from tuner.models import check_parallel, load_model, resolve_dtype
+        from tuner.plan.gpus import get_gpu
+        from tuner.plan.models import check_parallel, load_model, resolve_dtype
         gpu = get_gpu(args.gpu)
         model = load_model(args.model)
         check_parallel(model, args.tp, args.ep)
@@ -469,9 +469,9 @@ def cmd_audit(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from tuner.device import require
+    from tuner.commands.tune import load_plans, make_measurer, open_checked_storage, tune_all
+    from tuner.measure.device import require
     from tuner.progress import Progress
-    from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
 
     storage = open_checked_storage(args.storage)
     if not args.replay and args.device == "cuda":
@@ -480,7 +480,7 @@ def cmd_worker(args) -> int:
         load_plans(storage, args.study_prefix, load_code=False, storage=args.storage)
         import torch
         if not torch.cuda.is_available():
-            from tuner.measure import require_gpu
+            from tuner.measure.device import require_gpu
             require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
     for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
                            replay=args.replay, storage=args.storage,
@@ -488,7 +488,7 @@ def cmd_worker(args) -> int:
                            recycle_after=args.recycle_after, device=args.device):
         if not args.replay:
             require(args.device, opts.gpu, "a worker", "--replay FILE measures from a recorded landscape")
-        from tuner.tune import time_unit
+        from tuner.commands.tune import time_unit
         progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet,
                             unit=time_unit(opts))
         measurer = make_measurer(opts, progress)
@@ -500,7 +500,7 @@ def cmd_worker(args) -> int:
 
 
 def cmd_collect(args) -> int:
-    from tuner.tune import collect, load_plans, open_checked_storage, results_table
+    from tuner.commands.tune import collect, load_plans, open_checked_storage, results_table
 
     out = Path(args.out)
     check_out_dir(out)
@@ -509,7 +509,7 @@ def cmd_collect(args) -> int:
         results = collect(opts, storage, wait=args.wait)
         table = results_table(results, opts.kernel.config_keys)
         if not table.empty:
-            from tuner.report import run_source
+            from tuner.commands.report import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
             print(table.to_string(index=False))
     print(f"tables and manifest in {args.out}/")
@@ -518,7 +518,7 @@ def cmd_collect(args) -> int:
 
 def cmd_install(args) -> int:
     from tuner import api
-    from tuner import install as inst
+    from tuner.emit import install as inst
 
     if args.restore:
         for line in inst.restore(args.engine):
@@ -532,11 +532,11 @@ def cmd_install(args) -> int:
 
 
 def cmd_drift(args) -> int:
-    from tuner.drift import Measurers, find_tables, measure_drift
-    from tuner.failures import count_by_kind, summary
-    from tuner.gpus import get_gpu
-    from tuner.models import load_model
+    from tuner.commands.drift import Measurers, find_tables, measure_drift
+    from tuner.measure.failures import count_by_kind, summary
     from tuner.paths import atomic_write_json
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
 
     gpu = get_gpu(args.gpu)
     if args.replay and not Path(args.replay).is_file():
@@ -544,7 +544,7 @@ def cmd_drift(args) -> int:
     model = load_model(args.model) if args.model else None
     profile = None
     if args.traffic:
-        from tuner.traffic import load_profile
+        from tuner.plan.traffic import load_profile
         profile = load_profile(args.traffic, args.tp)
     tables = find_tables(args.tables, model, args.routing)
     measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source,
@@ -553,7 +553,7 @@ def cmd_drift(args) -> int:
         df = measure_drift(tables, measurers, args.noise)
     finally:
         measurers.close()
-    from tuner.provenance import banner
+    from tuner.measure.provenance import banner
     print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
     print(drift_table(df).to_string(index=False))
     losing = df[df["verdict"].isin(["loses", "fails"])]
@@ -563,8 +563,8 @@ def cmd_drift(args) -> int:
     if failed:
         print(f"tables' configs that failed, by kind: {summary(failed)}")
     if profile is not None:
-        from tuner.drift import traffic_lines
-        from tuner.provenance import time_source
+        from tuner.commands.drift import traffic_lines
+        from tuner.measure.provenance import time_source
         for line in traffic_lines(df, tables, profile, model,
                                   time_source(measurers.environment(), "replay" if args.replay else "gpu"), args.tp):
             print(line)
@@ -589,14 +589,14 @@ def drift_table(df):
 
 
 def cmd_nightly(args) -> int:
-    from tuner.nightly import run_night
+    from tuner.commands.nightly import run_night
     return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True))
 
 
 def cmd_report(args) -> int:
-    from tuner.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
+    from tuner.commands.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
     run = Path(args.run)
-    from tuner.results import read_manifest
+    from tuner.emit.results import read_manifest
     read_manifest(run)                      # not a results folder: one line, before the profile's
     profile = run_traffic([run], args.traffic)
     traffic = traffic_report_lines(run, profile, run_model([run], args.model)) if profile else None
@@ -606,7 +606,7 @@ def cmd_report(args) -> int:
     for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                                     "failures"]):
         print(line)
-    from tuner.report import _geomean
+    from tuner.commands.report import _geomean
     g = _geomean(df["speedup"])
     if g:
         print(f"Geometric-mean speedup over the engines' default config"
@@ -619,10 +619,10 @@ def cmd_report(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from tuner.report import write_diff
+    from tuner.commands.report import write_diff
     out = Path(args.out) if args.out else Path(args.new) / "diff"
-    from tuner.report import run_model, run_traffic, traffic_diff_lines
-    from tuner.results import read_manifest
+    from tuner.commands.report import run_model, run_traffic, traffic_diff_lines
+    from tuner.emit.results import read_manifest
     runs = [Path(args.new), Path(args.old)]
     for run in runs:
         read_manifest(run)                  # not a results folder: one line, before the profile's
@@ -630,13 +630,13 @@ def cmd_diff(args) -> int:
     traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
         if profile else None
     df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
-    from tuner.report import run_source
+    from tuner.commands.report import run_source
     sources = run_source(Path(args.old)), run_source(Path(args.new))
     print(f"old: {sources[0]}")
     print(f"new: {sources[1]}")
     if sources[0] != sources[1]:
         print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
-    from tuner.report import table_sections
+    from tuner.commands.report import table_sections
     for line in table_sections(df, ["M", "config_old", "config_new", "time_us_old", "time_us_new", "change_pct",
                                     "verdict"]):
         print(line)
@@ -650,7 +650,7 @@ def cmd_diff(args) -> int:
 
 def _problem_builder(args, command: str):
     """(kernel name, model -> problems) of a kernel command, as tuning builds them."""
-    from tuner.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
     if command == "gemm":
         return "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep)
     if command == "moe":
@@ -662,10 +662,10 @@ def _problem_builder(args, command: str):
 def cmd_bench(args) -> int:
     import copy
 
-    from tuner import bench as bench_mod
-    from tuner import ceilings as ceilings_mod
-    from tuner.gpus import get_gpu
-    from tuner.models import load_model
+    from tuner.commands import bench as bench_mod
+    from tuner.commands import ceilings as ceilings_mod
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
 
     if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
@@ -673,7 +673,7 @@ def cmd_bench(args) -> int:
         args.contexts = args.contexts or [4096, 8192, 32768]
     profile = None
     if args.traffic:
-        from tuner.traffic import choose_keys, load_profile
+        from tuner.plan.traffic import choose_keys, load_profile
         if args.kernel == "mla":
             raise TunerError("--traffic applies to `tuner bench --kernel gemm|moe` (M = tokens per forward pass)")
         profile = load_profile(args.traffic, args.tp)
@@ -693,13 +693,13 @@ def cmd_bench(args) -> int:
     gpu = get_gpu(args.gpu)
     model = load_model(args.model)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
-    from tuner.device import device_name
+    from tuner.measure.device import device_name
     ceilings = ceilings_mod.load(gpu, args.ceilings, device_name(args.device, gpu) if not args.replay else None)
     kernel_name, make_problems = _problem_builder(args, args.kernel)
     problems = only_problems(make_problems(model), args.only)
     baselines = [(Path(d).name, d) for d in args.baseline or []]
     if not args.replay:
-        from tuner.device import require
+        from tuner.measure.device import require
         require(args.device, gpu, "a bench", "--replay FILE benches a recorded landscape")
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     rows: list = []
@@ -709,7 +709,7 @@ def cmd_bench(args) -> int:
     try:
         modes = list(dict.fromkeys(args.kernel_source))
         if args.replay:
-            from tuner.kernel_sources import source_mode
+            from tuner.plan.kernel_registry import source_mode
             recorded = source_mode(None, args.replay)
             if len(modes) > 1:
                 say(f"note: a landscape holds one kernel's timings: benching {recorded}'s only")
@@ -757,17 +757,17 @@ def cmd_bench(args) -> int:
 
 def _bench_measurer(args, kernel, gpu):
     if args.replay:
-        from tuner.device import device_name
-        from tuner.measure import ReplayMeasurer
+        from tuner.measure.device import device_name
+        from tuner.measure.measurers import ReplayMeasurer
         return ReplayMeasurer.from_file(args.replay, kernel, device_name(args.device, gpu))
-    from tuner.isolation import isolated_gpu_measurer
+    from tuner.measure.isolation import isolated_gpu_measurer
     return isolated_gpu_measurer(kernel, gpu.key, args.compile_workers, args.measure_timeout, device=args.device)
 
 
 def cmd_landscape(args) -> int:
-    from tuner.landscape import describe, read_header, read_landscape
+    from tuner.measure.landscape import describe, read_header, read_landscape
     if args.action == "info":
-        from kernels import KERNEL_MODULES, get_kernel
+        from tuner.plan.kernel_registry import KERNEL_MODULES, get_kernel
         header = read_header(args.file)
         if not isinstance(header, dict) or header.get("kernel") not in KERNEL_MODULES:
             raise TunerError(f"{args.file} is not a landscape of a known kernel (header: {str(header)[:80]})")
@@ -778,11 +778,11 @@ def cmd_landscape(args) -> int:
         return 0
     if args.action != "synth":
         raise TunerError("say what to do: `tuner landscape synth ...` or `tuner landscape info FILE`")
-    from kernels import get_kernel
-    from tuner.gpus import get_gpu
-    from tuner.models import load_model
-    from tuner.space import load_space
-    from tuner.synthetic import write_synthetic_landscape
+    from tuner.measure.synthetic import write_synthetic_landscape
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.models import load_model
+    from tuner.plan.space import load_space
 
     if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
@@ -809,9 +809,9 @@ def cmd_landscape(args) -> int:
 
 
 def cmd_proof(args) -> int:
-    from tuner import proof as proof_mod
-    from tuner.device import require
-    from tuner.gpus import get_gpu
+    from tuner.commands import proof as proof_mod
+    from tuner.measure.device import require
+    from tuner.plan.gpus import get_gpu
     gpu = get_gpu(args.gpu)
     if not 0 < args.minutes <= 24 * 60:            # NaN fails this too
         raise TunerError(f"--minutes must be more than 0 and at most a day, not {args.minutes}")
@@ -835,8 +835,8 @@ def cmd_proof(args) -> int:
 
 
 def cmd_ceilings(args) -> int:
-    from tuner import ceilings as ceilings_mod
-    from tuner.gpus import get_gpu
+    from tuner.commands import ceilings as ceilings_mod
+    from tuner.plan.gpus import get_gpu
     gpu = get_gpu(args.gpu)
     path = Path(args.out) if args.out else ceilings_mod.default_path(gpu, args.device)
     if path.exists() and path.is_dir():
@@ -850,8 +850,8 @@ def cmd_ceilings(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from tuner.check import run_check
-    from tuner.models import gemm_problems, load_model, moe_problems
+    from tuner.commands.check import run_check
+    from tuner.plan.models import gemm_problems, load_model, moe_problems
 
     table = Path(args.table)
     if not table.is_file():
@@ -874,13 +874,14 @@ def cmd_check(args) -> int:
 
 
 def cmd_engine_source(args) -> int:
-    from tuner.kernel_sources import extract
+    from tuner.plan.kernel_registry import launcher
+    from tuner.plan.kernel_sources import extract
     if args.action != "extract":
         raise TunerError("say what to do: `tuner engine-source extract --engine vllm --out DIR`")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file")
-    folder = extract(args.engine, args.source, out)
+    folder = extract(args.engine, args.source, out, launcher(args.engine).FILES)
     files = sorted(p for p in folder.rglob("*.py"))
     size = sum(p.stat().st_size for p in files)
     print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) in {folder}/; use it as --engine-source {folder}")
@@ -966,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         if getattr(args, "device", None) == "cpu":
-            from tuner.device import prepare_process
+            from tuner.measure.device import prepare_process
             prepare_process("cpu")          # before any kernel is imported here
         return COMMANDS[args.command](args)
     except TunerError as e:
