@@ -416,10 +416,13 @@ def _add_audit_parser(sub) -> None:
                      "(default configs/examples/small-moe.json); on a GPU the deployment's own shapes")
     aud.add_argument("--seed", type=int, default=None, help="--numerics input seed (default: fresh random inputs)")
     aud.add_argument("--out", default=None, metavar="DIR", help="also write audit.json and audit.md there")
+    aud.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile (an engine's /metrics dump, or CSV/JSON of M,weight): weigh each table's "
+                          "keys by the forward passes they serve")
 
 
 def cmd_audit(args) -> int:
-    from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics
+    from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics, traffic_audit
     from tuner.emit.audit_report import terminal_lines, wrap, write_outputs
     from tuner.emit.engine_tables import locate_installation
     from tuner.plan.engines import table_family
@@ -444,6 +447,10 @@ def cmd_audit(args) -> int:
     override = args.moe_config_dir if args.moe_config_dir is not None else os.environ.get(env_var)
     override_dir = Path(override) if override else None
     batches = Batches(args.max_batch, tuple(sorted(set(args.batch_sizes))) if args.batch_sizes else None)
+    profile = None
+    if args.traffic:
+        from tuner.plan.traffic import load_profile
+        profile = load_profile(args.traffic, args.tp)
     inst = locate_installation(args.engine, args.site_packages, args.engine_source, args.engine_version, args.triton)
     if args.all:
         report = audit_all(inst, batches, override_dir)
@@ -459,6 +466,8 @@ def cmd_audit(args) -> int:
         if args.numerics:
             seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
             run_numerics(report, inst, numerics_model, seed, log=lambda line: print(line, flush=True))
+    if profile is not None:
+        traffic_audit(report, profile)
     for line in terminal_lines(report):
         print(line)
     if out is not None:

@@ -57,6 +57,7 @@ KINDS = {
     "triton_fallback": "tables of another Triton version (SGLang's fallback)",
     "truncated": "truncated tables (a contiguous slice of the engines' grid)",
     "far_keys": f"batch sizes whose nearest key is more than {FAR_KEY_FACTOR}x away",
+    "traffic_far": f"keys that serve a share of the traffic more than {FAR_KEY_FACTOR}x from their M",
     "down_block_m": "down BLOCK_SIZE_M the engine replaces with the up table's",
     "down_copy": "_down tables that are copies of the up table",
     "down_reuses_up": "no _down table: the up table's configs run the down GEMM",
@@ -295,6 +296,7 @@ class KernelAudit:
     rows: list[dict] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     numerics: list[dict] = field(default_factory=list)
+    traffic: list[dict] = field(default_factory=list)      # per key under --traffic (KeyCoverage)
 
     @property
     def where(self) -> str:
@@ -325,7 +327,8 @@ class KernelAudit:
                 "layers": list(self.problem.layers), "lookup": r.name,
                 "file": self.where if r.found else None, "how": r.how, "triton_folder": r.triton_folder,
                 "tried": r.tried, "crash": r.crash, "read_by_default": self.reads, "read_why": self.reads_why,
-                "rows": self.rows, "findings": [f.as_dict() for f in self.findings], "numerics": self.numerics}
+                "rows": self.rows, "findings": [f.as_dict() for f in self.findings], "numerics": self.numerics,
+                "traffic": self.traffic}
 
 
 @dataclass
@@ -762,3 +765,31 @@ def _why_unloadable(fam: TableFamily, name: str) -> str:
     return f"not a name {fam.engine}'s {fam.kind} loader builds (E=..,N=..,device_name=..[,dtype=..][,block_shape=..])" \
         if fam.kind == "fused_moe" else f"not a name {fam.engine}'s {fam.kind} loader builds " \
                                         "(N=..,K=..,device_name=..,dtype=fp8_w8a8,block_shape=[..])"
+
+
+# -- under a traffic profile (--traffic FILE) -------------------------------------------------------
+# A key that serves at least this share of the forward passes, some of them more than
+# FAR_KEY_FACTOR from it, is a finding: that much traffic runs a config tuned for another M.
+TRAFFIC_SHARE = 0.01
+
+
+def traffic_audit(report: AuditReport, profile: Any) -> None:
+    """Weigh every table the audit read by a traffic profile (tuner/plan/traffic.py): per key,
+    the M it serves by the nearest-key rule and its share of the passes (into the report), and
+    a warning for the keys that serve much traffic far from their own M."""
+    import dataclasses
+
+    from tuner.plan.traffic import key_coverage
+    report.header.setdefault("notes", []).append(profile.describe()[0])
+    for ka in report.kernels:
+        if not ka.table:
+            continue
+        coverage = key_coverage(sorted(int(k) for k in ka.table), profile)
+        ka.traffic = [dataclasses.asdict(c) for c in coverage]
+        far = [c for c in coverage if c.share >= TRAFFIC_SHARE and c.ratio > FAR_KEY_FACTOR]
+        if far:
+            finding = Finding("warning", "traffic_far", "under this traffic " + "; ".join(c.text() for c in far),
+                              ka.where, [c.key for c in far])
+            ka.findings.append(finding)
+            report.findings.append(finding)
+

@@ -64,6 +64,10 @@ def kernel_lines(ka: KernelAudit, said: set | None = None) -> list[str]:
         if row.get("changes"):
             text += "  -> runs " + _cfg_text(row["runs_as"]) + "  [" + "; ".join(row["changes"]) + "]"
         out += wrap(text, "  ")
+    for c in ka.traffic:
+        if c["share"] >= 0.001:
+            out += wrap(f"  traffic: key {c['key']} serves {m_range(c['first'], c['last'])}, {c['share']:.1%} of the "
+                        f"passes, farthest M {c['farthest']} ({c['ratio']:.2f}x)", "  ")
     for n in ka.numerics:
         rel = f"{n['rel_error']:.2e}" if n["rel_error"] is not None else "-"
         out += wrap(f"  numerics {n['status'].upper()} key {n['key']} at M={n['M']}: rel. error {rel} ({n['detail']}; "
@@ -128,6 +132,12 @@ def markdown(report: AuditReport) -> str:
                                f"| {_md_cell(_cfg_text(row['entry']) if row['entry'] is not None else '-')} "
                                f"| {_md_cell(_cfg_text(row['runs_as']) if isinstance(row['runs_as'], dict) else row['runs_as'])} "
                                f"| {_md_cell('; '.join(row.get('changes') or []))} |")
+                out.append("")
+            if ka.traffic:
+                out += ["| key | serves M | share of passes | farthest M |", "| --- | --- | --- | --- |"]
+                out += [f"| {c['key']} | {m_range(c['first'], c['last']) if c['first'] is not None else '-'} | "
+                        f"{c['share']:.2%} | {c['farthest'] if c['farthest'] is not None else '-'} ({c['ratio']:.2f}x) |"
+                        for c in ka.traffic]
                 out.append("")
             if ka.numerics:
                 out += ["| key | M | status | rel. error | kernel | problem |", "| --- | --- | --- | --- | --- | --- |"]
