@@ -473,7 +473,7 @@ def cmd_worker(args) -> int:
     from tuner.progress import Progress
     from tuner.tune import load_plans, make_measurer, open_checked_storage, tune_all
 
-    storage = open_checked_storage(args.storage)
+    storage = open_checked_storage(args.storage, existing=True)
     if not args.replay and args.device == "cuda":
         # the storage's plans first (a storage without one is said as such), then the GPU,
         # before the engines' code is looked for
@@ -504,7 +504,7 @@ def cmd_collect(args) -> int:
 
     out = Path(args.out)
     check_out_dir(out)
-    storage = open_checked_storage(args.storage)
+    storage = open_checked_storage(args.storage, existing=True)
     for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
         table = results_table(results, opts.kernel.config_keys)
@@ -769,9 +769,13 @@ def cmd_landscape(args) -> int:
     if args.action == "info":
         from kernels import KERNEL_MODULES, get_kernel
         header = read_header(args.file)
-        if not isinstance(header, dict) or header.get("kernel") not in KERNEL_MODULES:
+        if not isinstance(header, dict) or not isinstance(header.get("kernel"), str) \
+                or header["kernel"] not in KERNEL_MODULES:
             raise TunerError(f"{args.file} is not a landscape of a known kernel (header: {str(header)[:80]})")
         source = header.get("kernel_source", "ours")
+        if source not in ("ours", *ENGINE_NAMES):
+            raise TunerError(f"{args.file}: its header names kernel source {str(source)[:40]!r}, not ours or "
+                             f"one of {', '.join(ENGINE_NAMES)}")
         kernel = get_kernel(header["kernel"], source, load_code=False) if source != "ours" else get_kernel(header["kernel"])
         for line in describe(read_landscape(args.file, kernel)):
             print(line)
@@ -787,8 +791,10 @@ def cmd_landscape(args) -> int:
     if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
     out = Path(args.out)
-    if out.exists():
+    if os.path.lexists(out):
         raise TunerError(f"{out} exists; remove it or give another --out")
+    from tuner.paths import check_writable, remove_stale_temporaries_of
+    check_writable(out, "--out", folder=False)
     gpu = get_gpu(args.gpu)
     kernel_name, make = _problem_builder(args, args.kernel)
     kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
@@ -802,6 +808,7 @@ def cmd_landscape(args) -> int:
             raise TunerError(f"{args.kernel_source} reads none of this model's {kernel_name} tables")
     ms = sorted(set(args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if args.kernel == "mla"
                                          else DEFAULT_BATCH_SIZES)))
+    remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
     n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
     print(f"wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: a cost model, "
           "not a GPU; replay it with --replay to try the tool, never to choose configs")
@@ -987,14 +994,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - never a traceback unless asked for
         if os.environ.get("TUNER_DEBUG"):
             raise
-        from tuner.paths import is_disk_full
-        if is_disk_full(e):
-            where = getattr(e, "filename", None)
-            print(f"tuner: error: no space left on the device{f' writing {where}' if where else ''}; free some "
-                  "and run the same command again (finished work is kept)", file=sys.stderr)
-            return 2
-        if isinstance(e, PermissionError):
-            print(f"tuner: error: permission denied: {e.filename or e}", file=sys.stderr)
+        from tuner.errors import os_error_line
+        line = os_error_line(e)
+        if line is not None:         # a read-only folder, a full disk, a name too long, a link loop
+            print(f"tuner: error: {line}", file=sys.stderr)
             return 2
         print(f"tuner: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
               "(set TUNER_DEBUG=1 for the traceback)", file=sys.stderr)
