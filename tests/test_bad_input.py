@@ -355,3 +355,18 @@ def test_broken_pipe_is_quiet(tmp_path):
                        cwd=Path(__file__).resolve().parents[1])
     assert r.stdout.startswith("landscape ") and "Traceback" not in r.stderr and "internal error" not in r.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_proof_paths_are_the_users_not_the_checkouts(tmp_path, monkeypatch):
+    """The proof's steps run from the repository root: a relative --out, --bundle or
+    --engine-source is taken from where the user stands, never from the checkout."""
+    from tuner import proof
+    seen = {}
+    monkeypatch.setattr(proof.Proof, "execute", lambda self, steps, log=print: seen.update(p=self) or 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    assert main(["proof", "--device", "cpu", "--gpu", "H200", "--out", "rel/p", "--bundle", "b",
+                 "--engine-source", "src", "--steps", "environment"]) == 0
+    p = seen["p"]
+    assert p.out == tmp_path / "rel" / "p" and p.bundle == tmp_path / "b"
+    assert p.engine_source == [str(tmp_path / "src")]

@@ -234,3 +234,63 @@ def test_leftovers_of_killed_runs_are_cleared(tmp_path, env):
                         "--out", str(out), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert not left.exists()
+
+
+# A proof whose one step is a command that sleeps (its pid in PIDFILE): what a kill of the
+# proof does to the step's process, without a tuning run's cost.
+PROOF_WITH_A_SLEEPING_STEP = """
+import signal, sys
+from pathlib import Path
+from tuner.cli import _on_sigterm
+from tuner.gpus import get_gpu
+from tuner.proof import Command, Proof
+signal.signal(signal.SIGTERM, _on_sigterm)
+proof = Proof(Path(sys.argv[1]), get_gpu("H200"), minutes=5, device="cpu")
+sleeper = [sys.executable, "-c", "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); "
+           "time.sleep(300)"]
+proof.builders = lambda: {"environment": lambda: [Command("sleeper", sleeper, "logs/sleeper.txt")]}
+try:
+    sys.exit(proof.execute(["environment"], log=lambda line: None))
+except KeyboardInterrupt:
+    sys.exit(143)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_proof_takes_its_step_along_and_reruns(tmp_path, env, sig):
+    """kill -9 or SIGTERM of the proof mid-step: the step's process does not run on outside
+    its time box, and the proof run again in the same folder completes (exit 0)."""
+    out, pidfile = tmp_path / "proof", tmp_path / "step.pid"
+    proc = subprocess.Popen([sys.executable, "-c", PROOF_WITH_A_SLEEPING_STEP, str(out)], cwd=REPO,
+                            env={**env, "PIDFILE": str(pidfile)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    step = int(pidfile.read_text())
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while alive(step) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(step), "the proof's step ran on after the proof was killed"
+    if sig == signal.SIGTERM:              # said, in the record of the steps, before it went
+        steps = json.loads((out / "steps.json").read_text())["steps"]
+        assert steps[0]["name"] == "environment" and steps[0]["status"] == "interrupted"
+    rerun = ("import sys\nfrom pathlib import Path\nfrom tuner.gpus import get_gpu\nfrom tuner.proof import Command, Proof\n"
+             "p = Proof(Path(sys.argv[1]), get_gpu('H200'), minutes=1, device='cpu')\n"
+             "p.builders = lambda: {'environment': lambda: [Command('quick', [sys.executable, '-c', 'pass'], "
+             "'logs/quick.txt')]}\nsys.exit(p.execute(['environment'], log=lambda line: None))\n")
+    r = subprocess.run([sys.executable, "-c", rerun, str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    steps = json.loads((out / "steps.json").read_text())["steps"]
+    assert [(s["name"], s["status"]) for s in steps] == [("environment", "ok")]

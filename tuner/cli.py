@@ -828,7 +828,9 @@ def cmd_proof(args) -> int:
         raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(proof_mod.STEPS)}")
     if any(s not in proof_mod.CALLS["local"] for s in steps):
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
-    out = Path(args.out) if args.out else proof_mod.default_out(gpu, args.device)
+    # absolute before anything runs: the steps run from the repository root, where a relative
+    # --out would land in the checkout instead of where the user stands
+    out = Path(os.path.abspath(args.out)) if args.out else proof_mod.default_out(gpu, args.device)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
     if args.bundle and Path(args.bundle).exists() and not Path(args.bundle).is_dir():
@@ -836,8 +838,10 @@ def cmd_proof(args) -> int:
     baselines = Path(args.baselines) if args.baselines else proof_mod.default_baselines()
     if args.baselines and not Path(args.baselines).is_dir():
         raise TunerError(f"--baselines {baselines} is not a folder")
-    run = proof_mod.Proof(out, gpu, args.minutes, args.device, args.engine_source or proof_mod.default_engine_source(),
-                          baselines, Path(args.bundle) if args.bundle else None)
+    engine_source = [os.path.abspath(e) for e in args.engine_source] if args.engine_source else None
+    run = proof_mod.Proof(out, gpu, args.minutes, args.device, engine_source or proof_mod.default_engine_source(),
+                          Path(os.path.abspath(baselines)) if baselines else None,
+                          Path(os.path.abspath(args.bundle)) if args.bundle else None)
     return run.execute(steps, log=lambda line: print(line, flush=True))
 
 
