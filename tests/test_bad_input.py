@@ -118,6 +118,34 @@ def backups_with_record(root: Path, record) -> Path:
     return root / "backups"
 
 
+def huge_gzip_line(path: Path) -> Path:
+    """A small gzip file that expands to one 8 MiB line (a reader that takes a line whole
+    would hold all of it)."""
+    import gzip
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"format": "tuner-landscape/1", "kernel": "fp8_gemm", "pad": "' + b"a" * (8 << 20) + b'"}\n')
+    return path
+
+
+def laughs(path: Path) -> Path:
+    """A YAML model file of nested aliases: 10 lines that expand to 9^9 values."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def nightly_config(root: Path, state: str | None = None) -> Path:
+    """A nightly config whose runs_dir is under root, with `state` as its state.json."""
+    (root / "runs").mkdir(exist_ok=True)
+    if state is not None:
+        (root / "runs" / "state.json").write_text(state)
+    path = root / "n.yaml"
+    path.write_text(f"runs_dir: {root / 'runs'}\njobs:\n- {{name: a, kernel: gemm, model: deepseek-v3, gpu: H200}}\n")
+    return path
+
+
 # (name, build(tmp) -> argv, text the one line must hold). Every path a case uses is under tmp.
 CASES = [
     # -- tuning commands: options ----------------------------------------------------------
@@ -295,6 +323,26 @@ CASES = [
     ("proof with no time", lambda t: ["proof", "--device", "cpu", "--minutes", "0", "--out", str(t / "p")],
      "--minutes"),
     ("ceilings --out is a folder", lambda t: ["ceilings", "--gpu", "H200", "--out", str(t)], "is a folder"),
+    # -- round three: hostile files, paths and state ------------------------------------------
+    ("landscape info of one huge gzipped line", lambda t: ["landscape", "info", str(huge_gzip_line(t / "l.jsonl.gz"))],
+     "is longer than"),
+    ("model YAML with nested aliases", lambda t: ["gemm", "--model", str(laughs(t / "m.yaml")), "--gpu", "H200"],
+     "billion laughs"),
+    ("nightly --night climbing out", lambda t: ["nightly", str(nightly_config(t)), "--night", "../../elsewhere"],
+     "plain folder name"),
+    ("nightly state truncated", lambda t: ["nightly", str(nightly_config(t, '{"a": {"run": "ru'))], "nightly state"),
+    ("nightly state of the wrong type", lambda t: ["nightly", str(nightly_config(t, "[1, 2]"))],
+     "not a JSON object of jobs"),
+    ("nightly state with wrong field types", lambda t: [
+        "nightly", str(nightly_config(t, '{"a": {"run": 3, "environment": {}}}'))], "must hold"),
+    ("report of a manifest whose kernel_source is not an object", lambda t: ["report", str(results_with(
+        t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [
+            {"kernel": "fp8_gemm", "kernel_source": "vllm", "problem": {}, "files": {"vllm": "x.json"}}]}))],
+     "'kernel_source' is not an object"),
+    ("proof into a folder whose steps.json is not a proof's", lambda t: [
+        "proof", "--device", "cpu", "--out", str((t / "p").mkdir() or (t / "p" / "steps.json").write_text(
+            '{"steps": [{"name": "smoke", "status": 3}]}') and t / "p"), "--steps", "environment"],
+     "not a proof's record"),
 ]
 
 # cases whose world needs more than their argv
@@ -370,3 +418,29 @@ def test_proof_paths_are_the_users_not_the_checkouts(tmp_path, monkeypatch):
     p = seen["p"]
     assert p.out == tmp_path / "rel" / "p" and p.bundle == tmp_path / "b"
     assert p.engine_source == [str(tmp_path / "src")]
+
+
+def test_writes_never_go_through_a_planted_link(tmp_path):
+    """The one guarded writer every command writes through (plots of report and bench, tables,
+    the night's files): a link planted at the file is replaced, never followed; a link planted
+    as a folder on the way, or a '..' climbing out of the root, is refused in one line."""
+    from tuner.errors import TunerError
+    from tuner.paths import atomic_write_text, open_for_append
+    victim, root = tmp_path / "victim.json", tmp_path / "out"
+    victim.write_text('{"keep": true}')
+    (root / "plots").mkdir(parents=True)
+    (root / "plots" / "m.png").symlink_to(victim)
+    atomic_write_text(root / "plots" / "m.png", "a plot", root=root)
+    assert victim.read_text() == '{"keep": true}' and (root / "plots" / "m.png").read_text() == "a plot"
+    assert not (root / "plots" / "m.png").is_symlink()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "linked").symlink_to(tmp_path / "elsewhere")
+    for path, needle in ((root / "linked" / "x.json", "is a symbolic link"),
+                         (root / ".." / "escape.json", "is outside")):
+        with pytest.raises(TunerError, match=needle):
+            atomic_write_text(path, "x", root=root)
+    (root / "log.txt").symlink_to(victim)
+    with pytest.raises(TunerError, match="symbolic link"):
+        open_for_append(root / "log.txt", root)
+    assert victim.read_text() == '{"keep": true}' and list((tmp_path / "elsewhere").iterdir()) == []
+    assert not (tmp_path / "escape.json").exists()
