@@ -444,3 +444,51 @@ def test_writes_never_go_through_a_planted_link(tmp_path):
         open_for_append(root / "log.txt", root)
     assert victim.read_text() == '{"keep": true}' and list((tmp_path / "elsewhere").iterdir()) == []
     assert not (tmp_path / "escape.json").exists()
+
+
+def _wheels() -> Path:
+    folder = os.environ.get("TUNER_ENGINE_WHEELS")
+    if not folder or not list(Path(folder).glob("vllm-*.whl")):
+        pytest.skip("needs the engines' wheels ($TUNER_ENGINE_WHEELS; .ci/run downloads them)")
+    return Path(folder)
+
+
+def test_the_known_engine_files_are_the_released_ones():
+    """The recorded hashes of the engine files whose code tuner imports are those of the
+    released wheels (facts, recomputed here from every wheel in the folder)."""
+    import importlib.util
+    wheels = _wheels()
+    spec = importlib.util.spec_from_file_location(
+        "engine_release_files", Path(__file__).resolve().parents[1] / "scripts" / "engine_release_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from tuner.kernel_sources import known_release_files
+    recorded, computed = known_release_files(), module.release_files(wheels)
+    assert computed and all(recorded[e][v] == files for e, vs in computed.items() for v, files in vs.items())
+
+
+def test_a_tampered_engine_source_is_refused_unless_trusted(tmp_path, capsys):
+    """An extracted engine folder whose kernel file was changed (one line added) is refused in
+    one line before any of its code runs; --trust-engine-source runs it and the plan says
+    which file, from where, with its hash; an untouched one is named as released."""
+    from tuner.kernel_sources import TRUST_ENV, extract
+    folder = extract("vllm", str(next(_wheels().glob("vllm-0.33.0-*.whl"))), tmp_path / "ex")
+    plan = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--dry-run",
+            "--engines", "vllm", "--engine-source", str(folder), "--out", str(tmp_path / "o")]
+    assert main(plan) == 0
+    out = capsys.readouterr().out
+    assert "imports code from vllm/model_executor/layers/fused_moe/fused_moe.py (sha256" in out
+    assert "as released in 0.33.0" in out and str(folder) in out
+    kernel_file = folder / "vllm/model_executor/layers/fused_moe/fused_moe.py"
+    kernel_file.write_text(kernel_file.read_text() + "import os  # planted\n")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"1": CFG}))
+    before = snapshot(tmp_path)
+    rc = main(["check", "--model", "configs/examples/small-moe.json", "--kernel", "moe", "--kernel-source", "vllm",
+               "--table", str(table), "--engine-source", str(folder)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "matches no release tuner knows" in err, err
+    assert "--trust-engine-source" in err and snapshot(tmp_path) == before
+    assert main([*plan, "--trust-engine-source"]) == 0
+    assert "matching no known release: imported because of --trust-engine-source" in capsys.readouterr().out
+    assert TRUST_ENV not in os.environ                     # the trust ends with the command

@@ -110,6 +110,7 @@ def _common_options() -> _Parser:
     k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                    help="the engines' released wheels, folders holding them, or folders made by "
                    "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS)")
+    _trust_option(k)
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                         help="where this machine has the engines' code, for plans timed on an engine's kernel "
                         "(default: where the plan's machine had it, the installed engine, $TUNER_ENGINE_WHEELS)")
+    _trust_option(worker)
     worker.add_argument("--quiet", action="store_true")
     collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",
                              description="Write each engine's tables and the manifest from the finished "
@@ -226,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(with --replay: the landscape's)")
     drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                        help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    _trust_option(drift)
     drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
     drift.add_argument("--tp", type=_parallel, default=None,
                        help="with --traffic and --model: the TP the GEMM tables are for, for their layer counts "
@@ -288,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernel-source", nargs="+", choices=("engine", "ours"), default=["engine"],
                        help="whose kernels time the configs; several side by side (default: engine)")
     bench.add_argument("--engine-source", nargs="+", metavar="PATH", default=None)
+    _trust_option(bench)
     bench.add_argument("--ceilings", default=None, metavar="FILE",
                        help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
     bench.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
@@ -312,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                        help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
                        "else $TUNER_ENGINE_WHEELS)")
+    _trust_option(proof)
     proof.add_argument("--baselines", default=None, metavar="DIR",
                        help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
     proof.add_argument("--call", choices=("1", "2", "local"), default=None,
@@ -343,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="engine (default): the kernel of the engine the table is for; ours; or vllm/sglang")
     chk.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                      help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    _trust_option(chk)
     chk.add_argument("--tp", type=_parallel, default=1)
     chk.add_argument("--ep", type=_parallel, default=1)
     chk.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
@@ -960,11 +966,29 @@ def _setup_logging() -> None:
         sa.propagate = False
 
 
+def _trust_option(p) -> None:
+    p.add_argument("--trust-engine-source", action="store_true",
+                   help="timing an engine's kernel imports code from the engine's files (--engine-source, the "
+                   "installed engine, $TUNER_ENGINE_WHEELS): files that match none of the releases tuner knows "
+                   "are refused unless you trust their source and say so with this flag")
+
+
+def _trust_engine_source(args) -> str | None:
+    """--trust-engine-source for this process and the ones it starts (measuring children,
+    compile workers, the proof's steps); returns the setting to restore afterwards."""
+    from tuner.kernel_sources import TRUST_ENV
+    before = os.environ.get(TRUST_ENV)
+    if getattr(args, "trust_engine_source", False):
+        os.environ[TRUST_ENV] = "1"
+    return before
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
     _setup_logging()
     parser = build_parser()
     previous = None
+    restore_trust, trust_before = False, None
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:
@@ -976,6 +1000,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
+        trust_before = _trust_engine_source(args)
+        restore_trust = True
         if getattr(args, "device", None) == "cpu":
             from tuner.device import prepare_process
             prepare_process("cpu")          # before any kernel is imported here
@@ -1009,3 +1035,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if restore_trust:
+            from tuner.kernel_sources import TRUST_ENV
+            if trust_before is None:
+                os.environ.pop(TRUST_ENV, None)
+            else:
+                os.environ[TRUST_ENV] = trust_before

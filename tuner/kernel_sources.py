@@ -241,6 +241,7 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
     """A module holding the engine's jit functions `names` from `relpath`, built once per
     engine version and file content in the cache folder."""
     text = code.read(relpath)
+    vet_imported_file(code, relpath, text)          # in every process that imports it
     source = cut_jit_functions(text, names)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     stem = re.sub(r"\W", "_", f"{code.engine}_{code.version}_{Path(relpath).stem}_{digest}")
@@ -249,6 +250,72 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
     if not path.is_file() or path.read_text() != header + source:
         atomic_write_text(path, header + source)
     return _load_module(path, f"tuner_engine_kernels.{stem}")
+
+
+# -- whose code is imported: the engine files checked against its known releases ---------
+# Timing an engine's kernel means importing the Triton code cut out of its files: a tampered
+# wheel or extracted folder would run whatever it holds. Every such file is hashed and
+# compared with the same file of the releases the launchers were written for (facts recorded
+# from the released wheels by scripts/engine_release_files.py); one that matches none is
+# refused unless the user says they trust it (--trust-engine-source, which sets TRUST_ENV
+# for this process and the processes it starts).
+RELEASE_FILES = Path(__file__).resolve().parent.parent / "kernels" / "engines" / "release_files.json"
+TRUST_ENV = "TUNER_TRUST_ENGINE_SOURCE"
+
+
+def file_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def known_release_files() -> dict:
+    """{engine: {version: {file: sha256}}} of the released files whose code tuner imports."""
+    try:
+        return json.loads(RELEASE_FILES.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def imported_files_of() -> dict[str, list[str]]:
+    """{engine: the files whose jit code its launcher imports}, from the launchers."""
+    import kernels.engines as engines_pkg
+    out = {}
+    for info in sorted(p.stem for p in Path(engines_pkg.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"kernels.engines.{info}")
+        functions = getattr(module, "KERNEL_FUNCTIONS", None)
+        if isinstance(functions, dict):
+            out[info] = sorted({rel for files in functions.values() for rel in files})
+    return out
+
+
+def trusted() -> bool:
+    return os.environ.get(TRUST_ENV) == "1"
+
+
+def vet_imported_file(code: EngineCode, relpath: str, text: str) -> dict:
+    """{'sha256', 'releases'} of an engine file whose code is about to be imported: the known
+    releases whose file is identical. One line (exit 2) when none is and the user did not
+    say --trust-engine-source."""
+    digest = file_digest(text)
+    known = known_release_files().get(code.engine, {})
+    same = sorted((v for v, files in known.items() if files.get(relpath) == digest), key=version_key)
+    if not same and not trusted():
+        versions = ", ".join(sorted(known, key=version_key)) or "none"
+        raise TunerError(f"{code.engine}'s {relpath} from {code.where} (sha256 {digest[:16]}) matches no release "
+                         f"tuner knows ({code.engine} {versions}); timing it would run its code here: if you "
+                         "trust that source, add --trust-engine-source (or time our own kernels with "
+                         "--kernel-source ours)")
+    return {"sha256": digest, "releases": same}
+
+
+def imported_files_text(files: dict) -> str:
+    """The engine files a kernel imports code from, in words (for the run's plan)."""
+    parts = []
+    for rel, f in sorted(files.items()):
+        known = f"as released in {', '.join(f['releases'])}" if f.get("releases") else \
+            "matching no known release: imported because of --trust-engine-source"
+        parts.append(f"{rel} (sha256 {f['sha256'][:16]}, {known})")
+    return "imports code from " + "; ".join(parts)
 
 
 # -- what a launcher mirrors, and whether the engine still matches it ---------------------

@@ -188,7 +188,7 @@ def remove_stale_temporaries_of(path: Path, older_than_s: float = 60.0) -> list[
     """Remove the temporary files that writes of `path` left when killed (`.<name>.*.tmp`
     beside it), older than `older_than_s`: in a folder of the user's, only those of this file."""
     path = Path(path)
-    removed = []
+    removed: list[Path] = []
     now = time.time()
     try:
         found = list(path.parent.glob(f".{glob_escape(path.name[:200])}.*{TMP_SUFFIX}"))

@@ -153,8 +153,14 @@ def kernel_origin_text(kernel: KernelSpec) -> str:
     launched = kernel.notes.get("launched_as")
     how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
            if launched else "not checked")
+    files = kernel.notes.get("engine_files")
+    if files:
+        from tuner.kernel_sources import imported_files_text
+        imports = "; " + imported_files_text(files)
+    else:
+        imports = ""
     return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
-            f"{kernel.origin} (code {kernel.code_version})")
+            f"{kernel.origin} (code {kernel.code_version}){imports}")
 
 
 def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
