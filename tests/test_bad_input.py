@@ -146,6 +146,25 @@ def nightly_config(root: Path, state: str | None = None) -> Path:
     return path
 
 
+def vllm_wheel(root: Path, kernel_file: bytes) -> Path:
+    """A wheel named as vLLM 0.33.0's holding only its fused MoE kernel file, as given."""
+    import zipfile
+    path = root / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("vllm/model_executor/layers/fused_moe/fused_moe.py", kernel_file)
+    return path
+
+
+def linked_engine_folder(root: Path) -> Path:
+    """An extracted vLLM folder whose kernel file is a link to a file outside it."""
+    folder = root / "engine"
+    kernel_file = folder / "vllm/model_executor/layers/fused_moe/fused_moe.py"
+    kernel_file.parent.mkdir(parents=True)
+    kernel_file.symlink_to(root / "victim.json")
+    (folder / "tuner-engine-source.json").write_text(json.dumps({"engine": "vllm", "version": "0.33.0"}))
+    return folder
+
+
 # (name, build(tmp) -> argv, text the one line must hold). Every path a case uses is under tmp.
 CASES = [
     # -- tuning commands: options ----------------------------------------------------------
@@ -339,6 +358,23 @@ CASES = [
         t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [
             {"kernel": "fp8_gemm", "kernel_source": "vllm", "problem": {}, "files": {"vllm": "x.json"}}]}))],
      "'kernel_source' is not an object"),
+    ("collect on a storage in a missing folder", lambda t: [
+        "collect", "--storage", f"sqlite:///{t / 'none' / 'studies.db'}", "--out", str(t / "o")], "not found"),
+    ("engine-source extract from a wheel lacking a file", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"x = 1\n")), "--out",
+        str(t / "ex")], "has no vllm/model_executor/layers/fused_moe/moe_align_block_size.py"),
+    ("engine-source extract of a kernel file that is not Python", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"\x00\x01 binary")), "--out",
+        str(t / "ex")], "is not Python source"),
+    ("engine-source extract of a zip bomb", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"#" * (9 << 20))), "--out",
+        str(t / "ex")], "zip bomb"),
+    ("engine-source extract into a folder of other files", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--out", str((t / "mine").mkdir() or (
+            t / "mine" / "notes.txt").write_text("mine") and t / "mine")], "holds other files"),
+    ("engine folder whose kernel file links outside", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(linked_engine_folder(t)), "--out",
+        str(t / "ex")], "a link leading out of the folder"),
     ("proof into a folder whose steps.json is not a proof's", lambda t: [
         "proof", "--device", "cpu", "--out", str((t / "p").mkdir() or (t / "p" / "steps.json").write_text(
             '{"steps": [{"name": "smoke", "status": 3}]}') and t / "p"), "--steps", "environment"],

@@ -36,6 +36,7 @@ from tuner.errors import TunerError
 from tuner.paths import atomic_write_json, atomic_write_text
 
 EXTRACT_MANIFEST = "tuner-engine-source.json"
+ENGINE_FILE_BYTES = 8 << 20          # the largest engine file read is about 100 KiB
 ENV_WHEELS = "TUNER_ENGINE_WHEELS"
 
 
@@ -62,22 +63,45 @@ class EngineCode:
     kind: str                        # "wheel", "folder", "installed"
     _zip: zipfile.ZipFile | None = field(default=None, repr=False)
     _root: Path | None = field(default=None, repr=False)
+    _texts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def where(self) -> str:
         return f"{self.kind} {self.origin}"
 
     def read(self, relpath: str) -> str:
-        """A file of the engine's package tree, by its path in the wheel ('vllm/...')."""
+        """A file of the engine's package tree, by its path in the wheel ('vllm/...'): read
+        with a bound (a zip bomb stops at it), never through a link leading out of an
+        extracted folder, and only if it is Python source (one line otherwise)."""
+        if relpath in self._texts:
+            return self._texts[relpath]
+        from tuner.reading import read_bytes, zip_member
         try:
             if self._zip is not None:
-                return self._zip.read(relpath).decode()
-            if self._root is None:
-                raise OSError("no files")
-            return (self._root / relpath).read_text()
-        except (KeyError, OSError, UnicodeDecodeError):
+                data = zip_member(self._zip, relpath, f"{self.engine} {self.version} ({self.where})", ENGINE_FILE_BYTES)
+            else:
+                if self._root is None:
+                    raise OSError("no files")
+                path = self._root / relpath
+                if self.kind == "folder" and self._root.resolve() not in path.resolve().parents:
+                    raise TunerError(f"{self.where}: {relpath} is a link leading out of the folder; refusing to "
+                                     "read it")
+                if not path.is_file():
+                    raise OSError("not a file")
+                data = read_bytes(path, f"{self.engine} file ", ENGINE_FILE_BYTES)
+        except (KeyError, OSError):
             raise TunerError(f"{self.engine} {self.version} ({self.where}) has no {relpath}: "
                              "this version lays its kernels out differently than the launcher expects") from None
+        try:
+            text = data.decode()
+            if "\x00" in text:
+                raise ValueError("a NUL byte")
+            ast.parse(text, relpath)
+        except (UnicodeDecodeError, ValueError, SyntaxError, RecursionError, MemoryError) as e:
+            raise TunerError(f"{self.engine} {self.version} ({self.where}): {relpath} is not Python source "
+                             f"({type(e).__name__}); not a file of a released {self.engine}") from None
+        self._texts[relpath] = text
+        return text
 
 
 def _from_wheel(path: Path, engine: str) -> EngineCode:
@@ -353,19 +377,57 @@ def engine_kernel(name: str, engine: str, origin: str | None = None, load_code: 
 
 def extract(engine: str, source: str, out: Path) -> Path:
     """Copy the engine files its launcher needs out of `source` (wheel or installed engine)
-    into `out`, with a manifest: a small folder to carry where there is no wheel."""
+    into `out`, with a manifest: a small folder to carry where there is no wheel.
+
+    All or nothing: every file is read (and checked) first, then written into a temporary
+    folder beside `out` that is renamed into place, so a source lacking a file, a full disk
+    or a kill leaves no half-made folder (an earlier extract at `out` is replaced whole)."""
+    import shutil
+    import tempfile
+
+    from tuner.paths import make_folder
     code = locate(engine, source)
     launcher = _launcher(engine)
-    files = sorted(set(launcher.FILES))
-    out = Path(out)
-    hashes = {}
-    for rel in files:
-        text = code.read(rel)
-        atomic_write_text(out / rel, text)
-        hashes[rel] = source_hash(text)
-    atomic_write_json(out / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
-                                                "extracted_from": code.where, "files": hashes})
+    texts = {rel: code.read(rel) for rel in sorted(set(launcher.FILES))}
+    out = Path(os.path.abspath(out))
+    if os.path.lexists(out):
+        if out.is_symlink() or not out.is_dir():
+            raise TunerError(f"--out {out} is not a folder")
+        if any(out.iterdir()) and not (out / EXTRACT_MANIFEST).is_file():
+            raise TunerError(f"--out {out} holds other files (no {EXTRACT_MANIFEST}); give a new or empty folder")
+    make_folder(out.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.", suffix=".tmp"))
+    except OSError as e:
+        from tuner.errors import os_error_words
+        raise TunerError(f"cannot write into {out.parent}: {os_error_words(e)}") from None
+    old = None
+    try:
+        for rel, text in texts.items():
+            atomic_write_text(tmp / rel, text, root=tmp)
+        atomic_write_json(tmp / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
+                                                   "extracted_from": code.where,
+                                                   "files": {rel: source_hash(t) for rel, t in texts.items()}},
+                          root=tmp)
+        os.chmod(tmp, 0o777 & ~_umask())
+        if os.path.lexists(out):                       # an earlier extract (or an empty folder): replaced whole
+            old = out.with_name(f".{out.name[:200]}.old.{os.getpid()}.tmp")
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not os.path.lexists(out):
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # -- which kernel times which engine's tables -------------------------------------------
