@@ -358,6 +358,26 @@ CASES = [
         t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [
             {"kernel": "fp8_gemm", "kernel_source": "vllm", "problem": {}, "files": {"vllm": "x.json"}}]}))],
      "'kernel_source' is not an object"),
+    ("model with 10^12 experts", lambda t: [
+        "landscape", "synth", "--kernel", "moe", "--model", str(model_file(t / "m.json", n_routed_experts=10 ** 12)),
+        "--gpu", "H200", "--batch-sizes", "1", "--out", str(t / "l.jsonl")], "beyond any model"),
+    ("model with hidden size 2^63", lambda t: [
+        "landscape", "synth", "--kernel", "gemm", "--model", str(model_file(t / "m.json", hidden_size=2 ** 63)),
+        "--gpu", "H200", "--batch-sizes", "1", "--out", str(t / "l.jsonl")], "beyond any model"),
+    ("model with 1x1 weight blocks", lambda t: [
+        "moe", "--model", str(model_file(t / "m.json", quantization_config={"weight_block_size": [1, 1]})),
+        "--gpu", "H200", "--kernel-source", "ours", "--dry-run"], "weight_block_size"),
+    ("check a table with an absurd M", lambda t: [
+        "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours", "--table",
+        str((t / "x.json").write_text(json.dumps({"99999999999999": CFG})) and t / "x.json")], "is not a batch size"),
+    ("check a table with string values", lambda t: [
+        "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours", "--table",
+        str((t / "x.json").write_text(json.dumps({"1": {**CFG, "BLOCK_SIZE_M": "16"}})) and t / "x.json")],
+     "not a launch-config value"),
+    ("--baseline table of the wrong type", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"), "--baseline",
+        str((t / "b").mkdir() or (t / "b" / GEMM).write_text("[1, 2, 3]") and t / "b")],
+     "not a JSON object of batch sizes"),
     ("collect on a storage in a missing folder", lambda t: [
         "collect", "--storage", f"sqlite:///{t / 'none' / 'studies.db'}", "--out", str(t / "o")], "not found"),
     ("engine-source extract from a wheel lacking a file", lambda t: [
