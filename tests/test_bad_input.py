@@ -118,6 +118,53 @@ def backups_with_record(root: Path, record) -> Path:
     return root / "backups"
 
 
+def huge_gzip_line(path: Path) -> Path:
+    """A small gzip file that expands to one 8 MiB line (a reader that takes a line whole
+    would hold all of it)."""
+    import gzip
+    with gzip.open(path, "wb") as f:
+        f.write(b'{"format": "tuner-landscape/1", "kernel": "fp8_gemm", "pad": "' + b"a" * (8 << 20) + b'"}\n')
+    return path
+
+
+def laughs(path: Path) -> Path:
+    """A YAML model file of nested aliases: 10 lines that expand to 9^9 values."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def nightly_config(root: Path, state: str | None = None) -> Path:
+    """A nightly config whose runs_dir is under root, with `state` as its state.json."""
+    (root / "runs").mkdir(exist_ok=True)
+    if state is not None:
+        (root / "runs" / "state.json").write_text(state)
+    path = root / "n.yaml"
+    path.write_text(f"runs_dir: {root / 'runs'}\njobs:\n- {{name: a, kernel: gemm, model: deepseek-v3, gpu: H200}}\n")
+    return path
+
+
+def vllm_wheel(root: Path, kernel_file: bytes) -> Path:
+    """A wheel named as vLLM 0.33.0's holding only its fused MoE kernel file, as given."""
+    import zipfile
+    path = root / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("vllm/model_executor/layers/fused_moe/fused_moe.py", kernel_file)
+    return path
+
+
+def linked_engine_folder(root: Path) -> Path:
+    """An extracted vLLM folder whose kernel file is a link to a file outside it."""
+    folder = root / "engine"
+    kernel_file = folder / "vllm/model_executor/layers/fused_moe/fused_moe.py"
+    kernel_file.parent.mkdir(parents=True)
+    kernel_file.symlink_to(root / "victim.json")
+    (folder / "tuner-engine-source.json").write_text(json.dumps({"engine": "vllm", "version": "0.33.0"}))
+    return folder
+
+
 # (name, build(tmp) -> argv, text the one line must hold). Every path a case uses is under tmp.
 CASES = [
     # -- tuning commands: options ----------------------------------------------------------
@@ -295,6 +342,63 @@ CASES = [
     ("proof with no time", lambda t: ["proof", "--device", "cpu", "--minutes", "0", "--out", str(t / "p")],
      "--minutes"),
     ("ceilings --out is a folder", lambda t: ["ceilings", "--gpu", "H200", "--out", str(t)], "is a folder"),
+    # -- round three: hostile files, paths and state ------------------------------------------
+    ("landscape info of one huge gzipped line", lambda t: ["landscape", "info", str(huge_gzip_line(t / "l.jsonl.gz"))],
+     "is longer than"),
+    ("model YAML with nested aliases", lambda t: ["gemm", "--model", str(laughs(t / "m.yaml")), "--gpu", "H200"],
+     "billion laughs"),
+    ("nightly --night climbing out", lambda t: ["nightly", str(nightly_config(t)), "--night", "../../elsewhere"],
+     "plain folder name"),
+    ("nightly state truncated", lambda t: ["nightly", str(nightly_config(t, '{"a": {"run": "ru'))], "nightly state"),
+    ("nightly state of the wrong type", lambda t: ["nightly", str(nightly_config(t, "[1, 2]"))],
+     "not a JSON object of jobs"),
+    ("nightly state with wrong field types", lambda t: [
+        "nightly", str(nightly_config(t, '{"a": {"run": 3, "environment": {}}}'))], "must hold"),
+    ("report of a manifest whose kernel_source is not an object", lambda t: ["report", str(results_with(
+        t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [
+            {"kernel": "fp8_gemm", "kernel_source": "vllm", "problem": {}, "files": {"vllm": "x.json"}}]}))],
+     "'kernel_source' is not an object"),
+    ("model with 10^12 experts", lambda t: [
+        "landscape", "synth", "--kernel", "moe", "--model", str(model_file(t / "m.json", n_routed_experts=10 ** 12)),
+        "--gpu", "H200", "--batch-sizes", "1", "--out", str(t / "l.jsonl")], "beyond any model"),
+    ("model with hidden size 2^63", lambda t: [
+        "landscape", "synth", "--kernel", "gemm", "--model", str(model_file(t / "m.json", hidden_size=2 ** 63)),
+        "--gpu", "H200", "--batch-sizes", "1", "--out", str(t / "l.jsonl")], "beyond any model"),
+    ("model with 1x1 weight blocks", lambda t: [
+        "moe", "--model", str(model_file(t / "m.json", quantization_config={"weight_block_size": [1, 1]})),
+        "--gpu", "H200", "--kernel-source", "ours", "--dry-run"], "weight_block_size"),
+    ("check a table with an absurd M", lambda t: [
+        "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours", "--table",
+        str((t / "x.json").write_text(json.dumps({"99999999999999": CFG})) and t / "x.json")], "is not a batch size"),
+    ("check a table with string values", lambda t: [
+        "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours", "--table",
+        str((t / "x.json").write_text(json.dumps({"1": {**CFG, "BLOCK_SIZE_M": "16"}})) and t / "x.json")],
+     "not a launch-config value"),
+    ("--baseline table of the wrong type", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"), "--baseline",
+        str((t / "b").mkdir() or (t / "b" / GEMM).write_text("[1, 2, 3]") and t / "b")],
+     "not a JSON object of batch sizes"),
+    ("collect on a storage in a missing folder", lambda t: [
+        "collect", "--storage", f"sqlite:///{t / 'none' / 'studies.db'}", "--out", str(t / "o")], "not found"),
+    ("engine-source extract from a wheel lacking a file", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"x = 1\n")), "--out",
+        str(t / "ex")], "has no vllm/model_executor/layers/fused_moe/moe_align_block_size.py"),
+    ("engine-source extract of a kernel file that is not Python", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"\x00\x01 binary")), "--out",
+        str(t / "ex")], "is not Python source"),
+    ("engine-source extract of a zip bomb", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"#" * (9 << 20))), "--out",
+        str(t / "ex")], "zip bomb"),
+    ("engine-source extract into a folder of other files", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--out", str((t / "mine").mkdir() or (
+            t / "mine" / "notes.txt").write_text("mine") and t / "mine")], "holds other files"),
+    ("engine folder whose kernel file links outside", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(linked_engine_folder(t)), "--out",
+        str(t / "ex")], "a link leading out of the folder"),
+    ("proof into a folder whose steps.json is not a proof's", lambda t: [
+        "proof", "--device", "cpu", "--out", str((t / "p").mkdir() or (t / "p" / "steps.json").write_text(
+            '{"steps": [{"name": "smoke", "status": 3}]}') and t / "p"), "--steps", "environment"],
+     "not a proof's record"),
 ]
 
 # cases whose world needs more than their argv
@@ -355,3 +459,92 @@ def test_broken_pipe_is_quiet(tmp_path):
                        cwd=Path(__file__).resolve().parents[1])
     assert r.stdout.startswith("landscape ") and "Traceback" not in r.stderr and "internal error" not in r.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_proof_paths_are_the_users_not_the_checkouts(tmp_path, monkeypatch):
+    """The proof's steps run from the repository root: a relative --out, --bundle or
+    --engine-source is taken from where the user stands, never from the checkout."""
+    from tuner.commands import proof
+    seen = {}
+    monkeypatch.setattr(proof.Proof, "execute", lambda self, steps, log=print: seen.update(p=self) or 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    assert main(["proof", "--device", "cpu", "--gpu", "H200", "--out", "rel/p", "--bundle", "b",
+                 "--engine-source", "src", "--steps", "environment"]) == 0
+    p = seen["p"]
+    assert p.out == tmp_path / "rel" / "p" and p.bundle == tmp_path / "b"
+    assert p.engine_source == [str(tmp_path / "src")]
+
+
+def test_writes_never_go_through_a_planted_link(tmp_path):
+    """The one guarded writer every command writes through (plots of report and bench, tables,
+    the night's files): a link planted at the file is replaced, never followed; a link planted
+    as a folder on the way, or a '..' climbing out of the root, is refused in one line."""
+    from tuner.errors import TunerError
+    from tuner.paths import atomic_write_text, open_for_append
+    victim, root = tmp_path / "victim.json", tmp_path / "out"
+    victim.write_text('{"keep": true}')
+    (root / "plots").mkdir(parents=True)
+    (root / "plots" / "m.png").symlink_to(victim)
+    atomic_write_text(root / "plots" / "m.png", "a plot", root=root)
+    assert victim.read_text() == '{"keep": true}' and (root / "plots" / "m.png").read_text() == "a plot"
+    assert not (root / "plots" / "m.png").is_symlink()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "linked").symlink_to(tmp_path / "elsewhere")
+    for path, needle in ((root / "linked" / "x.json", "is a symbolic link"),
+                         (root / ".." / "escape.json", "is outside")):
+        with pytest.raises(TunerError, match=needle):
+            atomic_write_text(path, "x", root=root)
+    (root / "log.txt").symlink_to(victim)
+    with pytest.raises(TunerError, match="symbolic link"):
+        open_for_append(root / "log.txt", root)
+    assert victim.read_text() == '{"keep": true}' and list((tmp_path / "elsewhere").iterdir()) == []
+    assert not (tmp_path / "escape.json").exists()
+
+
+def _wheels() -> Path:
+    folder = os.environ.get("TUNER_ENGINE_WHEELS")
+    if not folder or not list(Path(folder).glob("vllm-*.whl")):
+        pytest.skip("needs the engines' wheels ($TUNER_ENGINE_WHEELS; .ci/run downloads them)")
+    return Path(folder)
+
+
+def test_the_known_engine_files_are_the_released_ones():
+    """The recorded hashes of the engine files whose code tuner imports are those of the
+    released wheels (facts, recomputed here from every wheel in the folder)."""
+    import importlib.util
+    wheels = _wheels()
+    spec = importlib.util.spec_from_file_location(
+        "engine_release_files", Path(__file__).resolve().parents[1] / "scripts" / "engine_release_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from tuner.plan.kernel_sources import known_release_files
+    recorded, computed = known_release_files(), module.release_files(wheels)
+    assert computed and all(recorded[e][v] == files for e, vs in computed.items() for v, files in vs.items())
+
+
+def test_a_tampered_engine_source_is_refused_unless_trusted(tmp_path, capsys):
+    """An extracted engine folder whose kernel file was changed (one line added) is refused in
+    one line before any of its code runs; --trust-engine-source runs it and the plan says
+    which file, from where, with its hash; an untouched one is named as released."""
+    from tuner.plan.kernel_sources import TRUST_ENV, extract
+    folder = extract("vllm", str(next(_wheels().glob("vllm-0.33.0-*.whl"))), tmp_path / "ex")
+    plan = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--dry-run",
+            "--engines", "vllm", "--engine-source", str(folder), "--out", str(tmp_path / "o")]
+    assert main(plan) == 0
+    out = capsys.readouterr().out
+    assert "imports code from vllm/model_executor/layers/fused_moe/fused_moe.py (sha256" in out
+    assert "as released in 0.33.0" in out and str(folder) in out
+    kernel_file = folder / "vllm/model_executor/layers/fused_moe/fused_moe.py"
+    kernel_file.write_text(kernel_file.read_text() + "import os  # planted\n")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"1": CFG}))
+    before = snapshot(tmp_path)
+    rc = main(["check", "--model", "configs/examples/small-moe.json", "--kernel", "moe", "--kernel-source", "vllm",
+               "--table", str(table), "--engine-source", str(folder)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "matches no release tuner knows" in err, err
+    assert "--trust-engine-source" in err and snapshot(tmp_path) == before
+    assert main([*plan, "--trust-engine-source"]) == 0
+    assert "matching no known release: imported because of --trust-engine-source" in capsys.readouterr().out
+    assert TRUST_ENV not in os.environ                     # the trust ends with the command

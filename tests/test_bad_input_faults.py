@@ -234,3 +234,152 @@ def test_leftovers_of_killed_runs_are_cleared(tmp_path, env):
                         "--out", str(out), "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert not left.exists()
+
+
+# A proof whose one step is a command that sleeps (its pid in PIDFILE): what a kill of the
+# proof does to the step's process, without a tuning run's cost.
+PROOF_WITH_A_SLEEPING_STEP = """
+import signal, sys
+from pathlib import Path
+from tuner.cli import _on_sigterm
+from tuner.plan.gpus import get_gpu
+from tuner.commands.proof import Command, Proof
+signal.signal(signal.SIGTERM, _on_sigterm)
+proof = Proof(Path(sys.argv[1]), get_gpu("H200"), minutes=5, device="cpu")
+sleeper = [sys.executable, "-c", "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); "
+           "time.sleep(300)"]
+proof.builders = lambda: {"environment": lambda: [Command("sleeper", sleeper, "logs/sleeper.txt")]}
+try:
+    sys.exit(proof.execute(["environment"], log=lambda line: None))
+except KeyboardInterrupt:
+    sys.exit(143)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_proof_takes_its_step_along_and_reruns(tmp_path, env, sig):
+    """kill -9 or SIGTERM of the proof mid-step: the step's process does not run on outside
+    its time box, and the proof run again in the same folder completes (exit 0)."""
+    out, pidfile = tmp_path / "proof", tmp_path / "step.pid"
+    proc = subprocess.Popen([sys.executable, "-c", PROOF_WITH_A_SLEEPING_STEP, str(out)], cwd=REPO,
+                            env={**env, "PIDFILE": str(pidfile)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    step = int(pidfile.read_text())
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while alive(step) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(step), "the proof's step ran on after the proof was killed"
+    if sig == signal.SIGTERM:              # said, in the record of the steps, before it went
+        steps = json.loads((out / "steps.json").read_text())["steps"]
+        assert steps[0]["name"] == "environment" and steps[0]["status"] == "interrupted"
+    rerun = ("import sys\nfrom pathlib import Path\nfrom tuner.plan.gpus import get_gpu\n"
+             "from tuner.commands.proof import Command, Proof\n"
+             "p = Proof(Path(sys.argv[1]), get_gpu('H200'), minutes=1, device='cpu')\n"
+             "p.builders = lambda: {'environment': lambda: [Command('quick', [sys.executable, '-c', 'pass'], "
+             "'logs/quick.txt')]}\nsys.exit(p.execute(['environment'], log=lambda line: None))\n")
+    r = subprocess.run([sys.executable, "-c", rerun, str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    steps = json.loads((out / "steps.json").read_text())["steps"]
+    assert [(s["name"], s["status"]) for s in steps] == [("environment", "ok")]
+
+
+SLOWED_SYNTH = """
+import sys, time
+from tuner.measure import landscape
+real = landscape.LandscapeWriter.write
+def slow(self, *a, **k):
+    time.sleep(0.02)
+    return real(self, *a, **k)
+landscape.LandscapeWriter.write = slow
+from tuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_synth_leaves_nothing_a_rerun_trips_on(tmp_path, env, sig):
+    """kill -9 or SIGTERM of `landscape synth` mid-write: no file at --out, and the rerun
+    writes the whole landscape once (no point of the killed run, no other run's .partial merged)."""
+    out = tmp_path / "l.jsonl"
+    (tmp_path / "l.jsonl.partial").write_text('{"format": "tuner-landscape/1", "kernel": "fp8_gemm"}\n'
+                                               '{"stray": "a recording of another run"}\n')
+    args = ["landscape", "synth", "--kernel", "gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+            "--batch-sizes", "1", "16", "--out", str(out)]
+    proc = start(args, env, source=SLOWED_SYNTH)
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size > 2000 for p in tmp_path.glob(".l.jsonl.*.tmp")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert not out.exists()
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143 and len(err.strip().splitlines()) == 1 and not list(tmp_path.glob(".*.tmp"))
+    r = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    written = int(r.stdout.split("wrote ")[1].split()[0])
+    lines = out.read_text().splitlines()
+    assert len(lines) == written + 1 and "stray" not in out.read_text()
+    keys = [json.dumps([(r := json.loads(line))["problem"], r["M"], r["config"]], sort_keys=True) for line in lines[1:]]
+    assert len(set(keys)) == len(keys), "a point was written twice"
+
+
+def test_two_runs_with_different_trials_say_so_in_the_manifest(tmp_path, env):
+    """A second run into the same --out with a smaller --trials keeps the finished study as it
+    is, and the manifest says with which budget it was searched (a larger one extends it)."""
+    kernel = get_kernel("fp8_gemm")
+    land = tmp_path / "l.jsonl"
+    write_synthetic_landscape(land, kernel, load_space(kernel), get_gpu("H200"),
+                              [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], [1, 16])
+    base = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
+            "--replay", str(land), "--out", str(tmp_path / "o"), "--quiet"]
+    first = subprocess.run([sys.executable, "-m", "tuner", *base, "--batch-sizes", "1", "--trials", "9"], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([sys.executable, "-m", "tuner", *base, "--batch-sizes", "1", "16", "--trials", "5"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    search = manifest["search"] if "search" in manifest else manifest["run"]["search"]
+    assert search["budget"] == 5
+    assert search["earlier_runs"] == [{"budget": 9, "sampler": search["sampler"], "studies": 1}]
+
+
+def test_a_write_killed_mid_commit_does_not_block_the_storage(tmp_path):
+    """kill -9 in the middle of a write to a SQLite storage leaves a hot journal: the storage
+    check rolls it back (as any SQLite client does) instead of calling the file no database."""
+    import sqlite3
+
+    from tuner.commands.tune import check_sqlite_file
+    db = tmp_path / "studies.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE studies (study_id INTEGER, study_name TEXT)")
+    con.executemany("INSERT INTO studies VALUES (?, ?)", [(i, "s" * 200) for i in range(2000)])
+    con.commit()
+    con.close()
+    killed_mid_write = ("import os, signal, sqlite3, sys\ncon = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                        "con.execute('PRAGMA cache_size=2')\ncon.execute('BEGIN')\n"
+                        "con.execute(\"UPDATE studies SET study_name = 'half' || study_name\")\n"
+                        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", killed_mid_write, str(db)], timeout=60)
+    assert (tmp_path / "studies.db-journal").stat().st_size > 0          # the hot journal is there
+    check_sqlite_file(db, f"sqlite:///{db}")
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT count(*) FROM studies WHERE study_name LIKE 'half%'").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM studies").fetchone() == (2000,)
+    con.close()

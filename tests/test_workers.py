@@ -116,6 +116,11 @@ def _safe_trials(url, prefix, p, m):
 
 def test_worker_without_a_plan_is_one_clear_error(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "tuner", "worker", "--storage", f"sqlite:///{tmp_path / 'x.db'}",
-                        "--study-prefix", "nothing/"], env=env, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "tuner", "worker", "--storage", f"sqlite:///{tmp_path / 'x.db'}",
+            "--study-prefix", "nothing/"]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)      # no storage there: none is made
+    assert r.returncode == 2 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.db").exists()
+    (tmp_path / "x.db").touch()                                              # a storage, but no plan in it
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "no tuning plan" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -64,6 +64,7 @@ class TuneRequest:
     contexts: list[int] | None = None           # mla
     page_size: int = 64                         # mla
     traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/plan/traffic.py)
+    trust_engine_source: bool = False           # import engine files that match no known release
 
     @classmethod
     def from_args(cls, args) -> "TuneRequest":
@@ -127,6 +128,22 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     """Plan and run one tuning run per kernel that times some of the tables (each
     engine's own, or ours); `say` gets the plan (dry run) or each kernel's results table.
     Returns [(run options, {problem key: [StudyResult]})] (nothing on a dry run)."""
+    if not request.trust_engine_source:
+        return _tune(request, say)
+    # for this run and the processes it starts (measuring children, compile workers)
+    from tuner.plan.kernel_sources import TRUST_ENV
+    before = os.environ.get(TRUST_ENV)
+    os.environ[TRUST_ENV] = "1"
+    try:
+        return _tune(request, say)
+    finally:
+        if before is None:
+            os.environ.pop(TRUST_ENV, None)
+        else:
+            os.environ[TRUST_ENV] = before
+
+
+def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     from tuner.commands.tune import RunOptions, plan_text, results_table, run_tuning
     from tuner.plan.models import checkpoint_dtype, fit_hint
     from tuner.plan.space import load_space

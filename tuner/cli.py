@@ -110,6 +110,7 @@ def _common_options() -> _Parser:
     k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                    help="the engines' released wheels, folders holding them, or folders made by "
                    "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS)")
+    _trust_option(k)
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                         help="where this machine has the engines' code, for plans timed on an engine's kernel "
                         "(default: where the plan's machine had it, the installed engine, $TUNER_ENGINE_WHEELS)")
+    _trust_option(worker)
     worker.add_argument("--quiet", action="store_true")
     collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",
                              description="Write each engine's tables and the manifest from the finished "
@@ -226,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(with --replay: the landscape's)")
     drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                        help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    _trust_option(drift)
     drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
     drift.add_argument("--tp", type=_parallel, default=None,
                        help="with --traffic and --model: the TP the GEMM tables are for, for their layer counts "
@@ -288,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kernel-source", nargs="+", choices=("engine", "ours"), default=["engine"],
                        help="whose kernels time the configs; several side by side (default: engine)")
     bench.add_argument("--engine-source", nargs="+", metavar="PATH", default=None)
+    _trust_option(bench)
     bench.add_argument("--ceilings", default=None, metavar="FILE",
                        help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
     bench.add_argument("--compile-workers", type=_workers, default=min(16, os.cpu_count() or 1))
@@ -312,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                        help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
                        "else $TUNER_ENGINE_WHEELS)")
+    _trust_option(proof)
     proof.add_argument("--baselines", default=None, metavar="DIR",
                        help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
     proof.add_argument("--call", choices=("1", "2", "local"), default=None,
@@ -343,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="engine (default): the kernel of the engine the table is for; ours; or vllm/sglang")
     chk.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                      help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    _trust_option(chk)
     chk.add_argument("--tp", type=_parallel, default=1)
     chk.add_argument("--ep", type=_parallel, default=1)
     chk.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
@@ -482,7 +488,7 @@ def cmd_worker(args) -> int:
     from tuner.measure.device import require
     from tuner.progress import Progress
 
-    storage = open_checked_storage(args.storage)
+    storage = open_checked_storage(args.storage, existing=True)
     if not args.replay and args.device == "cuda":
         # the storage's plans first (a storage without one is said as such), then the GPU,
         # before the engines' code is looked for
@@ -513,7 +519,7 @@ def cmd_collect(args) -> int:
 
     out = Path(args.out)
     check_out_dir(out)
-    storage = open_checked_storage(args.storage)
+    storage = open_checked_storage(args.storage, existing=True)
     for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
         table = results_table(results, opts.kernel.config_keys)
@@ -778,9 +784,13 @@ def cmd_landscape(args) -> int:
     if args.action == "info":
         from tuner.plan.kernel_registry import KERNEL_MODULES, get_kernel
         header = read_header(args.file)
-        if not isinstance(header, dict) or header.get("kernel") not in KERNEL_MODULES:
+        if not isinstance(header, dict) or not isinstance(header.get("kernel"), str) \
+                or header["kernel"] not in KERNEL_MODULES:
             raise TunerError(f"{args.file} is not a landscape of a known kernel (header: {str(header)[:80]})")
         source = header.get("kernel_source", "ours")
+        if source not in ("ours", *ENGINE_NAMES):
+            raise TunerError(f"{args.file}: its header names kernel source {str(source)[:40]!r}, not ours or "
+                             f"one of {', '.join(ENGINE_NAMES)}")
         kernel = get_kernel(header["kernel"], source, load_code=False) if source != "ours" else get_kernel(header["kernel"])
         for line in describe(read_landscape(args.file, kernel)):
             print(line)
@@ -796,8 +806,10 @@ def cmd_landscape(args) -> int:
     if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
     out = Path(args.out)
-    if out.exists():
+    if os.path.lexists(out):
         raise TunerError(f"{out} exists; remove it or give another --out")
+    from tuner.paths import check_writable, remove_stale_temporaries_of
+    check_writable(out, "--out", folder=False)
     gpu = get_gpu(args.gpu)
     kernel_name, make = _problem_builder(args, args.kernel)
     kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
@@ -811,6 +823,7 @@ def cmd_landscape(args) -> int:
             raise TunerError(f"{args.kernel_source} reads none of this model's {kernel_name} tables")
     ms = sorted(set(args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if args.kernel == "mla"
                                          else DEFAULT_BATCH_SIZES)))
+    remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
     n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
     print(f"wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: a cost model, "
           "not a GPU; replay it with --replay to try the tool, never to choose configs")
@@ -830,7 +843,9 @@ def cmd_proof(args) -> int:
         raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(proof_mod.STEPS)}")
     if any(s not in proof_mod.CALLS["local"] for s in steps):
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
-    out = Path(args.out) if args.out else proof_mod.default_out(gpu, args.device)
+    # absolute before anything runs: the steps run from the repository root, where a relative
+    # --out would land in the checkout instead of where the user stands
+    out = Path(os.path.abspath(args.out)) if args.out else proof_mod.default_out(gpu, args.device)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
     if args.bundle and Path(args.bundle).exists() and not Path(args.bundle).is_dir():
@@ -838,8 +853,10 @@ def cmd_proof(args) -> int:
     baselines = Path(args.baselines) if args.baselines else proof_mod.default_baselines()
     if args.baselines and not Path(args.baselines).is_dir():
         raise TunerError(f"--baselines {baselines} is not a folder")
-    run = proof_mod.Proof(out, gpu, args.minutes, args.device, args.engine_source or proof_mod.default_engine_source(),
-                          baselines, Path(args.bundle) if args.bundle else None)
+    engine_source = [os.path.abspath(e) for e in args.engine_source] if args.engine_source else None
+    run = proof_mod.Proof(out, gpu, args.minutes, args.device, engine_source or proof_mod.default_engine_source(),
+                          Path(os.path.abspath(baselines)) if baselines else None,
+                          Path(os.path.abspath(args.bundle)) if args.bundle else None)
     return run.execute(steps, log=lambda line: print(line, flush=True))
 
 
@@ -959,11 +976,29 @@ def _setup_logging() -> None:
         sa.propagate = False
 
 
+def _trust_option(p) -> None:
+    p.add_argument("--trust-engine-source", action="store_true",
+                   help="timing an engine's kernel imports code from the engine's files (--engine-source, the "
+                   "installed engine, $TUNER_ENGINE_WHEELS): files that match none of the releases tuner knows "
+                   "are refused unless you trust their source and say so with this flag")
+
+
+def _trust_engine_source(args) -> str | None:
+    """--trust-engine-source for this process and the ones it starts (measuring children,
+    compile workers, the proof's steps); returns the setting to restore afterwards."""
+    from tuner.plan.kernel_sources import TRUST_ENV
+    before = os.environ.get(TRUST_ENV)
+    if getattr(args, "trust_engine_source", False):
+        os.environ[TRUST_ENV] = "1"
+    return before
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
     _setup_logging()
     parser = build_parser()
     previous = None
+    restore_trust, trust_before = False, None
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:
@@ -975,6 +1010,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
+        trust_before = _trust_engine_source(args)
+        restore_trust = True
         if getattr(args, "device", None) == "cpu":
             from tuner.measure.device import prepare_process
             prepare_process("cpu")          # before any kernel is imported here
@@ -997,14 +1034,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - never a traceback unless asked for
         if os.environ.get("TUNER_DEBUG"):
             raise
-        from tuner.paths import is_disk_full
-        if is_disk_full(e):
-            where = getattr(e, "filename", None)
-            print(f"tuner: error: no space left on the device{f' writing {where}' if where else ''}; free some "
-                  "and run the same command again (finished work is kept)", file=sys.stderr)
-            return 2
-        if isinstance(e, PermissionError):
-            print(f"tuner: error: permission denied: {e.filename or e}", file=sys.stderr)
+        from tuner.errors import os_error_line
+        line = os_error_line(e)
+        if line is not None:         # a read-only folder, a full disk, a name too long, a link loop
+            print(f"tuner: error: {line}", file=sys.stderr)
             return 2
         print(f"tuner: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
               "(set TUNER_DEBUG=1 for the traceback)", file=sys.stderr)
@@ -1012,3 +1045,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if restore_trust:
+            from tuner.plan.kernel_sources import TRUST_ENV
+            if trust_before is None:
+                os.environ.pop(TRUST_ENV, None)
+            else:
+                os.environ[TRUST_ENV] = trust_before

@@ -1,16 +1,26 @@
-"""Where the repository's data folders are, reading JSON files, and atomic file writes."""
+"""Where the repository's data folders are, reading JSON files, and every write the tool makes.
+
+Every file the tool writes goes through `confined` (directly, or through the atomic writers
+below): the file must lie inside the folder it belongs to (its root: a results folder, the
+runs folder of a night, an engine's config folder), no folder between that root and the file
+may be a symbolic link (a link planted there would carry the write anywhere), those folders
+are created one by one here, never through a link, and the file itself is written to a
+temporary file and renamed over the target, so a link at the target is replaced, never
+followed, and a reader sees the old file or the whole new one.
+"""
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
-from tuner.errors import TunerError
+from tuner.errors import TunerError, is_disk_full, os_error_words  # noqa: F401 (is_disk_full: re-exported)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -19,7 +29,7 @@ SPACES_DIR = CONFIGS_DIR / "spaces"
 TMP_SUFFIX = ".tmp"
 
 
-def _new_file_mode() -> int:
+def new_file_mode() -> int:
     """What open() would give a new file: 0666 less the umask."""
     mask = os.umask(0)
     os.umask(mask)
@@ -27,38 +37,106 @@ def _new_file_mode() -> int:
 
 
 def read_json(path: Path, what: str = "", then: str = ""):
-    """The JSON in `path`, or one clear line: unreadable, or not JSON. `what` names the
-    kind of file in the message ("table "), `then` says what follows ("; refusing ...")."""
+    """The JSON in `path`, or one clear line: unreadable, too large, or not JSON. `what`
+    names the kind of file in the message ("table "), `then` says what follows
+    ("; refusing ..."). Read with the bounds of tuner/reading.py."""
+    from tuner.reading import read_json_file
+    return read_json_file(path, what, then)
+
+
+def _refuse(path: Path, e: OSError, doing: str = "write") -> TunerError:
+    return TunerError(f"cannot {doing} {path}: {os_error_words(e)}")
+
+
+def make_folder(folder: Path, root: Path | None = None) -> Path:
+    """Create `folder` (and the folders up to it) for writing, confined to `root` (default:
+    the folder itself, whose own parents are the user's choice): every folder below `root`
+    is created here, one by one, and one that is a symbolic link or not a folder is refused
+    in one line. Returns the folder."""
+    folder = Path(os.path.abspath(folder))
+    root = Path(os.path.abspath(root)) if root is not None else folder
     try:
-        return json.loads(Path(path).read_text())
+        rel = folder.relative_to(root)
+    except ValueError:
+        raise TunerError(f"{folder} is outside {root}: refusing to write there") from None
+    try:
+        if os.path.lexists(root) and not os.path.isdir(root):
+            raise TunerError(f"{root} is not a folder" + (" (a broken or looping symbolic link)"
+                                                          if os.path.islink(root) else ""))
+        os.makedirs(root, exist_ok=True)
     except OSError as e:
-        raise TunerError(f"cannot read {what}{path}: {e.strerror}{then}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TunerError(f"{what}{path} is not valid JSON: {e}{then}") from None
+        raise _refuse(root, e, "create the folder") from None
+    here = root
+    for part in rel.parts:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            try:
+                os.mkdir(here)
+            except FileExistsError:          # made by a process beside us; checked below
+                st = os.lstat(here)
+            except OSError as e:
+                raise _refuse(here, e, "create the folder") from None
+            else:
+                continue
+        except OSError as e:
+            raise _refuse(here, e, "create the folder") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise TunerError(f"{here} is a symbolic link: tuner does not write through links (it could lead "
+                             f"outside {root}); remove it")
+        if not stat.S_ISDIR(st.st_mode):
+            raise TunerError(f"{here} is not a folder")
+    return folder
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one.
+def confined(path: Path, root: Path | None = None) -> Path:
+    """`path`, checked and prepared for writing a file inside `root` (default: the file's
+    own folder): `path` lies inside `root` ('..' cannot climb out), and the folders between
+    them exist, none of them a symbolic link (see make_folder). The file itself is then
+    written by renaming over it (the atomic writers), so a link there is replaced, never
+    followed."""
+    path = Path(os.path.abspath(path))
+    root = Path(os.path.abspath(root)) if root is not None else path.parent
+    if path == root or root not in path.parents:
+        raise TunerError(f"{path} is outside {root}: refusing to write there")
+    make_folder(path.parent, root)
+    return path
 
-    The data goes to a temporary file in the same folder (same file system), is
-    flushed to disk, then renamed over the target: a kill at any moment leaves no
-    half-written file behind (a stray `.<name>.*.tmp` at worst, which
-    remove_stale_temporaries clears). The file keeps the mode of the one it replaces,
-    else gets the umask's (an engine running as another user must read what we install).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+
+def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | None = None) -> None:
+    """Write a file through `fill(temporary path)` (a plot's savefig, a tarball) so that
+    readers see the old file or the whole new one, confined to `root` (see `confined`).
+
+    The data goes to a temporary file in the same folder (same file system), is flushed to
+    disk, then renamed over the target: a kill at any moment leaves no half-written file
+    behind (a stray `.<name>.*.tmp` at worst, which remove_stale_temporaries clears), and
+    a symbolic link at the target is replaced, not followed. The file keeps the mode of the
+    file it replaces, else gets the umask's (an engine running as another user must read
+    what we install)."""
+    path = confined(path, root)
     try:
-        mode = os.stat(path).st_mode & 0o7777
+        st = os.lstat(path)
+        mode = st.st_mode & 0o7777 if stat.S_ISREG(st.st_mode) else new_file_mode()
     except FileNotFoundError:
-        mode = _new_file_mode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+        mode = new_file_mode()
+    except OSError as e:
+        raise _refuse(path, e) from None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=TMP_SUFFIX)
+    except OSError as e:
+        if is_disk_full(e):
+            raise
+        raise _refuse(path, e) from None
+    try:
+        os.close(fd)
+        fill(Path(tmp))
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -66,6 +144,28 @@ def atomic_write_text(path: Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write_text(path: Path, text: str, root: Path | None = None) -> None:
+    """`text` into `path`, atomically and confined (see atomic_write_file)."""
+    def fill(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write_file(path, fill, root)
+
+
+def open_for_append(path: Path, root: Path | None = None, truncate: bool = False):
+    """A text file opened to stream lines into (a landscape's .partial, a step's log),
+    confined to `root`, never through a symbolic link at the file itself."""
+    path = confined(path, root)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if truncate else os.O_APPEND)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == 40:                     # ELOOP: O_NOFOLLOW met a link
+            raise TunerError(f"{path} is a symbolic link: tuner does not write through links; remove it") from None
+        raise
+    return os.fdopen(fd, "w")
 
 
 def finite_json(obj):
@@ -80,8 +180,32 @@ def finite_json(obj):
     return obj
 
 
-def atomic_write_json(path: Path, obj, indent: int | None = 4) -> None:
-    atomic_write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n")
+def atomic_write_json(path: Path, obj, indent: int | None = 4, root: Path | None = None) -> None:
+    atomic_write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n", root)
+
+
+def remove_stale_temporaries_of(path: Path, older_than_s: float = 60.0) -> list[Path]:
+    """Remove the temporary files that writes of `path` left when killed (`.<name>.*.tmp`
+    beside it), older than `older_than_s`: in a folder of the user's, only those of this file."""
+    path = Path(path)
+    removed: list[Path] = []
+    now = time.time()
+    try:
+        found = list(path.parent.glob(f".{glob_escape(path.name[:200])}.*{TMP_SUFFIX}"))
+    except OSError:
+        return removed
+    for tmp in found:
+        try:
+            if tmp.is_file() and not tmp.is_symlink() and now - tmp.stat().st_mtime >= older_than_s:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            continue
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
 def remove_stale_temporaries(folder: Path, older_than_s: float = 0.0) -> list[Path]:
@@ -104,21 +228,40 @@ def remove_stale_temporaries(folder: Path, older_than_s: float = 0.0) -> list[Pa
 
 
 def writable_folder(path: Path) -> tuple[bool, Path]:
-    """(whether a file can be created at or under `path`, the folder that decides it)."""
-    p = Path(path)
-    while not p.exists():
-        p = p.parent
+    """(whether a file can be created at or under `path`, the folder that decides it). A
+    path that cannot be looked at (a name too long, a link loop) cannot be written."""
+    p = Path(os.path.abspath(path))
+    while True:
+        try:
+            os.stat(p)
+            break
+        except FileNotFoundError:
+            if p.parent == p:
+                return False, p
+            p = p.parent
+        except OSError:
+            return False, p
     return p.is_dir() and os.access(p, os.W_OK | os.X_OK), p
 
 
-def is_disk_full(e: BaseException | None) -> bool:
-    """Whether an error (or one it was raised from: Optuna wraps SQLite's in its own
-    "exception during the commit") is a full disk."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
-                "database or disk is full" in str(e).lower() or "no space left" in str(e).lower():
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+def check_writable(path: Path, option: str = "--out", folder: bool = True) -> None:
+    """Before any work: one line when `path` (a folder to write into, or with folder=False a
+    file to write) cannot be written: read-only, no permission, a name too long, a link loop,
+    a file where a folder belongs (or the reverse)."""
+    p = Path(os.path.abspath(path))
+    name = f"{option} {path}" if option else str(path)
+    if any(len(part.encode()) > 255 for part in p.parts):
+        raise TunerError(f"{name}: a name in the path is too long (at most 255 bytes)")
+    if len(os.fsencode(p)) >= 4096:
+        raise TunerError(f"{name}: the path is too long")
+    if os.path.islink(p) and not os.path.exists(p):
+        raise TunerError(f"{name} is a broken or looping symbolic link")
+    if folder and os.path.exists(p) and not os.path.isdir(p):
+        raise TunerError(f"{name} is a file, not a folder")
+    if not folder and os.path.isdir(p):
+        raise TunerError(f"{name} is a folder; give a file name")
+    ok, existing = writable_folder(p if folder else p.parent)
+    if not ok:
+        why = ("a link loop or a name it cannot look at" if not os.path.exists(existing)
+               else "not a folder" if not existing.is_dir() else "read-only, or no permission")
+        raise TunerError(f"cannot write to {existing} ({name}): {why}")

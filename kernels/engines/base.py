@@ -181,6 +181,10 @@ def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, release
         release = resolve_release(code, engine, base.name, releases, kernel_files)
         notes["launched_as"] = release.version
         notes["launcher_matches_engine"] = True
+        # the files whose code runs, hashed against the known releases' (refused here, before
+        # any work, unless identical to a release's or trusted: tuner/plan/kernel_sources.py)
+        from tuner.plan.kernel_sources import vet_imported_file
+        notes["engine_files"] = {rel: vet_imported_file(code, rel, code.read(rel)) for rel in sorted(kernel_files)}
         changes.update(source_version=code.version, origin=code.origin,
                        code_version=code_version(code, kernel_files, launcher_file))
     changes.update(build(release))

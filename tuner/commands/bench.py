@@ -25,7 +25,7 @@ from typing import Callable
 from tuner.commands.ceilings import Ceilings
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
-from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text
 from tuner.plan.engines import lookup_nearest
 from tuner.plan.kernel_api import KernelSpec, config_dict, config_from_entry
 from tuner.plan.problems import Problem
@@ -100,6 +100,23 @@ def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: lis
     return out
 
 
+def check_tables(kernel: KernelSpec, gpu, problems: list[Problem], baselines: list[tuple[str, str]],
+                 tuned: Path | None) -> None:
+    """Every entry of the shipped and tuned tables a bench reads, checked before anything is
+    timed: a garbage table is one line, not a crash (or a run of strings) halfway through."""
+    from tuner.commands.tune import load_baseline_table
+    from tuner.plan.kernel_api import checked_config, table_batch_size
+    for problem in problems:
+        tables = [(f"--baseline {folder}", load_baseline_table(folder, kernel, gpu, problem)) for _, folder in baselines]
+        if tuned is not None:
+            tables.append((f"--tuned {tuned}", tuned_table(tuned, kernel, problem)))
+        for where, table in tables:
+            for key, entry in (table or {}).items():
+                at = f"{where}: the table for {problem.key}, entry {str(key)[:40]!r}"
+                table_batch_size(key, at)
+                checked_config(kernel, entry, at)
+
+
 # -- references outside Triton ------------------------------------------------------------
 def reference_note(kernel: KernelSpec) -> str:
     """What exists outside Triton for this kernel, in words (also where nothing does)."""
@@ -156,6 +173,7 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
                  measurer, baselines, tuned, landscape, progress=print) -> list[BenchRow]:
     """All contenders of every (problem, M) of one kernel, timed on `measurer`."""
     rows: list[BenchRow] = []
+    check_tables(kernel, gpu, problems, baselines, tuned)
     source = time_source(measurer.environment(), measurer.label)
     for problem in problems:
         for M in batch_sizes[problem.key]:
@@ -246,9 +264,9 @@ def write_outputs(rows: list[BenchRow], out: Path, header: dict) -> tuple[Path, 
     stem = f"bench-{device}-{date}"
     data = {**header, "rows": [r.as_dict() for r in rows]}
     json_path = out / f"{stem}.json"
-    atomic_write_json(json_path, data, indent=2)
+    atomic_write_json(json_path, data, indent=2, root=out)
     md_path = out / f"{stem}.md"
-    atomic_write_text(md_path, markdown(rows, header, stem))
+    atomic_write_text(md_path, markdown(rows, header, stem), root=out)
     return json_path, md_path
 
 
@@ -263,7 +281,7 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
     df = pd.DataFrame([r.as_dict() for r in rows])
     for i, ((src, problem), part) in enumerate(df.groupby(["kernel_source", "problem"], sort=False)):
         png = f"{stem}-{i}.png"
-        plot(part, Path(header["out"]) / png, f"{problem} [{src}]", header.get("banner", ""))
+        plot(part, Path(header["out"]) / png, f"{problem} [{src}]", header.get("banner", ""), Path(header["out"]))
         table = part[["M", "contender", "time_us", "spread", "floor_us", "roofline_fraction", "error"]].copy()
         table["config"] = [" ".join(str(v) for v in c.values()) if isinstance(c, dict) else "-" for c in part["config"]]
         lines += [f"## {problem} [{src}]", "", f"![{problem}]({png})", "",
@@ -276,7 +294,7 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(part, path: Path, title: str, subtitle: str) -> None:
+def plot(part, path: Path, title: str, subtitle: str, root: Path | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -300,9 +318,10 @@ def plot(part, path: Path, title: str, subtitle: str) -> None:
     ax.legend(fontsize=7)
     fig.suptitle(f"{title}\n{subtitle}", fontsize=8, color="red" if is_loud(subtitle) else "black")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"), root=root)
+    finally:
+        plt.close(fig)
 
 
 def bench_header(measurers: list, gpu, ceilings: Ceilings, run_info: dict, out: Path) -> dict:

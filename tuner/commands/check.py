@@ -43,10 +43,8 @@ def entries_of(table: dict, path: Path) -> dict[int, dict]:
     for key, cfg in table.items():
         if key == "triton_version":
             continue
-        try:
-            m = int(key)
-        except ValueError:
-            raise TunerError(f"table {path}: key {key!r} is not a batch size") from None
+        from tuner.plan.kernel_api import table_batch_size
+        m = table_batch_size(key, f"table {path}")
         if not isinstance(cfg, dict):
             raise TunerError(f"table {path}: the entry for M={key} is not a config object")
         out[m] = cfg
@@ -107,7 +105,7 @@ def run_check(kernel_name: str, table_path: Path, model, make_problems, routing:
     from tuner.measure.device import device_name, require
     from tuner.measure.isolation import isolated_gpu_measurer
     from tuner.plan.engines import ENGINE_NAMES
-    from tuner.plan.kernel_api import config_from_entry
+    from tuner.plan.kernel_api import checked_config
     from tuner.plan.kernel_registry import kernel_for
 
     device = device or default_device()
@@ -126,11 +124,7 @@ def run_check(kernel_name: str, table_path: Path, model, make_problems, routing:
     base_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     for problem, entries in work:
         for i, (M, entry) in enumerate(pick_batch_sizes(entries, batch_sizes).items()):
-            try:
-                config = config_from_entry(kernel, entry)
-            except (KeyError, TypeError, ValueError):
-                raise TunerError(f"{table_path}: the entry for M={M} lacks one of "
-                                 f"{', '.join(kernel.config_keys)}") from None
+            config = checked_config(kernel, entry, f"{table_path}: the entry for M={M}")
             plan.append((problem, M, config, base_seed + i))
     rows = []
     measurer = isolated_gpu_measurer(kernel, spec.key, compile_workers=0, device=device)

@@ -8,7 +8,6 @@ search: minutes, not hours.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,18 +40,25 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
     """The problems a table file is for ([] for files that are not config tables): one for
     an engine's table, one per problem it holds for a kernel's own format (MLA decode).
     MoE names lack the hidden size and top-k: they come from `model`."""
+    from tuner.plan.kernel_api import MAX_TABLE_M
+    from tuner.reading import read_json_file
     name = path.name
+    named = bool(_GEMM.match(name) or _MOE.match(name))
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raw = read_json_file(path, "table ")
+    except TunerError:
+        if named:               # named like an engine's table: a broken one is said, not skipped
+            raise
         return []
     if not isinstance(raw, dict):
+        if named:
+            raise TunerError(f"{path} is named like an engine table but is not one: not a JSON object")
         return []
     table = {k: v for k, v in raw.items() if k != "triton_version"}
-    if (_GEMM.match(name) or _MOE.match(name)) and not all(
-            str(k).isdigit() and int(k) > 0 and isinstance(v, dict) for k, v in table.items()):
+    if named and not all(str(k).isdigit() and 0 < int(k) <= MAX_TABLE_M and isinstance(v, dict)
+                         for k, v in table.items()):
         raise TunerError(f"{path} is named like an engine table but is not one: its keys must be batch sizes "
-                         "and its values configs")
+                         f"(1 to {MAX_TABLE_M}) and its values configs")
     if m := _GEMM.match(name):
         n, k, dev, dtype, bn, space, bk = m.groups()
         engine = "sglang" if space else "vllm"
@@ -64,7 +70,7 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
         e, n, dev, dtype, bn, space, bk, down = m.groups()
         engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
         from tuner.plan.engines import ENGINES
-        arch = (model.raw.get("architectures") or [None])[0]
+        arch = model.architecture
         # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
         shared = ({"shared_experts": 1} if int(e) == (model.n_routed_experts or 0) + 1 and ENGINES[engine]
                   .fuses_shared_expert(arch, model.n_routed_experts, model.n_shared_experts, 1) else {})
@@ -114,8 +120,13 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     from tuner.commands import ceilings
     from tuner.commands.tune import table_default
     from tuner.plan.engines import lookup_nearest
+    from tuner.plan.kernel_api import checked_config
     from tuner.plan.space import load_space
     roof = ceilings.load(measurer_for.gpu)
+    for t in tables:                   # every entry checked before anything is timed
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
+        for key, entry in t.table.items():
+            checked_config(kernel, entry, f"{t.path}: the entry for M={key}")
     rows = []
     for t in tables:
         kernel = measurer_for.kernel(t.problem.kernel, t.engine)

@@ -15,12 +15,9 @@ environment made it slower than last night beyond noise), 1 a job failed.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 from pathlib import Path
-
-import yaml
 
 from tuner.errors import TunerError
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
@@ -31,15 +28,19 @@ COMMANDS = {"gemm", "moe", "mla"}
 EXIT_OK, EXIT_FAILED, EXIT_REGRESSED = 0, 1, 3
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # a job's or a night's folder name
+
+
 def load_config(path: Path) -> dict:
-    try:
-        cfg = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise TunerError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    from tuner.reading import read_yaml_file
+    cfg = read_yaml_file(path)
     if not isinstance(cfg, dict) or not isinstance(cfg.get("jobs"), list) or not cfg["jobs"]:
         raise TunerError(f"{path} needs a non-empty 'jobs' list")
+    if not isinstance(cfg.get("runs_dir", ""), str):
+        raise TunerError(f"{path}: runs_dir must be a folder name, not {cfg['runs_dir']!r}")
+    noise = cfg.get("noise", 0.02)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < 1:
+        raise TunerError(f"{path}: noise must be a number from 0 up to 1 (0.02 is 2%), not {noise!r}")
     names = set()
     for i, job in enumerate(cfg["jobs"]):
         if not isinstance(job, dict):
@@ -47,15 +48,48 @@ def load_config(path: Path) -> dict:
         for key in ("name", "kernel", "model", "gpu"):
             if not job.get(key):
                 raise TunerError(f"{path}: job {i + 1} lacks {key!r}")
-        if job["kernel"] not in COMMANDS:
+        if not isinstance(job["kernel"], str) or job["kernel"] not in COMMANDS:
             raise TunerError(f"{path}: job {job['name']!r}: kernel must be one of {', '.join(sorted(COMMANDS))}")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", str(job["name"])):
+        if not NAME.fullmatch(str(job["name"])):
             raise TunerError(f"{path}: job name {job['name']!r} must be letters, digits, '.', '_' or '-' "
                              "(it names the job's folder)")
         if job["name"] in names:
             raise TunerError(f"{path}: two jobs are named {job['name']!r}")
         names.add(job["name"])
+        install = job.get("install")
+        if install is not None and not (isinstance(install, dict) and install.get("engine") in ("vllm", "sglang")):
+            raise TunerError(f"{path}: job {job['name']!r}: install must be a mapping with engine: vllm or sglang")
+        sources = job.get("engine_source")
+        if sources is not None:             # a path or a list of them, as --engine-source takes
+            sources = sources if isinstance(sources, list) else [sources]
+            if not all(isinstance(s, str) and s for s in sources):
+                raise TunerError(f"{path}: job {job['name']!r}: engine_source must be a path or a list of paths")
+            job["engine_source"] = sources
+        for key in ("model", "gpu", "replay", "site_packages", "moe_config_dir"):
+            value = job.get(key, (install or {}).get(key))
+            if value is not None and not isinstance(value, (str, int, float)):
+                raise TunerError(f"{path}: job {job['name']!r}: {key} must be a name or a path, not {value!r}")
     return cfg
+
+
+def read_state(path: Path) -> dict:
+    """The nightly state (each job's last run and its environment), checked: a file that a
+    crash or a hand cut short, or that holds anything else, is one line naming it."""
+    from tuner.reading import read_json_file
+    if not path.is_file():
+        if path.exists():
+            raise TunerError(f"nightly state {path} is not a file")
+        return {}
+    hint = "; fix it, or move it aside to retune every job from scratch"
+    state = read_json_file(path, "nightly state ", hint)
+    if not isinstance(state, dict):
+        raise TunerError(f"nightly state {path} is not a JSON object of jobs{hint}")
+    for name, entry in state.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("run"), str)
+                and isinstance(entry.get("environment"), dict)):
+            raise TunerError(f"nightly state {path}: job {name!r} must hold \"run\" (a folder) and "
+                             f"\"environment\" (an object){hint}")
+    return state
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
@@ -68,7 +102,7 @@ def job_request(job: dict, out: Path, baseline: Path | None = None):
     configs in use, so the retune starts from what it must beat."""
     from tuner.api import TuneRequest
     options = {k: job[k] for k in JOB_OPTIONS if job.get(k) is not None}
-    options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else job[k]
+    options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else [job[k]]
                     for k in JOB_LIST_OPTIONS if job.get(k)})
     if "replay" in options:
         options["replay"] = str(options["replay"])
@@ -163,14 +197,15 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
             continue
         table = {int(m): table_entry(kernel, e["config"]) for m, e in t["entries"].items() if e.get("config")}
         for rel in t["files"].values():
-            atomic_write_text(new_run / rel, table_json(table))
+            atomic_write_text(new_run / rel, table_json(table), root=new_run)
     for name, pairs in own_format.items():
         tables, _ = get_kernel(name).emit_table(pairs, measurers.gpu.cuda_name)
         for rel, obj in tables.items():
-            atomic_write_json(new_run / rel, obj)
-    manifest = json.loads((new_run / "manifest.json").read_text())
+            atomic_write_json(new_run / rel, obj, root=new_run)
+    from tuner.emit.results import read_manifest
+    manifest = read_manifest(new_run)
     manifest["tables"] = list(new.values())
-    atomic_write_json(new_run / "manifest.json", manifest, indent=2)
+    atomic_write_json(new_run / "manifest.json", manifest, indent=2, root=new_run)
     return kept
 
 
@@ -235,13 +270,19 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
 
 
 def run_night(config_path: Path, night: str | None = None, log=print) -> int:
+    from tuner.paths import check_writable, make_folder
     cfg = load_config(config_path)
-    runs_dir = Path(cfg.get("runs_dir", "runs/nightly"))
+    runs_dir = Path(cfg.get("runs_dir") or "runs/nightly")
     noise = float(cfg.get("noise", 0.02))
     night = night or _dt.date.today().isoformat()
+    if not NAME.fullmatch(night) or night in ("state.json",):
+        raise TunerError(f"--night {night!r} must be a plain folder name (letters, digits, '.', '_' or '-'): "
+                         f"the night's folder goes in {runs_dir}")
     night_dir = runs_dir / night
     state_path = runs_dir / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    state = read_state(state_path)
+    check_writable(runs_dir, "runs_dir")
+    make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
     results = []
     for job in cfg["jobs"]:
         try:
@@ -249,15 +290,15 @@ def run_night(config_path: Path, night: str | None = None, log=print) -> int:
         except TunerError as e:
             log(f"{job['name']}: FAILED: {e}")
             results.append({"job": job["name"], "status": "failed", "error": str(e)})
-        atomic_write_json(state_path, state)        # a later job's crash keeps this one's state
+        atomic_write_json(state_path, state, root=runs_dir)     # a later job's crash keeps this one's state
     lines = [f"# Nightly retune {night}", "", "| job | status | details |", "| --- | --- | --- |"]
     for r in results:
         details = r.get("error") or ", ".join(f"{k} {r[k]}" for k in ("why", "faster", "slower", "kept_previous")
                                              if k in r)
         link = f" ([diff]({Path(r['diff']).relative_to(night_dir)}))" if r.get("diff") else ""
         lines.append(f"| {r['job']} | {r['status']} | {details}{link} |")
-    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n")
-    atomic_write_json(night_dir / "summary.json", results)
+    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir)
+    atomic_write_json(night_dir / "summary.json", results, root=runs_dir)
     log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
     if any(r["status"] == "failed" for r in results):
         return EXIT_FAILED

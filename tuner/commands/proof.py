@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gzip
-import json
 import os
 import shutil
 import signal
@@ -45,7 +44,8 @@ from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
-from tuner.paths import REPO_ROOT, atomic_write_json, atomic_write_text
+from tuner.measure.process_tree import child_of_this_process, stop_group
+from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
 from tuner.plan.gpus import GpuSpec
 
 GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
@@ -141,19 +141,23 @@ class Proof:
                 detail.append(f"{c.label}: not started, out of time")
                 status = "out of time"
                 continue
-            log = self.out / c.log
-            log.parent.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
                 [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
             started = time.monotonic()
-            with open(log, "w") as f:
+            with open_for_append(self.out / c.log, self.out, truncate=True) as f:
                 f.write(f"$ {' '.join(c.argv)}\n")
                 f.flush()
                 # its own process group: a timeout stops it and its children (the measuring
-                # child and its compile workers die with it: tuner/measure/process_tree.py)
+                # child and its compile workers die with it: tuner/measure/process_tree.py); and it
+                # is sent SIGTERM when this process dies, kill -9 included, so no step runs
+                # on outside its time box
                 proc = subprocess.Popen(c.argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
-                                        start_new_session=True)
-                rc = self._wait(proc, started + left)
+                                        start_new_session=True, preexec_fn=child_of_this_process(signal.SIGTERM))
+                try:
+                    rc = self._wait(proc, started + left)
+                except BaseException:            # SIGTERM or Ctrl-C of the proof: the step stops too
+                    stop_group(proc)
+                    raise
             took = time.monotonic() - started
             stray = leftovers(proc.pid)
             if stray:                      # never on a GPU the next step needs: say so, and end them
@@ -181,12 +185,7 @@ class Proof:
                     self.bundle_if_changed()
                     continue
             break
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         return None
 
     # -- what the steps share -------------------------------------------------------------
@@ -254,7 +253,7 @@ class Proof:
                 env.update(nvml_snapshot(nvml_index(0)))
         except Exception as e:  # noqa: BLE001 - the environment record says what failed
             env["error"] = str(e)
-        atomic_write_json(self.out / "environment.json", env, indent=2)
+        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out)
         cmds = []
         if self.device == "cuda" and shutil.which("nvidia-smi"):
             cmds.append(Command("nvidia-smi", ["nvidia-smi", "-q"], "logs/nvidia-smi.txt"))
@@ -339,8 +338,7 @@ class Proof:
         space = []
         if p.landscape_space:
             path = self.out / "rehearsal" / "space-gemm.yaml"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(p.landscape_space)
+            atomic_write_text(path, p.landscape_space, root=self.out)
             space = ["--space", str(path)]
         return [Command("record gemm", self.tuner(
             "gemm", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--only", p.gemm_shapes[0],
@@ -376,21 +374,39 @@ class Proof:
             target = partial.with_name(partial.name[: -len(".partial")])
             target = target if target.name.endswith(".gz") else target.with_name(target.name + ".gz")
             target = target.with_name(target.name.replace(".jsonl.gz", ".partial.jsonl.gz"))
-            with open(partial, "rb") as src, gzip.open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            if partial.is_symlink() or not partial.is_file():
+                continue
+
+            def fill(tmp: Path, partial: Path = partial) -> None:
+                with open(partial, "rb") as src, gzip.open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            atomic_write_file(target, fill, root=self.out)
             partial.unlink()
             kept.append(target.name)
         return kept
 
     def previous_results(self) -> list[StepResult]:
-        """Steps an earlier call into the same folder ran (the proof is split over calls)."""
-        data = json_or_none(self.out / "steps.json") or {}
-        return [StepResult(**r) for r in data.get("steps", []) if isinstance(r, dict) and "name" in r]
+        """Steps an earlier call into the same folder ran (the proof is split over calls);
+        a steps.json that is not a proof's is one line, not a crash."""
+        from tuner.reading import read_json_file
+        path = self.out / "steps.json"
+        if not path.exists():
+            return []
+        data = read_json_file(path, "the proof's ", "; give another --out, or move it aside")
+        steps = data.get("steps") if isinstance(data, dict) else None
+        out = []
+        for r in steps if isinstance(steps, list) else [None]:
+            if not (isinstance(r, dict) and r.get("name") in STEPS and isinstance(r.get("status"), str)
+                    and isinstance(r.get("seconds", 0.0), (int, float)) and isinstance(r.get("detail", []), list)
+                    and all(isinstance(d, str) for d in r.get("detail", []))):
+                raise TunerError(f"{path} is not a proof's record of its steps; give another --out, or move it aside")
+            out.append(StepResult(r["name"], r["status"], float(r.get("seconds", 0.0)), list(r.get("detail", []))))
+        return out
 
     def execute(self, steps: list[str] | tuple[str, ...], log=print) -> int:
         """Run `steps` (in the proof's order) within --minutes; earlier calls' results are
         kept beside them. 0 when none failed, 1 otherwise."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out)
         budget = self.minutes * 60.0
         t0 = time.monotonic()
         order = [s for s in STEPS if s in steps]
@@ -405,13 +421,21 @@ class Proof:
                 result = StepResult(name, "skipped", 0.0, [stopped])
             else:
                 log(f"[proof] {name}: up to {seconds:.0f}s")
+                started = time.monotonic()
                 try:
                     commands = builders[name]()
                 except TunerError as e:
                     result = StepResult(name, "failed", 0.0, [str(e)])
                 else:
-                    result = self.run(commands, seconds) if commands else StepResult(name, "skipped", 0.0,
-                                                                                       ["nothing to do"])
+                    try:
+                        result = self.run(commands, seconds) if commands else StepResult(name, "skipped", 0.0,
+                                                                                           ["nothing to do"])
+                    except KeyboardInterrupt:        # SIGTERM or Ctrl-C: the step (stopped) is said, then we go
+                        self.results.append(StepResult(name, "interrupted", time.monotonic() - started,
+                                                       ["stopped by a signal; run the proof again to redo it"]))
+                        self.write_summary(time.monotonic() - t0)
+                        self.write_bundle(log)
+                        raise
             result.name = name
             if name == "landscapes":
                 result.detail += [f"kept the partial landscape {k}" for k in self.keep_partial_landscapes()]
@@ -434,8 +458,10 @@ class Proof:
         from tuner.commands.proof_summary import summary_markdown
         atomic_write_json(self.out / "steps.json", {"device": self.device, "minutes": self.minutes,
                                                     "elapsed_s": elapsed, "gpu": self.gpu.key,
-                                                    "steps": [r.__dict__ for r in self.results]}, indent=2)
-        atomic_write_text(self.out / "summary.md", summary_markdown(self.out, self.results, self.device, elapsed))
+                                                    "steps": [r.__dict__ for r in self.results]}, indent=2,
+                          root=self.out)
+        atomic_write_text(self.out / "summary.md", summary_markdown(self.out, self.results, self.device, elapsed),
+                          root=self.out)
 
     # -- what comes back from a device call ---------------------------------------------
     def bundle_name(self) -> str:
@@ -451,15 +477,15 @@ class Proof:
         into --bundle, each written whole (renamed into place)."""
         if self.bundle is None:
             return None
-        self.bundle.mkdir(parents=True, exist_ok=True)
         target = self.bundle / self.bundle_name()
-        tmp = self.bundle / f"{target.name}.tmp"
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(self.out, arcname=self.arcname(), filter=_no_temporaries)
-        os.replace(tmp, target)
+
+        def fill(tmp: Path) -> None:
+            with tarfile.open(tmp, "w:gz") as tar:        # links are stored as links, never followed
+                tar.add(self.out, arcname=self.arcname(), filter=_no_temporaries)
+        atomic_write_file(target, fill, root=self.bundle)
         if (self.out / "summary.md").is_file():
-            shutil.copyfile(self.out / "summary.md", self.bundle / "summary.md.tmp")
-            os.replace(self.bundle / "summary.md.tmp", self.bundle / "summary.md")
+            from tuner.reading import read_text
+            atomic_write_text(self.bundle / "summary.md", read_text(self.out / "summary.md"), root=self.bundle)
         self._bundled_at = time.time()
         size = target.stat().st_size
         if log and size > 12 << 20:
@@ -537,7 +563,9 @@ def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
 
 
 def json_or_none(path: Path):
+    """The JSON in a file a step wrote, or None when there is none (or it is not JSON)."""
+    from tuner.reading import read_json_file
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_json_file(path)
+    except TunerError:
         return None

@@ -18,7 +18,7 @@ from tuner.emit.results import read_manifest
 from tuner.errors import TunerError
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
-from tuner.paths import atomic_write_text
+from tuner.paths import atomic_write_file, atomic_write_text, check_writable
 from tuner.plan.problems import Problem
 
 
@@ -114,7 +114,7 @@ def failures_by_kind(run: Path) -> dict[str, int]:
 
 
 def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
-          source: str, colours: list[str] | None = None) -> None:
+          source: str, colours: list[str] | None = None, root: Path | None = None) -> None:
     """Time against M (log-log) and a bar per M of the ratio, coloured by verdict (given, or
     green for a gain and red for a loss), titled with the problem and where the times came
     from (red when SYNTHETIC)."""
@@ -149,9 +149,10 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
     fig.suptitle(f"{title}\n{source}" if source else title, fontsize=8,
                  color="red" if is_loud(source) else "black")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"), root=root)
+    finally:
+        plt.close(fig)
 
 
 def _geomean(values) -> float | None:
@@ -174,7 +175,10 @@ def write_report(run: Path, out: Path | None = None,
     run = Path(run)
     df = manifest_frame(run)
     source = run_source(run)
-    out = Path(out) if out else run / "report" / "report.md"
+    # the report and its plots stay inside the run (or the folder of --out), through no link
+    given = out is not None
+    out, root = (Path(out), Path(out).parent) if out else (run / "report" / "report.md", run)
+    check_writable(out, "--out" if given else "", folder=False)
     lines = [f"# Tuning report: {run}", "", source, ""]
     g = _geomean(df["speedup"])
     if g:
@@ -198,11 +202,11 @@ def write_report(run: Path, out: Path | None = None,
         sp = part.dropna(subset=["speedup"])
         head = "; ".join(part["file"].iloc[0].splitlines())
         _plot(png, f"{head}\n{problem}", series, ("speedup over default", list(sp["M"]), list(sp["speedup"])),
-              source)
+              source, root=root)
         lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
                   f"![{problem}]({png.name})", "",
                   markdown_table(part.drop(columns=["problem", "engine", "file", "legend"])), ""]
-    atomic_write_text(out, "\n".join(lines) + "\n")
+    atomic_write_text(out, "\n".join(lines) + "\n", root=root)
     return df, out
 
 
@@ -242,11 +246,16 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
     out_dir holds the diff against another run."""
     df = diff_frame(old, new, noise)
     out = Path(out_dir) / "diff.md"
+    # NEW/diff stays inside NEW; a given --out is its own root (no link below it is followed)
+    default = Path(out_dir) == Path(new) / "diff"
+    root = Path(new) if default else Path(out_dir)
+    check_writable(out_dir, "" if default else "--out")
     if not force and not ((df["verdict"] != "new") & (df["verdict"] != "dropped")).any():
         raise TunerError(f"{old} and {new} have no (problem, M) in common: they are unrelated runs "
                          "(--force compares them anyway)")
     if not force and out.is_file():
-        first = out.read_text().split("\n", 1)[0]
+        from tuner.reading import first_line
+        first = first_line(out, "the diff ").rstrip("\n")
         if first != f"# {new} against {old}":
             raise TunerError(f"{out} holds another comparison ({first.lstrip('# ')}); give --out, or --force "
                              "to replace it")
@@ -270,11 +279,11 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
               {"old": (list(part.dropna(subset=["time_us_old"])["M"]), list(part["time_us_old"].dropna())),
                "new": (list(part.dropna(subset=["time_us_new"])["M"]), list(part["time_us_new"].dropna()))},
               ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])), sources,
-              colours=[VERDICT_COLOURS[v] for v in both["verdict"]])
+              colours=[VERDICT_COLOURS[v] for v in both["verdict"]], root=root)
         table = part.drop(columns=["problem", "engine", "file", "legend"])
         lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
                   f"![{problem}]({png.name})", "", markdown_table(table, floatfmt=".2f"), ""]
-    atomic_write_text(out, "\n".join(lines) + "\n")
+    atomic_write_text(out, "\n".join(lines) + "\n", root=root)
     return df, out
 
 

@@ -7,7 +7,6 @@ problems; everything after that is here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import subprocess
@@ -154,8 +153,14 @@ def kernel_origin_text(kernel: KernelSpec) -> str:
     launched = kernel.notes.get("launched_as")
     how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
            if launched else "not checked")
+    files = kernel.notes.get("engine_files")
+    if files:
+        from tuner.plan.kernel_sources import imported_files_text
+        imports = "; " + imported_files_text(files)
+    else:
+        imports = ""
     return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
-            f"{kernel.origin} (code {kernel.code_version})")
+            f"{kernel.origin} (code {kernel.code_version}){imports}")
 
 
 def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
@@ -191,10 +196,13 @@ def load_baseline_table(baseline_dir: str, kernel: KernelSpec, gpu: GpuSpec, pro
     # Of one name in several triton_<version> folders, the newest first (as SGLang falls back).
     files = sorted(root.rglob("*.json"), reverse=True)
     for path in sorted((p for p in files if p.name in names), key=lambda p: names.index(p.name)):
+        from tuner.reading import read_json_file
         try:
-            table = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TunerError(f"baseline table {path} is not readable JSON: {e}") from None
+            table = read_json_file(path, "baseline table ")
+        except TunerError as e:
+            raise TunerError(f"{e} (not readable JSON)") from None
+        if not isinstance(table, dict):
+            raise TunerError(f"baseline table {path} is not a JSON object of batch sizes and configs")
         return {k: v for k, v in table.items() if k != "triton_version"}
     return None
 
@@ -233,9 +241,26 @@ def open_run_storage(opts: RunOptions) -> BaseStorage:
     return open_checked_storage(opts.storage or default_storage(opts.out_dir))
 
 
+def _sqlite_tables(path: Path, mode: str) -> set[str]:
+    import sqlite3
+    from urllib.parse import quote
+    con = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, timeout=30)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        con.close()
+
+
 def check_sqlite_file(path: Path, url: str) -> None:
     """An existing SQLite file must be one of our storages (Optuna's tables), never another
-    program's database we would add tables to."""
+    program's database we would add tables to.
+
+    It is looked at read-only first. A process killed in the middle of a write (kill -9 during
+    a commit) leaves a hot rollback journal (the journal mode of file systems without WAL, and
+    of storages made before WAL) or a write-ahead log whose index must be rebuilt: a read-only
+    connection may not do either and fails with "attempt to write a readonly database", though
+    nothing is lost. Then it is opened read-write, which rolls the interrupted write back (or
+    recovers the log) as every SQLite client does, and the file is judged after that."""
     import sqlite3
     if not path.exists():
         return
@@ -244,12 +269,22 @@ def check_sqlite_file(path: Path, url: str) -> None:
     if path.stat().st_size == 0:
         return
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
+            tables = _sqlite_tables(path, "ro")
+        except sqlite3.Error as e:
+            name = getattr(e, "sqlite_errorname", "") or ""
+            if not (name.startswith("SQLITE_READONLY") or "readonly" in str(e)):
+                raise
+            log.info("storage %s: recovering what a killed writer left (%s)", path, name or e)
+            tables = _sqlite_tables(path, "rw")           # rolls back the hot journal, recovers the WAL
     except sqlite3.Error as e:
+        if "readonly" in str(e) or getattr(e, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
+            raise TunerError(f"--storage {url}: {path} holds a write that a killed process left unfinished, and "
+                             "rolling it back needs write access to it and its folder (nothing is lost): run "
+                             "where it can be written") from None
+        if "locked" in str(e) or "busy" in str(e).lower():
+            raise TunerError(f"--storage {url}: {path} is locked by another process (a run or worker still "
+                             "writing?); try again when it is done") from None
         raise TunerError(f"--storage {url}: {path} is not a SQLite database ({e})") from None
     if tables and "studies" not in tables:
         raise TunerError(f"--storage {url}: {path} is another program's database (tables "
@@ -270,12 +305,17 @@ def check_storage_url(url: str) -> None:
             raise TunerError(f"--storage {url}: cannot write to {existing}")
 
 
-def open_checked_storage(url: str) -> BaseStorage:
+def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     """The run's storage, after checking it is ours: one clear line for bad URLs, missing
-    drivers, unreachable servers and foreign databases."""
+    drivers, unreachable servers and foreign databases. `existing`: a storage to read
+    (collect, worker): a SQLite file that is not there is refused, nothing is created."""
     check_storage_url(url)
     if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url[len("sqlite:///"):])
+        if existing and not path.is_file():
+            raise TunerError(f"--storage {url}: {path} not found (no run stored there; nothing was created)")
+        from tuner.paths import make_folder
+        make_folder(path.parent)
     try:
         return open_storage(url)
     except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
@@ -476,6 +516,14 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
                            "patience": opts.settings.patience, "space": opts.space.source,
                            **({"budgets": opts.settings.budgets} if opts.settings.budgets else {})}}
+    earlier = _searched_otherwise(opts, results)
+    if earlier:
+        run_info["search"]["earlier_runs"] = earlier
+        if not quiet:
+            log.warning("%s", "; ".join(f"{e['studies']} studies were finished by an earlier run searching with "
+                                        f"--trials {e['budget']} --sampler {e['sampler']}" for e in earlier)
+                        + f": kept as they are (this run: --trials {opts.settings.budget} --sampler "
+                        f"{opts.settings.sampler}); give another --out to tune them again with this run's")
     if opts.traffic is not None and opts.kernel.emit_table is None:
         results = _prefer_defaults(opts, results)
     done = [p for p in opts.problems if p.key in results]
@@ -496,6 +544,21 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
     if missing and not quiet:
         log.warning("%d studies have no result yet; their batch sizes are left out", missing)
     return results
+
+
+def _searched_otherwise(opts: RunOptions, results: dict[str, list[StudyResult]]) -> list[dict]:
+    """The studies of these results searched (by an earlier run into the same storage) with
+    another budget or sampler than this run's, counted by those settings: the manifest says
+    so, so that it never claims a budget its studies did not have."""
+    by: dict[tuple, int] = {}
+    for rs in results.values():
+        for r in rs:
+            s = r.search or {}
+            budget = opts.settings.budget_for(r.problem, r.M)
+            if s and (s.get("budget") != budget or s.get("sampler") != opts.settings.sampler):
+                key = (s.get("budget"), s.get("sampler"))
+                by[key] = by.get(key, 0) + 1
+    return [{"budget": b, "sampler": s, "studies": n} for (b, s), n in sorted(by.items(), key=str)]
 
 
 def _prefer_defaults(opts: RunOptions, results: dict[str, list[StudyResult]]) -> dict[str, list[StudyResult]]:
@@ -626,7 +689,7 @@ def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, r
         return
     tables, file_of = emit(pairs, opts.gpu.cuda_name)
     for rel, obj in tables.items():
-        atomic_write_json(opts.out_dir / rel, obj)
+        atomic_write_json(opts.out_dir / rel, obj, root=opts.out_dir)
     entries = [manifest_entry(opts.kernel, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {},
                               run_info) for p, results in pairs]
     update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
@@ -723,18 +786,13 @@ def check_baselines(opts: RunOptions) -> None:
     """--baseline's tables, read and checked before anything is written."""
     if not opts.baseline:
         return
-    from tuner.plan.kernel_api import config_from_entry
+    from tuner.plan.kernel_api import checked_config, table_batch_size
     for problem in opts.problems:
         table = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem)
         for key, entry in (table or {}).items():
-            try:
-                if not isinstance(entry, dict):
-                    raise TypeError
-                int(key)
-                config_from_entry(opts.kernel, entry)
-            except (KeyError, TypeError, ValueError):
-                raise TunerError(f"--baseline {opts.baseline}: the table for {problem.key} has an unusable entry "
-                                 f"{key!r}: {str(entry)[:80]}") from None
+            where = f"--baseline {opts.baseline}: the table for {problem.key} has an unusable entry {str(key)[:40]!r}"
+            table_batch_size(key, where)
+            checked_config(opts.kernel, entry, where)
 
 
 def time_unit(opts: RunOptions) -> str:

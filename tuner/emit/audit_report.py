@@ -159,8 +159,8 @@ def write_outputs(report: AuditReport, out_dir: Path) -> tuple[Path, Path]:
     """audit.json and audit.md in `out_dir`, each written atomically."""
     out_dir = Path(out_dir)
     json_path, md_path = out_dir / "audit.json", out_dir / "audit.md"
-    atomic_write_json(json_path, report.as_dict(), indent=2)
-    atomic_write_text(md_path, markdown(report))
+    atomic_write_json(json_path, report.as_dict(), indent=2, root=out_dir)
+    atomic_write_text(md_path, markdown(report), root=out_dir)
     return json_path, md_path
 
 

@@ -28,7 +28,15 @@ from tuner.emit.engine_tables import installed_version
 from tuner.emit.results import read_manifest
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso
-from tuner.paths import atomic_write_json, atomic_write_text, read_json, remove_stale_temporaries, writable_folder
+from tuner.paths import (
+    atomic_write_json,
+    atomic_write_text,
+    make_folder,
+    open_for_append,
+    read_json,
+    remove_stale_temporaries,
+    writable_folder,
+)
 from tuner.plan.engines import ENGINES
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
@@ -238,7 +246,8 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
     if old_path is None:
         return []
     family = table_family(engine, copy.kind)
-    old, crash = load_table(family, old_path.read_bytes())
+    from tuner.reading import read_bytes
+    old, crash = load_table(family, read_bytes(old_path, "installed table "))
     if old is None:
         return [f"{rel} replaces {old_path}, which {engine}'s loader cannot read ({crash})"]
     new_raw = json.loads(copy.source.read_text())
@@ -276,12 +285,12 @@ def locked(folders: list[Path], backup_root: Path, wait_s: float | None = None):
     ok, existing = writable_folder(lock_dir)
     if not ok:
         raise TunerError(f"cannot write to {existing} (backups and locks go there; set TUNER_BACKUP_DIR)")
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(lock_dir, backup_root)
     handles = []
     try:
         for folder in sorted({os.path.realpath(f) for f in folders}):
             name = hashlib.sha256(folder.encode()).hexdigest()[:16]
-            f = open(lock_dir / f"{name}.lock", "a+")
+            f = open_for_append(lock_dir / f"{name}.lock", lock_dir)
             handles.append(f)
             deadline = time.monotonic() + wait_s
             while True:
@@ -325,7 +334,7 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
             saved = None
             if c.dest.exists():
                 saved = backup / "files" / f"{i:04d}-{c.dest.name}"
-                saved.parent.mkdir(parents=True, exist_ok=True)
+                make_folder(saved.parent, backup_root)
                 shutil.copy2(c.dest, saved)
             entry: dict = {"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root)}
             if c.merged:
@@ -333,9 +342,9 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
             entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
         atomic_write_json(backup / RECORD, {"engine": engine, "installed": now_iso(),
-                                            "roots": [str(r) for r in roots], "files": entries})
+                                            "roots": [str(r) for r in roots], "files": entries}, root=backup_root)
         for c in everything:
-            atomic_write_text(c.dest, c.content())
+            atomic_write_text(c.dest, c.content(), root=c.root)
     return backup
 
 
@@ -351,14 +360,13 @@ def read_record(backup: Path, engine: str) -> dict:
     """A backup's record, checked: one clear line naming it when it cannot be trusted."""
     path = backup / RECORD
     hint = f"move {backup} aside to restore the installs before it"
+    from tuner.reading import read_bytes
     try:
-        record = json.loads(path.read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read backup record {path}: {e.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = json.loads(read_bytes(path, "backup record "))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise TunerError(f"backup record {path} is corrupt; {hint}") from None
     files = record.get("files") if isinstance(record, dict) else None
-    if record.get("engine") != engine or not isinstance(files, list) or not all(
+    if not isinstance(record, dict) or record.get("engine") != engine or not isinstance(files, list) or not all(
             isinstance(e, dict) and isinstance(e.get("dest"), str)
             and (e.get("backup") is None or isinstance(e.get("backup"), str)) for e in files):
         raise TunerError(f"backup record {path} is not a {engine} install record; {hint}")
@@ -405,13 +413,13 @@ def restore(engine: str, backup_root: Path | None = None) -> list[str]:
     done = []
     with locked(roots, backup_root):
         _check_writable([d for d, _, _ in plan])
-        for dest, saved, _ in reversed(plan):
+        for dest, saved, root in reversed(plan):
             if saved is not None:
                 try:
-                    text = saved.read_text()
+                    text = saved.read_text()                  # our own backup: read as written
                 except OSError as e:
                     raise TunerError(f"cannot read the backup {saved}: {e.strerror}; nothing more was restored") from None
-                atomic_write_text(dest, text)
+                atomic_write_text(dest, text, root=root)
                 shutil.copymode(saved, dest)          # the replaced file's mode, as it was
                 done.append(f"restored {dest}")
             elif dest.exists():
@@ -449,7 +457,8 @@ def audit_install(copies: list[Copy], engine: str) -> list:
     def table_at(path: Path, family):
         text = after.get(str(path))
         if text is None and path.is_file():
-            text = path.read_text()
+            from tuner.reading import read_text
+            text = read_text(path, "installed table ")
         return load_table(family, text.encode())[0] if text is not None else None
 
     for c in copies:

@@ -36,7 +36,7 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
         if name not in problem.engines:
             continue
         rel = ENGINES[name].table_relpath(kernel.table_kind, problem.params, cuda_name, triton_version)
-        atomic_write_text(out_dir / rel, text)
+        atomic_write_text(out_dir / rel, text, root=out_dir)
         files[name] = rel
     return files
 
@@ -47,8 +47,8 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
     old = {}
     if path.exists():
         try:
-            old = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            old = read_json(path)
+        except TunerError:
             old = {}
         if manifest_problem(old):
             raise TunerError(f"{path} is not a tuner manifest ({manifest_problem(old)}); this --out holds "
@@ -63,7 +63,7 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
         **run_info,
         "tables": list(tables.values()),
     }
-    atomic_write_json(path, manifest, indent=2)
+    atomic_write_json(path, manifest, indent=2, root=out_dir)
     return path
 
 
@@ -79,28 +79,84 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
+MAX_M = 1 << 20                  # as the command line's batch sizes
+_NUMBERS = ("time_us", "spread", "default_time_us", "speedup")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _config_problem(cfg) -> str | None:
+    if not isinstance(cfg, dict):
+        return "is not an object"
+    for k, v in cfg.items():
+        if not isinstance(v, (int, bool)) or (not isinstance(v, bool) and not 0 <= v <= 1 << 16):
+            return f"holds {k}={v!r}, not a whole number of a launch config"
+    return None
+
+
+def _entry_problem(i: int, m, e: dict) -> str | None:
+    if not str(m).isdigit() or not 1 <= int(m) <= MAX_M:
+        return f"table {i}: entry key {m!r} is not a batch size (1 to {MAX_M})"
+    for key in ("config", "default_config"):
+        if e.get(key) is not None and (why := _config_problem(e[key])):
+            return f"table {i}: the {key.replace('_', ' ')} of M={m} {why}"
+    for key in _NUMBERS:
+        if e.get(key) is not None and not _is_number(e[key]):
+            return f"table {i}: {key} of M={m} is not a number ({e[key]!r})"
+    if e.get("trials") is not None and (not isinstance(e["trials"], int) or isinstance(e["trials"], bool)):
+        return f"table {i}: trials of M={m} is not a whole number ({e['trials']!r})"
+    for key in ("numerics", "failures", "kept_default", "tied", "search"):
+        if e.get(key) is not None and not isinstance(e[key], dict):
+            return f"table {i}: {key} of M={m} is not an object"
+    if e.get("failures") and not all(isinstance(v, int) and not isinstance(v, bool) for v in e["failures"].values()):
+        return f"table {i}: failures of M={m} must count configs by kind"
+    return None
+
+
 def manifest_problem(manifest) -> str | None:
-    """What is wrong with a manifest's shape, or None."""
+    """What is wrong with a manifest's shape (every field a command reads, of its type), or
+    None: a hand-edited or foreign manifest is one clear line, never a crash further on."""
     if not isinstance(manifest, dict) or not str(manifest.get("format", "")).startswith("tuner-manifest/"):
         return "it lacks \"format\": \"tuner-manifest/1\""
     tables = manifest.get("tables")
     if not isinstance(tables, list):
         return "'tables' is not a list"
+    for key in ("traffic", "search", "environment"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            return f"'{key}' is not an object"
+    for key in ("model", "model_source", "gpu", "measured_by"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], str):
+            return f"'{key}' is not a string"
     for i, t in enumerate(tables, 1):
         if not isinstance(t, dict):
             return f"table {i} is not an object"
         if not isinstance(t.get("kernel"), str) or not isinstance(t.get("problem"), dict):
             return f"table {i} lacks its kernel or problem"
         files, entries = t.get("files", {}), t.get("entries", {})
-        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return f"table {i}: 'files' must map engines to paths"
         if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
             return f"table {i}: 'entries' must map batch sizes to entries"
+        for key in ("kernel_source", "environment", "identity"):
+            if t.get(key) is not None and not isinstance(t[key], dict):
+                return f"table {i}: '{key}' is not an object"
+        source = t.get("kernel_source") or {}
+        for key in ("source", "version", "origin", "code_version", "launched_as"):
+            if source.get(key) is not None and not isinstance(source[key], str):
+                return f"table {i}: kernel_source.{key} is not a string"
+        if t.get("tied_to") is not None and not isinstance(t["tied_to"], str):
+            return f"table {i}: 'tied_to' is not a problem key"
+        for key in ("layers",):
+            if t.get(key) is not None and not (isinstance(t[key], list) and all(isinstance(x, str) for x in t[key])):
+                return f"table {i}: '{key}' is not a list of names"
+        for key in ("measured", "how"):
+            if t.get(key) is not None and not isinstance(t[key], str):
+                return f"table {i}: '{key}' is not a string"
         for m, e in entries.items():
-            if not str(m).isdigit():
-                return f"table {i}: entry key {m!r} is not a batch size"
-            if e.get("config") is not None and not isinstance(e["config"], dict):
-                return f"table {i}: the config of M={m} is not an object"
+            if (why := _entry_problem(i, m, e)) is not None:
+                return why
     return None
 
 

@@ -19,15 +19,18 @@ import gzip
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.measure.failures import RUNTIME, kind_of
-from tuner.plan.kernel_api import KernelSpec, config_from_entry, config_tuple
+from tuner.plan.kernel_api import MAX_CONFIG_VALUE, KernelSpec, config_from_entry, config_tuple
 from tuner.plan.problems import Problem
 
 FORMAT = "tuner-landscape/1"
+MAX_M = 1 << 20                  # as the command line's batch sizes
+MAX_DIM = 1 << 24                # a problem's sizes (hidden size, experts x N, contexts): beyond any model
 # Header keys besides kernel and device that a recording continues only when they match.
 RESUME_KEYS = ("kernel_source", "kernel_source_version", "code_version", "triton", "space")
 
@@ -77,50 +80,58 @@ class Landscape:
         return min(timed, key=lambda cp: cp[1]) if timed else None
 
 
-def _open(path: Path, mode: str):
-    return gzip.open(path, mode + "t") if path.name.endswith(".gz") else open(path, mode)
+HEADER_BYTES = 64 << 10          # line 1 of a landscape: a header is a few hundred bytes
 
 
 def read_header(path: str | Path) -> dict:
-    """Line 1 of a landscape, e.g. to learn its kernel before reading the rest."""
+    """Line 1 of a landscape, e.g. to learn its kernel before reading the rest (read
+    within bounds: a file of one huge line is refused, never read whole)."""
+    from tuner.reading import first_line
     try:
-        with _open(Path(path), "r") as f:
-            return json.loads(f.readline())
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return json.loads(first_line(path, "landscape ", HEADER_BYTES))
+    except TunerError as e:
+        raise TunerError(f"cannot read the header of landscape {path}: {e}") from None
+    except (json.JSONDecodeError, RecursionError) as e:
         raise TunerError(f"cannot read the header of landscape {path}: {e}") from None
 
 
-def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
-    path = Path(path)
-    if not path.is_file():
-        raise TunerError(f"landscape {path} not found")
+def _header(path: Path, line: str) -> dict:
     try:
-        with _open(path, "r") as f:
-            lines = f.readlines()
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise TunerError(f"cannot read landscape {path}: {e}") from None
-    if not lines:
-        raise TunerError(f"landscape {path} is empty")
-    try:
-        header = json.loads(lines[0])
-    except json.JSONDecodeError:
+        header = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
         raise TunerError(f"landscape {path}: line 1 is not a JSON header") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise TunerError(f"landscape {path}: line 1 must be a header with \"format\": \"{FORMAT}\"")
     for key in ("kernel", "device"):
-        if not header.get(key):
+        if not header.get(key) or not isinstance(header[key], str):
             raise TunerError(f"landscape {path}: header lacks {key!r}")
-    if header["kernel"] != kernel.name:
-        raise TunerError(f"landscape {path} holds kernel {header['kernel']!r}, not {kernel.name!r}")
-    land = Landscape(header, kernel, str(path))
-    for n, line in enumerate(lines[1:], start=2):
+    return header
+
+
+def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
+    """A landscape, every line checked (its number named when one is not a measurement),
+    streamed within the bounds of tuner/reading.py (line length, decompressed size)."""
+    from tuner.reading import text_lines
+    path = Path(path)
+    if not path.is_file():
+        raise TunerError(f"landscape {path} not found")
+    land: Landscape | None = None
+    for n, line in text_lines(path, "landscape "):
+        if land is None:
+            header = _header(path, line)
+            if header["kernel"] != kernel.name:
+                raise TunerError(f"landscape {path} holds kernel {header['kernel']!r}, not {kernel.name!r}")
+            land = Landscape(header, kernel, str(path))
+            continue
         if not line.strip():
             continue
         try:
             params, M, cfg, point = parse_record(json.loads(line), kernel)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            land.add(params, M, cfg, point)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as e:
             raise TunerError(f"landscape {path}: line {n} is malformed ({type(e).__name__}: {e})") from None
-        land.add(params, M, cfg, point)
+    if land is None:
+        raise TunerError(f"landscape {path} is empty")
     return land
 
 
@@ -140,14 +151,17 @@ def parse_record(rec, kernel: KernelSpec) -> tuple[dict, int, dict, Point]:
     params, M, cfg = rec["problem"], rec["M"], rec["config"]
     if not isinstance(params, dict):
         raise TypeError("'problem' is not an object")
-    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-        raise ValueError(f"'M' must be a positive integer, not {M!r}")
+    if isinstance(M, bool) or not isinstance(M, int) or not 1 <= M <= MAX_M:
+        raise ValueError(f"'M' must be a whole number from 1 to {MAX_M}, not {M!r}")
+    for k, v in params.items():
+        if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_DIM:
+            raise ValueError(f"problem key {k}={v} is beyond any model (at most {MAX_DIM})")
     if not isinstance(cfg, dict):
         raise TypeError("'config' is not an object")
     for k in kernel.config_keys:
         v = cfg[k] if k not in kernel.optional_keys else cfg.get(k, kernel.optional_keys[k])
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"config key {k} must be a non-negative integer, not {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_CONFIG_VALUE:
+            raise ValueError(f"config key {k} must be a whole number from 0 to {MAX_CONFIG_VALUE}, not {v!r}")
     if rec.get("time_us") is not None:
         spread = rec.get("spread")
         return params, M, cfg, Point(_number(rec["time_us"], "time_us", True), None,
@@ -161,26 +175,51 @@ def parse_record(rec, kernel: KernelSpec) -> tuple[dict, int, dict, Point]:
 
 
 class LandscapeWriter:
-    """Streams records to FILE.partial and renames it to FILE when closed, so a file at
-    FILE is always whole. A .partial left by a killed run is read back and continued."""
+    """Streams records to a partial file and renames it to FILE when closed, so a file at
+    FILE is always whole. A recording (resume=True) streams to FILE.partial, which a run
+    killed part-way leaves behind and the next recording reads back and continues (when it
+    was recorded on the same kernel, device, code, Triton and space). A landscape written in
+    one go (resume=False: `landscape synth`) streams to a temporary file of its own
+    (`.FILE.<random>.tmp`), so a killed run leaves nothing a rerun would continue or merge,
+    and never touches a FILE.partial another run left. Every file is written inside FILE's
+    folder, through no symbolic link (tuner/paths.py)."""
 
-    def __init__(self, path: str | Path, kernel: KernelSpec, header: dict):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, kernel: KernelSpec, header: dict, resume: bool = True):
+        from tuner.paths import confined, open_for_append
+        self.path = confined(Path(path))
         self.kernel = kernel
-        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.resume = resume
         self.done: set[tuple[str, int, tuple]] = set()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.partial.exists():
-            self._resume(header)
+        if resume:
+            self.partial = self.path.with_name(self.path.name + ".partial")
+            if os.path.lexists(self.partial):
+                self._resume(header)
+            else:
+                with open_for_append(self.partial, truncate=True) as f:
+                    f.write(json.dumps(header) + "\n")
+            self._f = open_for_append(self.partial)
         else:
-            with open(self.partial, "w") as f:
-                f.write(json.dumps(header) + "\n")
-        self._f = open(self.partial, "a")
+            import tempfile
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name[:200]}.", suffix=".tmp")
+            self.partial = Path(tmp)
+            self._f = os.fdopen(fd, "w")
+            self._f.write(json.dumps(header) + "\n")
 
     def _resume(self, header: dict) -> None:
-        with open(self.partial) as f:
-            lines = f.readlines()
-        old = json.loads(lines[0]) if lines else {}
+        from tuner.paths import atomic_write_text
+        from tuner.reading import text_lines
+        if os.path.islink(self.partial) or not self.partial.is_file():
+            raise TunerError(f"{self.partial} is not a file of ours (a link, or a folder); remove it")
+        lines = [line for _, line in text_lines(self.partial, "partial landscape ")]
+        if not lines or not lines[0].endswith("\n"):       # killed before its header was whole
+            lines = [json.dumps(header) + "\n"]
+        try:
+            old = json.loads(lines[0]) if lines else {}
+        except (json.JSONDecodeError, RecursionError):
+            old = None
+        if not isinstance(old, dict) or old.get("format") != FORMAT:
+            raise TunerError(f"{self.partial} is not a partial landscape (its first line is no landscape header); "
+                             "remove it or record to another file")
         if old.get("kernel") != header["kernel"] or old.get("device") != header["device"]:
             raise TunerError(f"{self.partial} was recorded for {old.get('kernel')} on {old.get('device')}; "
                              "remove it or record to another file")
@@ -191,17 +230,20 @@ class LandscapeWriter:
         if differs:
             raise TunerError(f"{self.partial} was recorded with another {', '.join(differs)}; "
                              "remove it or record to another file")
-        good = [lines[0]]
+        good = lines[:1]
         for line in lines[1:]:
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+                params, M, cfg, _ = parse_record(json.loads(line), self.kernel)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
                 break   # a line cut off by a kill: drop it and what follows
-            self.done.add((problem_key(self.kernel, rec["problem"]), rec["M"],
-                           config_tuple(self.kernel, rec["config"])))
+            if not line.endswith("\n"):
+                break   # the last line, cut before its end: measured again
+            key = (problem_key(self.kernel, params), M, config_tuple(self.kernel, cfg))
+            if key in self.done:
+                continue          # written twice (a run killed between two writers): keep one
+            self.done.add(key)
             good.append(line)
-        with open(self.partial, "w") as f:
-            f.writelines(good)
+        atomic_write_text(self.partial, "".join(good))
 
     def has(self, params: dict, M: int, config: dict) -> bool:
         return (problem_key(self.kernel, params), M, config_tuple(self.kernel, config)) in self.done
@@ -224,15 +266,34 @@ class LandscapeWriter:
         self.done.add((problem_key(self.kernel, params), M, config_tuple(self.kernel, config)))
         return point
 
+    def abandon(self) -> None:
+        """A landscape written in one go that did not finish: its temporary file goes (a
+        recording keeps its .partial, to be continued)."""
+        self._f.close()
+        if not self.resume:
+            try:
+                os.unlink(self.partial)
+            except FileNotFoundError:
+                pass
+
     def close(self) -> None:
+        from tuner.paths import atomic_write_file
         self._f.close()
         if self.path.name.endswith(".gz"):
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(self.partial, "rb") as src, gzip.open(tmp, "wb") as dst:
-                dst.write(src.read())
-            os.replace(tmp, self.path)
+            def fill(tmp: Path) -> None:
+                with open(self.partial, "rb") as src, gzip.open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            try:
+                atomic_write_file(self.path, fill)
+            except BaseException:
+                if not self.resume:
+                    os.unlink(self.partial)
+                raise
             os.unlink(self.partial)
         else:
+            if not self.resume:                       # mkstemp's file is private: as open() would
+                from tuner.paths import new_file_mode
+                os.chmod(self.partial, new_file_mode())
             os.replace(self.partial, self.path)
 
 

@@ -31,14 +31,44 @@ def become_group_leader() -> None:
         pass                            # already a leader, or not allowed: the watch still works
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when the thread that started it exits (Linux; elsewhere a no-op)."""
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Have the kernel send `sig` to this process when the thread that started it exits
+    (Linux; elsewhere a no-op). `parent`: the pid that started it; when that one is already
+    gone (it died before this ran), `sig` is raised here at once."""
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
+        pass
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+def child_of_this_process(sig: int = signal.SIGTERM):
+    """A subprocess preexec_fn: the child gets `sig` when this process dies, kill -9
+    included (SIGTERM: a tuner command answers it by keeping what it has and exiting)."""
+    parent = os.getpid()
+    return lambda: die_with_parent(sig, parent)
+
+
+def stop_group(proc, grace_s: float = 20.0) -> None:
+    """End a child that leads its own process group, and the group: SIGTERM (a tuner command
+    keeps what it has), then after `grace_s` SIGKILL."""
+    import subprocess
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_group(proc.pid)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         pass
 
 

@@ -78,17 +78,23 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
               "device": device, "triton": triton.__version__,
               "torch": "synthetic", "cuda": "synthetic", "driver": "synthetic",
               "recorded": "2026-11-22T00:00:00+00:00", "synthetic": True}
-    w = LandscapeWriter(path, kernel, header)
+    # written in one go into a temporary file of its own, renamed at the end: a killed run
+    # leaves nothing a rerun would continue or merge (LandscapeWriter, resume=False)
+    w = LandscapeWriter(path, kernel, header, resume=False)
     written = 0
-    for params in problems:
-        for M in batch_sizes:
-            seeds = [kernel.default_config(params, M), *kernel.extra_seeds(params, M)]
-            grid = space.configs(params, M, gpu) + [space.canonical(params, M, gpu, c) for c in seeds]
-            # a seed that is also a grid point is one point, as `landscape info` counts them
-            grid = list({config_tuple(kernel, c): c for c in grid}.values())
-            for cfg in grid:
-                t = fake_time_us(params, M, cfg)
-                w.write(params, M, cfg, Point(t, None if t else "synthetic failure", 0.01 if t else None))
-                written += 1
+    try:
+        for params in problems:
+            for M in batch_sizes:
+                seeds = [kernel.default_config(params, M), *kernel.extra_seeds(params, M)]
+                grid = space.configs(params, M, gpu) + [space.canonical(params, M, gpu, c) for c in seeds]
+                # a seed that is also a grid point is one point, as `landscape info` counts them
+                grid = list({config_tuple(kernel, c): c for c in grid}.values())
+                for cfg in grid:
+                    t = fake_time_us(params, M, cfg)
+                    w.write(params, M, cfg, Point(t, None if t else "synthetic failure", 0.01 if t else None))
+                    written += 1
+    except BaseException:
+        w.abandon()
+        raise
     w.close()
     return written

@@ -139,6 +139,43 @@ def config_from_entry(spec: KernelSpec, entry: dict) -> Config:
     return {k: int(merged[k]) for k in spec.config_keys}
 
 
+MAX_TABLE_M = 1 << 20            # a table's batch size, as the command line's --batch-sizes
+MAX_CONFIG_VALUE = 1 << 12       # no launch-config value reaches it (tiles 256, warps 32, stages 8)
+
+
+def table_batch_size(key, where: str) -> int:
+    """A table's key as a batch size: a whole number from 1 to MAX_TABLE_M, else one line."""
+    from tuner.errors import TunerError
+    text = str(key).strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_TABLE_M:
+        raise TunerError(f"{where}: key {str(key)[:40]!r} is not a batch size (a whole number from 1 to {MAX_TABLE_M})")
+    return int(text)
+
+
+def checked_config(spec: KernelSpec, entry, where: str) -> Config:
+    """A table entry as this kernel's config, strictly: every key the kernel takes present
+    (optional keys default) as a JSON integer (a switch may be a boolean) from 0 to
+    MAX_CONFIG_VALUE; a string, a float or an absurd value is one line, never run."""
+    from tuner.errors import TunerError
+    if not isinstance(entry, dict):
+        raise TunerError(f"{where} is not a config object: {str(entry)[:60]}")
+    merged = {**spec.optional_keys, **entry}
+    missing = [k for k in spec.config_keys if k not in merged]
+    if missing:
+        raise TunerError(f"{where} is not a config of {spec.name}: it lacks {', '.join(missing)} (a config "
+                         f"takes {', '.join(spec.config_keys)})")
+    out = {}
+    for k in spec.config_keys:
+        v = merged[k]
+        if isinstance(v, bool) and k in spec.bool_keys:
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_CONFIG_VALUE:
+            raise TunerError(f"{where}: {k}={str(v)[:40]!r} is not a launch-config value (a whole number from 0 "
+                             f"to {MAX_CONFIG_VALUE})")
+        out[k] = v
+    return out
+
+
 def table_entry(spec: KernelSpec, config: Config) -> dict:
     """A config as an engine's table holds it: keys in table order, optional keys only
     where they differ from the engine's default, booleans as JSON booleans."""

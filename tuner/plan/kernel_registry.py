@@ -139,3 +139,15 @@ def as_recorded(kernel, replay: str | None):
     except (TunerError, AttributeError):
         return kernel
     return dataclasses.replace(kernel, source_version=version)
+
+
+def imported_files_of() -> dict[str, list[str]]:
+    """{engine: the files whose jit code its launcher imports}, from the launchers."""
+    import kernels.engines as engines_pkg
+    out = {}
+    for info in sorted(p.stem for p in Path(engines_pkg.__file__ or "").parent.glob("*.py")):
+        module = importlib.import_module(f"kernels.engines.{info}")
+        functions = getattr(module, "KERNEL_FUNCTIONS", None)
+        if isinstance(functions, dict):
+            out[info] = sorted({rel for files in functions.values() for rel in files})
+    return out

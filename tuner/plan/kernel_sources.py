@@ -20,6 +20,7 @@ Triton reads a kernel's source from its file, so the code must live in one.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -35,6 +36,7 @@ from tuner.errors import TunerError
 from tuner.paths import atomic_write_json, atomic_write_text
 
 EXTRACT_MANIFEST = "tuner-engine-source.json"
+ENGINE_FILE_BYTES = 8 << 20          # the largest engine file read is about 100 KiB
 ENV_WHEELS = "TUNER_ENGINE_WHEELS"
 
 
@@ -61,22 +63,45 @@ class EngineCode:
     kind: str                        # "wheel", "folder", "installed"
     _zip: zipfile.ZipFile | None = field(default=None, repr=False)
     _root: Path | None = field(default=None, repr=False)
+    _texts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def where(self) -> str:
         return f"{self.kind} {self.origin}"
 
     def read(self, relpath: str) -> str:
-        """A file of the engine's package tree, by its path in the wheel ('vllm/...')."""
+        """A file of the engine's package tree, by its path in the wheel ('vllm/...'): read
+        with a bound (a zip bomb stops at it), never through a link leading out of an
+        extracted folder, and only if it is Python source (one line otherwise)."""
+        if relpath in self._texts:
+            return self._texts[relpath]
+        from tuner.reading import read_bytes, zip_member
         try:
             if self._zip is not None:
-                return self._zip.read(relpath).decode()
-            if self._root is None:
-                raise OSError("no files")
-            return (self._root / relpath).read_text()
-        except (KeyError, OSError, UnicodeDecodeError):
+                data = zip_member(self._zip, relpath, f"{self.engine} {self.version} ({self.where})", ENGINE_FILE_BYTES)
+            else:
+                if self._root is None:
+                    raise OSError("no files")
+                path = self._root / relpath
+                if self.kind == "folder" and self._root.resolve() not in path.resolve().parents:
+                    raise TunerError(f"{self.where}: {relpath} is a link leading out of the folder; refusing to "
+                                     "read it")
+                if not path.is_file():
+                    raise OSError("not a file")
+                data = read_bytes(path, f"{self.engine} file ", ENGINE_FILE_BYTES)
+        except (KeyError, OSError):
             raise TunerError(f"{self.engine} {self.version} ({self.where}) has no {relpath}: "
                              "this version lays its kernels out differently than the launcher expects") from None
+        try:
+            text = data.decode()
+            if "\x00" in text:
+                raise ValueError("a NUL byte")
+            ast.parse(text, relpath)
+        except (UnicodeDecodeError, ValueError, SyntaxError, RecursionError, MemoryError) as e:
+            raise TunerError(f"{self.engine} {self.version} ({self.where}): {relpath} is not Python source "
+                             f"({type(e).__name__}); not a file of a released {self.engine}") from None
+        self._texts[relpath] = text
+        return text
 
 
 def _from_wheel(path: Path, engine: str) -> EngineCode:
@@ -240,6 +265,7 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
     """A module holding the engine's jit functions `names` from `relpath`, built once per
     engine version and file content in the cache folder."""
     text = code.read(relpath)
+    vet_imported_file(code, relpath, text)          # in every process that imports it
     source = cut_jit_functions(text, names)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     stem = re.sub(r"\W", "_", f"{code.engine}_{code.version}_{Path(relpath).stem}_{digest}")
@@ -248,6 +274,60 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
     if not path.is_file() or path.read_text() != header + source:
         atomic_write_text(path, header + source)
     return _load_module(path, f"tuner_engine_kernels.{stem}")
+
+
+# -- whose code is imported: the engine files checked against its known releases ---------
+# Timing an engine's kernel means importing the Triton code cut out of its files: a tampered
+# wheel or extracted folder would run whatever it holds. Every such file is hashed and
+# compared with the same file of the releases the launchers were written for (facts recorded
+# from the released wheels by scripts/engine_release_files.py); one that matches none is
+# refused unless the user says they trust it (--trust-engine-source, which sets TRUST_ENV
+# for this process and the processes it starts).
+RELEASE_FILES = Path(importlib.import_module("kernels").__file__ or "").parent / "engines" / "release_files.json"
+TRUST_ENV = "TUNER_TRUST_ENGINE_SOURCE"
+
+
+def file_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def known_release_files() -> dict:
+    """{engine: {version: {file: sha256}}} of the released files whose code tuner imports."""
+    try:
+        return json.loads(RELEASE_FILES.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def trusted() -> bool:
+    return os.environ.get(TRUST_ENV) == "1"
+
+
+def vet_imported_file(code: EngineCode, relpath: str, text: str) -> dict:
+    """{'sha256', 'releases'} of an engine file whose code is about to be imported: the known
+    releases whose file is identical. One line (exit 2) when none is and the user did not
+    say --trust-engine-source."""
+    digest = file_digest(text)
+    known = known_release_files().get(code.engine, {})
+    same = sorted((v for v, files in known.items() if files.get(relpath) == digest), key=version_key)
+    if not same and not trusted():
+        versions = ", ".join(sorted(known, key=version_key)) or "none"
+        raise TunerError(f"{code.engine}'s {relpath} from {code.where} (sha256 {digest[:16]}) matches no release "
+                         f"tuner knows ({code.engine} {versions}); timing it would run its code here: if you "
+                         "trust that source, add --trust-engine-source (or time our own kernels with "
+                         "--kernel-source ours)")
+    return {"sha256": digest, "releases": same}
+
+
+def imported_files_text(files: dict) -> str:
+    """The engine files a kernel imports code from, in words (for the run's plan)."""
+    parts = []
+    for rel, f in sorted(files.items()):
+        known = f"as released in {', '.join(f['releases'])}" if f.get("releases") else \
+            "matching no known release: imported because of --trust-engine-source"
+        parts.append(f"{rel} (sha256 {f['sha256'][:16]}, {known})")
+    return "imports code from " + "; ".join(parts)
 
 
 # -- what a launcher mirrors, and whether the engine still matches it ---------------------
@@ -271,18 +351,56 @@ def mirrored_hashes(code: EngineCode, mirrored: dict[str, list[str]]) -> dict[st
 def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> Path:
     """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) out
     of `source` (wheel or installed engine) into `out`, with a manifest: a small folder to
-    carry where there is no wheel."""
+    carry where there is no wheel.
+
+    All or nothing: every file is read (and checked) first, then written into a temporary
+    folder beside `out` that is renamed into place, so a source lacking a file, a full disk
+    or a kill leaves no half-made folder (an earlier extract at `out` is replaced whole)."""
+    import shutil
+    import tempfile
+
+    from tuner.paths import make_folder
     code = locate(engine, source)
-    files = sorted(set(launcher_files))
-    out = Path(out)
-    hashes = {}
-    for rel in files:
-        text = code.read(rel)
-        atomic_write_text(out / rel, text)
-        hashes[rel] = source_hash(text)
-    atomic_write_json(out / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
-                                                "extracted_from": code.where, "files": hashes})
+    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
+    out = Path(os.path.abspath(out))
+    if os.path.lexists(out):
+        if out.is_symlink() or not out.is_dir():
+            raise TunerError(f"--out {out} is not a folder")
+        if any(out.iterdir()) and not (out / EXTRACT_MANIFEST).is_file():
+            raise TunerError(f"--out {out} holds other files (no {EXTRACT_MANIFEST}); give a new or empty folder")
+    make_folder(out.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.", suffix=".tmp"))
+    except OSError as e:
+        from tuner.errors import os_error_words
+        raise TunerError(f"cannot write into {out.parent}: {os_error_words(e)}") from None
+    old = None
+    try:
+        for rel, text in texts.items():
+            atomic_write_text(tmp / rel, text, root=tmp)
+        atomic_write_json(tmp / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
+                                                   "extracted_from": code.where,
+                                                   "files": {rel: source_hash(t) for rel, t in texts.items()}},
+                          root=tmp)
+        os.chmod(tmp, 0o777 & ~_umask())
+        if os.path.lexists(out):                       # an earlier extract (or an empty folder): replaced whole
+            old = out.with_name(f".{out.name[:200]}.old.{os.getpid()}.tmp")
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not os.path.lexists(out):
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def origin_for(engine: str, origins: list[str] | None) -> str | None:

@@ -7,13 +7,10 @@ file, or by a folder holding a config.json (a Hugging Face snapshot).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 from tuner.errors import TunerError
 from tuner.paths import MODELS_DIR
@@ -71,6 +68,12 @@ class Model:
     mla: MlaDims | None = None
 
     @property
+    def architecture(self) -> str | None:
+        """The first of the config's "architectures" (what the engines pick a model class by)."""
+        archs = self.raw.get("architectures")
+        return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+    @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
 
@@ -93,15 +96,10 @@ class Model:
 
 
 def _read_file(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TunerError(f"cannot read model file {path}: {e.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise TunerError(f"model file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                         f"{str(e).splitlines()[0]}") from None
+    from tuner.reading import parse_json, parse_yaml, read_text
+    text = read_text(path, "model file ")
+    where = f"model file {path}"
+    data = parse_json(text, where) if path.suffix == ".json" else parse_yaml(text, where)
     if not isinstance(data, dict):
         raise TunerError(f"model file {path} does not hold a mapping of config fields")
     return data
@@ -144,6 +142,8 @@ def load_model(name_or_path: str) -> Model:
     raw = _read_file(path)
     # Some HF configs nest the language model's fields (multimodal wrappers).
     if "text_config" in raw and "hidden_size" not in raw:
+        if not isinstance(raw["text_config"], dict):
+            raise TunerError(f"model file {path}: 'text_config' is not a mapping of config fields")
         raw = {**raw["text_config"], "quantization_config": raw.get("quantization_config")}
     return _model_from_fields(raw, path)
 
@@ -159,6 +159,15 @@ def _folder_name(path: Path) -> str:
     return folder.name
 
 
+# The largest value each field may take: far above any model there is (DeepSeek-V3: hidden
+# size 7168, 256 experts, 61 layers), far below what would overflow a shape or a landscape.
+_SIZE_LIMIT = 1 << 20
+_FIELD_LIMITS = {"num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14, "n_routed_experts": 1 << 16,
+                 "num_experts": 1 << 16, "num_local_experts": 1 << 16, "n_shared_experts": 1 << 10,
+                 "num_experts_per_tok": 1 << 10, "num_hidden_layers": 1 << 14, "first_k_dense_replace": 1 << 14,
+                 "max_position_embeddings": 1 << 31, "vocab_size": 1 << 24}
+
+
 def _int_field(raw: dict, key: str, path: Path, required: bool = False):
     value = raw.get(key)
     if value is None:
@@ -167,6 +176,9 @@ def _int_field(raw: dict, key: str, path: Path, required: bool = False):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TunerError(f"model file {path}: field {key!r} must be a non-negative integer, got {value!r}")
+    limit = _FIELD_LIMITS.get(key, _SIZE_LIMIT)
+    if value > limit:
+        raise TunerError(f"model file {path}: field {key!r} is {value}, beyond any model (at most {limit})")
     return value
 
 
@@ -177,10 +189,14 @@ def _model_from_fields(raw: dict, path: Path) -> Model:
     if isinstance(qc, dict) and qc.get("weight_block_size") is not None:
         wbs = qc["weight_block_size"]
         if (not isinstance(wbs, (list, tuple)) or len(wbs) != 2
-                or not all(isinstance(v, int) and v > 0 for v in wbs)):
-            raise TunerError(f"model file {path}: quantization_config.weight_block_size must be two "
-                             f"positive integers, got {wbs!r}")
+                or not all(isinstance(v, int) and not isinstance(v, bool) and 16 <= v <= 1024 and not v & (v - 1)
+                           for v in wbs)):
+            raise TunerError(f"model file {path}: quantization_config.weight_block_size must be two powers of "
+                             f"two from 16 to 1024 (the engines' blocks are [128, 128]), got {wbs!r}")
         block = (int(wbs[0]), int(wbs[1]))
+    f("vocab_size")                            # checked: the weights' size counts it
+    if qc is not None and not isinstance(qc, dict):
+        raise TunerError(f"model file {path}: quantization_config is not a mapping")
     n_experts = f("n_routed_experts") or f("num_experts") or f("num_local_experts")
     moe_inter = f("moe_intermediate_size")
     if n_experts and moe_inter is None:
@@ -248,8 +264,13 @@ def checkpoint_dtype(model: Model) -> str | None:
             bits = qc.get("bits", qc.get("w_bit", 4))
             return "int8_w8a16" if bits == 8 else "int4_w4a16"
         if method == "compressed-tensors":
-            for group in (qc.get("config_groups") or {}).values():
-                w, a = (group or {}).get("weights") or {}, (group or {}).get("input_activations")
+            groups = qc.get("config_groups")
+            for group in (groups.values() if isinstance(groups, dict) else []):
+                if not isinstance(group, dict):
+                    continue
+                w, a = group.get("weights") or {}, group.get("input_activations")
+                if not isinstance(w, dict):
+                    continue
                 if w.get("type") == "float" and w.get("num_bits") == 8:
                     return "fp8_w8a8"
                 if w.get("type") == "int" and w.get("num_bits") == 8:
@@ -452,7 +473,7 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
             if ep == 1 and inter % tp:
                 raise TunerError(f"--tp {tp} does not divide {model.name}'s moe_intermediate_size ({inter})")
         else:
-            arch = (model.raw.get("architectures") or [None])[0]
+            arch = model.architecture
             fused = (engine.fuses_shared_expert(arch, experts, model.n_shared_experts, ep)
                      and model.shared_intermediate == inter)
             shards = tp // ep

@@ -101,6 +101,9 @@ class StudyResult:
     # for a table tied to another (SGLang's _down): how the shared keys were chosen for both
     # (tuner.commands.tune.choose_tied): the candidate pairs, their times, which won
     tied: dict = field(default_factory=dict)
+    # what the study was searched with (budget, patience, sampler, seed): a later run with
+    # other settings that finds it finished reuses it, and the manifest says so
+    search: dict = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -115,7 +118,8 @@ class StudyResult:
                 "numerics": self.numerics, "rejected": self.rejected, "failures": self.failures,
                 "default_error": self.default_error,
                 **({"kept_default": self.kept_default} if self.kept_default else {}),
-                **({"tied": self.tied} if self.tied else {})}
+                **({"tied": self.tied} if self.tied else {}),
+                **({"search": self.search} if self.search else {})}
 
 
 def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
@@ -181,10 +185,17 @@ class StudyRunner:
         self._fail_stale(study, target)      # leave no dead worker's trial RUNNING behind
         result = self._finish(problem, M, measured, target.default, stopped)
         result.failures = self._failures(study, result)
+        result.search = self.searched_with(problem, M)
         study.set_user_attr("result", result.as_dict())
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
         return result
+
+    def searched_with(self, problem: Problem, M: int) -> dict:
+        """The settings this runner searches a study with, as its result records them."""
+        s = self.settings
+        return {"budget": s.budget_for(problem, M), "patience": s.patience_for(problem, M), "sampler": s.sampler,
+                "seed": s.seed}
 
     # -- what a study searches --------------------------------------------------------
     def _key(self, cfg: Config) -> tuple:
@@ -459,7 +470,8 @@ class StudyRunner:
         return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
                            d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
-                           kept_default=d.get("kept_default"), tied=d.get("tied") or {})
+                           kept_default=d.get("kept_default"), tied=d.get("tied") or {},
+                           search=d.get("search") or {})
 
     # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
@@ -485,7 +497,8 @@ class StudyRunner:
         result = StudyResult(problem, M, None, None, None, default, d.time_us, before.get("trials", 0),
                              before.get("stopped", "budget"), {"status": "failed",
                                                                "detail": "every candidate failed the numerics check"},
-                             default_error=default_error, tied=tied or {})
+                             default_error=default_error, tied=tied or {},
+                             search=before.get("search") or self.searched_with(problem, M))
         for cfg, m in zip(ordered, again):
             if m.time_us is None:
                 continue

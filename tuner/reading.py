@@ -1,0 +1,218 @@
+"""Reading the files the tool is given, within bounds.
+
+Every file format the tool reads comes through here: JSON (tables, manifests, nightly state,
+HF config.json, ceilings), YAML (models, spaces, nightly configs), text line by line
+(landscapes, gzipped or not) and members of zip archives (the engines' wheels). Each is read
+with a ceiling on its size (decompressed size for gzip and zip: a small bomb cannot take the
+memory), on the length of one line, and for YAML on what aliases expand to (a "billion
+laughs" document is refused, not built); anything that is not a regular file (a FIFO, a
+device) is refused rather than waited on. A file over a bound is one `tuner: error:` line
+saying which bound.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import stat
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from tuner.errors import TunerError, os_error_words
+
+MAX_FILE_BYTES = 64 << 20          # a JSON or YAML file: tables, manifests, models, state (MiB, not GiB)
+MAX_LANDSCAPE_BYTES = 1 << 30      # a landscape, decompressed (a recording of every config of a model: ~100 MiB)
+MAX_LINE_BYTES = 1 << 20           # one line of a landscape (a measurement is ~300 bytes)
+MAX_MEMBER_BYTES = 16 << 20        # one file read out of a wheel (the engines' kernel files: ~100 KiB)
+MAX_YAML_NODES = 100_000           # what a YAML document holds once its aliases are expanded
+MAX_NESTING = 200                  # how deep JSON or YAML may nest
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
+
+def read_bytes(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, or one clear line. `what` names
+    the kind of file ("table ")."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO must not block us
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TunerError(f"{what}{path} is not a regular file")
+        if st.st_size > limit:
+            raise TunerError(f"{what}{path} is {_mib(st.st_size)}; at most {_mib(limit)} is read")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise TunerError(f"{what}{path} is larger than {_mib(limit)} (it grew while read?)")
+        return b"".join(chunks)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> str:
+    data = read_bytes(path, what, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TunerError(f"{what}{path} is not UTF-8 text") from None
+
+
+def parse_json(text: str, where: str, then: str = ""):
+    """The JSON value of `text`; one line naming `where` when it is not JSON or nests too deep."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TunerError(f"{where} is not valid JSON: {e}{then}") from None
+    except RecursionError:
+        raise TunerError(f"{where} is nested too deeply to be a file of ours{then}") from None
+
+
+def read_json_file(path: str | Path, what: str = "", then: str = "", limit: int = MAX_FILE_BYTES):
+    """The JSON in `path` within the bounds; `then` follows the reason ("; refusing ...")."""
+    try:
+        text = read_text(path, what, limit)
+    except TunerError as e:
+        raise TunerError(f"{e}{then}") from None
+    return parse_json(text, f"{what}{path}", then)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, whose document is checked before it is built: what its aliases
+    expand to, and how deep it nests (a cycle of aliases expands without end)."""
+
+
+def _expanded_size(node: yaml.Node, depth: int, memo: dict[int, int], active: set[int]) -> int:
+    if depth > MAX_NESTING:
+        raise TunerError("nests too deeply")
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        raise TunerError("holds an alias to itself (a cycle)")
+    active.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            size += _expanded_size(child, depth + 1, memo, active)
+            if size > MAX_YAML_NODES:
+                break
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            size += _expanded_size(k, depth + 1, memo, active) + _expanded_size(v, depth + 1, memo, active)
+            if size > MAX_YAML_NODES:
+                break
+    active.discard(key)
+    memo[key] = size
+    if size > MAX_YAML_NODES:
+        raise TunerError(f"expands to more than {MAX_YAML_NODES} values through its aliases (a 'billion laughs'?)")
+    return size
+
+
+def parse_yaml(text: str, where: str):
+    """The YAML document in `text` (safe tags only), after checking what it expands to;
+    one line naming `where` otherwise."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, 0, {}, set())
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise TunerError(f"{where} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except TunerError as e:
+        raise TunerError(f"{where} {e}") from None
+    except RecursionError:
+        raise TunerError(f"{where} nests too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml_file(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES):
+    return parse_yaml(read_text(path, what, limit), f"{what}{path}")
+
+
+def _open_stream(path: Path, what: str):
+    """A binary stream of the file's content, gunzipped for .gz; a regular file only."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TunerError(f"{what}{path} is not a regular file")
+    try:
+        return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+
+
+def text_lines(path: str | Path, what: str = "", max_line: int = MAX_LINE_BYTES,
+               max_total: int = MAX_LANDSCAPE_BYTES) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file (gunzipped when named .gz), streamed: a line longer
+    than `max_line` bytes, or more than `max_total` bytes in all (decompressed), is one clear
+    line, never a read of the whole thing into memory."""
+    path = Path(path)
+    total = 0
+    with _open_stream(path, what) as f:
+        n = 0
+        while True:
+            n += 1
+            try:
+                raw = f.readline(max_line + 1)
+            except (OSError, EOFError, zlib.error) as e:
+                raise TunerError(f"cannot read {what}{path}: {e}") from None
+            if not raw:
+                return
+            if len(raw) > max_line:
+                raise TunerError(f"{what}{path}: line {n} is longer than {_mib(max_line)}; not a file of ours")
+            total += len(raw)
+            if total > max_total:
+                raise TunerError(f"{what}{path} holds more than {_mib(max_total)}"
+                                 f"{' once decompressed' if path.name.endswith('.gz') else ''}; at most that is read")
+            try:
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TunerError(f"{what}{path}: line {n} is not UTF-8 text") from None
+
+
+def first_line(path: str | Path, what: str = "", max_line: int = MAX_LINE_BYTES) -> str:
+    """Line 1 of a text file (gunzipped for .gz), bounded like text_lines; '' when empty."""
+    for _, line in text_lines(path, what, max_line, max_line + 1):
+        return line
+    return ""
+
+
+def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMBER_BYTES) -> bytes:
+    """One file of a zip archive (a wheel), at most `limit` bytes once decompressed: the size
+    its header claims is checked first, and the reading stops at the limit whatever the header
+    said (a zip bomb lies there). KeyError when the archive has no such file."""
+    info = zf.getinfo(name)
+    if info.file_size > limit:
+        raise TunerError(f"{where}: {name} is {_mib(info.file_size)} decompressed; at most {_mib(limit)} is read "
+                         "(not a kernel file: a zip bomb?)")
+    try:
+        with zf.open(info) as f:
+            data = f.read(limit + 1)
+    except (OSError, zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
+        raise TunerError(f"{where}: cannot read {name}: {e}") from None
+    if len(data) > limit:
+        raise TunerError(f"{where}: {name} decompresses to more than {_mib(limit)} (a zip bomb?)")
+    return data
