@@ -407,10 +407,10 @@ def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, probl
     u_result = stored_result(runner.storage, opts, up, M) or {}
     info["up_alone"] = {k: (u_result.get("config") or {}).get(k) for k in keys}    # what the up study chose by itself
     if u_result.get("config") != u_cfg:
-        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M))
+        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M), shared=keys)
         u_cfg = u_now.config or u_cfg
     default = table_default(kernel, problem, M, u_cfg)
-    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info)
+    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info, shared=keys)
 
 
 def table_default(kernel: KernelSpec, problem: Problem, M: int, tied_config: dict | None) -> dict:
