@@ -162,8 +162,11 @@ def test_sigterm_mid_tune_then_resume(tmp_path, env):
     args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
             "--batch-sizes", "1", "16", "64", "--replay", str(land), "--trials", "10", "--out", str(tmp_path / "o"),
             "--quiet"]
-    proc = start(args, env, source=slowed_cli(0.05))
-    time.sleep(4)
+    proc = start(args, env, source=slowed_cli(0.2))       # 30 configs, 6 s of measuring at least
+    journal = tmp_path / "o" / "studies.journal"            # the default storage
+    deadline = time.monotonic() + 120
+    while not (journal.is_file() and b'"config"' in journal.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.1)                                     # until a trial is under way: mid-tune
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode in (143, 0), err
