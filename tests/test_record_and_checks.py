@@ -14,6 +14,8 @@ from tuner.landscape import read_landscape
 from tuner.measure import Measurement, NumericsCheck
 from tuner.problems import Problem
 from tuner.search import study_name
+from tuner.study_storage import open_storage
+from tuner.tune import default_storage
 
 KERNEL = get_kernel("fp8_gemm")
 P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
@@ -121,7 +123,7 @@ def test_baseline_table_seeds_every_study(fake_gpu, tmp_path, shared_dir):
                          .read_text())
     assert gemm(tmp_path / "o", "--batch-sizes", "64", "--baseline", str(base)) == 0
     study = optuna.load_study(study_name=study_name(Problem("fp8_gemm", P), 64),
-                              storage=f"sqlite:///{tmp_path / 'o' / 'studies.db'}")
+                              storage=open_storage(default_storage(tmp_path / "o")))
     seeded = [t.user_attrs["config"] for t in study.trials if t.user_attrs.get("seed") == "baseline"]
     assert len(seeded) == 1
     want = shipped["64"]
