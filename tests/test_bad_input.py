@@ -235,6 +235,14 @@ CASES = [
         *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
         "--storage", f"sqlite:///{(t / 'notes.txt').write_text('hello there, not sqlite at all') and t / 'notes.txt'}"],
      "not a SQLite database"),
+    ("--storage journal is another program's file", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--storage", f"journal:///{(t / 'notes.txt').write_text('dear diary') and t / 'notes.txt'}"],
+     "not a journal of Optuna operations"),
+    ("--out holds a studies.journal of another program", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out",
+        str((t / "o").mkdir() or (t / "o" / "studies.journal").write_text("{\"name\": \"x\"}\n") and t / "o")],
+     "not a journal of Optuna operations"),
     ("--storage not a URL", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
                                        "--storage", "studies.db"], "is not a storage URL"),
     ("--storage of an unreachable server", lambda t: [

@@ -162,8 +162,11 @@ def test_sigterm_mid_tune_then_resume(tmp_path, env):
     args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
             "--batch-sizes", "1", "16", "64", "--replay", str(land), "--trials", "10", "--out", str(tmp_path / "o"),
             "--quiet"]
-    proc = start(args, env, source=slowed_cli(0.05))
-    time.sleep(4)
+    proc = start(args, env, source=slowed_cli(0.2))       # 30 configs, 6 s of measuring at least
+    journal = tmp_path / "o" / "studies.journal"            # the default storage
+    deadline = time.monotonic() + 120
+    while not (journal.is_file() and b'"config"' in journal.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.1)                                     # until a trial is under way: mid-tune
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode in (143, 0), err
@@ -192,11 +195,13 @@ def test_a_full_disk_is_one_clear_line(tmp_path, env, size):
                                   [{"N": 7168, "K": 2048, "block_shape": [128, 128]}], [1, 16, 64, 128])
         r = subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--gpu", "H200",
                             "--tp", "8", "--only", "N=7168,K=2048", "--batch-sizes", "1", "16", "64", "128",
-                            "--replay", str(land), "--trials", "12", "--out", str(disk / "o"), "--quiet"],
+                            "--replay", str(land), "--trials", "40", "--out", str(disk / "o"), "--quiet"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "no space left" in lines[0] and "Traceback" not in r.stderr
+        if size == "200k":       # full while tuning: the storage (a journal of ~2.4 KB a trial) filled it
+            assert (disk / "o" / "studies.journal").stat().st_size > 100_000
         # no half file: whatever JSON is there parses
         for f in (disk / "o").rglob("*.json"):
             json.loads(f.read_text())

@@ -8,11 +8,13 @@ import pytest
 from synthetic import block_fp8_model, fake_time_us
 
 from tuner.cli import main
+from tuner.commands.tune import default_storage
 from tuner.measure.landscape import read_landscape
 from tuner.measure.measurers import Measurement, NumericsCheck
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem
 from tuner.search.runner import study_name
+from tuner.search.storage import open_storage
 
 KERNEL = get_kernel("fp8_gemm")
 P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
@@ -121,7 +123,7 @@ def test_baseline_table_seeds_every_study(fake_gpu, tmp_path, shared_dir):
                          .read_text())
     assert gemm(tmp_path / "o", "--batch-sizes", "64", "--baseline", str(base)) == 0
     study = optuna.load_study(study_name=study_name(Problem("fp8_gemm", P), 64),
-                              storage=f"sqlite:///{tmp_path / 'o' / 'studies.db'}")
+                              storage=open_storage(default_storage(tmp_path / "o")))
     seeded = [t.user_attrs["config"] for t in study.trials if t.user_attrs.get("seed") == "baseline"]
     assert len(seeded) == 1
     want = shipped["64"]

@@ -13,12 +13,14 @@ import pytest
 from synthetic import cli_killed_at_claim, slowed_cli, write_synthetic_landscape
 
 from tuner.cli import main
+from tuner.commands.tune import default_storage
 from tuner.measure.landscape import read_landscape
 from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem
 from tuner.plan.space import load_space
 from tuner.search.runner import study_name
+from tuner.search.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
@@ -40,7 +42,7 @@ def tune(landscape, out, *extra, trials=40):
 
 
 def measured_trials(storage_url, params, M):
-    study = optuna.load_study(study_name=study_name(Problem("fp8_gemm", params), M), storage=storage_url)
+    study = optuna.load_study(study_name=study_name(Problem("fp8_gemm", params), M), storage=open_storage(storage_url))
     return [t for t in study.trials if "config" in t.user_attrs and t.user_attrs.get("error") != "interrupted"
             and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
 
@@ -101,7 +103,8 @@ def test_resume_counts_stored_trials_against_the_budget(landscape, tmp_path, mon
     first = len(calls)
     monkeypatch.setattr(measure.ReplayMeasurer, "measure", real)
     assert tune(landscape, out, "--patience", "100", trials=24) == 0
-    url = f"sqlite:///{out / 'studies.db'}"
+    url = default_storage(out)
+    assert url == f"journal:///{(out / 'studies.journal').resolve()}"        # the default storage
     for params in PROBLEMS:
         for M in MS:
             trials = measured_trials(url, params, M)
@@ -119,7 +122,7 @@ def test_a_finished_run_started_again_says_it_resumed(landscape, tmp_path, capsy
     assert tune(landscape, out, trials=8) == 0
     again = capsys.readouterr().err
     studies = len(PROBLEMS) * len(MS)
-    assert f"resuming from sqlite:///{(out / 'studies.db').resolve()}: {studies} of {studies} studies" in again
+    assert f"resuming from journal:///{(out / 'studies.journal').resolve()}: {studies} of {studies} studies" in again
     lines = [ln for ln in again.splitlines() if ln.startswith("[")]
     assert len(lines) == studies and all("M=" in ln and ": stored: " in ln for ln in lines)
 
@@ -130,7 +133,7 @@ def test_kill_9_then_resume(landscape, tmp_path):
             "--out", str(out), "--trials", "20", "--patience", "100", "--batch-sizes", *map(str, MS), "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", slowed_cli(0.02), *args], env=env, cwd=tmp_path)
-    url = f"sqlite:///{out / 'studies.db'}"
+    url = default_storage(out)
     deadline = time.time() + 300         # generous: a slow machine only waits longer
     while time.time() < deadline:
         time.sleep(0.5)
@@ -167,8 +170,9 @@ def test_kill_at_a_claim_then_resume(landscape, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     killed = subprocess.run([sys.executable, "-c", cli_killed_at_claim(5), *args], env=env, cwd=tmp_path)
     assert killed.returncode == -signal.SIGKILL
-    url = f"sqlite:///{out / 'studies.db'}"
-    running = [t for s in optuna.get_all_study_names(url) for t in optuna.load_study(study_name=s, storage=url).trials
+    url = default_storage(out)
+    storage = open_storage(url)
+    running = [t for s in optuna.get_all_study_names(storage) for t in optuna.load_study(study_name=s, storage=storage).trials
                if t.state == optuna.trial.TrialState.RUNNING]
     assert any("config" in t.user_attrs for t in running)          # the interrupted claim is there
     assert all("worker" in t.user_attrs for t in running)
@@ -178,7 +182,8 @@ def test_kill_at_a_claim_then_resume(landscape, tmp_path):
     for params in PROBLEMS:
         trials = measured_trials(url, params, 1)
         assert len({tuple(t.user_attrs["config"].values()) for t in trials}) == len(trials) == 12
-    left = [t for s in optuna.get_all_study_names(url) for t in optuna.load_study(study_name=s, storage=url).trials
+    storage = open_storage(url)
+    left = [t for s in optuna.get_all_study_names(storage) for t in optuna.load_study(study_name=s, storage=storage).trials
             if t.state == optuna.trial.TrialState.RUNNING]
     assert not left                   # the dead process's trials were failed and requeued
 

@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tuner.measure.landscape import read_header, read_landscape
 from tuner.measure.landscape_kernel import landscape_kernel, landscape_space
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("search_benchmark", REPO / "scripts" / "search_benchmark.py")
 bench = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bench          # its dataclasses look their module up there
 spec.loader.exec_module(bench)
 
 
@@ -31,12 +34,15 @@ def fixture_cache():
 
 
 def test_a_kernel_tuner_cache_becomes_a_landscape_with_its_origin(tmp_path):
-    source = ("someone/hub", "c0ffee", "cache/fixture.json", "a format fixture", {"S": 1}, {"A": 32, "B": 2, "S": 1})
+    source = bench.Source("someone/hub", "c0ffee", "cache/fixture.json", "a format fixture", {"S": 1},
+                          {"A": 32, "B": 2, "S": 1}, "a fixture's license")
     path = bench.convert_cache(fixture_cache(), "fixture-s1", source, tmp_path)
     header = read_header(path)
     assert header["config_keys"] == ["A", "B"]                 # K is constant, S fixed by the slice
     assert header["origin"]["commit"] == "c0ffee" and header["origin"]["slice"] == {"S": 1}
     assert header["origin"]["fixed"] == {"K": 7} and header["default_config"] == {"A": 32, "B": 2}
+    assert header["origin"]["repository"] == "https://github.com/someone/hub"
+    assert header["origin"]["license"] == "a fixture's license" and "sdist" not in header["origin"]
     kernel = landscape_kernel(header)
     land = read_landscape(path, kernel)
     params = next(iter(land.problems.values()))
@@ -48,7 +54,8 @@ def test_a_kernel_tuner_cache_becomes_a_landscape_with_its_origin(tmp_path):
 
 
 def test_the_benchmark_runs_every_variant_and_prints_the_targets(tmp_path):
-    source = ("someone/hub", "c0ffee", "cache/fixture.json", "a format fixture", None, {"A": 32, "B": 2, "S": 0})
+    source = bench.Source("someone/hub", "c0ffee", "cache/fixture.json", "a format fixture", None,
+                          {"A": 32, "B": 2, "S": 0}, "a fixture's license")
     bench.convert_cache(fixture_cache(), "fixture", source, tmp_path)
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "search_benchmark.py"), "run", "--landscapes",
                           str(tmp_path), "--seeds", "2", "--variants", "ours48", "ours", "random", "--out",
@@ -71,3 +78,13 @@ def test_no_landscapes_is_one_line_and_exit_2(tmp_path):
                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "no real landscapes found" in out.stderr
+
+
+def test_an_sdist_that_is_not_the_published_one_is_refused(tmp_path):
+    source = bench.SOURCES["convolution-rtx2080ti"]
+    project, version = source.pypi
+    with pytest.raises(bench.TunerError, match=r"not found \(.ci/run downloads it: pip download --no-deps"):
+        bench.sdist_path(source, tmp_path, download=False)
+    (tmp_path / f"{project}-{version}.tar.gz").write_bytes(b"not the sdist on PyPI")
+    with pytest.raises(bench.TunerError, match=f"not the {source.commit} of {project} {version} on PyPI"):
+        bench.sdist_path(source, tmp_path, download=False)

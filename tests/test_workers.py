@@ -1,6 +1,7 @@
-"""Several worker processes on one storage (SQLite here; PostgreSQL too when
-TUNER_TEST_POSTGRES_URL names a server, as .ci/run arranges), replaying a SYNTHETIC
-landscape slowed down so that they overlap. One worker is killed mid-run."""
+"""Several worker processes on one storage (the journal file, the default of a local run,
+and SQLite here; PostgreSQL too when TUNER_TEST_POSTGRES_URL names a server, as .ci/run
+arranges), replaying a SYNTHETIC landscape slowed down so that they overlap. One worker is
+killed mid-run."""
 
 import json
 import os
@@ -21,13 +22,14 @@ from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.models import gemm_problems, load_model
 from tuner.plan.space import load_space
 from tuner.search.runner import study_name
+from tuner.search.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
 MS = [1, 16]
 BUDGET = 12
 # The PostgreSQL case is always collected; without a server it is skipped, and says why.
-STORAGES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+STORAGES = ["journal", "sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
     not os.environ.get("TUNER_TEST_POSTGRES_URL"),
     reason="TUNER_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server on loopback and sets it)"))]
 
@@ -48,13 +50,14 @@ def _run(args, env):
 
 
 def _trials(url, prefix, problem, M):
-    return optuna.load_study(study_name=study_name(problem, M, prefix), storage=url).trials
+    return optuna.load_study(study_name=study_name(problem, M, prefix), storage=open_storage(url)).trials
 
 
 @pytest.mark.parametrize("backend", STORAGES)
 def test_workers_share_studies_and_survive_a_kill(setup, tmp_path, backend):
     model, land, problems = setup
-    url = f"sqlite:///{tmp_path / 'shared.db'}" if backend == "sqlite" else os.environ["TUNER_TEST_POSTGRES_URL"]
+    url = {"journal": f"journal:///{tmp_path / 'shared.journal'}", "sqlite": f"sqlite:///{tmp_path / 'shared.db'}",
+           "postgresql": os.environ.get("TUNER_TEST_POSTGRES_URL", "")}[backend]
     prefix = f"test-{uuid.uuid4().hex[:8]}/"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = tmp_path / "out"
@@ -64,7 +67,7 @@ def test_workers_share_studies_and_survive_a_kill(setup, tmp_path, backend):
     deadline = time.time() + 300         # generous: a slow machine only waits longer
     while time.time() < deadline:                       # workers join once the plan is stored
         try:
-            if f"{prefix}tuner-plan:fp8_gemm" in optuna.get_all_study_names(url):
+            if f"{prefix}tuner-plan:fp8_gemm" in optuna.get_all_study_names(open_storage(url)):
                 break
         except Exception:
             pass

@@ -98,7 +98,8 @@ def _common_options() -> _Parser:
                    help="gemm, moe: a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): "
                    "the table's keys, the trial budget and kept defaults follow the batch sizes served")
     s.add_argument("--storage", default=None, metavar="URL",
-                   help="Optuna storage URL (default sqlite:///OUT/studies.db); a stopped run resumes from it")
+                   help="journal:///FILE or an Optuna database URL (default journal:///OUT/studies.journal); "
+                   "a stopped run resumes from it")
     s.add_argument("--study-prefix", default="", metavar="NAME",
                    help="prefix of this run's study names, so several runs can share one storage "
                    "(and `tuner worker` processes can join it)")

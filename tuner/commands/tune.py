@@ -34,7 +34,7 @@ from tuner.plan.space import SearchSpace
 from tuner.plan.traffic import TrafficProfile
 from tuner.progress import Progress
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
-from tuner.search.storage import open_storage
+from tuner.search.storage import JOURNAL, is_journal, journal_path, open_storage, sync_storage
 
 log = logging.getLogger("tuner")
 
@@ -77,7 +77,14 @@ class RunOptions:
 
 
 def default_storage(out_dir: Path) -> str:
-    return f"sqlite:///{(out_dir / 'studies.db').resolve()}"
+    """A run's storage when --storage is not given: the journal file OUT/studies.journal
+    (tuner/search/storage.py); a folder an older tuner left with OUT/studies.db (SQLite) and
+    no journal keeps its database, so its run resumes where it stopped."""
+    older = out_dir / "studies.db"
+    journal = out_dir / "studies.journal"
+    if older.is_file() and not journal.exists():
+        return f"sqlite:///{older.resolve()}"
+    return f"{JOURNAL}{journal.resolve()}"
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -291,14 +298,33 @@ def check_sqlite_file(path: Path, url: str) -> None:
                          f"{', '.join(sorted(tables)[:5])}); give a new file")
 
 
+def check_journal_file(path: Path, url: str) -> None:
+    """An existing journal file must be one of ours (Optuna operations, one per line)."""
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise TunerError(f"--storage {url}: {path} is not a file")
+    try:
+        ours = is_journal(path)
+    except OSError as e:
+        raise TunerError(f"--storage {url}: cannot read {path} ({e.strerror})") from None
+    if not ours:
+        raise TunerError(f"--storage {url}: {path} is not a journal of Optuna operations; give a new file")
+
+
 def check_storage_url(url: str) -> None:
-    """Before anything is written: a storage URL, and for SQLite a file that is ours (or new)
-    in a folder we can write."""
+    """Before anything is written: a storage URL, and for a journal or SQLite a file that is
+    ours (or new) in a folder we can write."""
     if not isinstance(url, str) or "://" not in url:
-        raise TunerError(f"--storage {url!r} is not a storage URL (sqlite:///FILE, postgresql://...)")
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        check_sqlite_file(path, url)
+        raise TunerError(f"--storage {url!r} is not a storage URL (journal:///FILE, sqlite:///FILE, "
+                         "postgresql://...)")
+    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    if local is not None:
+        path = local
+        if journal_path(url):
+            check_journal_file(path, url)
+        else:
+            check_sqlite_file(path, url)
         from tuner.paths import writable_folder
         ok, existing = writable_folder(path.parent)
         if not ok:
@@ -310,12 +336,12 @@ def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     drivers, unreachable servers and foreign databases. `existing`: a storage to read
     (collect, worker): a SQLite file that is not there is refused, nothing is created."""
     check_storage_url(url)
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if existing and not path.is_file():
-            raise TunerError(f"--storage {url}: {path} not found (no run stored there; nothing was created)")
+    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    if local is not None:
+        if existing and not local.is_file():
+            raise TunerError(f"--storage {url}: {local} not found (no run stored there; nothing was created)")
         from tuner.paths import make_folder
-        make_folder(path.parent)
+        make_folder(local.parent)
     try:
         return open_storage(url)
     except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
@@ -395,6 +421,7 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
                 r = choose_tied(opts, runner, measurer, problem, M) or r
             neighbour = r.config or neighbour
             progress.end_study(_summary(r, time_unit(opts)))
+            sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
             if after_study:
                 after_study()           # the tables as far as they go: a stopped run keeps them
 
@@ -447,10 +474,10 @@ def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, probl
     u_result = stored_result(runner.storage, opts, up, M) or {}
     info["up_alone"] = {k: (u_result.get("config") or {}).get(k) for k in keys}    # what the up study chose by itself
     if u_result.get("config") != u_cfg:
-        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M))
+        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M), shared=keys)
         u_cfg = u_now.config or u_cfg
     default = table_default(kernel, problem, M, u_cfg)
-    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info)
+    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info, shared=keys)
 
 
 def table_default(kernel: KernelSpec, problem: Problem, M: int, tied_config: dict | None) -> dict:

@@ -437,7 +437,10 @@ class StudyRunner:
         return measured, running
 
     def _finish(self, problem: Problem, M: int, measured: dict, default: Config, stopped: str) -> StudyResult:
-        """Re-time the best few (and the default) together, then check numerics in order."""
+        """Re-time the best few and the default together, then check numerics in order of the
+        re-timed times. The default competes like any finalist: a table never holds a config
+        slower than the default measured in the same re-time (the search's times and the
+        re-time's differ by noise, so a finalist can lose to the default there)."""
         kernel = self.kernel
         timed = sorted((v, t) for t, v in measured.items() if v is not None)
         default_t = config_tuple(kernel, default)
@@ -446,15 +449,15 @@ class StudyRunner:
                                "no config", {"status": "not checked", "detail": "every config failed"})
         finalists = [config_dict(kernel, t) for _, t in timed[: self.settings.top_k]]
         # The default goes with the finalists (a failed one too: its reason is reported).
-        retime = finalists + ([default] if default not in finalists else [])
+        retime = finalists + ([] if any(config_tuple(kernel, c) == default_t for c in finalists) else [default])
         again = self.measurer.measure(problem, M, retime)
         by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
         default_time = by_cfg[default_t].time_us
         default_error = None if default_time is not None else (by_cfg[default_t].error or "failed")
-        ranked = sorted((m.time_us, i) for i, m in enumerate(again[: len(finalists)]) if m.time_us is not None)
+        ranked = sorted((m.time_us, i) for i, m in enumerate(again) if m.time_us is not None)
         rejected = []
         for time_us, i in ranked:
-            cfg = finalists[i]
+            cfg = retime[i]
             check: NumericsCheck = self.measurer.check_numerics(problem, M, cfg)
             if check.failed:
                 rejected.append({"config": cfg, "numerics": check.as_dict()})
@@ -481,33 +484,51 @@ class StudyRunner:
         return self._state(study.get_trials(deepcopy=False))[0]
 
     def conclude(self, problem: Problem, M: int, ordered: list[Config], default: Config,
-                 tied: dict | None = None) -> StudyResult:
+                 tied: dict | None = None, shared: tuple[str, ...] = ()) -> StudyResult:
         """Make the first of `ordered` that passes the numerics check the study's result, its
         time and the default's taken again together (the choice was made elsewhere: two
-        tables deciding together). Keeps the study's trial count, stop reason and failures."""
+        tables deciding together). The default wins instead where it was faster in that
+        re-time and agrees with `ordered` on the `shared` keys (those the choice fixed for
+        both tables). Keeps the study's trial count, stop reason and failures."""
         kernel = self.kernel
         study = optuna.load_study(study_name=study_name(problem, M, self.prefix, kernel.source),
                                   storage=self.storage)
         before = study.user_attrs.get("result") or {}
-        retime = ordered + ([default] if default not in ordered else [])
+        default_t = config_tuple(kernel, default)
+        retime = ordered + ([] if any(config_tuple(kernel, c) == default_t for c in ordered) else [default])
         again = self.measurer.measure(problem, M, retime)
         by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
-        d = by_cfg[config_tuple(kernel, default)]
+        d = by_cfg[default_t]
         default_error = None if d.time_us is not None else (d.error or "failed")
         result = StudyResult(problem, M, None, None, None, default, d.time_us, before.get("trials", 0),
                              before.get("stopped", "budget"), {"status": "failed",
                                                                "detail": "every candidate failed the numerics check"},
                              default_error=default_error, tied=tied or {},
                              search=before.get("search") or self.searched_with(problem, M))
-        for cfg, m in zip(ordered, again):
-            if m.time_us is None:
-                continue
+
+        def passes(cfg: Config, m: Measurement) -> bool:
             check: NumericsCheck = self.measurer.check_numerics(problem, M, cfg)
             if check.failed:
                 result.rejected.append({"config": cfg, "numerics": check.as_dict()})
-                continue
+                return False
             result.config, result.time_us, result.spread, result.numerics = cfg, m.time_us, m.spread, check.as_dict()
-            break
+            return True
+
+        in_play = (d.time_us is not None and default_t not in {config_tuple(kernel, c) for c in ordered}
+                   and bool(ordered) and all(default.get(k) == ordered[0].get(k) for k in shared))
+        # The first candidate that passes, unless the default was faster than it in this re-time.
+        for cfg, m in zip(ordered, again):
+            if m.time_us is None:
+                continue
+            if in_play and d.time_us is not None and d.time_us < m.time_us:
+                if passes(default, d):
+                    break
+                in_play = False
+            if passes(cfg, m):
+                break
+        else:
+            if in_play:
+                passes(default, d)
         if result.config is None:
             result.stopped = "no config"
         result.failures = self._failures(study, result)

@@ -5,8 +5,10 @@ a number at ask time but has no compare-and-set, so this module decides, from wh
 worker can see, which trials it may measure (`claim`), names every RUNNING trial after its
 worker so that one left behind by a dead process can be failed and its config queued again
 (`fail_stale`), records Optuna's heartbeats while a batch is measured (`Heartbeat`), closes
-trials another worker may have finished first (`close_trial`), and opens database storages
-that several processes create at once (`open_storage`).
+trials another worker may have finished first (`close_trial`), and opens storages
+(`open_storage`): a journal file, the default of a local run (`JournalFile`: one appended
+line per operation, no database layer between a trial and the disk), or a database for
+fleets, which several processes may create at once.
 
 This is the only module that touches Optuna's private API; each use says why.
 
@@ -25,7 +27,10 @@ from __future__ import annotations
 
 import collections
 import datetime
+import errno
+import fcntl
 import inspect
+import json
 import logging
 import os
 import socket
@@ -33,11 +38,13 @@ import sqlite3
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import optuna
 import sqlalchemy
 from optuna.storages import BaseStorage
+from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.plan.kernel_api import Config
@@ -290,9 +297,147 @@ def _sqlite_pragmas(dbapi_connection, connection_record) -> None:
         cursor.close()
 
 
+# -- the journal file: the default storage of a local run ------------------------------------
+JOURNAL = "journal:///"      # journal:///FILE (FILE as in sqlite:///FILE: relative, or /absolute)
+JOURNAL_SYNC_S = 1.0         # the journal is synced to the disk at most this long after a write
+
+
+def journal_path(url: str) -> Path | None:
+    """The file of a journal URL (None for any other URL)."""
+    return Path(url[len(JOURNAL):]) if url.startswith(JOURNAL) else None
+
+
+class JournalFile(BaseJournalBackend):
+    """Optuna's journal (JournalStorage: every storage operation one JSON line, the studies
+    rebuilt in memory from them) in one local file, for processes on one host.
+
+    Why not Optuna's JournalFileBackend: it syncs the file to the disk on every operation
+    (a dozen per trial) and a writer killed in the middle of a line leaves it there, so the
+    next line appended after it makes the journal unreadable. Here:
+    - a writer holds an flock on the file while it appends (the kernel releases it when the
+      process dies, kill -9 included: no stale lock to wait out), and appends each operation
+      with one write(2);
+    - what a killed writer left without its newline is cut off by the next writer, under the
+      lock; readers take complete lines only, so none ever saw it;
+    - the file is synced (fdatasync) when a write comes JOURNAL_SYNC_S or more after the last
+      sync, and when the storage is closed: a killed process loses nothing it wrote (the
+      kernel holds it), a power cut at most the last second, never the journal's order.
+    A line that does not parse (what a power cut can leave, never a writer of ours) is
+    skipped by every reader alike, with a warning."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        self._offsets = {0: 0}       # line number -> byte offset of that line, where known
+        self._synced = time.monotonic()
+        self._unsynced = False
+        self._warned: set[int] = set()
+
+    def read_logs(self, log_number_from: int) -> Iterator[dict[str, Any]]:
+        # where the records read so far end (every record's end is kept; else from the start)
+        number = log_number_from if log_number_from in self._offsets else 0
+        offset = self._offsets[number]
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1        # complete lines only: the rest is being written
+        start = 0
+        while start < end:
+            stop = data.index(b"\n", start) + 1
+            try:
+                record = json.loads(data[start:stop])
+            except ValueError:
+                if offset + start not in self._warned:
+                    self._warned.add(offset + start)
+                    log.warning("journal %s: the line at byte %d is not a whole record (a power cut?); skipped",
+                                self.path, offset + start)
+                self._offsets[number] = offset + stop
+                start = stop
+                continue
+            number, start = number + 1, stop
+            self._offsets[number] = offset + stop
+            if number > log_number_from:
+                yield record
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(entry, separators=(",", ":")) + "\n" for entry in logs).encode()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND)     # read: the last byte, to find a torn line
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                size = self._cut_torn_line(fd, size)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except BaseException:
+                os.ftruncate(fd, size)      # a full disk (or an interrupt) leaves no part of a line
+                raise
+            self._unsynced = True
+            if time.monotonic() - self._synced >= JOURNAL_SYNC_S:
+                self._sync(fd)
+        finally:
+            os.close(fd)                    # releases the lock
+
+    def _cut_torn_line(self, fd: int, size: int) -> int:
+        """The file ends in part of a line (its writer was killed mid-write): cut it off."""
+        back = min(size, 1 << 20)
+        tail = os.pread(fd, back, size - back)
+        keep = size - back + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+        log.info("journal %s: cut %d bytes a killed writer left mid-line", self.path, size - keep)
+        os.ftruncate(fd, keep)
+        return keep
+
+    def _sync(self, fd: int) -> None:
+        os.fdatasync(fd)
+        self._synced, self._unsynced = time.monotonic(), False
+
+    def sync(self) -> None:
+        """Sync what this process wrote to the disk (at the end of a run)."""
+        if self._unsynced:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                self._sync(fd)
+            finally:
+                os.close(fd)
+
+
+def is_journal(path: Path) -> bool:
+    """Whether an existing file is a journal (empty, or a first line that is an operation)."""
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16)
+    if not first:
+        return True
+    try:
+        return isinstance(json.loads(first).get("op_code"), int)
+    except (ValueError, AttributeError):
+        return False
+
+
+def open_journal(path: Path) -> BaseStorage:
+    storage = optuna.storages.JournalStorage(JournalFile(path))
+    return storage
+
+
+def sync_storage(storage: BaseStorage) -> None:
+    """Sync a journal's last writes to the disk (databases sync their own)."""
+    backend = getattr(storage, "_backend", None)     # Optuna private: JournalStorage keeps its backend there
+    if isinstance(backend, JournalFile):
+        try:
+            backend.sync()
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+
+
 def open_storage(url: str) -> BaseStorage:
-    """An Optuna storage for a URL. Databases get Optuna's heartbeat, so that workers on
-    other machines can take over the trials of one that died."""
+    """An Optuna storage for a URL: journal:///FILE (the default of a local run), or a
+    database. Databases get Optuna's heartbeat, so that workers on other machines can take
+    over the trials of one that died."""
+    path = journal_path(url)
+    if path is not None:
+        return open_journal(path)
     if url.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql"):
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
         if url.startswith("sqlite") and not sqlalchemy.event.contains(sqlalchemy.engine.Engine, "connect", _sqlite_pragmas):
