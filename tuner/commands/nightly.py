@@ -65,7 +65,7 @@ def load_config(path: Path) -> dict:
             if not all(isinstance(s, str) and s for s in sources):
                 raise TunerError(f"{path}: job {job['name']!r}: engine_source must be a path or a list of paths")
             job["engine_source"] = sources
-        for key in ("model", "gpu", "replay", "site_packages", "moe_config_dir"):
+        for key in ("model", "gpu", "replay", "site_packages", "moe_config_dir", "traffic"):
             value = job.get(key, (install or {}).get(key))
             if value is not None and not isinstance(value, (str, int, float)):
                 raise TunerError(f"{path}: job {job['name']!r}: {key} must be a name or a path, not {value!r}")
@@ -93,7 +93,7 @@ def read_state(path: Path) -> dict:
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
-JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source")
+JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
 JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
 
 
@@ -104,8 +104,9 @@ def job_request(job: dict, out: Path, baseline: Path | None = None):
     options = {k: job[k] for k in JOB_OPTIONS if job.get(k) is not None}
     options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else [job[k]]
                     for k in JOB_LIST_OPTIONS if job.get(k)})
-    if "replay" in options:
-        options["replay"] = str(options["replay"])
+    for key in ("replay", "traffic"):
+        if key in options:
+            options[key] = str(options[key])
     return TuneRequest(command=job["kernel"], model=str(job["model"]), gpu=str(job["gpu"]), out=str(out),
                        quiet=True, baseline=str(baseline) if baseline is not None else None, **options)
 
