@@ -12,6 +12,8 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+from pathlib import Path
+from typing import Callable
 
 MOVED = {
     "tuner.models": "tuner.plan.models",
@@ -79,3 +81,21 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedModuleFinder())
+
+
+def forward_old_names(package: str, module: str, package_file: str) -> Callable[[str], object]:
+    """The `__getattr__` of a package that took the name of an old module (tuner.search,
+    tuner.measure): the old module's names still import from the package, from `module`
+    where they live now; the package's own submodules are left to the import system."""
+    folder = Path(package_file).parent
+
+    def __getattr__(name: str) -> object:
+        if name.startswith("_") or (folder / f"{name}.py").exists():
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+    return __getattr__
+

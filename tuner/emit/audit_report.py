@@ -113,6 +113,18 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _md_table(header: list[str], rows: list[list]) -> list[str]:
+    """A Markdown table and the blank line after it; nothing when there are no rows."""
+    if not rows:
+        return []
+    return (["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+            + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows] + [""])
+
+
 def markdown(report: AuditReport) -> str:
     h = report.header
     out = [f"# tuner audit{' --all' if report.mode == 'all' else ''}: {h['engine']} {h.get('version') or '?'}", ""]
@@ -133,18 +145,12 @@ def markdown(report: AuditReport) -> str:
                                f"| {_md_cell(_cfg_text(row['runs_as']) if isinstance(row['runs_as'], dict) else row['runs_as'])} "
                                f"| {_md_cell('; '.join(row.get('changes') or []))} |")
                 out.append("")
-            if ka.traffic:
-                out += ["| key | serves M | share of passes | farthest M |", "| --- | --- | --- | --- |"]
-                out += [f"| {c['key']} | {m_range(c['first'], c['last']) if c['first'] is not None else '-'} | "
-                        f"{c['share']:.2%} | {c['farthest'] if c['farthest'] is not None else '-'} ({c['ratio']:.2f}x) |"
-                        for c in ka.traffic]
-                out.append("")
-            if ka.numerics:
-                out += ["| key | M | status | rel. error | kernel | problem |", "| --- | --- | --- | --- | --- | --- |"]
-                out += [f"| {n['key']} | {n['M']} | {n['status']} | "
-                        f"{n['rel_error'] if n['rel_error'] is not None else '-'} | {n['kernel']} | {n['problem']} |"
-                        for n in ka.numerics]
-                out.append("")
+            out += _md_table(["key", "serves M", "share of passes", "farthest M"],
+                             [[c["key"], m_range(c["first"], c["last"]) if c["first"] is not None else "-",
+                               f"{c['share']:.2%}", f"{_dash(c['farthest'])} ({c['ratio']:.2f}x)"] for c in ka.traffic])
+            out += _md_table(["key", "M", "status", "rel. error", "kernel", "problem"],
+                             [[n["key"], n["M"], n["status"], _dash(n["rel_error"]), n["kernel"], n["problem"]]
+                              for n in ka.numerics])
     out += ["## Findings by kind", ""]
     for kind, sev, fs in report.by_kind():
         out += [f"### {sev}: {kind} ({len({f.table for f in fs})} tables)", "", KINDS.get(kind, kind), "",

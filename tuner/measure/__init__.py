@@ -5,17 +5,7 @@ the CPU device (Triton's interpreter), or a recorded landscape (replay); the iso
 measuring child, its compile workers and process groups; landscapes on disk.
 """
 
-from pathlib import Path as _Path
+from tuner.moved import forward_old_names
 
-
-def __getattr__(name: str) -> object:
-    """The names of the old module tuner.measure (before 0.2; the measurer interface and the
-    replay measurer, now tuner.measure.measurers) still import from here: `from tuner.measure
-    import ...` in old scripts keeps working."""
-    if name.startswith("_") or (_Path(__file__).parent / f"{name}.py").exists():
-        raise AttributeError(f"module 'tuner.measure' has no attribute {name!r}")
-    from tuner.measure import measurers
-    try:
-        return getattr(measurers, name)
-    except AttributeError:
-        raise AttributeError(f"module 'tuner.measure' has no attribute {name!r}") from None
+# the names of the old module tuner.measure (before 0.2), now in tuner.measure.measurers, still import from here
+__getattr__ = forward_old_names(__name__, "tuner.measure.measurers", __file__)
