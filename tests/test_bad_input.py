@@ -535,8 +535,9 @@ def test_a_tampered_engine_source_is_refused_unless_trusted(tmp_path, capsys):
     """An extracted engine folder whose kernel file was changed (one line added) is refused in
     one line before any of its code runs; --trust-engine-source runs it and the plan says
     which file, from where, with its hash; an untouched one is named as released."""
+    from tuner.plan.kernel_registry import launcher
     from tuner.plan.kernel_sources import TRUST_ENV, extract
-    folder = extract("vllm", str(next(_wheels().glob("vllm-0.33.0-*.whl"))), tmp_path / "ex")
+    folder = extract("vllm", str(next(_wheels().glob("vllm-0.33.0-*.whl"))), tmp_path / "ex", launcher("vllm").FILES)
     plan = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--dry-run",
             "--engines", "vllm", "--engine-source", str(folder), "--out", str(tmp_path / "o")]
     assert main(plan) == 0
