@@ -18,15 +18,20 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tuner.api import DTYPES, command_dtype, kernel_runs, only_problems
 from tuner.commands.ceilings import Ceilings
+from tuner.commands.kernel_commands import problem_builder
+from tuner.commands.options import batch, context, device_option, page, parallel, positive, trust_option, workers
+from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
 from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text
-from tuner.plan.engines import lookup_nearest
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES, lookup_nearest
 from tuner.plan.kernel_api import KernelSpec, config_dict, config_from_entry
 from tuner.plan.problems import Problem
 
@@ -389,3 +394,151 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
         lines.append(f"{src}, {engine}'s tables, {model.name}, {c}: "
                      + step_text(step_estimate(profile, prs), source, "default", c))
     return lines
+
+
+def add_parser(sub, common) -> None:
+    """`tuner bench` and its options."""
+    bench = sub.add_parser("bench", help="time every contender per batch size against the roofline",
+                           description="Per problem and M: the engine's default config, each shipped table "
+                           "(--baseline), our tuned table (--tuned), a landscape's best, and a reference outside "
+                           "Triton where one exists, timed together, with their spread and their fraction of the "
+                           "roofline. Writes bench-<device>-<date>.json, a Markdown report and a plot per problem.")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--gpu", required=True)
+    bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
+    bench.add_argument("--tp", type=parallel, default=1)
+    bench.add_argument("--ep", type=parallel, default=1)
+    bench.add_argument("--dtype", default=None, help="moe: fp8_w8a8 or bf16 (default: the checkpoint's own); "
+                       "gemm: fp8_w8a8")
+    bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
+    bench.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
+                       help="default: the engines' grid (mla: 32 64 128)")
+    bench.add_argument("--contexts", type=context, nargs="+", metavar="TOKENS", default=None,
+                       help="mla: context buckets (default 4096 8192 32768)")
+    bench.add_argument("--page-size", type=page, default=64, help="mla: KV cache page size")
+    bench.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
+    bench.add_argument("--only", nargs="+", metavar="TEXT", default=None,
+                       help="bench only the problems whose key holds one of these texts")
+    bench.add_argument("--tuned", default=None, metavar="RUN_DIR", help="one of our results folders")
+    bench.add_argument("--baseline", nargs="+", default=None, metavar="DIR",
+                       help="folders of shipped tables, e.g. ../shared/baselines/vllm-0.33.0")
+    bench.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape (no GPU)")
+    bench.add_argument("--kernel-source", nargs="+", choices=("engine", "ours"), default=["engine"],
+                       help="whose kernels time the configs; several side by side (default: engine)")
+    bench.add_argument("--engine-source", nargs="+", metavar="PATH", default=None)
+    trust_option(bench)
+    bench.add_argument("--ceilings", default=None, metavar="FILE",
+                       help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
+    bench.add_argument("--compile-workers", type=workers, default=min(16, os.cpu_count() or 1))
+    bench.add_argument("--measure-timeout", type=positive, default=120, metavar="S",
+                       help="seconds one config may take before it counts as hung (default 120)")
+    device_option(bench)
+    bench.add_argument("--out", required=True, metavar="DIR")
+    bench.add_argument("--traffic", default=None, metavar="FILE",
+                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): bench at the "
+                       "keys it chooses (unless --batch-sizes) and print the traffic-weighted speedups")
+    bench.add_argument("--quiet", action="store_true")
+
+
+def run(args) -> int:
+    import copy
+
+    from tuner.commands import ceilings as ceilings_mod
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+
+    if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
+        raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
+    if args.kernel == "mla":
+        args.contexts = args.contexts or [4096, 8192, 32768]
+    profile = None
+    if args.traffic:
+        from tuner.plan.traffic import choose_keys, load_profile
+        if args.kernel == "mla":
+            raise TunerError("--traffic applies to `tuner bench --kernel gemm|moe` (M = tokens per forward pass)")
+        profile = load_profile(args.traffic, args.tp)
+        args.batch_sizes = args.batch_sizes or choose_keys(profile).keys
+    batch_sizes = sorted(set(args.batch_sizes or ([32, 64, 128] if args.kernel == "mla" else DEFAULT_BATCH_SIZES)))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    if args.replay and not Path(args.replay).is_file():
+        raise TunerError(f"landscape {args.replay} not found")
+    for folder in args.baseline or []:
+        if not Path(folder).is_dir():
+            raise TunerError(f"--baseline {folder} is not a folder")
+    tuned = Path(args.tuned) if args.tuned else None
+    if tuned is not None and not (tuned / "manifest.json").is_file():
+        raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
+    gpu = get_gpu(args.gpu)
+    model = load_model(args.model)
+    args.dtype = command_dtype(args.kernel, model, args.dtype)
+    from tuner.measure.device import device_name
+    ceilings = ceilings_mod.load(gpu, args.ceilings, device_name(args.device, gpu) if not args.replay else None)
+    kernel_name, make_problems = problem_builder(args, args.kernel)
+    problems = only_problems(make_problems(model), args.only)
+    baselines = [(Path(d).name, d) for d in args.baseline or []]
+    if not args.replay:
+        from tuner.measure.device import require
+        require(args.device, gpu, "a bench", "--replay FILE benches a recorded landscape")
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    rows: list = []
+    measurers: list = []
+    notes: list[str] = []
+    benched: dict = {}
+    try:
+        modes = list(dict.fromkeys(args.kernel_source))
+        if args.replay:
+            from tuner.plan.kernel_registry import source_mode
+            recorded = source_mode(None, args.replay)
+            if len(modes) > 1:
+                say(f"note: a landscape holds one kernel's timings: benching {recorded}'s only")
+            modes = [recorded if m == "engine" else m for m in modes[:1]]
+        for mode in modes:
+            ns = copy.copy(args)
+            ns.kernel_source, ns.dry_run = mode, False
+            for kernel, probs in kernel_runs(ns, kernel_name, problems, notes):
+                measurer = bench_measurer(args, kernel, gpu)
+                measurers.append(measurer)
+                landscape = getattr(measurer, "landscape", None)
+                ms = {}
+                for p in probs:
+                    covered = [m for m in batch_sizes if landscape is None or landscape.lookup(p.params, m)]
+                    if len(covered) < len(batch_sizes):
+                        say(f"note: {p.key}: the landscape lacks M={','.join(str(m) for m in batch_sizes if m not in covered)}")
+                    ms[p.key] = covered
+                rows += bench_kernel(kernel, probs, ms, gpu, ceilings, measurer, baselines, tuned,
+                                               landscape, progress=say)
+                benched.update({p.key: p for p in probs})
+        header = bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": args.tp, "ep": args.ep,
+                                                                    "kernel": kernel_name}, out)
+        if profile is not None:
+            header["traffic"] = profile.as_manifest()
+            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"])
+        json_path, md_path = write_outputs(rows, out, header)
+    finally:
+        for m in measurers:
+            m.close()
+    if not rows:
+        raise TunerError("nothing was benched: no problem and batch size is covered")
+    print(header["banner"])
+    import pandas as pd
+    df = pd.DataFrame([r.as_dict() for r in rows])
+    df["time_us"] = [f"{t:.3g}" if t == t and t is not None else "-" for t in df["time_us"]]
+    df["of_roofline"] = [f"{f:.0%}" if f == f and f is not None else "-" for f in df["roofline_fraction"]]
+    df["note"] = [e[:60] if isinstance(e, str) else "" for e in df["error"]]
+    show = df[["kernel_source", "problem", "M", "contender", "time_us", "of_roofline", "note"]]
+    print(show.to_string(index=False))
+    for line in header.get("traffic_lines") or []:
+        print(line)
+    print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
+    return 0
+
+
+def bench_measurer(args, kernel, gpu):
+    if args.replay:
+        from tuner.measure.device import device_name
+        from tuner.measure.measurers import ReplayMeasurer
+        return ReplayMeasurer.from_file(args.replay, kernel, device_name(args.device, gpu))
+    from tuner.measure.isolation import isolated_gpu_measurer
+    return isolated_gpu_measurer(kernel, gpu.key, args.compile_workers, args.measure_timeout, device=args.device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.commands.options import device_option
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.paths import REPO_ROOT, atomic_write_json, read_json
@@ -149,3 +150,29 @@ def summary_lines(data: dict) -> list[str]:
             f"triton {data.get('triton')}), {data.get('sm_count')} SMs, L2 {data.get('l2_bytes')} bytes",
             f"copy {data['copy_tb_s']:.3g} TB/s (read + written), BF16 matmul {data['bf16_tflops']:.3g} TFLOP/s, "
             f"FP8 matmul {fp8}  [{where}]"]
+
+
+def add_parser(sub, common) -> None:
+    """`tuner ceilings` and its options."""
+    ceil = sub.add_parser("ceilings", help="measure this GPU's copy bandwidth and matmul rates",
+                          description="Measure device-to-device copy bandwidth (bytes read plus written), FP8 "
+                          "and BF16 dense matmul rates at 8192^3, L2 size and SM count; bench, drift and the "
+                          "plan read them for rooflines. Needs the GPU.")
+    ceil.add_argument("--gpu", required=True)
+    ceil.add_argument("--out", default=None, metavar="FILE",
+                      help="default bench/ceilings/<gpu>.json (with --device cpu: runs/ceilings-<gpu>-cpu-device.json)")
+    device_option(ceil)
+
+
+def run(args) -> int:
+    from tuner.plan.gpus import get_gpu
+    gpu = get_gpu(args.gpu)
+    path = Path(args.out) if args.out else default_path(gpu, args.device)
+    if path.exists() and path.is_dir():
+        raise TunerError(f"--out {path} is a folder; give a file name")
+    data = measure(gpu, device=args.device)
+    write(data, path)
+    for line in summary_lines(data):
+        print(line)
+    print(f"ceilings: {path}")
+    return 0

@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
+from tuner.commands.options import device_option, fraction, parallel, trust_option
 from tuner.errors import TunerError
 from tuner.measure.measurers import Measurer
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
+
+if TYPE_CHECKING:                  # pandas loads when a drift runs, not for `tuner --help`
+    import pandas as pd
 
 _GEMM = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=(\w+),block_shape=\[(\d+),( ?)(\d+)\]\.json$")
 _MOE = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=(\w+))?"
@@ -164,6 +167,7 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
                                                    kernel.flops(t.problem.params, M)),
                          "verdict": verdict, "error": mine.error, "default_error": base.error,
                          "failure": mine.kind if mine.time_us is None else None})
+    import pandas as pd
     return pd.DataFrame(rows)
 
 
@@ -245,3 +249,89 @@ def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, sou
     if missing:
         lines.append(f"not in the per-pass estimate ({model.name} runs no such shape): {', '.join(missing)}")
     return lines
+
+
+def add_parser(sub, common) -> None:
+    """`tuner drift` and its options."""
+    drift = sub.add_parser("drift", help="does a table still beat the default config here?",
+                           description="Time each table's configs against the engines' default config on "
+                           "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
+    drift.add_argument("tables", nargs="+", help="table files or folders (an engine's configs folder, a results folder)")
+    drift.add_argument("--gpu", required=True)
+    drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
+    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
+                       help="fused MoE: how tokens are routed to experts while timing: uniformly at random like "
+                       "the engines' tuners (default, as the tables were tuned), or Zipf-skewed like real traffic")
+    drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
+    drift.add_argument("--noise", type=fraction, default=0.02,
+                       help="a difference smaller than this fraction (or the measured spread, if larger) is a tie, "
+                       "`same` (default 0.02 = 2%%)")
+    drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
+                       help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
+                       "(with --replay: the landscape's)")
+    drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                       help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    trust_option(drift)
+    drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
+    drift.add_argument("--tp", type=parallel, default=None,
+                       help="with --traffic and --model: the TP the GEMM tables are for, for their layer counts "
+                       "(default: the first TP at which the model runs the shape)")
+    drift.add_argument("--traffic", default=None, metavar="FILE",
+                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): also print "
+                       "the traffic-weighted speedup and, with --model, the per-pass estimate")
+    device_option(drift)
+
+
+def run(args) -> int:
+    from tuner.measure.failures import count_by_kind, summary
+    from tuner.paths import atomic_write_json
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+
+    gpu = get_gpu(args.gpu)
+    if args.replay and not Path(args.replay).is_file():
+        raise TunerError(f"landscape {args.replay} not found")
+    model = load_model(args.model) if args.model else None
+    profile = None
+    if args.traffic:
+        from tuner.plan.traffic import load_profile
+        profile = load_profile(args.traffic, args.tp)
+    tables = find_tables(args.tables, model, args.routing)
+    measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source,
+                          device=args.device)
+    try:
+        df = measure_drift(tables, measurers, args.noise)
+    finally:
+        measurers.close()
+    from tuner.measure.provenance import banner
+    print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
+    print(drift_table(df).to_string(index=False))
+    losing = df[df["verdict"].isin(["loses", "fails"])]
+    print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
+          else f"all {len(df)} entries still win or tie")
+    failed = count_by_kind(df["failure"])
+    if failed:
+        print(f"tables' configs that failed, by kind: {summary(failed)}")
+    if profile is not None:
+        from tuner.measure.provenance import time_source
+        for line in traffic_lines(df, tables, profile, model,
+                                  time_source(measurers.environment(), "replay" if args.replay else "gpu"), args.tp):
+            print(line)
+    if args.out:
+        atomic_write_json(Path(args.out), df.to_dict(orient="records"))
+    return 0
+
+
+def drift_table(df):
+    """Drift rows for a terminal: times to two decimals, a failed time as '-' with its reason."""
+    def num(v):
+        return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
+    out = df[["engine", "kernel_source", "problem", "M"]].copy()
+    out["table_us"] = [num(v) for v in df["table_us"]]
+    out["default_us"] = [num(v) for v in df["default_us"]]
+    out["speedup"] = [num(v) for v in df["speedup"]]
+    out["verdict"] = df["verdict"]
+    out["note"] = [(f"table: {e}" if isinstance(e, str) else "") + ("; " if isinstance(e, str) and isinstance(d, str)
+                   else "") + (f"default: {d}" if isinstance(d, str) else "")
+                   for e, d in zip(df["error"], df["default_error"])]
+    return out

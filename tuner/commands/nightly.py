@@ -306,3 +306,16 @@ def run_night(config_path: Path, night: str | None = None, log=print) -> int:
     if any(r["status"] == "regressed" for r in results):
         return EXIT_REGRESSED
     return EXIT_OK
+
+
+def add_parser(sub, common) -> None:
+    """`tuner nightly` and its options."""
+    night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
+                           description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
+                           "fine, 3 a table regressed, 1 a job failed.")
+    night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
+    night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
+
+
+def run(args) -> int:
+    return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True))

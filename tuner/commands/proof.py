@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner.commands.options import device_option, trust_option
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.process_tree import child_of_this_process, stop_group
@@ -569,3 +570,61 @@ def json_or_none(path: Path):
         return read_json_file(path)
     except TunerError:
         return None
+
+
+def add_parser(sub, common) -> None:
+    """`tuner proof` and its options."""
+    proof = sub.add_parser("proof", help="the GPU proof, most valuable first, in two device calls (scripts/gpu_proof.sh)",
+                           description="Call 1: environment and ceilings, a MoE smoke test (stops the call when "
+                           "nothing is timed), kernel validation, the vLLM MoE tune; call 2: the SGLang MoE tune, "
+                           "the MoE and GEMM benches, a landscape with the time left; local (no GPU): report and "
+                           "sampler study. Each step is time-boxed and written before the next (and bundled into "
+                           "--bundle). --device cpu rehearses it on the CPU device with a tiny model (for CI).")
+    proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
+    proof.add_argument("--minutes", type=float, default=8.0, help="this call's budget (default 8)")
+    proof.add_argument("--out", default=None, metavar="DIR",
+                       help="default bench/results/<gpu>-<date>/ (with --device cpu: runs/proof-cpu-device-...)")
+    proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                       help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
+                       "else $TUNER_ENGINE_WHEELS)")
+    trust_option(proof)
+    proof.add_argument("--baselines", default=None, metavar="DIR",
+                       help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
+    proof.add_argument("--call", choices=("1", "2", "local"), default=None,
+                       help="which part: 1 and 2 need the GPU (one device call each), local runs here after")
+    proof.add_argument("--steps", nargs="+", default=None, metavar="STEP",
+                       help="run only these steps (of: environment smoke validate tune-vllm tune-sglang bench-moe "
+                       "bench-gemm landscapes report sampler); the summary keeps earlier calls' steps")
+    proof.add_argument("--bundle", default=None, metavar="DIR",
+                       help="after every step, write the folder as one tarball (top folder bench/results/<name>) "
+                       "and summary.md into DIR (the device tool's $OUT)")
+    device_option(proof)
+
+
+def run(args) -> int:
+    from tuner.measure.device import require
+    from tuner.plan.gpus import get_gpu
+    gpu = get_gpu(args.gpu)
+    if not 0 < args.minutes <= 24 * 60:            # NaN fails this too
+        raise TunerError(f"--minutes must be more than 0 and at most a day, not {args.minutes}")
+    steps = steps_of(args.call, args.steps)
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(STEPS)}")
+    if any(s not in CALLS["local"] for s in steps):
+        require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
+    # absolute before anything runs: the steps run from the repository root, where a relative
+    # --out would land in the checkout instead of where the user stands
+    out = Path(os.path.abspath(args.out)) if args.out else default_out(gpu, args.device)
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    if args.bundle and Path(args.bundle).exists() and not Path(args.bundle).is_dir():
+        raise TunerError(f"--bundle {args.bundle} is a file, not a folder")
+    baselines = Path(args.baselines) if args.baselines else default_baselines()
+    if args.baselines and not Path(args.baselines).is_dir():
+        raise TunerError(f"--baselines {baselines} is not a folder")
+    engine_source = [os.path.abspath(e) for e in args.engine_source] if args.engine_source else None
+    proof = Proof(out, gpu, args.minutes, args.device, engine_source or default_engine_source(),
+                          Path(os.path.abspath(baselines)) if baselines else None,
+                          Path(os.path.abspath(args.bundle)) if args.bundle else None)
+    return proof.execute(steps, log=lambda line: print(line, flush=True))

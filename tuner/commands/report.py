@@ -11,15 +11,24 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from tuner.emit.results import read_manifest
+from tuner.commands.options import fraction
 from tuner.errors import TunerError
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
 from tuner.paths import atomic_write_file, atomic_write_text, check_writable
 from tuner.plan.problems import Problem
+
+if TYPE_CHECKING:                  # pandas loads when a report runs, not for `tuner --help`
+    import pandas as pd
+
+
+def read_manifest(run: Path) -> dict:
+    """tuner.emit.results' reader, imported on first use: that module brings Optuna, which
+    `tuner --help` (it builds this module's parsers) does not need."""
+    from tuner.emit.results import read_manifest as read
+    return read(run)
 
 
 def _label(entry: dict) -> str:
@@ -64,6 +73,7 @@ def manifest_frame(run: Path) -> pd.DataFrame:
             })
     if not rows:
         raise TunerError(f"{run}/manifest.json lists no tuned entries")
+    import pandas as pd
     df = pd.DataFrame(rows).sort_values(["engine", "file", "problem", "M"]).reset_index(drop=True)
     # every row of a table names its config's keys (the first tuned entry's)
     df["legend"] = df.groupby(["engine", "file", "problem"])["legend"].transform(lambda v: max(v, key=len))
@@ -211,6 +221,7 @@ def write_report(run: Path, out: Path | None = None,
 
 
 def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
+    import pandas as pd
     cols = ["engine", "file", "legend", "problem", "M", "config", "time_us", "spread"]
     a, b = manifest_frame(old)[cols], manifest_frame(new)[cols]
     df = a.merge(b, on=["problem", "M"], how="outer", suffixes=("_old", "_new"))
@@ -405,3 +416,87 @@ def _step_lines(tables, pair, profile, model, source, base, new, layers_per_pass
                 rows.append((layers_per_pass(model, t.get("layers") or []), a, b))
         lines.append(f"{engine}, {model.name}: " + step_text(step_estimate(profile, rows), source, base, new))
     return lines
+
+
+def add_report_parser(sub, common) -> None:
+    """`tuner report` and its options."""
+    rep = sub.add_parser("report", help="tables and plots of a results folder",
+                         description="Print a results folder's tuned times and speedups, and write a Markdown "
+                         "report with plots (RUN/report/report.md).")
+    rep.add_argument("run", help="a results folder (with manifest.json)")
+    rep.add_argument("--out", default=None, metavar="FILE", help="where the Markdown goes")
+    rep.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight) to judge the "
+                     "tables by (default: the one the run was tuned for, if any)")
+    rep.add_argument("--model", default=None,
+                     help="the model whose layer counts give the per-pass estimate (default: the run's)")
+
+
+def run_report(args) -> int:
+    from tuner.commands.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
+    run = Path(args.run)
+    read_manifest(run)                      # not a results folder: one line, before the profile's
+    profile = run_traffic([run], args.traffic)
+    traffic = traffic_report_lines(run, profile, run_model([run], args.model)) if profile else None
+    df, path = write_report(run, Path(args.out) if args.out else None, traffic)
+    source = run_source(Path(args.run))
+    print(source)
+    for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
+                                    "failures"]):
+        print(line)
+    from tuner.commands.report import _geomean
+    g = _geomean(df["speedup"])
+    if g:
+        print(f"Geometric-mean speedup over the engines' default config"
+              f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}"
+              f"{' (CPU DEVICE: not a GPU time)' if 'CPU DEVICE' in source else ''}: {g:.2f}x")
+    for line in traffic or []:
+        print(line)
+    print(f"report: {path}")
+    return 0
+
+
+def add_diff_parser(sub, common) -> None:
+    """`tuner diff` and its options."""
+    dif = sub.add_parser("diff", help="compare two results folders",
+                         description="Per problem and M: old time, new time, change, and whether it is "
+                         "beyond noise; writes a Markdown report with plots.")
+    dif.add_argument("old")
+    dif.add_argument("new")
+    dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
+    dif.add_argument("--noise", type=fraction, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
+    dif.add_argument("--force", action="store_true",
+                     help="compare runs that share no problem, or replace a diff.md of another comparison")
+    dif.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile to judge the change by (default: the one NEW, else OLD, was tuned for)")
+    dif.add_argument("--model", default=None,
+                     help="the model whose layer counts give the per-pass estimate (default: the runs')")
+
+
+def run_diff(args) -> int:
+    from tuner.commands.report import write_diff
+    out = Path(args.out) if args.out else Path(args.new) / "diff"
+    from tuner.commands.report import run_model, run_traffic, traffic_diff_lines
+    runs = [Path(args.new), Path(args.old)]
+    for run in runs:
+        read_manifest(run)                  # not a results folder: one line, before the profile's
+    profile = run_traffic(runs, args.traffic)
+    traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
+        if profile else None
+    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
+    from tuner.commands.report import run_source
+    sources = run_source(Path(args.old)), run_source(Path(args.new))
+    print(f"old: {sources[0]}")
+    print(f"new: {sources[1]}")
+    if sources[0] != sources[1]:
+        print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
+    from tuner.commands.report import table_sections
+    for line in table_sections(df, ["M", "config_old", "config_new", "time_us_old", "time_us_new", "change_pct",
+                                    "verdict"]):
+        print(line)
+    for line in traffic or []:
+        print(line)
+    counts = df["verdict"].value_counts().to_dict()
+    print(f"{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower, {counts.get('same', 0)} same; "
+          f"report: {path}")
+    return 0
