@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter_fixes import cast_for_store, interpreting, round_to_grid
-from tuner.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0

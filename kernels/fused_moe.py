@@ -30,7 +30,7 @@ from kernels.fp8_gemm import (
     per_token_group_quant_fp8_reference,
 )
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
 # the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
-from tuner.space import rule
+from tuner.plan.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
+from tuner.plan.space import rule
 
 LATENT, ROPE = 512, 64
 CONFIG_KEYS = ("BLOCK_N", "BLOCK_H", "num_kv_splits", "num_warps", "num_stages", "merge_warps")

@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO))
 def release_files(wheels: Path) -> dict:
     import importlib
 
-    from tuner.kernel_sources import _from_wheel, _wheel_version, file_digest, imported_files_of, version_key
+    from tuner.plan.kernel_registry import imported_files_of
+    from tuner.plan.kernel_sources import _from_wheel, _wheel_version, file_digest, version_key
     out: dict = {}
     for engine in imported_files_of():
         launcher = importlib.import_module(f"kernels.engines.{engine}")

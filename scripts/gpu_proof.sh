@@ -43,7 +43,7 @@ if [ -z "$gpu" ]; then
   gpu=$(python3 -c "
 import torch
 name = torch.cuda.get_device_name() if torch.cuda.is_available() else ''
-from tuner.gpus import GPUS
+from tuner.plan.gpus import GPUS
 print(next((g.key for g in GPUS.values() if g.cuda_name == name), 'H100'))")
 fi
 if [ -z "$out" ]; then

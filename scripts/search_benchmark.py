@@ -15,7 +15,7 @@ owner+name/repo) or downloaded from their public origin at the pinned commit; th
 optional extra (never committed here).
 
 `run` replays every variant over every landscape for many seeds, each through the
-project's own search (tuner.search.StudyRunner, the code path of `tuner gemm --replay`)
+project's own search (tuner.search.runner.StudyRunner, the code path of `tuner gemm --replay`)
 or, for the references, Optuna as it comes; it prints per landscape and checkpoint (16,
 32, 48, 100 measured configs) the ratio of the best time found to the landscape's best
 (mean with a 95 % confidence interval, median, worst), the share of runs within 1 % and
@@ -41,11 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tuner.commands.report import markdown_table  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
-from tuner.landscape import read_header, read_landscape  # noqa: E402
-from tuner.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space  # noqa: E402
-from tuner.offline import CHECKPOINTS, benchmark_rows, benchmark_traces  # noqa: E402
-from tuner.report import markdown_table  # noqa: E402
+from tuner.measure.landscape import read_header, read_landscape  # noqa: E402
+from tuner.measure.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space  # noqa: E402
+from tuner.search.offline import CHECKPOINTS, benchmark_rows, benchmark_traces  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HUB = "AutoTuningAssociation/benchmark_hub"
@@ -218,11 +218,11 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
 
 # -- the variants --------------------------------------------------------------------------
 def _ours(label: str, parallel: int = 1, seeded: bool = True, **changes):
-    """Our search as `tuner gemm --replay` runs it (tuner.search.default_settings: the
+    """Our search as `tuner gemm --replay` runs it (tuner.search.runner.default_settings: the
     settings a tuning command derives from --trials), some settings changed for an ablation;
     `parallel` stands for the compile workers of a GPU run (a replay has none)."""
     def settings_for(budget: int, seed: int):
-        from tuner.search import default_settings
+        from tuner.search.runner import default_settings
         return dataclasses.replace(default_settings(budget, seed=seed, parallel=parallel), **changes), seeded
     return label, settings_for
 
@@ -230,7 +230,7 @@ def _ours(label: str, parallel: int = 1, seeded: bool = True, **changes):
 def _old_default(budget: int, seed: int):
     """The search as it was before issue 21 (run with that version's code on PYTHONPATH):
     TPE, patience a third of the trials, batches of 8 with a constant liar."""
-    from tuner.search import SearchSettings
+    from tuner.search.runner import SearchSettings
     return SearchSettings(budget=budget, patience=max(8, budget // 3), sampler="tpe", seed=seed, batch=8), True
 
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import get_kernel  # noqa: E402
+from tuner.commands.report import markdown_table  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
-from tuner.gpus import get_gpu  # noqa: E402
-from tuner.landscape import read_header, read_landscape  # noqa: E402
-from tuner.offline import VARIANTS, search_efficiency, summary_table  # noqa: E402
-from tuner.report import markdown_table  # noqa: E402
-from tuner.space import load_space  # noqa: E402
+from tuner.measure.landscape import read_header, read_landscape  # noqa: E402
+from tuner.plan.gpus import get_gpu  # noqa: E402
+from tuner.plan.kernel_registry import get_kernel  # noqa: E402
+from tuner.plan.space import load_space  # noqa: E402
+from tuner.search.offline import VARIANTS, search_efficiency, summary_table  # noqa: E402
 
 
 def main() -> int:
@@ -63,7 +63,7 @@ def main() -> int:
         print(f"Note: {note}.\n")
     if land.header.get("synthetic"):
         print("**SYNTHETIC landscape: these figures describe a cost model, not a GPU.**\n")
-    from tuner.provenance import is_cpu_device
+    from tuner.measure.provenance import is_cpu_device
     if is_cpu_device(land.header):
         print("**CPU DEVICE landscape: these figures describe Triton's interpreter on a CPU, not a GPU.**\n")
     print(markdown_table(summary_table(runs, args.budget)))

@@ -8,7 +8,7 @@ engine's default launch, and that launch's time. The first thing to run when a G
 
 Per kernel source: ours (kernels/), or an engine's own kernels (read from --engine-source,
 the installed engine or $TUNER_ENGINE_WHEELS), on the problems of that engine's tables.
-Every case runs in an isolated measuring child (tuner/isolation.py) whose compile workers
+Every case runs in an isolated measuring child (tuner/measure/isolation.py) whose compile workers
 build all of a kernel's cases first: a case that crashes the child, hangs or poisons its CUDA
 context fails its own line and the next runs in a fresh child. `--device cpu` runs the same
 code on the CPU device (Triton's interpreter; give a small --model). Prints one line per
@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.errors import TunerError  # noqa: E402
-from tuner.gpus import get_gpu  # noqa: E402
-from tuner.kernel_sources import kernel_for  # noqa: E402
-from tuner.models import gemm_problems, load_model, mla_problems, moe_problems  # noqa: E402
+from tuner.plan.gpus import get_gpu  # noqa: E402
+from tuner.plan.kernel_registry import kernel_for  # noqa: E402
+from tuner.plan.models import gemm_problems, load_model, mla_problems, moe_problems  # noqa: E402
 
 
 def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list[int] | None):
@@ -73,9 +73,9 @@ def main() -> int:
     rows: list = []
     failed, env = 0, {}
     try:
-        from tuner.device import require
-        from tuner.isolation import isolated_gpu_measurer
-        from tuner.provenance import short_label, time_source
+        from tuner.measure.device import require
+        from tuner.measure.isolation import isolated_gpu_measurer
+        from tuner.measure.provenance import short_label, time_source
         gpu = get_gpu(args.gpu)
         require(args.device, gpu, "validating kernels", "--device cpu runs them on the CPU device")
         model = load_model(args.model)

@@ -1,4 +1,4 @@
-"""Runs in a compile worker of the CPU device (tuner.device.init_compile_worker("cpu"): kernels
+"""Runs in a compile worker of the CPU device (tuner.measure.device.init_compile_worker("cpu"): kernels
 compiled, not interpreted, for sm_90): the Triton cache keys of a config's compile_only launch
 and of its real run, taken by Triton's own jit cache hook, which then skips the compile (and
 the launch): nothing is built, nothing runs, so any kernel and shape costs milliseconds.
@@ -13,7 +13,7 @@ import os
 def launch_keys(kernel_ref: dict, params: dict, M: int, config: dict) -> tuple[list, list]:
     from triton import knobs
 
-    from kernels import get_kernel
+    from tuner.plan.kernel_registry import get_kernel
     assert os.environ.get("TRITON_INTERPRET") is None       # compiled kernels, as on a GPU
     kernel = get_kernel(**kernel_ref)
     seen: list = []

@@ -29,5 +29,5 @@ def shared_dir():
 @pytest.fixture(autouse=True)
 def _backups_in_tmp(tmp_path, monkeypatch):
     """`tuner install` backs up into ~/.cache by default; tests keep theirs in tmp_path."""
-    from tuner import install
+    from tuner.emit import install
     monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")

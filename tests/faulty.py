@@ -11,8 +11,8 @@ import time
 
 from synthetic import fake_time_us
 
-from kernels import get_kernel
-from tuner.measure import Measurement, NumericsCheck
+from tuner.measure.measurers import Measurement, NumericsCheck
+from tuner.plan.kernel_registry import get_kernel
 
 
 def fault(cfg):

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from kernels import get_kernel
+from tuner.plan.kernel_registry import get_kernel
 
 _BASE = get_kernel("fp8_gemm")
 

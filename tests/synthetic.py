@@ -1,10 +1,10 @@
-"""Test helpers over SYNTHETIC landscapes (the cost model lives in tuner/synthetic.py):
+"""Test helpers over SYNTHETIC landscapes (the cost model lives in tuner/measure/synthetic.py):
 scaled copies of a landscape, slowed or self-killing command lines, small models."""
 
 from __future__ import annotations
 
-from tuner.landscape import LandscapeWriter, Point, read_landscape
-from tuner.synthetic import fake_time_us, write_synthetic_landscape  # noqa: F401 (re-exported for tests)
+from tuner.measure.landscape import LandscapeWriter, Point, read_landscape
+from tuner.measure.synthetic import fake_time_us, write_synthetic_landscape  # noqa: F401 (re-exported for tests)
 
 
 def scaled_landscape(src, dst, kernel, factor: float, only_m=None, only=None, **header):
@@ -28,7 +28,7 @@ def slowed_cli(seconds_per_config: float) -> str:
     down, so that test processes overlap (python -c SOURCE ARGS...)."""
     return f"""
 import sys, time
-from tuner import measure
+from tuner.measure import measurers as measure
 real = measure.ReplayMeasurer.measure
 def slow(self, problem, M, configs):
     time.sleep({seconds_per_config} * len(configs))

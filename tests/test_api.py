@@ -3,6 +3,8 @@ module imports the command line, and a request's options are checked where they 
 
 import ast
 import json
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -11,8 +13,8 @@ import yaml
 
 from tuner import api
 from tuner.cli import build_parser, main
+from tuner.commands.nightly import job_request
 from tuner.errors import TunerError
-from tuner.nightly import job_request
 
 TUNER = Path(__file__).resolve().parents[1] / "tuner"
 
@@ -29,8 +31,16 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_only_the_entry_point_imports_the_command_line():
-    importers = sorted(p.name for p in TUNER.glob("*.py") if "tuner.cli" in imported_modules(p))
+    importers = sorted(str(p.relative_to(TUNER)) for p in TUNER.rglob("*.py") if "tuner.cli" in imported_modules(p))
     assert importers == ["__main__.py"]
+
+
+def test_the_help_loads_no_heavy_library():
+    # every command module's parser is built for `tuner --help`: their heavy imports wait for a run
+    code = ("import sys; from tuner.cli import build_parser; build_parser().format_help(); "
+            "print(' '.join(m for m in ('torch', 'triton', 'optuna', 'pandas', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == []
 
 
 def test_a_request_from_the_command_line_has_every_option():

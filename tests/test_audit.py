@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.audit import Batches, audit_all, audit_deployment
-from tuner.audit_report import markdown, terminal_lines
 from tuner.cli import main
-from tuner.engine_tables import FolderFiles, Installation
-from tuner.engines import DEFAULT_BATCH_SIZES, far_ranges, nearest_key, snap_ranges
-from tuner.gpus import get_gpu
-from tuner.models import load_model
+from tuner.emit.audit import Batches, audit_all, audit_deployment
+from tuner.emit.audit_report import markdown, terminal_lines
+from tuner.emit.engine_tables import FolderFiles, Installation
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, far_ranges, nearest_key, snap_ranges
+from tuner.plan.gpus import get_gpu
+from tuner.plan.models import load_model
 
 VMOE = "vllm/model_executor/layers/fused_moe/configs"
 VGEMM = "vllm/model_executor/layers/quantization/utils/configs"
@@ -271,10 +271,10 @@ def test_emitter_writes_no_down_copy(tmp_path):
     differs is."""
     from types import SimpleNamespace
 
-    from kernels import get_kernel
-    from tuner.models import moe_problems
-    from tuner.search import StudyResult
-    from tuner.tune import _emit
+    from tuner.commands.tune import _emit
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.models import moe_problems
+    from tuner.search.runner import StudyResult
 
     kernel = get_kernel("fused_moe", "sglang", load_code=False)
     up, down = moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8", engines=["sglang"])
@@ -292,3 +292,37 @@ def test_emitter_writes_no_down_copy(tmp_path):
         entry = next(t for t in json.loads((out / "manifest.json").read_text())["tables"]
                      if t["problem"]["part"] == "down")
         assert bool(entry["files"]) == written and ("not_written" in entry) != written
+
+
+def test_traffic_weighs_each_tables_keys(tmp_path, capsys):
+    """--traffic: per key of each table read, the M it serves and its share of the passes; a
+    warning where a key serves much traffic far from its own M (a sparse table's key 96
+    running decode at M=1-8), none for a table with keys where the traffic is."""
+    traffic = tmp_path / "decode.csv"
+    traffic.write_text("M,weight\n1,5\n2,5\n4,10\n8,30\n64,40\n512,10\n")
+    site = tmp_path / "site"
+    put(site, "vllm/__init__.py", "")
+    args = ["audit", "--engine", "vllm", "--site-packages", str(site), "--triton", "3.6.0", "--model",
+            "deepseek-v3", "--gpu", "H200", "--tp", "8", "--max-batch", "1024", "--traffic", str(traffic)]
+    sparse = tmp_path / "sparse"
+    put(sparse, V3_MOE, grid([96, 128, 256, 512, 1024]))
+    assert main([*args, "--moe-config-dir", str(sparse), "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    moe = json.loads((tmp_path / "a" / "audit.json").read_text())["kernels"][0]
+    shares = {c["key"]: c["share"] for c in moe["traffic"]}
+    assert shares[96] == pytest.approx(0.9) and shares[512] == pytest.approx(0.1) and shares[1024] == 0
+    far = [f for f in moe["findings"] if f["kind"] == "traffic_far"]
+    assert len(far) == 1 and far[0]["rows"] == [96] and "farthest 1 (96.00x)" in far[0]["reason"]
+    assert "traffic: key 96 serves M=1-64, 90.0% of the passes" in printed
+    assert "| 96 | M=1-64 | 90.00% |" in (tmp_path / "a" / "audit.md").read_text()
+    dense = tmp_path / "dense"
+    put(dense, V3_MOE, grid())
+    assert main([*args, "--moe-config-dir", str(dense), "--out", str(tmp_path / "b")]) == 0
+    moe = json.loads((tmp_path / "b" / "audit.json").read_text())["kernels"][0]
+    assert not [f for f in moe["findings"] if f["kind"] == "traffic_far"]
+    assert sum(c["share"] for c in moe["traffic"]) == pytest.approx(1.0)
+    capsys.readouterr()
+    traffic.write_text("M,weight\n0,1\n")
+    assert main([*args, "--moe-config-dir", str(dense)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "decode.csv" in err

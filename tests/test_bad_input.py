@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.space import load_space
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
 
 MOE = "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
 GEMM = "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
@@ -428,7 +428,7 @@ def test_there_are_enough_cases():
 
 @pytest.mark.parametrize("name,build,needle", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(name, build, needle, tmp_path, capsys, monkeypatch):
-    from tuner import install
+    from tuner.emit import install
     monkeypatch.chdir(tmp_path)                       # default --out folders land here, if any
     monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")
     (tmp_path / "victim.json").write_text('{"keep": true}')
@@ -472,7 +472,7 @@ def test_broken_pipe_is_quiet(tmp_path):
 def test_proof_paths_are_the_users_not_the_checkouts(tmp_path, monkeypatch):
     """The proof's steps run from the repository root: a relative --out, --bundle or
     --engine-source is taken from where the user stands, never from the checkout."""
-    from tuner import proof
+    from tuner.commands import proof
     seen = {}
     monkeypatch.setattr(proof.Proof, "execute", lambda self, steps, log=print: seen.update(p=self) or 0)
     monkeypatch.chdir(tmp_path)
@@ -526,7 +526,7 @@ def test_the_known_engine_files_are_the_released_ones():
         "engine_release_files", Path(__file__).resolve().parents[1] / "scripts" / "engine_release_files.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from tuner.kernel_sources import known_release_files
+    from tuner.plan.kernel_sources import known_release_files
     recorded, computed = known_release_files(), module.release_files(wheels)
     assert computed and all(recorded[e][v] == files for e, vs in computed.items() for v, files in vs.items())
 
@@ -535,8 +535,9 @@ def test_a_tampered_engine_source_is_refused_unless_trusted(tmp_path, capsys):
     """An extracted engine folder whose kernel file was changed (one line added) is refused in
     one line before any of its code runs; --trust-engine-source runs it and the plan says
     which file, from where, with its hash; an untouched one is named as released."""
-    from tuner.kernel_sources import TRUST_ENV, extract
-    folder = extract("vllm", str(next(_wheels().glob("vllm-0.33.0-*.whl"))), tmp_path / "ex")
+    from tuner.plan.kernel_registry import launcher
+    from tuner.plan.kernel_sources import TRUST_ENV, extract
+    folder = extract("vllm", str(next(_wheels().glob("vllm-0.33.0-*.whl"))), tmp_path / "ex", launcher("vllm").FILES)
     plan = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--dry-run",
             "--engines", "vllm", "--engine-source", str(folder), "--out", str(tmp_path / "o")]
     assert main(plan) == 0

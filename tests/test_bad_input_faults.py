@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from synthetic import slowed_cli, write_synthetic_landscape
 
-from kernels import get_kernel
-from tuner.gpus import get_gpu
-from tuner.space import load_space
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
@@ -247,8 +247,8 @@ PROOF_WITH_A_SLEEPING_STEP = """
 import signal, sys
 from pathlib import Path
 from tuner.cli import _on_sigterm
-from tuner.gpus import get_gpu
-from tuner.proof import Command, Proof
+from tuner.plan.gpus import get_gpu
+from tuner.commands.proof import Command, Proof
 signal.signal(signal.SIGTERM, _on_sigterm)
 proof = Proof(Path(sys.argv[1]), get_gpu("H200"), minutes=5, device="cpu")
 sleeper = [sys.executable, "-c", "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); "
@@ -290,7 +290,8 @@ def test_a_killed_proof_takes_its_step_along_and_reruns(tmp_path, env, sig):
     if sig == signal.SIGTERM:              # said, in the record of the steps, before it went
         steps = json.loads((out / "steps.json").read_text())["steps"]
         assert steps[0]["name"] == "environment" and steps[0]["status"] == "interrupted"
-    rerun = ("import sys\nfrom pathlib import Path\nfrom tuner.gpus import get_gpu\nfrom tuner.proof import Command, Proof\n"
+    rerun = ("import sys\nfrom pathlib import Path\nfrom tuner.plan.gpus import get_gpu\n"
+             "from tuner.commands.proof import Command, Proof\n"
              "p = Proof(Path(sys.argv[1]), get_gpu('H200'), minutes=1, device='cpu')\n"
              "p.builders = lambda: {'environment': lambda: [Command('quick', [sys.executable, '-c', 'pass'], "
              "'logs/quick.txt')]}\nsys.exit(p.execute(['environment'], log=lambda line: None))\n")
@@ -303,7 +304,7 @@ def test_a_killed_proof_takes_its_step_along_and_reruns(tmp_path, env, sig):
 
 SLOWED_SYNTH = """
 import sys, time
-from tuner import landscape
+from tuner.measure import landscape
 real = landscape.LandscapeWriter.write
 def slow(self, *a, **k):
     time.sleep(0.02)
@@ -369,7 +370,7 @@ def test_a_write_killed_mid_commit_does_not_block_the_storage(tmp_path):
     check rolls it back (as any SQLite client does) instead of calling the file no database."""
     import sqlite3
 
-    from tuner.tune import check_sqlite_file
+    from tuner.commands.tune import check_sqlite_file
     db = tmp_path / "studies.db"
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE studies (study_id INTEGER, study_name TEXT)")

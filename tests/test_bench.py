@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from tuner import ceilings
 from tuner.cli import main
+from tuner.commands import ceilings
 from tuner.errors import TunerError
-from tuner.gpu_timing import summarize
-from tuner.gpus import get_gpu
+from tuner.measure.timing import summarize
+from tuner.plan.gpus import get_gpu
 
 COMMON = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8"]
 
@@ -75,7 +75,7 @@ def test_bench_times_our_tuned_table(gemm_landscape, tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     tuned = {(r["problem"], r["M"]): r for r in rows if r["contender"] == "tuned"}
     assert len(tuned) == 16
-    from tuner.problems import Problem
+    from tuner.plan.problems import Problem
     for t in manifest["tables"]:
         key = Problem(t["kernel"], t["problem"]).key
         for m, e in t["entries"].items():

@@ -1,4 +1,4 @@
-"""How concurrent workers claim trials of one study (tuner/study_storage.py claim),
+"""How concurrent workers claim trials of one study (tuner/search/storage.py claim),
 with the other worker's steps played by hand in between, in the orders that used to lose a
 trial or measure one twice. The 'other worker' is named after PID 1, a live process."""
 
@@ -8,14 +8,14 @@ import socket
 import optuna
 import pytest
 
-from kernels import get_kernel
-from tuner import study_storage
-from tuner.gpus import get_gpu
-from tuner.kernel_api import config_tuple
-from tuner.measure import Measurement
-from tuner.search import SearchSettings, StudyRunner
-from tuner.space import load_space
-from tuner.study_storage import WORKER_ID, claim
+from tuner.measure.measurers import Measurement
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_api import config_tuple
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
+from tuner.search import storage as study_storage
+from tuner.search.runner import SearchSettings, StudyRunner
+from tuner.search.storage import WORKER_ID, claim
 
 KERNEL = get_kernel("fp8_gemm")
 KEY = functools.partial(config_tuple, KERNEL)

@@ -1,6 +1,6 @@
 """Compile workers build what the timed run looks up, without real-size tensors.
 
-The compile worker of the CPU device is the real one (tuner.device.init_compile_worker, in a
+The compile worker of the CPU device is the real one (tuner.measure.device.init_compile_worker, in a
 ProcessPoolExecutor as the measuring child makes it): kernels compiled, not interpreted, for
 sm_90. In it each kernel's compile_only launch and its real run on real (small) inputs are
 taken apart by Triton's jit cache hook, which gives the cache key of every launch and skips
@@ -15,9 +15,9 @@ from multiprocessing import get_context
 import pytest
 import torch
 
-from kernels import get_kernel
 from kernels.engines.base import phantom
-from tuner.device import init_compile_worker
+from tuner.measure.device import init_compile_worker
+from tuner.plan.kernel_registry import get_kernel
 
 SMALL_MOE = {"E": 8, "N": 256, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": [128, 128],
              "routing": "uniform"}
@@ -42,7 +42,7 @@ def engine(name, source):
     wheels = os.environ.get("TUNER_ENGINE_WHEELS")
     if not wheels:
         pytest.skip("needs the engines' wheels (TUNER_ENGINE_WHEELS; .ci/run provides them)")
-    from tuner.kernel_sources import kernel_for
+    from tuner.plan.kernel_registry import kernel_for
     return kernel_for(name, source, source, [wheels])
 
 
@@ -83,5 +83,5 @@ def test_compile_tensors_own_no_memory():
     bounds check that sank the old few-byte views nor gigabytes per worker (MLA at 128 x 32K)."""
     w = phantom((256, 512, 7168), torch.float8_e4m3fn)
     assert w.shape == (256, 512, 7168) and w.is_meta and w.data_ptr() % 16 == 0
-    from tuner.kernel_api import COMPILE_DEVICE
+    from tuner.plan.kernel_api import COMPILE_DEVICE
     assert COMPILE_DEVICE == "meta"

@@ -1,4 +1,4 @@
-"""The GPU's measuring stack, run in CI on the CPU device (tuner/device.py): the commands a
+"""The GPU's measuring stack, run in CI on the CPU device (tuner/measure/device.py): the commands a
 GPU run uses, as a user types them, through the real isolated measuring child, its compile
 workers (compiling for sm_90), recycling, the hang kill and crash restart; times labelled
 CPU DEVICE and never taken for a GPU's; no process of a run left behind, kill -9 included.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.process_tree import members
+from tuner.measure.process_tree import members
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = str(REPO / "configs" / "examples" / "small-moe.json")
@@ -101,9 +101,9 @@ def test_cpu_device_times_are_never_taken_for_a_gpus(cpu_run, tmp_path, monkeypa
     assert capsys.readouterr().out.startswith("*** CPU DEVICE")
     import shutil
 
-    import tuner.isolation
-    from tuner import measure
-    from tuner.measure import Measurement, NumericsCheck
+    import tuner.measure.device
+    import tuner.measure.isolation
+    from tuner.measure.measurers import Measurement, NumericsCheck
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
 
@@ -127,8 +127,8 @@ def test_cpu_device_times_are_never_taken_for_a_gpus(cpu_run, tmp_path, monkeypa
 
         def close(self):
             pass
-    monkeypatch.setattr(tuner.isolation, "IsolatedMeasurer", GpuHere)
-    monkeypatch.setattr(measure, "require_gpu", lambda *a: None)
+    monkeypatch.setattr(tuner.measure.isolation, "IsolatedMeasurer", GpuHere)
+    monkeypatch.setattr(tuner.measure.device, "require_gpu", lambda *a: None)
     args = [a for a in GEMM_ARGS if a not in ("--device", "cpu")]
     assert main(["gemm", *args, "--batch-sizes", "1", "16", "--trials", "3", "--out", str(copy), "--quiet"]) == 2
     err = capsys.readouterr().err
@@ -154,20 +154,20 @@ def test_a_hang_a_crash_and_a_lost_context_on_the_cpu_device(small_space, tmp_pa
     kind and what took children down, and no process of any child is left."""
     import faulty_kernel
 
-    import tuner.isolation
-    from tuner.gpus import get_gpu
-    from tuner.models import gemm_problems, load_model
-    from tuner.search import SearchSettings
-    from tuner.space import load_space
-    from tuner.tune import RunOptions, run_tuning
+    import tuner.measure.isolation
+    from tuner.commands.tune import RunOptions, run_tuning
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import gemm_problems, load_model
+    from tuner.plan.space import load_space
+    from tuner.search.runner import SearchSettings
 
     made = []
 
-    class Counted(tuner.isolation.IsolatedMeasurer):
+    class Counted(tuner.measure.isolation.IsolatedMeasurer):
         def __init__(self, *args, **kw):
             made.append(self)
             super().__init__(*args, **kw)
-    monkeypatch.setattr(tuner.isolation, "IsolatedMeasurer", Counted)
+    monkeypatch.setattr(tuner.measure.isolation, "IsolatedMeasurer", Counted)
     kernel = faulty_kernel.KERNEL
     [problem] = [p for p in gemm_problems(load_model(SMALL), 1) if p.params["N"] == 256]
     opts = RunOptions(kernel=kernel, space=load_space(kernel, small_space), gpu=get_gpu("H100"), problems=[problem],
@@ -227,8 +227,8 @@ def test_checks_run_isolated_a_crash_or_a_lost_context_fails_its_own_line():
     loses its CUDA context, fails its own check; the next one runs in a fresh child."""
     import faulty_kernel
 
-    from tuner.isolation import isolated_gpu_measurer
-    from tuner.problems import Problem
+    from tuner.measure.isolation import isolated_gpu_measurer
+    from tuner.plan.problems import Problem
     problem = Problem("fp8_gemm", {"N": 256, "K": 256, "block_shape": [128, 128]})
     good = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
             "num_stages": 3}
@@ -253,10 +253,10 @@ def test_inputs_that_cannot_be_made_fail_each_config_not_the_measurer():
 
     import torch
 
-    from kernels import get_kernel
-    from tuner.gpus import get_gpu
-    from tuner.measure_gpu import DeviceMeasurer
-    from tuner.problems import Problem
+    from tuner.measure.device_measurer import DeviceMeasurer
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.problems import Problem
 
     def too_big(params, M, device, seed):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
@@ -270,13 +270,13 @@ def test_inputs_that_cannot_be_made_fail_each_config_not_the_measurer():
 
 def test_the_cpu_device_stands_in_for_the_gpu_of_the_table(monkeypatch):
     """Its name says what it stands in for (so its studies and landscapes are never a GPU's),
-    its properties come from tuner/gpus.py (L2: H100 50 MB, H200 60 MB), and a compile waits
+    its properties come from tuner/plan/gpus.py (L2: H100 50 MB, H200 60 MB), and a compile waits
     at most half the time a config may take, which fits a 10-minute device command."""
-    from kernels import get_kernel
-    from tuner.device import CpuDevice, device_name
-    from tuner.gpus import get_gpu
-    from tuner.isolation import DEFAULT_TIMEOUT_S, IsolatedMeasurer, isolated_gpu_measurer
-    from tuner.provenance import banner, short_label
+    from tuner.measure.device import CpuDevice, device_name
+    from tuner.measure.isolation import DEFAULT_TIMEOUT_S, IsolatedMeasurer, isolated_gpu_measurer
+    from tuner.measure.provenance import banner, short_label
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_registry import get_kernel
     h100, h200 = get_gpu("H100"), get_gpu("H200")
     assert (h100.l2_bytes, h200.l2_bytes) == (50 << 20, 60 << 20)
     assert CpuDevice(h200).properties()["l2_bytes"] == 60 << 20
@@ -289,8 +289,8 @@ def test_the_cpu_device_stands_in_for_the_gpu_of_the_table(monkeypatch):
     class Recorded(IsolatedMeasurer):
         def __init__(self, kernel, factory, kwargs, timeout_s, **kw):
             made.update(kwargs, timeout_s=timeout_s)
-    import tuner.isolation
-    monkeypatch.setattr(tuner.isolation, "IsolatedMeasurer", Recorded)
+    import tuner.measure.isolation
+    monkeypatch.setattr(tuner.measure.isolation, "IsolatedMeasurer", Recorded)
     isolated_gpu_measurer(get_kernel("fp8_gemm"), "H200", device="cpu")
     assert made["timeout_s"] == DEFAULT_TIMEOUT_S <= 120 and made["compile_timeout_s"] == made["timeout_s"] / 2
 

@@ -9,15 +9,15 @@ import os
 import pytest
 from synthetic import scaled_landscape, write_synthetic_landscape
 
-import kernels
 from kernels.fused_moe import local_pairs
 from tuner.cli import main
-from tuner.engines import ENGINES
 from tuner.errors import TunerError
-from tuner.gpus import get_gpu
-from tuner.landscape import LandscapeWriter, Point, read_landscape
-from tuner.models import checkpoint_dtype, load_model, moe_problems
-from tuner.space import load_space
+from tuner.measure.landscape import LandscapeWriter, Point, read_landscape
+from tuner.plan import kernel_registry
+from tuner.plan.engines import ENGINES
+from tuner.plan.gpus import get_gpu
+from tuner.plan.models import checkpoint_dtype, load_model, moe_problems
+from tuner.plan.space import load_space
 
 QWEN_BF16 = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
              "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "num_attention_heads": 32,
@@ -33,7 +33,7 @@ def test_ep_problems_route_over_every_gpus_experts():
     assert {(p.params["E"], p.params["N"], p.params["ep"]) for p in problems} == {(32, 2048, 8)}
     # the same routing at tiny widths: ~1/8 of M * top-8 pairs are local
     params = {**problems[0].params, "N": 128, "K": 128}
-    kernel = kernels.get_kernel("fused_moe")
+    kernel = kernel_registry.get_kernel("fused_moe")
     inputs = kernel.make_inputs(params, 256, "cpu", seed=1)
     assert int(inputs["topk_ids"].max()) >= 200                     # global ids, up to 255
     local = int((inputs["local_ids"] >= 0).sum())
@@ -43,8 +43,8 @@ def test_ep_problems_route_over_every_gpus_experts():
 
 def test_ep_numerics_of_our_kernel():
     """Our kernel on an EP workload: only local pairs add, against the float64 reference."""
-    from tuner.numerics import check_config
-    kernel = kernels.get_kernel("fused_moe")
+    from tuner.measure.numerics import check_config
+    kernel = kernel_registry.get_kernel("fused_moe")
     cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
            "num_stages": 3}
     for part in ("op", "down"):
@@ -55,7 +55,7 @@ def test_ep_numerics_of_our_kernel():
 
 
 def test_drift_times_an_ep_table_on_the_ep_workload(tmp_path):
-    from tuner.drift import parse_table_file
+    from tuner.commands.drift import parse_table_file
     table = tmp_path / "E=32,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     table.write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
                                        "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}}))
@@ -118,7 +118,7 @@ def sglang_land(tmp_path_factory):
     """A SYNTHETIC landscape of SGLang's kernel at DeepSeek-V3 TP8 where the up GEMM alone
     prefers BLOCK_SIZE_M 16 (10 % faster) and the down GEMM 64 (3x faster)."""
     d = tmp_path_factory.mktemp("tied")
-    kernel = kernels.get_kernel("fused_moe", "sglang", load_code=False)
+    kernel = kernel_registry.get_kernel("fused_moe", "sglang", load_code=False)
     problems = [p.params for p in moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8", "uniform", ["sglang"])]
     raw, up_fast, land = d / "raw.jsonl", d / "up.jsonl", d / "land.jsonl"
     write_synthetic_landscape(raw, kernel, load_space(kernel), get_gpu("H200"), problems, MS)
@@ -236,7 +236,7 @@ def test_a_model_that_cannot_fit_gets_a_hint(capsys):
 def test_install_says_how_to_confirm_the_tables_were_read(tmp_path, capsys):
     import triton
     land = tmp_path / "l.jsonl"
-    kernel = kernels.get_kernel("fused_moe")
+    kernel = kernel_registry.get_kernel("fused_moe")
     write_synthetic_landscape(land, kernel, load_space(kernel), get_gpu("H200"),
                               [p.params for p in moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8",
                                                               engines=("vllm",))], [1])

@@ -11,13 +11,14 @@ import pytest
 import torch
 from engine_loaders import wheel_dir
 
-import kernels
 from kernels.engines import sglang as sgl
 from kernels.engines import vllm
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.kernel_sources import extract, function_source, locate
-from tuner.numerics import check_config
+from tuner.measure.numerics import check_config
+from tuner.plan import kernel_registry
+from tuner.plan.kernel_registry import launcher
+from tuner.plan.kernel_sources import extract, function_source, locate
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
@@ -69,7 +70,7 @@ def rel_error(kernel, params, M, config, seed=7):
 
 @pytest.fixture(scope="module")
 def engine_kernels():
-    return {(e, n): kernels.get_kernel(n, e) for e in ("vllm", "sglang") for n in ("fused_moe", "fp8_gemm")}
+    return {(e, n): kernel_registry.get_kernel(n, e) for e in ("vllm", "sglang") for n in ("fused_moe", "fp8_gemm")}
 
 
 # -- numerics of each engine's kernel -----------------------------------------------------
@@ -205,30 +206,30 @@ def test_every_supported_version_resolves_to_its_release(engine, module):
     from engine_wrappers import wheel
     for version in module.SUPPORTED:
         for name in module.KERNEL_FUNCTIONS:
-            spec = kernels.get_kernel(name, engine, str(wheel(wheel_dir(), engine, version)), load_code=True)
+            spec = kernel_registry.get_kernel(name, engine, str(wheel(wheel_dir(), engine, version)), load_code=True)
             assert spec.notes["launched_as"] == version and spec.notes["launcher_matches_engine"] is True
 
 
 def test_a_changed_wrapper_is_refused(tmp_path):
     """An extracted folder whose swap rule was edited: the launcher no longer mirrors it, so
     it is refused in one line naming what changed (not run with a warning)."""
-    folder = extract("vllm", None, tmp_path / "vllm")
+    folder = extract("vllm", None, tmp_path / "vllm", launcher("vllm").FILES)
     rel = "vllm/model_executor/layers/fused_moe/utils.py"
     text = (folder / rel).read_text()
     old = function_source(text, "enable_swap_ab")
     (folder / rel).write_text(text.replace(old, old.replace("BLOCK_SIZE_M < 64", "BLOCK_SIZE_M < 32")))
     with pytest.raises(TunerError, match="wrappers differ from the released 0.33.0's: enable_swap_ab changed"):
-        kernels.get_kernel("fused_moe", "vllm", str(folder))
-    assert kernels.get_kernel("fused_moe", "vllm").notes["launcher_matches_engine"] is True
+        kernel_registry.get_kernel("fused_moe", "vllm", str(folder))
+    assert kernel_registry.get_kernel("fused_moe", "vllm").notes["launcher_matches_engine"] is True
 
 
 def test_extracted_folder_runs_the_same_code(tmp_path, engine_kernels):
-    folder = extract("sglang", None, tmp_path / "sg")
+    folder = extract("sglang", None, tmp_path / "sg", launcher("sglang").FILES)
     manifest = json.loads((folder / "tuner-engine-source.json").read_text())
     assert manifest["engine"] == "sglang" and manifest["version"] == "0.5.23"
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     assert size < 1 << 20                                                 # small enough to carry
-    spec = kernels.get_kernel("fused_moe", "sglang", str(folder))
+    spec = kernel_registry.get_kernel("fused_moe", "sglang", str(folder))
     assert spec.code_version == engine_kernels["sglang", "fused_moe"].code_version
     assert spec.origin == str(folder.resolve())
     assert rel_error(spec, {**SGL_MOE, "part": "up"}, 3, cfg(16, 256, bk=64, USE_TMA=1)) < spec.tolerance / 4
@@ -243,8 +244,8 @@ def test_no_engine_is_one_clear_line(monkeypatch, tmp_path, capsys):
     rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.splitlines()) == 1 and "no CUDA GPU is visible" in err
-    import tuner.measure
-    monkeypatch.setattr(tuner.measure, "require_gpu", lambda *a, **k: None)
+    import tuner.measure.device
+    monkeypatch.setattr(tuner.measure.device, "require_gpu", lambda *a, **k: None)
     rc = main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1",
                "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
@@ -260,7 +261,7 @@ def test_no_engine_is_one_clear_line(monkeypatch, tmp_path, capsys):
 
 def test_mla_has_no_engine_kernel():
     with pytest.raises(TunerError, match="reads no mla_decode table"):
-        kernels.get_kernel("mla_decode", "vllm")
+        kernel_registry.get_kernel("mla_decode", "vllm")
 
 
 def test_engine_packages_are_read_not_imported(engine_kernels):
@@ -274,10 +275,10 @@ def _engine_landscape(tmp_path, engine, faster):
     configs `faster(params, M, config)` picks made 3x faster."""
     from synthetic import scaled_landscape, write_synthetic_landscape
 
-    from tuner.gpus import get_gpu
-    from tuner.models import load_model, moe_problems
-    from tuner.space import load_space
-    kernel = kernels.get_kernel("fused_moe", engine)          # its version goes into the header
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model, moe_problems
+    from tuner.plan.space import load_space
+    kernel = kernel_registry.get_kernel("fused_moe", engine)          # its version goes into the header
     problems = [p.params for p in moe_problems(load_model("deepseek-v3"), 8, 1, "fp8_w8a8", "uniform", [engine])]
     raw, land = tmp_path / f"{engine}-raw.jsonl", tmp_path / f"{engine}.jsonl"
     write_synthetic_landscape(raw, kernel, load_space(kernel), get_gpu("H200"), problems, [1, 64])

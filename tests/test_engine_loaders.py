@@ -9,11 +9,11 @@ import triton
 from engine_loaders import LOADERS, LOG, load_loaders, wheel, wheel_dir
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.models import load_model, moe_problems
-from tuner.space import load_space
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.models import load_model, moe_problems
+from tuner.plan.space import load_space
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
@@ -123,7 +123,7 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
 def test_h200_nvl_names_are_the_ones_vllm_and_sglang_look_for(tmp_path):
     """On an H200 NVL, vLLM's own MoE loader reads NVIDIA_H200 files and its GEMM loader
     NVIDIA_H200_NVL ones; SGLang's read NVIDIA_H200_NVL for both: the names we write."""
-    from tuner.engines import ENGINES
+    from tuner.plan.engines import ENGINES
     nvl = get_gpu("H200-NVL").cuda_name
     entry = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
                    "num_warps": 4, "num_stages": 3}}

@@ -13,15 +13,16 @@ import torch
 from engine_loaders import wheel_dir
 from engine_wrappers import LaunchRecorder, differences, sglang_wrappers, vllm_wrappers, wheel
 
-import kernels
 from kernels.engines import sglang as sgl
 from kernels.engines import vllm
 from kernels.engines.base import jit_functions
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.kernel_api import config_from_entry, table_entry
-from tuner.kernel_sources import extract, function_source, locate
-from tuner.numerics import relative_error
+from tuner.measure.numerics import relative_error
+from tuner.plan import kernel_registry
+from tuner.plan.kernel_api import config_from_entry, table_entry
+from tuner.plan.kernel_registry import launcher
+from tuner.plan.kernel_sources import extract, function_source, locate
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
@@ -38,7 +39,7 @@ def cfg(bm, bn, bk=128, group=1, warps=4, stages=3, **extra):
 
 
 def _spec(engine, version):
-    return kernels.get_kernel("fused_moe", engine, str(wheel(wheel_dir(), engine, version)))
+    return kernel_registry.get_kernel("fused_moe", engine, str(wheel(wheel_dir(), engine, version)))
 
 
 def _poisoned(t):
@@ -209,7 +210,7 @@ def test_sglang_table_parts_launch_as_the_layer_does(version):
     inputs = spec.make_inputs(SGL_MOE, 4, "cpu", seed=2)
     with LaunchRecorder({"fused_moe_kernel": kernel}) as whole:
         sgl.moe_layer(spec_code(spec), launch, inputs, config_from_entry(spec, up), config_from_entry(spec, down))
-    # the pair the tables are chosen together on (tuner.tune.choose_tied) is that same layer
+    # the pair the tables are chosen together on (tuner.commands.tune.choose_tied) is that same layer
     pair = spec.tied_params({**SGL_MOE, "part": "down"}, config_from_entry(spec, up))
     with LaunchRecorder({"fused_moe_kernel": kernel}, execute=False) as together:
         spec.run(spec.make_inputs(pair, 4, "cpu", seed=2), config_from_entry(spec, down))
@@ -230,7 +231,7 @@ def test_sglang_table_parts_launch_as_the_layer_does(version):
 ])
 def test_gemm_launches_as_its_own_wrapper(engine, version, config):
     origin = str(wheel(wheel_dir(), engine, version))
-    spec = kernels.get_kernel("fp8_gemm", engine, origin)
+    spec = kernel_registry.get_kernel("fp8_gemm", engine, origin)
     module = vllm if engine == "vllm" else sgl
     names = module.KERNEL_FUNCTIONS["fp8_gemm"][module.GEMM_FILE]
     jits = dict(zip(names, jit_functions(locate(engine, origin), module.GEMM_FILE, names)))
@@ -257,7 +258,7 @@ def test_gemm_launches_as_its_own_wrapper(engine, version, config):
 
 # -- what is not supported -------------------------------------------------------------------------
 def _edited_copy(tmp_path, engine, version, rel, edit):
-    folder = extract(engine, str(wheel(wheel_dir(), engine, version)), tmp_path / f"{engine}-{version}")
+    folder = extract(engine, str(wheel(wheel_dir(), engine, version)), tmp_path / f"{engine}-{version}", launcher(engine).FILES)
     path = folder / rel
     path.write_text(edit(path.read_text()))
     return folder
@@ -275,7 +276,7 @@ def test_unknown_version_is_refused_in_one_line(tmp_path, capsys):
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": "0.5.24"}))
     with pytest.raises(TunerError, match=r"sglang 0\.5\.24 .*cannot be launched.*invoke_fused_moe_kernel.*"
                                          r"0\.5\.21, 0\.5\.22, 0\.5\.23.*--kernel-source ours"):
-        kernels.get_kernel("fused_moe", "sglang", str(folder))
+        kernel_registry.get_kernel("fused_moe", "sglang", str(folder))
     model = tmp_path / "config.json"
     model.write_text(json.dumps({"hidden_size": 256, "num_attention_heads": 2, "n_routed_experts": 8,
                                  "moe_intermediate_size": 256, "num_experts_per_tok": 2,
@@ -289,30 +290,30 @@ def test_unknown_version_is_refused_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "tuner launches sglang 0.5.21" in err, err
     # the GEMM wrappers of that folder are 0.5.23's: its GEMM kernel still loads
-    assert kernels.get_kernel("fp8_gemm", "sglang", str(folder)).notes["launched_as"] == "0.5.23"
+    assert kernel_registry.get_kernel("fp8_gemm", "sglang", str(folder)).notes["launched_as"] == "0.5.23"
 
 
 def test_renamed_kernel_function_is_refused_in_one_line(tmp_path, capsys):
     folder = _edited_copy(tmp_path, "vllm", "0.33.0", vllm.MOE_FILE,
                           lambda t: t.replace("def fused_moe_kernel(", "def fused_moe_kernel_v2("))
     with pytest.raises(TunerError, match="its kernel moved or was renamed.*fused_moe_kernel.*--kernel-source ours"):
-        kernels.get_kernel("fused_moe", "vllm", str(folder))
+        kernel_registry.get_kernel("fused_moe", "vllm", str(folder))
 
 
 def test_changed_signature_is_refused(tmp_path):
     folder = _edited_copy(tmp_path, "sglang", "0.5.22", sgl.MOE_FILE,
                           lambda t: t.replace("    LORA_PRESERVE_BASE: tl.constexpr,\n", "", 1))
     with pytest.raises(TunerError, match="fused_moe_kernel takes other arguments"):
-        kernels.get_kernel("fused_moe", "sglang", str(folder))
+        kernel_registry.get_kernel("fused_moe", "sglang", str(folder))
 
 
 def test_same_wrappers_under_another_number_launch_as_that_release(tmp_path):
     """A build that reports another version but carries a release's exact wrappers (a
     post-release, a rebuilt wheel) is launched as that release."""
-    folder = extract("vllm", str(wheel(wheel_dir(), "vllm", "0.32.0")), tmp_path / "v")
+    folder = extract("vllm", str(wheel(wheel_dir(), "vllm", "0.32.0")), tmp_path / "v", launcher("vllm").FILES)
     manifest = folder / "tuner-engine-source.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": "0.32.0.post1"}))
-    spec = kernels.get_kernel("fused_moe", "vllm", str(folder))
+    spec = kernel_registry.get_kernel("fused_moe", "vllm", str(folder))
     assert spec.notes["launched_as"] in ("0.31.0", "0.32.0") and spec.source_version == "0.32.0.post1"
 
 

@@ -1,4 +1,4 @@
-"""Typed failures (tuner/failures.py): a failed measurement has a kind and a detail, kept on
+"""Typed failures (tuner/measure/failures.py): a failed measurement has a kind and a detail, kept on
 the trial and in landscapes (old error texts are classified when read), counted per study
 in the manifest, by `tuner report` and by `tuner drift`; diagnostics go through the 'tuner'
 logger."""
@@ -9,15 +9,15 @@ import optuna
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
-from tuner import failures
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.landscape import read_landscape
-from tuner.measure import Measurement, NumericsCheck, ReplayMeasurer
-from tuner.problems import Problem
-from tuner.search import SearchSettings, StudyRunner, study_name
-from tuner.space import load_space
+from tuner.measure import failures
+from tuner.measure.landscape import read_landscape
+from tuner.measure.measurers import Measurement, NumericsCheck, ReplayMeasurer
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
+from tuner.search.runner import SearchSettings, StudyRunner, study_name
 
 KERNEL = get_kernel("fp8_gemm")
 GPU = get_gpu("H200")
@@ -209,7 +209,7 @@ def test_clearing_a_dead_workers_trial_is_logged_at_info(caplog):
     import logging
     import socket
 
-    from tuner.study_storage import fail_stale
+    from tuner.search.storage import fail_stale
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
     trial = study.ask()
     trial.set_user_attr("worker", f"{socket.gethostname()}:{2 ** 22 + 12345}")     # no such process

@@ -5,10 +5,10 @@ tests/test_cpu_device.py.)"""
 
 import pytest
 
-from kernels import get_kernel
 from tuner.errors import TunerError
-from tuner.isolation import IsolatedMeasurer
-from tuner.problems import Problem
+from tuner.measure.isolation import IsolatedMeasurer
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
 
 KERNEL = get_kernel("fp8_gemm")
 P = Problem("fp8_gemm", {"N": 7168, "K": 2048, "block_shape": [128, 128]})
@@ -38,8 +38,8 @@ class _ScriptedDevice:
 
 
 def _bare_gpu_measurer(reasons, times):
-    from tuner.measure import Measurement
-    from tuner.measure_gpu import DeviceMeasurer
+    from tuner.measure.device_measurer import DeviceMeasurer
+    from tuner.measure.measurers import Measurement
     m = DeviceMeasurer.__new__(DeviceMeasurer)    # only the retake logic is exercised
     m.device = _ScriptedDevice(reasons)
     m.max_retakes, m.cooldown_s = 2, 0.0

@@ -1,4 +1,4 @@
-"""The choice of a study's config (tuner/search.py, StudyRunner._finish and .conclude): the
+"""The choice of a study's config (tuner/search/runner.py, StudyRunner._finish and .conclude): the
 finalists and the default are timed again together and the default competes like any
 finalist, so a table never holds a config slower than the default measured in that same
 re-time. Over a SYNTHETIC landscape; the re-time differs from the search's times as noise
@@ -8,14 +8,14 @@ import optuna
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
-from tuner.gpus import get_gpu
-from tuner.kernel_api import config_tuple
-from tuner.landscape import read_landscape
-from tuner.measure import Measurement, NumericsCheck, ReplayMeasurer
-from tuner.problems import Problem
-from tuner.search import SearchSettings, StudyRunner
-from tuner.space import load_space
+from tuner.measure.landscape import read_landscape
+from tuner.measure.measurers import Measurement, NumericsCheck, ReplayMeasurer
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_api import config_tuple
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
+from tuner.search.runner import SearchSettings, StudyRunner
 
 KERNEL = get_kernel("fp8_gemm")
 GPU = get_gpu("H200")
@@ -106,7 +106,7 @@ def test_concluding_tied_tables_lets_the_default_win_only_with_the_shared_keys(l
     storage = optuna.storages.InMemoryStorage()
     runner, searched = tune(ReplayMeasurer(landscape), storage)
     measured = sorted((t, c) for c, t in runner.measured(PROBLEM, M).items() if t is not None)
-    from tuner.kernel_api import config_dict
+    from tuner.plan.kernel_api import config_dict
     # a key standing for the one SGLang's up and down tables share (BLOCK_SIZE_M; at M=16 the
     # space holds no other BLOCK_SIZE_M than the default's 64 but the default itself)
     shared = ("BLOCK_SIZE_K",)

@@ -10,7 +10,7 @@ from kernels.fp8_gemm import (
     per_token_group_quant_fp8_reference,
     w8a8_block_fp8_matmul,
 )
-from tuner.numerics import relative_error
+from tuner.measure.numerics import relative_error
 
 
 def cfg(bm, bn, bk, g=1, warps=4, stages=2):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels import fused_moe as fm
-from tuner.numerics import relative_error
+from tuner.measure.numerics import relative_error
 
 PRECISIONS = [("bf16", None), ("fp8_w8a8", [128, 128]), ("fp8_w8a8", None)]
 

@@ -1,4 +1,4 @@
-"""The journal file, the default storage of a local run (tuner/study_storage.py, JournalFile
+"""The journal file, the default storage of a local run (tuner/search/storage.py, JournalFile
 under Optuna's JournalStorage): what a writer killed mid-line leaves is cut off and never
 read, writers of several processes never interleave, a lock dies with its process, syncs
 are rare, and a results folder of the tuner before it (SQLite) still resumes. Landscapes
@@ -16,13 +16,13 @@ import optuna
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
-from tuner import study_storage
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.space import load_space
-from tuner.study_storage import open_storage
-from tuner.tune import default_storage
+from tuner.commands.tune import default_storage
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
+from tuner.search import storage as study_storage
+from tuner.search.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
@@ -66,7 +66,7 @@ def test_a_line_that_is_no_record_is_skipped_alike_by_every_reader(tmp_path, cap
 
 WRITER = """
 import sys, optuna
-from tuner.study_storage import open_storage
+from tuner.search.storage import open_storage
 storage = open_storage(sys.argv[1])
 study = optuna.load_study(study_name="s", storage=storage)
 for i in range(int(sys.argv[2])):
@@ -135,7 +135,7 @@ def test_a_results_folder_of_the_tuner_before_resumes_from_its_sqlite_storage(tm
     out = tmp_path / "o"
     args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
             "--batch-sizes", "1", "16", "--replay", str(land), "--trials", "8", "--out", str(out)]
-    from tuner import measure
+    from tuner.measure import measurers as measure
     real = measure.ReplayMeasurer.measure
     calls = []
 

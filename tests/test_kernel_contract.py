@@ -1,5 +1,5 @@
 """Every registered kernel, ours and the engines', against the KernelSpec contract
-(tuner/kernel_api.py), in Triton's interpreter at tiny shapes: the output is written in
+(tuner/plan/kernel_api.py), in Triton's interpreter at tiny shapes: the output is written in
 place (poisoned with NaN first), the reference agrees within the kernel's tolerance at the
 default config and every seed config, the default is a point of the kernel's search space,
 FLOPs and bytes are positive, inputs are a function of their seed, and tables round-trip
@@ -15,14 +15,14 @@ import itertools
 import pytest
 import torch
 
-import kernels
 from tuner.errors import TunerError
-from tuner.gpus import get_gpu
-from tuner.kernel_api import config_from_entry, config_tuple, table_entry
-from tuner.numerics import check_config, relative_error
-from tuner.problems import Problem
-from tuner.search import StudyResult
-from tuner.space import load_space
+from tuner.measure.numerics import check_config, relative_error
+from tuner.plan import kernel_registry
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_api import config_from_entry, config_tuple, table_entry
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
+from tuner.search.runner import StudyResult
 
 GPU = get_gpu("H200")
 MOE = {"E": 8, "N": 128, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": [128, 128], "routing": "uniform"}
@@ -37,14 +37,14 @@ PROBLEMS = {
 }
 BATCH_SIZES = (1, 5)
 
-PAIRS = list(itertools.product(kernels.KERNEL_MODULES, kernels.KERNEL_SOURCES))
+PAIRS = list(itertools.product(kernel_registry.KERNEL_MODULES, kernel_registry.KERNEL_SOURCES))
 
 
 @pytest.fixture(scope="module", params=PAIRS, ids=[f"{n}@{s}" for n, s in PAIRS])
 def spec(request):
     name, source = request.param
     try:
-        return kernels.get_kernel(name, source)
+        return kernel_registry.get_kernel(name, source)
     except TunerError as e:
         pytest.skip(f"{name} from {source}: {e}")
 
@@ -69,10 +69,10 @@ def test_the_spec_is_whole(spec):
     assert spec.name and spec.table_kind and spec.problem_keys and spec.config_keys
     assert len(set(spec.config_keys)) == len(spec.config_keys)
     assert 0 < spec.tolerance < 0.1
-    assert spec.source in kernels.KERNEL_SOURCES and spec.source_label
+    assert spec.source in kernel_registry.KERNEL_SOURCES and spec.source_label
     assert spec.code_version, "a kernel built with its code records a hash of it"
     assert set(spec.optional_keys) <= set(spec.config_keys) and set(spec.bool_keys) <= set(spec.config_keys)
-    rebuilt = kernels.get_kernel(**spec.ref)
+    rebuilt = kernel_registry.get_kernel(**spec.ref)
     assert (rebuilt.name, rebuilt.source, rebuilt.code_version) == (spec.name, spec.source, spec.code_version)
 
 

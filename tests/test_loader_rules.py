@@ -1,4 +1,4 @@
-"""The loader rules of tuner/engines.py (which file, which row, what the kernel gets) against
+"""The loader rules of tuner/plan/engines.py (which file, which row, what the kernel gets) against
 the engines' own loader functions, executed from every supported release's wheel
 (tests/engine_loaders.py), over a grid of models, GPUs and Triton versions, with the
 override folders, SGLang's Triton fallback and its `_down` reuse; and the hashes of the
@@ -11,9 +11,9 @@ import shutil
 import pytest
 from engine_loaders import LOG, VERSIONS, load_loaders, site_from_wheel, wheel, wheel_dir
 
-from tuner.audit import Batches, deployment_problems
-from tuner.engine_tables import FolderFiles, Installation, WheelFiles, log_lines
-from tuner.engines import (
+from tuner.emit.audit import Batches, deployment_problems
+from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, log_lines
+from tuner.plan.engines import (
     ENGINES,
     LOADER_FUNCTIONS,
     load_table,
@@ -21,9 +21,9 @@ from tuner.engines import (
     resolve_table,
     table_family,
 )
-from tuner.gpus import get_gpu
-from tuner.kernel_sources import function_source, source_hash
-from tuner.models import load_model
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_sources import function_source, source_hash
+from tuner.plan.models import load_model
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
@@ -83,7 +83,7 @@ def _installation(engine, version):
 
 def _expected_log(engine, version, problem, res, site):
     """The log line the engine writes for this resolution, as tuner quotes it from the
-    engine's source (tuner.engine_tables.log_lines): (level, text)."""
+    engine's source (tuner.emit.engine_tables.log_lines): (level, text)."""
     inst = _installation(engine, version)
     fam = table_family(engine, problem.kernel)
     values = {"config_file_path": res.tried[0], "config_file_paths": res.tried}
@@ -215,11 +215,11 @@ def test_override_folders_and_loader_crashes(engine, sites, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("engine,version", RELEASES)
 def test_writer_names_are_the_loaders_names(engine, version, sites):
-    """What tuner writes (tuner.engines.ENGINES) and what the audit looks up are the names
+    """What tuner writes (tuner.plan.engines.ENGINES) and what the audit looks up are the names
     the engine's get_config_file_name builds, on every Hopper GPU we know."""
     if (engine, version) not in sites:
         pytest.skip(f"no {engine} {version} wheel")
-    from tuner.gpus import GPUS
+    from tuner.plan.gpus import GPUS
     fam = table_family(engine, "fused_moe")
     for gpu in GPUS.values():
         f = load_loaders(engine, sites[(engine, version)], gpu.cuda_name, "3.6.0", version)

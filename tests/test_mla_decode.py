@@ -7,13 +7,13 @@ import pytest
 import torch
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from kernels import mla_decode as md
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.models import load_model, mla_problems
-from tuner.numerics import relative_error
-from tuner.space import load_space
+from tuner.measure.numerics import relative_error
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.models import load_model, mla_problems
+from tuner.plan.space import load_space
 
 
 def cfg(bn=32, bh=16, splits=4, warps=4, stages=2, merge=4):

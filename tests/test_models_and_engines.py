@@ -5,9 +5,9 @@ import json
 import pytest
 from synthetic import block_fp8_model
 
-from tuner.engines import ENGINES, lookup_nearest
 from tuner.errors import TunerError
-from tuner.models import gemm_problems, load_model
+from tuner.plan.engines import ENGINES, lookup_nearest
+from tuner.plan.models import gemm_problems, load_model
 
 H200 = "NVIDIA H200"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -5,13 +5,13 @@ import json
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.engines import ENGINES
 from tuner.errors import TunerError
-from tuner.gpus import get_gpu
-from tuner.models import load_model, moe_problems
-from tuner.space import load_space
+from tuner.plan.engines import ENGINES
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.models import load_model, moe_problems
+from tuner.plan.space import load_space
 
 KERNEL = get_kernel("fused_moe")
 H200 = "NVIDIA H200"

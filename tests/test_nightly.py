@@ -12,13 +12,13 @@ import pytest
 import yaml
 from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.landscape import read_landscape
-from tuner.models import gemm_problems, load_model
-from tuner.problems import Problem
-from tuner.space import load_space
+from tuner.measure.landscape import read_landscape
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.models import gemm_problems, load_model
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
@@ -142,7 +142,7 @@ def test_mla_tables_drift_retune_and_never_get_slower(tmp_path, capsys):
     """MLA decode tables (our own format) go through the same night: drift re-times them,
     a retune is seeded with them, and the new table is never slower than the old one."""
     import kernels.mla_decode as md
-    from tuner.models import mla_problems
+    from tuner.plan.models import mla_problems
 
     kernel, gpu = get_kernel("mla_decode"), get_gpu("H200")
     space = load_space(kernel)
@@ -196,3 +196,28 @@ def test_mla_tables_drift_retune_and_never_get_slower(tmp_path, capsys):
     # nothing changed since: the new table still wins, nothing is retuned
     assert night(slow, "n3") == 0
     assert json.loads((tmp_path / "runs/n3/summary.json").read_text())[0]["status"] == "unchanged"
+
+
+def test_a_job_tunes_by_its_traffic_profile(world, tmp_path, capsys):
+    """`traffic: FILE` in a job: the night's run budgets its studies by that profile and its
+    manifest records the profile (so report and diff weigh by it); a traffic value that is
+    not a path is one line."""
+    d, model, lands = world
+    traffic = tmp_path / "traffic.csv"
+    traffic.write_text("M,weight\n1,1\n16,9\n")
+    job = {"name": "t", "kernel": "gemm", "model": str(model), "gpu": "H200", "tp": 1, "trials": 10,
+           "batch_sizes": MS, "replay": str(lands["a1"]), "traffic": str(traffic)}
+    cfg = tmp_path / "night.yaml"
+    cfg.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "jobs": [job]}))
+    assert main(["nightly", str(cfg), "--night", "n1"]) == 0
+    manifest = json.loads((tmp_path / "runs/n1/t/manifest.json").read_text())
+    recorded = manifest["traffic"]
+    assert recorded["source"] == str(traffic) and {tuple(r) for b in recorded["buckets"] for r in b["runs"]} == \
+        {(1, 1, 1.0), (16, 16, 9.0)}
+    trials = {int(M): e["trials"] for t in manifest["tables"] for M, e in t["entries"].items()}
+    assert trials[16] > trials[1]                   # 90 % of the passes get the larger budget
+    capsys.readouterr()
+    cfg.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "jobs": [{**job, "traffic": ["a", "b"]}]}))
+    assert main(["nightly", str(cfg), "--night", "n2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "traffic must be a name or a path" in err

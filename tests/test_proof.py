@@ -17,8 +17,8 @@ import pytest
 from test_engine_kernels import triton_unsqueezes_scalars
 
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.proof import CALLS, STEPS, Proof
+from tuner.commands.proof import CALLS, STEPS, Proof
+from tuner.plan.gpus import get_gpu
 
 # Under a Triton that refuses `scalar[:, None]` (3.9), SGLang 0.5.23's own fused MoE kernel
 # cannot compile the swap-AB rows of its shipped table: the proof's check of that table fails

@@ -148,12 +148,35 @@ def test_readme_commands_not_run_here(tag):
                 "their arguments are checked")
 
 
-def test_the_layout_names_every_module():
-    """The README's layout lists every module of tuner/ and kernels/ (a new module must say
-    what it is for there)."""
-    layout = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
-    modules = [p for d in ("tuner", "kernels", "kernels/engines") for p in sorted((REPO / d).glob("*.py"))
-               if p.name not in ("__init__.py", "__main__.py")]
-    assert len(modules) > 30
-    missing = [str(p.relative_to(REPO)) for p in modules if p.name not in layout]
-    assert not missing, f"README layout does not mention {missing}"
+def layout_tree() -> dict[str, str]:
+    """{path: what it is for} of the modules the README's layout shows, by their folders
+    (indentation nests a file in the folder above it)."""
+    block = README.read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    folders: list[tuple[int, str]] = []
+    shown = {}
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        token, _, what = line.strip().partition(" ")
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        if token.endswith("/"):
+            folders.append((indent, (folders[-1][1] if folders else "") + token))
+        elif token.endswith(".py"):
+            shown[(folders[-1][1] if folders else "") + token] = what.strip()
+    return shown
+
+
+def test_the_layout_shows_every_module_in_its_folder():
+    """The README's layout shows every module of tuner/ and kernels/ in the folder it is in,
+    each with what it is for, and nothing that is not there (a module moved or added must be
+    placed, and said what it is for, there)."""
+    shown = layout_tree()
+    modules = {str(p.relative_to(REPO)) for d in ("tuner", "kernels") for p in (REPO / d).rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")}
+    assert len(modules) > 40
+    assert not modules - set(shown), f"README layout does not show {sorted(modules - set(shown))}"
+    assert not set(shown) - modules, f"README layout shows modules that do not exist: {sorted(set(shown) - modules)}"
+    assert all(shown.values()), [p for p, what in shown.items() if not what]
+

@@ -7,15 +7,14 @@ import optuna
 import pytest
 from synthetic import block_fp8_model, fake_time_us
 
-from kernels import get_kernel
-from tuner import measure
 from tuner.cli import main
-from tuner.landscape import read_landscape
-from tuner.measure import Measurement, NumericsCheck
-from tuner.problems import Problem
-from tuner.search import study_name
-from tuner.study_storage import open_storage
-from tuner.tune import default_storage
+from tuner.commands.tune import default_storage
+from tuner.measure.landscape import read_landscape
+from tuner.measure.measurers import Measurement, NumericsCheck
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.search.runner import study_name
+from tuner.search.storage import open_storage
 
 KERNEL = get_kernel("fp8_gemm")
 P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
@@ -27,7 +26,7 @@ class FakeGpu:
     instances = []
 
     def __init__(self, kernel, factory, kwargs, **kw):
-        assert factory == "tuner.measure_gpu:make_gpu_measurer" and kwargs["gpu"] == "H200"
+        assert factory == "tuner.measure.device_measurer:make_gpu_measurer" and kwargs["gpu"] == "H200"
         self.kernel, self.calls, self.failing = kernel, [], set()
         FakeGpu.instances.append(self)
 
@@ -53,10 +52,11 @@ class FakeGpu:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    import tuner.isolation
+    import tuner.measure.device
+    import tuner.measure.isolation
     FakeGpu.instances.clear()
-    monkeypatch.setattr(tuner.isolation, "IsolatedMeasurer", FakeGpu)
-    monkeypatch.setattr(measure, "require_gpu", lambda name, *why: None)
+    monkeypatch.setattr(tuner.measure.isolation, "IsolatedMeasurer", FakeGpu)
+    monkeypatch.setattr(tuner.measure.device, "require_gpu", lambda name, *why: None)
     return FakeGpu
 
 
@@ -97,7 +97,7 @@ def test_record_writes_the_full_grid_and_replays_it(fake_gpu, tmp_path):
 
 
 def test_config_failing_numerics_is_never_emitted(fake_gpu, tmp_path, monkeypatch):
-    from tuner.search import StudyRunner
+    from tuner.search.runner import StudyRunner
     real_finish = StudyRunner._finish
 
     def fail_the_fastest(self, problem, M, measured, *rest, **kw):

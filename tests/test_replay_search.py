@@ -12,15 +12,15 @@ import optuna
 import pytest
 from synthetic import cli_killed_at_claim, slowed_cli, write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.landscape import read_landscape
-from tuner.problems import Problem
-from tuner.search import study_name
-from tuner.space import load_space
-from tuner.study_storage import open_storage
-from tuner.tune import default_storage
+from tuner.commands.tune import default_storage
+from tuner.measure.landscape import read_landscape
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
+from tuner.search.runner import study_name
+from tuner.search.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")
@@ -87,7 +87,7 @@ def test_replay_refuses_another_device(landscape, tmp_path, capsys):
 
 
 def test_resume_counts_stored_trials_against_the_budget(landscape, tmp_path, monkeypatch):
-    from tuner import measure
+    from tuner.measure import measurers as measure
     out = tmp_path / "out"
     calls = []
     real = measure.ReplayMeasurer.measure
@@ -191,9 +191,10 @@ def test_kill_at_a_claim_then_resume(landscape, tmp_path):
 def test_an_unnamed_claim_from_an_older_run_is_cleared(landscape, monkeypatch):
     """A RUNNING trial that names a config but no worker (a process killed between the two
     writes, in the order older versions used) is failed once it is old, not waited on."""
-    from tuner import search, study_storage
-    from tuner.measure import ReplayMeasurer
-    from tuner.search import SearchSettings, StudyRunner
+    from tuner.measure.measurers import ReplayMeasurer
+    from tuner.search import runner as search
+    from tuner.search import storage as study_storage
+    from tuner.search.runner import SearchSettings, StudyRunner
 
     gpu, space = get_gpu("H200"), load_space(KERNEL)
     measurer = ReplayMeasurer.from_file(str(landscape), KERNEL, gpu.cuda_name)

@@ -7,10 +7,10 @@ import re
 import pytest
 from synthetic import scaled_landscape, write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.gpus import get_gpu
-from tuner.space import load_space
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
 
 KERNEL = get_kernel("fp8_gemm")
 P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
@@ -133,7 +133,7 @@ def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two
 
 def test_every_plot_says_where_its_times_came_from_and_diff_bars_follow_the_verdict(two_runs, tmp_path,
                                                                                      monkeypatch):
-    import tuner.report as report
+    import tuner.commands.report as report
     old, new = two_runs
     plots = []
     monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None, root=None:

@@ -1,4 +1,4 @@
-"""How the search treats its trials (tuner/search.py, tuner/surrogate.py), over a SYNTHETIC
+"""How the search treats its trials (tuner/search/runner.py, tuner/search/surrogate.py), over a SYNTHETIC
 landscape in an in-memory storage: repeats told their value, the parameter encoding and
 older studies, batches sized by the compile workers, the Gaussian-process sampler's picks,
 and the SQLite storage's journal. The search's merit is judged on real landscapes
@@ -10,16 +10,16 @@ import optuna
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.api import TuneRequest, _load_common
 from tuner.errors import TunerError
-from tuner.gpus import get_gpu
-from tuner.landscape import read_landscape
-from tuner.measure import ReplayMeasurer
-from tuner.problems import Problem
-from tuner.search import ENCODING, SearchSettings, StudyRunner, default_settings, make_sampler, study_name
-from tuner.space import load_space
-from tuner.study_storage import open_storage
+from tuner.measure.landscape import read_landscape
+from tuner.measure.measurers import ReplayMeasurer
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
+from tuner.search.runner import ENCODING, SearchSettings, StudyRunner, default_settings, make_sampler, study_name
+from tuner.search.storage import open_storage
 
 KERNEL = get_kernel("fp8_gemm")
 GPU = get_gpu("H200")

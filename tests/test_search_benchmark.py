@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.landscape import read_header, read_landscape
-from tuner.landscape_kernel import landscape_kernel, landscape_space
+from tuner.measure.landscape import read_header, read_landscape
+from tuner.measure.landscape_kernel import landscape_kernel, landscape_space
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("search_benchmark", REPO / "scripts" / "search_benchmark.py")

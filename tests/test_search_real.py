@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.landscape import read_header, read_landscape
-from tuner.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space
-from tuner.offline import benchmark_traces
-from tuner.search import default_settings
+from tuner.measure.landscape import read_header, read_landscape
+from tuner.measure.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space
+from tuner.search.offline import benchmark_traces
+from tuner.search.runner import default_settings
 
 NAME = "xgemm-rtx3090-6p.jsonl.gz"
 DIRS = ([Path(os.environ["TUNER_REAL_LANDSCAPES"])] if os.environ.get("TUNER_REAL_LANDSCAPES") else []) + \

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from kernels import get_kernel
 from tuner.errors import TunerError
-from tuner.gpus import get_gpu
-from tuner.landscape import LandscapeWriter, Point, read_landscape
-from tuner.space import load_space
+from tuner.measure.landscape import LandscapeWriter, Point, read_landscape
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
 
 KERNEL = get_kernel("fp8_gemm")
 GPU = get_gpu("H200")
@@ -83,7 +83,7 @@ def test_search_efficiency_counts_trials_to_the_best(tmp_path):
     # SYNTHETIC landscape; checks the bookkeeping of the offline study, not any sampler's merit.
     from synthetic import write_synthetic_landscape
 
-    from tuner.offline import search_efficiency, summary_table
+    from tuner.search.offline import search_efficiency, summary_table
     path = tmp_path / "l.jsonl"
     space = load_space(KERNEL)
     write_synthetic_landscape(path, KERNEL, space, GPU, [P], [1])

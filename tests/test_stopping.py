@@ -1,8 +1,8 @@
-"""The stopping rule of a study (tuner/stopping.py), on plain numbers: no Optuna, no kernel."""
+"""The stopping rule of a study (tuner/search/stopping.py), on plain numbers: no Optuna, no kernel."""
 
 import pytest
 
-from tuner.stopping import BUDGET, CONVERGED, EXHAUSTED, StoppingRule, trials_since_gain
+from tuner.search.stopping import BUDGET, CONVERGED, EXHAUSTED, StoppingRule, trials_since_gain
 
 
 @pytest.mark.parametrize("outcomes,since", [

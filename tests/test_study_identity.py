@@ -13,15 +13,15 @@ import pytest
 import triton
 from synthetic import fake_time_us, write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.gpus import get_gpu
-from tuner.landscape import LandscapeWriter, Point
-from tuner.measure import Measurement, NumericsCheck, ReplayMeasurer
-from tuner.problems import Problem
-from tuner.search import SearchSettings, StudyRunner, study_name
-from tuner.space import SearchSpace, load_space
+from tuner.measure.landscape import LandscapeWriter, Point
+from tuner.measure.measurers import Measurement, NumericsCheck, ReplayMeasurer
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.plan.space import SearchSpace, load_space
+from tuner.search.runner import SearchSettings, StudyRunner, study_name
 
 KERNEL = get_kernel("fp8_gemm")
 GPU = get_gpu("H200")
@@ -198,7 +198,7 @@ def test_a_partial_recording_of_something_else_is_not_continued(tmp_path, key, o
 
 
 def test_a_recorded_landscape_names_its_code_and_space(tmp_path):
-    from tuner.tune import landscape_source
+    from tuner.commands.tune import landscape_source
     assert landscape_source(KERNEL) == {"code_version": KERNEL.code_version}
     path = tmp_path / "l.jsonl.gz"
     w = LandscapeWriter(path, KERNEL, {"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200",

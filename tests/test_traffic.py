@@ -1,4 +1,4 @@
-"""Traffic profiles (tuner/traffic.py), on a CPU: the readers on dumps written in each engine's
+"""Traffic profiles (tuner/plan/traffic.py), on a CPU: the readers on dumps written in each engine's
 metric names and bucket layout (tests/fixtures/traffic/, the versions in their first lines),
 checked against the engines' own source where the wheels are at hand; key choice on a skewed
 profile; the budget split; bad profiles."""
@@ -15,10 +15,10 @@ import pytest
 from engine_loaders import wheel_dir
 
 from tuner.cli import main
-from tuner.engines import SERVING_METRICS, VLLM_ITERATION_TOKENS_BUCKETS, lookup_nearest
 from tuner.errors import TunerError
-from tuner.search import SearchSettings
-from tuner.traffic import NEAR, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
+from tuner.plan.engines import SERVING_METRICS, VLLM_ITERATION_TOKENS_BUCKETS, lookup_nearest
+from tuner.plan.traffic import NEAR, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
+from tuner.search.runner import SearchSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traffic"
 VLLM_DUMP = FIXTURES / "vllm-0.33.0-metrics.txt"
@@ -115,7 +115,7 @@ def test_bad_profiles_are_one_line(tmp_path, content, says):
 
 
 def test_bounded_reading(tmp_path, monkeypatch):
-    from tuner import traffic
+    from tuner.plan import traffic
     f = tmp_path / "long.csv"
     f.write_text("16," + "1" * 100 + "\n")
     monkeypatch.setattr(traffic, "MAX_LINE", 50)
@@ -151,7 +151,7 @@ def _bucket_of(profile: TrafficProfile, m: int):
 @pytest.mark.parametrize("dump", [VLLM_DUMP, SGLANG_DUMP])
 def test_keys_serve_every_m_from_inside_its_bucket(dump):
     """Skewed traffic (most passes at 16-64 tokens): by the engines' own nearest-key rule
-    (tuner.engines.lookup_nearest), every served M gets a key within its bucket and within
+    (tuner.plan.engines.lookup_nearest), every served M gets a key within its bucket and within
     NEAR (so far within 2x) of it; keys without traffic (guards) leave no grid M more than 2x
     from a key."""
     profile = load_profile(dump, tp=8)
@@ -198,7 +198,7 @@ def test_budget_split_by_traffic():
 
 def test_per_m_budgets_and_old_plans():
     """SearchSettings keeps budgets per batch size; a plan stored before them still loads."""
-    from tuner.problems import Problem
+    from tuner.plan.problems import Problem
     p = Problem("fp8_gemm", {"N": 1, "K": 1})
     s = SearchSettings(budget=32, patience=10, budgets={"16": 96, "64": 8})
     assert (s.budget_for(p, 16), s.budget_for(p, 64), s.budget_for(p, 128)) == (96, 8, 32)
@@ -255,7 +255,7 @@ def test_vllm_facts_match_its_source():
                                                             cudagraph_capture_sizes=sizes, compile_sizes=[]),
                          vllm_config=SimpleNamespace())
     fn(me)
-    from tuner.traffic import _pad_runs
+    from tuner.plan.traffic import _pad_runs
     for m in range(1, max(sizes) + 1):
         [run] = _pad_runs(m, m, 1.0, sizes)
         assert run.first == me._bs_to_padded_graph_size[m], m
@@ -284,7 +284,7 @@ def test_sglang_facts_match_its_source():
     runner = _source("sglang-0.5.23-*.whl", "sglang/srt/model_executor/runner/base_cuda_graph_runner.py")
     import bisect
     pad = _function(runner, "_pad_to_bucket", {"bisect": bisect, "Sequence": list})
-    from tuner.traffic import _pad_runs
+    from tuner.plan.traffic import _pad_runs
     sizes = m.graph_sizes(8)
     for b in range(1, 513):
         assert _pad_runs(b, b, 1.0, sizes)[0].first == pad(b, sizes)

@@ -10,14 +10,14 @@ import re
 import pytest
 from synthetic import write_synthetic_landscape
 
-from kernels import get_kernel
 from tuner.cli import main
-from tuner.engines import lookup_nearest
-from tuner.gpus import get_gpu
-from tuner.landscape import LandscapeWriter, Point, read_landscape
-from tuner.problems import Problem
-from tuner.search import StudyResult
-from tuner.space import load_space
+from tuner.measure.landscape import LandscapeWriter, Point, read_landscape
+from tuner.plan.engines import lookup_nearest
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.problems import Problem
+from tuner.plan.space import load_space
+from tuner.search.runner import StudyResult
 
 KERNEL = get_kernel("fp8_gemm")
 P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}        # o_proj at TP8: 61 layers of DeepSeek-V3
@@ -179,7 +179,7 @@ def test_diff_compares_where_both_tables_serve_from_the_same_key(runs, capsys):
 def test_tied_tables_keep_the_default_together():
     """SGLang's up and _down tables: the default is written only where neither beats its
     default; the _down entry is then the up default (what SGLang runs without a _down entry)."""
-    from tuner.results import prefer_defaults
+    from tuner.emit.results import prefer_defaults
     kernel = get_kernel("fused_moe")
     params = {"E": 8, "N": 128, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": [128, 128]}
     up = Problem("fused_moe", {**params, "part": "up"})

@@ -1,5 +1,5 @@
 """The configs our space folds together for vLLM's fused MoE (kernels/engines/vllm.py,
-`moe_m_tiles`, and the K-tile clamp; tuner/space.py) run identically under vLLM's own code:
+`moe_m_tiles`, and the K-tile clamp; tuner/plan/space.py) run identically under vLLM's own code:
 each vLLM version's wrapper, from its released wheel (tests/engine_wrappers.py), launched
 with the launches recorded (not run), passes the same grid and arguments for every config of
 a fold but GROUP_SIZE_M, launches exactly `moe_m_tiles` programs along M there, and the
@@ -17,12 +17,12 @@ import torch
 from engine_loaders import wheel_dir
 from engine_wrappers import LaunchRecorder, vllm_wrappers, wheel
 
-import kernels
 from kernels.engines import vllm
 from kernels.engines.base import jit_functions
-from tuner.gpus import get_gpu
-from tuner.kernel_sources import locate
-from tuner.space import load_space
+from tuner.plan import kernel_registry
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_sources import locate
+from tuner.plan.space import load_space
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 
@@ -65,7 +65,7 @@ def tile_mapping(version: str):
 def recorder(version: str, kernel, params: dict, M: int):
     """A function of a config running vLLM's fused_experts_impl of `version` with that config
     as the table's entry, returning its two launches (up and down GEMM), recorded, not run."""
-    spec = kernels.get_kernel("fused_moe", "vllm", str(wheel(wheel_dir(), "vllm", version)))
+    spec = kernel_registry.get_kernel("fused_moe", "vllm", str(wheel(wheel_dir(), "vllm", version)))
     inputs = spec.make_inputs(params, M, "cpu", seed=5)
     ep, E = params.get("ep", 1), params["E"]
     expert_map = None
@@ -93,7 +93,7 @@ def recorder(version: str, kernel, params: dict, M: int):
 @pytest.mark.parametrize("ep,M,bm", CASES)
 def test_configs_folded_together_launch_the_same_programs_in_vllm(version, ep, M, bm):
     params = {**PARAMS, **({"ep": ep} if ep > 1 else {})}
-    spec = kernels.get_kernel("fused_moe", "vllm", str(wheel(wheel_dir(), "vllm", version)), load_code=False)
+    spec = kernel_registry.get_kernel("fused_moe", "vllm", str(wheel(wheel_dir(), "vllm", version)), load_code=False)
     space = load_space(spec)
     (kernel,) = jit_functions(locate("vllm", str(wheel(wheel_dir(), "vllm", version))), vllm.MOE_FILE,
                               ["fused_moe_kernel"])

@@ -17,12 +17,12 @@ import optuna
 import pytest
 from synthetic import block_fp8_model, slowed_cli, write_synthetic_landscape
 
-from kernels import get_kernel
-from tuner.gpus import get_gpu
-from tuner.models import gemm_problems, load_model
-from tuner.search import study_name
-from tuner.space import load_space
-from tuner.study_storage import open_storage
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.models import gemm_problems, load_model
+from tuner.plan.space import load_space
+from tuner.search.runner import study_name
+from tuner.search.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL = get_kernel("fp8_gemm")

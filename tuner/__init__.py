@@ -2,6 +2,13 @@
 
 Data flows model -> problems -> search space -> one Optuna study per (problem, M)
 -> measurer (GPU or replayed landscape) -> table -> each engine's files + manifest.
+The packages follow that flow: plan/ (model, problems, space, engines' rules), search/,
+measure/, emit/ (tables, manifest, install, audit), commands/; cli.py and api.py are the faces.
 """
 
+from tuner import moved
+
 __version__ = "0.1.0"
+
+
+moved.install()

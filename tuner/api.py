@@ -1,7 +1,7 @@
 """What the tuning and install commands do, as functions of plain options.
 
 `tuner gemm|moe|mla` and `tuner install` (tuner/cli.py) parse the command line into these
-calls; `tuner nightly` (tuner/nightly.py) calls them with a job's options. Neither calls
+calls; `tuner nightly` (tuner/commands/nightly.py) calls them with a job's options. Neither calls
 the other, and the options are checked here, where both enter.
 """
 
@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from tuner.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 from tuner.errors import TunerError
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
+from tuner.search.samplers import SAMPLERS
 
 log = logging.getLogger("tuner")
 
@@ -23,8 +24,7 @@ COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
-# --sampler: the first is the default (tuner/search.py make_sampler builds each; README says why gp)
-SAMPLERS = ("gp", "tpe", "random", "cmaes")
+# --sampler: the first is the default (tuner/search/runner.py make_sampler builds each; README says why gp)
 MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
@@ -55,7 +55,7 @@ class TuneRequest:
     gpus: str | None = None                     # "0,1,2,3"; None: every visible GPU
     compile_workers: int = min(16, os.cpu_count() or 1)
     measure_timeout: int = 120
-    device: str = "cuda"                        # "cpu": the CPU device (tuner/device.py), for CI
+    device: str = "cuda"                        # "cpu": the CPU device (tuner/measure/device.py), for CI
     recycle_after: int = 256
     dry_run: bool = False
     quiet: bool = False
@@ -63,7 +63,7 @@ class TuneRequest:
     routing: str = "uniform"                    # moe
     contexts: list[int] | None = None           # mla
     page_size: int = 64                         # mla
-    traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/traffic.py)
+    traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/plan/traffic.py)
     trust_engine_source: bool = False           # import engine files that match no known release
 
     @classmethod
@@ -98,7 +98,7 @@ class TuneRequest:
         if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
             raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
         if self.sampler == "cmaes":
-            from tuner.search import SearchSettings, make_sampler
+            from tuner.search.runner import SearchSettings, make_sampler
             make_sampler(SearchSettings(sampler="cmaes"))       # one line now if cmaes is missing
         changes: dict = {}
         if self.kernel_source in ENGINE_NAMES:
@@ -131,7 +131,7 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     if not request.trust_engine_source:
         return _tune(request, say)
     # for this run and the processes it starts (measuring children, compile workers)
-    from tuner.kernel_sources import TRUST_ENV
+    from tuner.plan.kernel_sources import TRUST_ENV
     before = os.environ.get(TRUST_ENV)
     os.environ[TRUST_ENV] = "1"
     try:
@@ -144,9 +144,9 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
 
 
 def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
-    from tuner.models import checkpoint_dtype, fit_hint
-    from tuner.space import load_space
-    from tuner.tune import RunOptions, plan_text, results_table, run_tuning
+    from tuner.commands.tune import RunOptions, plan_text, results_table, run_tuning
+    from tuner.plan.models import checkpoint_dtype, fit_hint
+    from tuner.plan.space import load_space
 
     req = request.checked()
     keys_given = req.batch_sizes is not None
@@ -155,7 +155,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
     if not req.dry_run and not req.replay:
         # the first thing a run without a GPU is told (before the engines' code or --out)
-        from tuner.device import require
+        from tuner.measure.device import require
         require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
                 "landscape (`tuner landscape synth` makes a SYNTHETIC one to try it), and --device cpu runs the "
                 "GPU's code path on the CPU (times that mean nothing about a GPU)")
@@ -163,7 +163,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     hint = fit_hint(model, gpu, req.tp, checkpoint_dtype(model))
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
-        from tuner.tune import check_storage_url, default_storage
+        from tuner.commands.tune import check_storage_url, default_storage
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
         check_storage_url(req.storage or default_storage(out))
@@ -196,7 +196,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         results = run_tuning(opts)
         table = results_table(results, kernel.config_keys)
         if not table.empty:
-            from tuner.report import run_source
+            from tuner.commands.report import run_source
             say(run_source(opts.out_dir))
             say(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
             say(table.to_string(index=False))
@@ -213,9 +213,9 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
 def _load_common(req: TuneRequest):
     """Everything the kernel commands share: model, GPU, search settings (and the
     command's defaults filled into the request)."""
-    from tuner.gpus import get_gpu
-    from tuner.models import load_model
-    from tuner.search import default_settings
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+    from tuner.search.runner import default_settings
 
     if req.batch_sizes is None:
         req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
@@ -240,8 +240,8 @@ def _load_common(req: TuneRequest):
 
 def traffic_keys(req: TuneRequest, settings, keys_given: bool):
     """--traffic: the profile; the keys it chooses (unless --batch-sizes names them) become the
-    batch sizes, and the trial budget is split over them by traffic (tuner/traffic.py)."""
-    from tuner.traffic import choose_keys, key_coverage, load_profile, split_budget
+    batch sizes, and the trial budget is split over them by traffic (tuner/plan/traffic.py)."""
+    from tuner.plan.traffic import choose_keys, key_coverage, load_profile, split_budget
     if req.command not in ("gemm", "moe"):
         raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
                          f"`tuner {req.command}` tunes another M")
@@ -261,14 +261,14 @@ def command_dtype(command: str, model, given: str | None) -> str:
     """The --dtype of a kernel command: for the fused MoE the checkpoint's own precision unless
     given (a given one that differs is warned about); gemm and mla have one each."""
     if command in ("moe", "fused_moe"):
-        from tuner.models import resolve_dtype
+        from tuner.plan.models import resolve_dtype
         return resolve_dtype(model, given, DTYPES["moe"], "moe")
     return given or DTYPES["mla" if command in ("mla", "mla_decode") else "gemm"][0]
 
 
 def _problems(req: TuneRequest, model) -> list:
     """The model's problems for the command, as one GPU runs them at --tp/--ep."""
-    from tuner.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
     if req.command == "gemm":
         return gemm_problems(model, req.tp, req.ep)
     if req.command == "moe":
@@ -284,7 +284,7 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
     problem several engines read (a GEMM shape) becomes one problem per engine, each timed
     on that engine's kernel and written to that engine's table only. `req`: a TuneRequest
     or anything with its kernel_source, replay, engines, engine_source and dry_run."""
-    from tuner.kernel_sources import as_recorded, kernel_for, source_mode
+    from tuner.plan.kernel_registry import as_recorded, kernel_for, source_mode
 
     mode = source_mode(req.kernel_source, req.replay)
     runs: dict = {}
@@ -323,8 +323,8 @@ def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
 def check_out_dir(out: Path) -> None:
     """Before the first write: --out must be a folder we can write, holding nothing of
     another program (a manifest.json that is not ours)."""
+    from tuner.emit.results import MANIFEST, manifest_problem
     from tuner.paths import writable_folder
-    from tuner.results import MANIFEST, manifest_problem
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
     ok, existing = writable_folder(out)
@@ -388,14 +388,15 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
     and the lines the engine logs when it loads each table, or finds none."""
-    from tuner import install as inst
+    from tuner.emit import install as inst
+    from tuner.emit.engine_tables import find_site_packages
 
     results = Path(results)
     if not results.is_dir():
         raise TunerError(f"results folder {results} not found")
-    site = inst.find_site_packages(engine, site_packages)
+    site = find_site_packages(engine, site_packages)
     config_dir = Path(moe_config_dir) if moe_config_dir else None
-    from tuner.gpus import get_gpu
+    from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
     copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge)
     extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
@@ -424,7 +425,7 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
         say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")
-    from tuner.engines import install_notes
+    from tuner.plan.engines import install_notes
     in_package = any(config_dir is None or not str(c.dest).startswith(str(config_dir)) for c in copies)
     for line in install_notes(engine, in_package):
         say(line)

@@ -14,8 +14,8 @@ import torch
 
 from kernels.interpreter_fixes import interpreting, patch_interpreter
 from tuner.errors import TunerError
-from tuner.kernel_api import COMPILE_DEVICE, KernelSpec
-from tuner.kernel_sources import version_key
+from tuner.plan.kernel_api import COMPILE_DEVICE, KernelSpec
+from tuner.plan.kernel_sources import version_key
 
 
 def target_capability() -> tuple[int, int]:
@@ -28,14 +28,14 @@ def target_capability() -> tuple[int, int]:
 
 def on_cuda_device() -> bool:
     """Launching (or compiling) for a CUDA GPU: one is present, or this is a compile worker of
-    the CPU device, which compiles for sm_90 without one (tuner/device.py)."""
-    from tuner.device import compiling_for_sm90
+    the CPU device, which compiles for sm_90 without one (tuner/measure/device.py)."""
+    from tuner.measure.device import compiling_for_sm90
     return not interpreting() and (torch.cuda.is_available() or compiling_for_sm90())
 
 
 @functools.lru_cache(maxsize=None)
 def _module(code_key: tuple, relpath: str, names: tuple[str, ...]):
-    from tuner.kernel_sources import jit_module
+    from tuner.plan.kernel_sources import jit_module
     return jit_module(_CODES[code_key], relpath, list(names))
 
 
@@ -61,7 +61,7 @@ def jit_functions(code, relpath: str, names: list[str]):
 def changed_wrappers(code, mirrored: dict[str, str]) -> list[str]:
     """The mirrored wrapper functions whose source differs from the version the launcher
     was written against ('file:function' names); [] when all match."""
-    from tuner.kernel_sources import mirrored_hashes
+    from tuner.plan.kernel_sources import mirrored_hashes
     by_file: dict[str, list[str]] = {}
     for key in mirrored:
         rel, name = key.rsplit(":", 1)
@@ -88,7 +88,7 @@ def signature_hash(text: str, name: str) -> str:
     has no such function): what a launch must pass."""
     import ast
 
-    from tuner.kernel_sources import source_hash
+    from tuner.plan.kernel_sources import source_hash
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             args = node.args
@@ -113,7 +113,7 @@ def resolve_release(code, engine: str, kernel: str, releases: list[Release],
     """The supported release whose wrappers and kernel signatures this engine code has (the
     one of its own version number when several match); anything else is refused in one
     line that says which versions work and what to do."""
-    from tuner.kernel_sources import mirrored_hashes
+    from tuner.plan.kernel_sources import mirrored_hashes
     keys = sorted({k for r in releases for k in r.mirrored})
     by_file: dict[str, list[str]] = {}
     for key in keys:
@@ -152,7 +152,7 @@ def resolve_release(code, engine: str, kernel: str, releases: list[Release],
 
 def code_version(code, kernel_files: dict[str, list[str]], launcher_file: str) -> str:
     """A hash of the engine's kernel functions as read now and of our launcher module."""
-    from tuner.kernel_sources import function_source
+    from tuner.plan.kernel_sources import function_source
     digest = hashlib.sha256(Path(launcher_file).read_bytes())
     digest.update(Path(__file__).read_bytes())
     for rel in sorted(kernel_files):
@@ -182,8 +182,8 @@ def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, release
         notes["launched_as"] = release.version
         notes["launcher_matches_engine"] = True
         # the files whose code runs, hashed against the known releases' (refused here, before
-        # any work, unless identical to a release's or trusted: tuner/kernel_sources.py)
-        from tuner.kernel_sources import vet_imported_file
+        # any work, unless identical to a release's or trusted: tuner/plan/kernel_sources.py)
+        from tuner.plan.kernel_sources import vet_imported_file
         notes["engine_files"] = {rel: vet_imported_file(code, rel, code.read(rel)) for rel in sorted(kernel_files)}
         changes.update(source_version=code.version, origin=code.origin,
                        code_version=code_version(code, kernel_files, launcher_file))

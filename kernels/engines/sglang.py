@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-import kernels
+from kernels import fp8_gemm, fused_moe
 from kernels.engines.base import (
     Release,
     engine_spec,
@@ -63,7 +63,7 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from tuner.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
 
 ENGINE = "sglang"
 MOE_FILE = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
@@ -97,7 +97,7 @@ def _gemm_release(version: str) -> Release:
 
 
 # The released versions the launchers launch: the hash of every wrapper function they mirror
-# (tuner.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
+# (tuner.plan.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
 # differs in the launch (read by the one launcher below). A test runs each version's own
 # wrapper from its wheel beside ours.
 RELEASES = {
@@ -448,7 +448,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
     from tuner.errors import TunerError
     if name == "fused_moe":
         return engine_spec(
-            kernels.get_kernel("fused_moe"), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            fused_moe.KERNEL, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
             lambda release: dict(run=moe_run(code, release.launch),
                                  compile_only=moe_compile_only(code, release.launch)),
             config_keys=MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),
@@ -457,7 +457,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
             description="SGLang's fused MoE (up and _down tables; USE_TMA, swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
-            kernels.get_kernel("fp8_gemm"), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            fp8_gemm.KERNEL, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
             lambda release: dict(run=gemm_run(code), compile_only=gemm_compile_only(code)),
             config_keys=GEMM_KEYS, optional_keys={"SWAP_AB": 0, "SPLIT_K": 1}, bool_keys=("SWAP_AB",),
             default_config=gemm_default_config, extra_seeds=lambda params, M: [],

@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-import kernels
+from kernels import fp8_gemm, fused_moe
 from kernels.engines.base import Release, engine_spec, gemm_phantoms, jit_functions, phantom, target_capability
 from kernels.fused_moe import (
     QUANT_BLOCK,
@@ -44,7 +44,7 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from tuner.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
 
 ENGINE = "vllm"
 MOE_FILE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
@@ -74,7 +74,7 @@ def _gemm_release(version: str, wrapper: str) -> Release:
 
 
 # The released versions the launchers launch: the hash of every wrapper function they mirror
-# (tuner.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
+# (tuner.plan.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
 # differs in the launch. A test runs each version's own wrapper from its wheel beside ours.
 RELEASES = {
     "fused_moe": [
@@ -276,7 +276,7 @@ def moe_compile_only(code, launch: dict):
 
 
 def base_moe() -> KernelSpec:
-    return kernels.get_kernel("fused_moe")
+    return fused_moe.KERNEL
 
 
 def moe_note(params: Params) -> str:
@@ -335,7 +335,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
             description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
-            kernels.get_kernel("fp8_gemm"), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
+            fp8_gemm.KERNEL, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], __file__,
             lambda release: dict(run=gemm_run(code), compile_only=gemm_compile_only(code)),
             default_config=gemm_default_config, extra_seeds=lambda params, M: [],
             description="vLLM's block-scaled FP8 GEMM (_w8a8_triton_block_scaled_mm)")

@@ -1,0 +1,157 @@
+"""The house by stage (issue 25): no import cycle anywhere, kernels/ imports only the kernel
+contract from tuner/, every package and module says what it is for, the old flat module names
+still import (for users' scripts) while the repository itself uses the new ones."""
+
+import ast
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.moved import MOVED
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted([*(REPO / "tuner").rglob("*.py"), *(REPO / "kernels").rglob("*.py")]):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Line numbers of imports under `if TYPE_CHECKING:` (never run: not an import cycle)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            lines |= {n.lineno for b in node.body for n in ast.walk(b) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def imports(path: Path, known: dict[str, Path]) -> dict[str, int]:
+    """{module of ours: line} that `path` imports, at module level or inside a function."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    found: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if node.lineno in skip if hasattr(node, "lineno") else False:
+            continue
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.setdefault(name, node.lineno)
+    return found
+
+
+def graph() -> dict[str, dict[str, int]]:
+    known = modules()
+    return {name: {t: line for t, line in imports(path, known).items() if t != name} for name, path in known.items()}
+
+
+def cycles(g: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in g:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_anywhere():
+    g = graph()
+    assert len(g) > 50 and g["tuner.commands.tune"]            # the graph is really read
+    found = cycles(g)
+    detail = [[f"{a} -> {b} (line {g[a][b]})" for a in c for b in g[a] if b in c] for c in found]
+    assert not found, f"import cycles: {detail}"
+
+
+def test_the_cycle_finder_finds_one():
+    g = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+    assert cycles(g) == [["a", "b", "c"]]
+
+
+# What kernels/ may use from tuner/: the contract (KernelSpec and its types, the space's rule
+# decorator, the one exception) and, for the engines' launchers, how engine code is read and
+# which target a compile worker compiles for. Never the registry, the search, or anything above.
+KERNEL_CONTRACT = {"tuner.errors", "tuner.plan.kernel_api", "tuner.plan.space", "tuner.plan.kernel_sources",
+                   "tuner.measure.device"}
+
+
+def test_kernels_import_only_the_contract_from_tuner():
+    g = graph()
+    used = {t for name, targets in g.items() if name.startswith("kernels") for t in targets if t.startswith("tuner")}
+    assert "tuner.plan.kernel_api" in used
+    assert used <= KERNEL_CONTRACT, f"kernels/ imports {sorted(used - KERNEL_CONTRACT)} from tuner/"
+
+
+def test_every_package_and_module_says_what_it_is_for():
+    missing = [name for name, path in modules().items()
+               if path.name != "__main__.py" and not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not missing, f"no docstring: {missing}"
+
+
+@pytest.mark.parametrize("old,new", sorted(MOVED.items()))
+def test_old_module_names_still_import_as_the_same_module(old, new):
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_old_names_of_the_modules_that_became_packages_still_import():
+    from tuner.measure import ReplayMeasurer
+    from tuner.search import StudyRunner
+    from tuner.search.runner import StudyRunner as runner_class
+    assert StudyRunner is runner_class and ReplayMeasurer.__module__ == "tuner.measure.measurers"
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        importlib.import_module("tuner.search").no_such_name
+
+
+def test_the_old_kernel_resolver_says_where_it_went():
+    import kernels
+    with pytest.raises(AttributeError, match="kernels.get_kernel moved to tuner.plan.kernel_registry.get_kernel"):
+        kernels.get_kernel("fused_moe")
+
+
+OLD_NAME = re.compile(r"\btuner\.(" + "|".join(sorted((o.split(".", 1)[1] for o in MOVED), key=len, reverse=True))
+                      + r")\b(?!\.)")
+
+
+def test_the_repository_itself_uses_the_new_names():
+    """The old names are for scripts outside; inside, one name per module."""
+    files = [p for d in ("tuner", "kernels", "tests", "scripts") for p in (REPO / d).rglob("*.py")
+             if p.name not in ("moved.py", "test_structure.py")]
+    old = [f"{p.relative_to(REPO)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
+           if OLD_NAME.search(line) and "import" in line]
+    assert not old, old

@@ -1,0 +1,109 @@
+"""`tuner audit`: which table and row an engine version really uses for a deployment (or every
+table it ships), and whether it is right (tuner/emit/audit.py does the audit)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tuner.commands.options import batch, parallel
+from tuner.errors import TunerError
+from tuner.plan.engines import ENGINE_NAMES
+
+
+def add_parser(sub, common) -> None:
+    """`tuner audit` and its options."""
+    aud = sub.add_parser(
+        "audit", help="which table and row an engine really uses, and whether it is right",
+        description="For a deployment (--model, --gpu, --tp, --ep, --dtype): resolve every table the engine version's "
+        "loader reads, say per batch size which entry runs and what the kernel gets after the engine's rewrites, and "
+        "list findings (error / warning / info). --all: every table an installation or wheel ships. Exit 1 when an "
+        "error finding is present, 0 otherwise, 2 for bad input.")
+    aud.add_argument("--engine", required=True, choices=ENGINE_NAMES)
+    aud.add_argument("--all", action="store_true", help="audit every table the engine ships instead of a deployment")
+    aud.add_argument("--model", default=None, help="name in configs/models/ or a Hugging Face config.json")
+    aud.add_argument("--gpu", default=None, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
+    aud.add_argument("--tp", type=parallel, default=1)
+    aud.add_argument("--ep", type=parallel, default=1)
+    aud.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
+                     help="default: the checkpoint's (fp8_w8a8 when its quantization_config is fp8, else bf16)")
+    aud.add_argument("--engine-version", default=None, metavar="V",
+                     help="the engine's version (checked against the package's; alone: audit override folders only)")
+    aud.add_argument("--triton", default=None, metavar="V",
+                     help="the Triton version the engine runs (default: the site-packages', else this Python's)")
+    aud.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engine")
+    aud.add_argument("--engine-source", nargs="+", default=None, metavar="PATH",
+                     help="the engine's wheel, or folders holding wheels (default: the installed engine, then "
+                     "$TUNER_ENGINE_WHEELS)")
+    aud.add_argument("--moe-config-dir", default=None, metavar="DIR",
+                     help="the MoE override folder (default: $VLLM_TUNED_CONFIG_FOLDER / $SGLANG_MOE_CONFIG_DIR; "
+                     "'' for none)")
+    aud.add_argument("--max-batch", type=batch, default=4096, help="audit M = 1 .. this (default 4096)")
+    aud.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
+                     help="audit these batch sizes only (instead of 1 .. --max-batch)")
+    aud.add_argument("--numerics", action="store_true",
+                     help="run every row in use on the engine's own kernel against the float64 reference")
+    aud.add_argument("--numerics-model", default=None, metavar="MODEL",
+                     help="without a GPU, the (small) model whose shapes the rows run on in Triton's interpreter "
+                     "(default configs/examples/small-moe.json); on a GPU the deployment's own shapes")
+    aud.add_argument("--seed", type=int, default=None, help="--numerics input seed (default: fresh random inputs)")
+    aud.add_argument("--out", default=None, metavar="DIR", help="also write audit.json and audit.md there")
+    aud.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile (an engine's /metrics dump, or CSV/JSON of M,weight): weigh each table's "
+                          "keys by the forward passes they serve")
+
+
+def run(args) -> int:
+    from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics, traffic_audit
+    from tuner.emit.audit_report import terminal_lines, wrap, write_outputs
+    from tuner.emit.engine_tables import locate_installation
+    from tuner.plan.engines import table_family
+
+    if args.all:
+        extra = [o for o, v in (("--model", args.model), ("--gpu", args.gpu), ("--numerics", args.numerics),
+                                ("--dtype", args.dtype)) if v]
+        if extra:
+            raise TunerError(f"--all audits every table the engine ships; {', '.join(extra)} "
+                             f"{'describes' if len(extra) == 1 else 'describe'} one deployment (drop --all, or drop "
+                             f"{'it' if len(extra) == 1 else 'them'})")
+    elif not args.model or not args.gpu:
+        raise TunerError("give --model and --gpu (the deployment to audit), or --all (every table the engine ships)")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    if args.numerics:
+        import torch
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")     # before anything imports Triton's jit
+    env_var = table_family(args.engine, "fused_moe").env_var or ""
+    override = args.moe_config_dir if args.moe_config_dir is not None else os.environ.get(env_var)
+    override_dir = Path(override) if override else None
+    batches = Batches(args.max_batch, tuple(sorted(set(args.batch_sizes))) if args.batch_sizes else None)
+    profile = None
+    if args.traffic:
+        from tuner.plan.traffic import load_profile
+        profile = load_profile(args.traffic, args.tp)
+    inst = locate_installation(args.engine, args.site_packages, args.engine_source, args.engine_version, args.triton)
+    if args.all:
+        report = audit_all(inst, batches, override_dir)
+    else:
+        from tuner.plan.gpus import get_gpu
+        from tuner.plan.models import check_parallel, load_model, resolve_dtype
+        gpu = get_gpu(args.gpu)
+        model = load_model(args.model)
+        check_parallel(model, args.tp, args.ep)
+        dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
+        numerics_model = load_model(args.numerics_model or "configs/examples/small-moe.json") if args.numerics else None
+        report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))
+        if args.numerics:
+            seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+            run_numerics(report, inst, numerics_model, seed, log=lambda line: print(line, flush=True))
+    if profile is not None:
+        traffic_audit(report, profile)
+    for line in terminal_lines(report):
+        print(line)
+    if out is not None:
+        json_path, md_path = write_outputs(report, out)
+        for line in wrap(f"written: {json_path} and {md_path}"):
+            print(line)
+    return report.exit_code

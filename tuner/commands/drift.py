@@ -1,0 +1,337 @@
+"""`tuner drift`: does an installed (or given) table still beat the default config here?
+
+Each table file is recognised by its name (the engines' naming rules, tuner/plan/engines.py),
+its configs and the engines' default config are timed together on the present GPU and
+software (or a replayed landscape), and every M gets a verdict. Two configs per M, not a
+search: minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.commands.options import device_option, fraction, parallel, trust_option
+from tuner.errors import TunerError
+from tuner.measure.measurers import Measurer
+from tuner.plan.kernel_api import KernelSpec
+from tuner.plan.problems import Problem
+
+if TYPE_CHECKING:                  # pandas loads when a drift runs, not for `tuner --help`
+    import pandas as pd
+
+_GEMM = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=(\w+),block_shape=\[(\d+),( ?)(\d+)\]\.json$")
+_MOE = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=(\w+))?"
+                  r"(?:,block_shape=\[(\d+),( ?)(\d+)\])?(_down)?\.json$")
+
+
+@dataclass
+class TableFile:
+    path: Path
+    engine: str           # "vllm" or "sglang", from the file's naming
+    device: str           # the device_name part
+    problem: Problem
+    table: dict
+    # The table this one is tied to (SGLang's `_down` table -> its up table in the same
+    # folder): its config is what the engine runs without this table.
+    tied_to: "TableFile | None" = None
+
+
+def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
+    """The problems a table file is for ([] for files that are not config tables): one for
+    an engine's table, one per problem it holds for a kernel's own format (MLA decode).
+    MoE names lack the hidden size and top-k: they come from `model`."""
+    from tuner.plan.kernel_api import MAX_TABLE_M
+    from tuner.reading import read_json_file
+    name = path.name
+    named = bool(_GEMM.match(name) or _MOE.match(name))
+    try:
+        raw = read_json_file(path, "table ")
+    except TunerError:
+        if named:               # named like an engine's table: a broken one is said, not skipped
+            raise
+        return []
+    if not isinstance(raw, dict):
+        if named:
+            raise TunerError(f"{path} is named like an engine table but is not one: not a JSON object")
+        return []
+    table = {k: v for k, v in raw.items() if k != "triton_version"}
+    if named and not all(str(k).isdigit() and 0 < int(k) <= MAX_TABLE_M and isinstance(v, dict)
+                         for k, v in table.items()):
+        raise TunerError(f"{path} is named like an engine table but is not one: its keys must be batch sizes "
+                         f"(1 to {MAX_TABLE_M}) and its values configs")
+    if m := _GEMM.match(name):
+        n, k, dev, dtype, bn, space, bk = m.groups()
+        engine = "sglang" if space else "vllm"
+        return [TableFile(path, engine, dev, Problem("fp8_gemm", {"N": int(n), "K": int(k),
+                                                                  "block_shape": [int(bn), int(bk)]}), table)]
+    if m := _MOE.match(name):
+        if model is None:
+            raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
+        e, n, dev, dtype, bn, space, bk, down = m.groups()
+        engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
+        from tuner.plan.engines import ENGINES
+        arch = model.architecture
+        # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
+        shared = ({"shared_experts": 1} if int(e) == (model.n_routed_experts or 0) + 1 and ENGINES[engine]
+                  .fuses_shared_expert(arch, model.n_routed_experts, model.n_shared_experts, 1) else {})
+        routed = model.n_routed_experts or 0
+        # a table with a share of the model's experts is one GPU's under expert parallelism
+        ep = {"ep": routed // int(e)} if 0 < int(e) < routed and routed % int(e) == 0 else {}
+        params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok, **ep,
+                  "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
+                  "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
+        return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]
+    from tuner.plan.kernel_registry import KERNEL_MODULES, get_kernel
+    for kernel in map(get_kernel, KERNEL_MODULES):
+        if kernel.read_table is None:
+            continue
+        held = kernel.read_table(raw)
+        if held:
+            dev = str(raw.get("device_name", ""))
+            return [TableFile(path, "tuner", dev, Problem(kernel.name, params), {str(M): c for M, c in rows.items()})
+                    for params, rows in held]
+    return []
+
+
+def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[TableFile]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("*.json"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise TunerError(f"{p} not found")
+    tables = [t for f in files for t in parse_table_file(f, model, routing)]
+    by_path = {t.path: t for t in tables}
+    for t in tables:
+        if t.path.name.endswith("_down.json"):
+            t.tied_to = by_path.get(t.path.with_name(t.path.name[: -len("_down.json")] + ".json"))
+    if not tables:
+        raise TunerError(f"no config tables (the engines' fp8_gemm or fused_moe files, or our MLA decode "
+                         f"tables) in {', '.join(paths)}")
+    return tables
+
+
+def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: float = 0.02) -> pd.DataFrame:
+    """measurer_for: Measurers (the kernel that times each engine's table, and its
+    measurer). Per table and M: the table's config and the default config, timed in the
+    same call."""
+    from tuner.commands import ceilings
+    from tuner.commands.tune import table_default
+    from tuner.plan.engines import lookup_nearest
+    from tuner.plan.kernel_api import checked_config
+    from tuner.plan.space import load_space
+    roof = ceilings.load(measurer_for.gpu)
+    for t in tables:                   # every entry checked before anything is timed
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
+        for key, entry in t.table.items():
+            checked_config(kernel, entry, f"{t.path}: the entry for M={key}")
+    rows = []
+    for t in tables:
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
+        space = load_space(kernel)
+        measurer = measurer_for(kernel)
+        for key in sorted(t.table, key=int):
+            M = int(key)
+            # equivalent forms (GROUP_SIZE_M folding) are one point of a landscape
+            same = lambda c: space.canonical(t.problem.params, M, measurer_for.gpu, c)  # noqa: E731
+            try:
+                cfg = same(t.table[key])
+                tied = lookup_nearest(t.tied_to.table, M) if t.tied_to is not None else None
+                default = same(table_default(kernel, t.problem, M, tied))
+            except (KeyError, TypeError, ValueError):
+                raise TunerError(f"{t.path}: the entry for M={key} (or its tied table's) is not a config of "
+                                 f"{', '.join(kernel.config_keys)}") from None
+            mine, base = measurer.measure(t.problem, M, [cfg, default])
+            band = max(noise, mine.spread or 0, base.spread or 0)
+            if mine.time_us is None:
+                verdict = "fails"
+            elif base.time_us is None:
+                verdict = "wins"
+            elif mine.time_us < base.time_us * (1 - band):
+                verdict = "wins"
+            elif mine.time_us > base.time_us * (1 + band):
+                verdict = "loses"
+            else:
+                verdict = "same"
+            rows.append({"table": str(t.path), "engine": t.engine, "kernel": kernel.name,
+                         "default": "the up table's entry" if t.tied_to is not None else "the engine's default",
+                         "kernel_source": kernel.source_label,
+                         "problem": t.problem.key, "M": M, "table_us": mine.time_us, "default_us": base.time_us,
+                         "speedup": (base.time_us / mine.time_us) if mine.time_us and base.time_us else None,
+                         "floor_us": roof.floor_us(kernel.bytes_moved(t.problem.params, M),
+                                                   kernel.flops(t.problem.params, M)),
+                         "verdict": verdict, "error": mine.error, "default_error": base.error,
+                         "failure": mine.kind if mine.time_us is None else None})
+    import pandas as pd
+    return pd.DataFrame(rows)
+
+
+class Measurers:
+    """The kernel that times each engine's tables (the engine's own by default, as tuning
+    does) and one measurer per kernel, made on first use: a replayed landscape or the GPU."""
+
+    def __init__(self, gpu, replay: str | None = None, compile_workers: int = 8,
+                 kernel_source: str | None = None, engine_source: list[str] | None = None, device: str = "cuda"):
+        from tuner.measure.device import CpuDevice, CudaDevice, check_kind
+        from tuner.plan.kernel_registry import source_mode
+        self.gpu, self.replay, self.compile_workers = gpu, replay, compile_workers
+        self.device = check_kind(device)
+        self.label = (CpuDevice if device == "cpu" else CudaDevice).label
+        self.mode = source_mode(kernel_source, replay)
+        self.engine_source = engine_source
+        self._made: dict = {}
+
+    def kernel(self, name: str, engine: str) -> KernelSpec:
+        from tuner.plan.kernel_registry import as_recorded, kernel_for
+        return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay),
+                           self.replay)
+
+    def __call__(self, kernel: KernelSpec) -> Measurer:
+        key = (kernel.name, kernel.source)
+        if key not in self._made:
+            if self.replay:
+                from tuner.measure.device import device_name
+                from tuner.measure.measurers import ReplayMeasurer
+                self._made[key] = ReplayMeasurer.from_file(self.replay, kernel, device_name(self.device, self.gpu))
+            else:
+                from tuner.measure.device import require
+                from tuner.measure.isolation import isolated_gpu_measurer
+                require(self.device, self.gpu, "re-timing tables", "--replay FILE re-times them from a "
+                        "recorded landscape")
+                self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers,
+                                                        device=self.device)
+        return self._made[key]
+
+    def environment(self) -> dict:
+        return next((m.environment() for m in self._made.values()), {})
+
+    def close(self) -> None:
+        for m in self._made.values():
+            m.close()
+
+
+def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, source: str,
+                  tp: int | None = None) -> list[str]:
+    """Drift judged by traffic: per table, the traffic-weighted speedup of the table over the
+    default (each served M timed at the entry the engine would use) next to the plain
+    geomean over its entries; per engine, with a model, the estimated kernel time per pass."""
+    from tuner.plan.models import table_layers
+    from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
+    lines = [*profile.describe()]
+    per_engine: dict[str, list] = {}
+    missing = []
+    for t in tables:
+        part = df[df["table"] == str(t.path)]
+        if part.empty:
+            continue
+        keys = [int(k) for k in t.table]
+        default = {int(r.M): r.default_us for r in part.itertuples()}
+        mine = {int(r.M): r.table_us for r in part.itertuples()}
+        w = weighted(profile, (keys, default), (keys, mine))
+        plain = geomean(part["speedup"])
+        lines.append(f"{t.path.name} [{t.engine}]: {speedup_text(w, 'the default')}"
+                     + (f" (plain geomean {plain:.2f}x over {len(part)} entries)" if plain else ""))
+        if model is not None:
+            layers = table_layers(model, t.problem.kernel, t.problem.params, tp)
+            if layers is None:
+                missing.append(t.path.name)
+            else:
+                per_engine.setdefault(t.engine, []).append((layers, (keys, default), (keys, mine)))
+    if model is None:
+        lines.append("estimated time per forward pass: give --model for the layer counts")
+    for engine, rows in sorted(per_engine.items()):
+        lines.append(f"{engine}, {model.name}: {step_text(step_estimate(profile, rows), source)}")
+    if missing:
+        lines.append(f"not in the per-pass estimate ({model.name} runs no such shape): {', '.join(missing)}")
+    return lines
+
+
+def add_parser(sub, common) -> None:
+    """`tuner drift` and its options."""
+    drift = sub.add_parser("drift", help="does a table still beat the default config here?",
+                           description="Time each table's configs against the engines' default config on "
+                           "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
+    drift.add_argument("tables", nargs="+", help="table files or folders (an engine's configs folder, a results folder)")
+    drift.add_argument("--gpu", required=True)
+    drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
+    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
+                       help="fused MoE: how tokens are routed to experts while timing: uniformly at random like "
+                       "the engines' tuners (default, as the tables were tuned), or Zipf-skewed like real traffic")
+    drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
+    drift.add_argument("--noise", type=fraction, default=0.02,
+                       help="a difference smaller than this fraction (or the measured spread, if larger) is a tie, "
+                       "`same` (default 0.02 = 2%%)")
+    drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
+                       help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
+                       "(with --replay: the landscape's)")
+    drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                       help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
+    trust_option(drift)
+    drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
+    drift.add_argument("--tp", type=parallel, default=None,
+                       help="with --traffic and --model: the TP the GEMM tables are for, for their layer counts "
+                       "(default: the first TP at which the model runs the shape)")
+    drift.add_argument("--traffic", default=None, metavar="FILE",
+                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): also print "
+                       "the traffic-weighted speedup and, with --model, the per-pass estimate")
+    device_option(drift)
+
+
+def run(args) -> int:
+    from tuner.measure.failures import count_by_kind, summary
+    from tuner.paths import atomic_write_json
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+
+    gpu = get_gpu(args.gpu)
+    if args.replay and not Path(args.replay).is_file():
+        raise TunerError(f"landscape {args.replay} not found")
+    model = load_model(args.model) if args.model else None
+    profile = None
+    if args.traffic:
+        from tuner.plan.traffic import load_profile
+        profile = load_profile(args.traffic, args.tp)
+    tables = find_tables(args.tables, model, args.routing)
+    measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source,
+                          device=args.device)
+    try:
+        df = measure_drift(tables, measurers, args.noise)
+    finally:
+        measurers.close()
+    from tuner.measure.provenance import banner
+    print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
+    print(drift_table(df).to_string(index=False))
+    losing = df[df["verdict"].isin(["loses", "fails"])]
+    print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
+          else f"all {len(df)} entries still win or tie")
+    failed = count_by_kind(df["failure"])
+    if failed:
+        print(f"tables' configs that failed, by kind: {summary(failed)}")
+    if profile is not None:
+        from tuner.measure.provenance import time_source
+        for line in traffic_lines(df, tables, profile, model,
+                                  time_source(measurers.environment(), "replay" if args.replay else "gpu"), args.tp):
+            print(line)
+    if args.out:
+        atomic_write_json(Path(args.out), df.to_dict(orient="records"))
+    return 0
+
+
+def drift_table(df):
+    """Drift rows for a terminal: times to two decimals, a failed time as '-' with its reason."""
+    def num(v):
+        return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
+    out = df[["engine", "kernel_source", "problem", "M"]].copy()
+    out["table_us"] = [num(v) for v in df["table_us"]]
+    out["default_us"] = [num(v) for v in df["default_us"]]
+    out["speedup"] = [num(v) for v in df["speedup"]]
+    out["verdict"] = df["verdict"]
+    out["note"] = [(f"table: {e}" if isinstance(e, str) else "") + ("; " if isinstance(e, str) and isinstance(d, str)
+                   else "") + (f"default: {d}" if isinstance(d, str) else "")
+                   for e, d in zip(df["error"], df["default_error"])]
+    return out

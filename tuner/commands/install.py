@@ -1,0 +1,43 @@
+"""`tuner install`: put a results folder's tables where an engine reads them, or --restore the
+last install (tuner/emit/install.py does the writing)."""
+
+from __future__ import annotations
+
+from tuner.errors import TunerError
+from tuner.plan.engines import ENGINE_NAMES
+
+
+def add_parser(sub, common) -> None:
+    """`tuner install` and its options."""
+    inst = sub.add_parser("install", help="put a results folder's tables where an engine reads them",
+                          description="Install tuned tables into an engine's package (or a folder for its "
+                          "config-directory variable); replaced files are backed up, --restore undoes it.")
+    inst.add_argument("results", nargs="?", help="a results folder (with manifest.json)")
+    inst.add_argument("--engine", required=True, choices=ENGINE_NAMES)
+    inst.add_argument("--site-packages", default=None, metavar="DIR",
+                      help="the site-packages of the environment that runs the engine (default: this Python's)")
+    inst.add_argument("--moe-config-dir", default=None, metavar="DIR",
+                      help="put MoE tables in DIR for VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR instead")
+    inst.add_argument("--gpu", default=None, help="the GPU the engine runs on (default: this machine's, if any)")
+    inst.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
+    inst.add_argument("--force", action="store_true",
+                      help="install tables measured on another device or Triton, or not numerically checked")
+    inst.add_argument("--merge", action="store_true",
+                      help="where a table would replace one covering batch sizes it lacks, keep the old entries for "
+                      "those (recorded in the backup record); without it (or --force) such an install is refused")
+    inst.add_argument("--restore", action="store_true", help="undo the last install for --engine")
+
+
+def run(args) -> int:
+    from tuner import api
+    from tuner.emit import install as inst
+
+    if args.restore:
+        for line in inst.restore(args.engine):
+            print(line)
+        return 0
+    if not args.results:
+        raise TunerError("give a results folder to install (or --restore)")
+    api.install_results(args.results, args.engine, args.site_packages, args.moe_config_dir, args.gpu, args.force,
+                        args.dry_run, merge=args.merge)
+    return 0

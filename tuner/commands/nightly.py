@@ -1,0 +1,321 @@
+"""`tuner nightly configs/nightly.yaml`: keep a set of tables fresh.
+
+For each job of the YAML, a night:
+  1. compares the environment (device, driver, torch, Triton) with the last night's;
+  2. if it is the same, checks drift: do last night's tables still beat the default config?
+  3. retunes when there is no table yet, the environment changed, or a table lost;
+  4. keeps, per M (and per tied group of tables), the previous config where the new one is
+     not faster beyond noise, both timed now, in the same call;
+  5. writes the tables, a diff against the previous run, and installs where configured.
+The night's folder is named by its date, so a night started again after a crash resumes
+from the studies its runs already stored. Exit status: 0 fine, 3 a table regressed (the
+environment made it slower than last night beyond noise), 1 a job failed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+
+from tuner.errors import TunerError
+from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
+from tuner.paths import atomic_write_json, atomic_write_text
+
+ENV_KEYS = ("device", "driver", "torch", "triton")
+COMMANDS = {"gemm", "moe", "mla"}
+EXIT_OK, EXIT_FAILED, EXIT_REGRESSED = 0, 1, 3
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")      # a job's or a night's folder name
+
+
+def load_config(path: Path) -> dict:
+    from tuner.reading import read_yaml_file
+    cfg = read_yaml_file(path)
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("jobs"), list) or not cfg["jobs"]:
+        raise TunerError(f"{path} needs a non-empty 'jobs' list")
+    if not isinstance(cfg.get("runs_dir", ""), str):
+        raise TunerError(f"{path}: runs_dir must be a folder name, not {cfg['runs_dir']!r}")
+    noise = cfg.get("noise", 0.02)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < 1:
+        raise TunerError(f"{path}: noise must be a number from 0 up to 1 (0.02 is 2%), not {noise!r}")
+    names = set()
+    for i, job in enumerate(cfg["jobs"]):
+        if not isinstance(job, dict):
+            raise TunerError(f"{path}: job {i + 1} is not a mapping")
+        for key in ("name", "kernel", "model", "gpu"):
+            if not job.get(key):
+                raise TunerError(f"{path}: job {i + 1} lacks {key!r}")
+        if not isinstance(job["kernel"], str) or job["kernel"] not in COMMANDS:
+            raise TunerError(f"{path}: job {job['name']!r}: kernel must be one of {', '.join(sorted(COMMANDS))}")
+        if not NAME.fullmatch(str(job["name"])):
+            raise TunerError(f"{path}: job name {job['name']!r} must be letters, digits, '.', '_' or '-' "
+                             "(it names the job's folder)")
+        if job["name"] in names:
+            raise TunerError(f"{path}: two jobs are named {job['name']!r}")
+        names.add(job["name"])
+        install = job.get("install")
+        if install is not None and not (isinstance(install, dict) and install.get("engine") in ("vllm", "sglang")):
+            raise TunerError(f"{path}: job {job['name']!r}: install must be a mapping with engine: vllm or sglang")
+        sources = job.get("engine_source")
+        if sources is not None:             # a path or a list of them, as --engine-source takes
+            sources = sources if isinstance(sources, list) else [sources]
+            if not all(isinstance(s, str) and s for s in sources):
+                raise TunerError(f"{path}: job {job['name']!r}: engine_source must be a path or a list of paths")
+            job["engine_source"] = sources
+        for key in ("model", "gpu", "replay", "site_packages", "moe_config_dir", "traffic"):
+            value = job.get(key, (install or {}).get(key))
+            if value is not None and not isinstance(value, (str, int, float)):
+                raise TunerError(f"{path}: job {job['name']!r}: {key} must be a name or a path, not {value!r}")
+    return cfg
+
+
+def read_state(path: Path) -> dict:
+    """The nightly state (each job's last run and its environment), checked: a file that a
+    crash or a hand cut short, or that holds anything else, is one line naming it."""
+    from tuner.reading import read_json_file
+    if not path.is_file():
+        if path.exists():
+            raise TunerError(f"nightly state {path} is not a file")
+        return {}
+    hint = "; fix it, or move it aside to retune every job from scratch"
+    state = read_json_file(path, "nightly state ", hint)
+    if not isinstance(state, dict):
+        raise TunerError(f"nightly state {path} is not a JSON object of jobs{hint}")
+    for name, entry in state.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("run"), str)
+                and isinstance(entry.get("environment"), dict)):
+            raise TunerError(f"nightly state {path}: job {name!r} must hold \"run\" (a folder) and "
+                             f"\"environment\" (an object){hint}")
+    return state
+
+
+# The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
+JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
+JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
+
+
+def job_request(job: dict, out: Path, baseline: Path | None = None):
+    """The tuning run of a job; `baseline` (the last run) seeds every study with the
+    configs in use, so the retune starts from what it must beat."""
+    from tuner.api import TuneRequest
+    options = {k: job[k] for k in JOB_OPTIONS if job.get(k) is not None}
+    options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else [job[k]]
+                    for k in JOB_LIST_OPTIONS if job.get(k)})
+    for key in ("replay", "traffic"):
+        if key in options:
+            options[key] = str(options[key])
+    return TuneRequest(command=job["kernel"], model=str(job["model"]), gpu=str(job["gpu"]), out=str(out),
+                       quiet=True, baseline=str(baseline) if baseline is not None else None, **options)
+
+
+def environment_now(job: dict) -> dict:
+    """What the timings of this job would be taken on: the landscape's header when it
+    replays, this machine otherwise."""
+    if job.get("replay"):
+        from tuner.measure.landscape import read_header
+        h = read_header(job["replay"])
+        return {k: h.get(k) for k in ENV_KEYS}
+    env = {**software_versions(), **nvml_snapshot(nvml_index(0))}
+    try:
+        import torch
+        env["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        env["device"] = None
+    return {k: env.get(k) for k in ENV_KEYS}
+
+
+def _tables_of(run: Path) -> dict:
+    from tuner.emit.results import read_manifest, table_key
+    manifest = read_manifest(run)
+    return {table_key(t): t for t in manifest["tables"]}
+
+
+def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
+    """Where the previous config is not slower than the new one now, keep it (tied tables
+    decide together). Rewrites the new run's tables and manifest; returns how many entries
+    were kept."""
+    from tuner.commands.drift import Measurers
+    from tuner.emit.results import table_json
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_api import table_entry
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.problems import Problem
+    from tuner.search.runner import StudyRunner
+
+    old, new = _tables_of(prev_run), _tables_of(new_run)
+    measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),
+                          engine_source=job.get("engine_source"))
+    kept = 0
+    try:
+        by_problem_key = {Problem(t["kernel"], t["problem"]).key: k for k, t in new.items()}
+        groups: dict[str, list[str]] = {}
+        for k, t in new.items():
+            root = by_problem_key.get(t.get("tied_to"), k) if t.get("tied_to") else k
+            groups.setdefault(root, []).append(k)
+        for keys in groups.values():
+            if any(k not in old for k in keys):
+                continue          # nothing to compare: keep the new one
+            first = new[keys[0]]
+            # the kernel that timed the table: the engine's own, or ours
+            engine = next(iter(first.get("files") or {"tuner": None}))
+            kernel = measurers.kernel(first["kernel"], engine)
+            measure = measurers(kernel)
+            for M in sorted(set.intersection(*(set(new[k]["entries"]) & set(old[k]["entries"]) for k in keys)), key=int):
+                prev_total = new_total = 0.0
+                timed = []
+                for k in keys:
+                    problem = Problem(kernel.name, new[k]["problem"])
+                    a, b = old[k]["entries"][M]["config"], new[k]["entries"][M]["config"]
+                    if not a or not b:
+                        break
+                    ma, mb = measure.measure(problem, int(M), [a, b])
+                    if ma.time_us is None or mb.time_us is None:
+                        break
+                    prev_total += ma.time_us
+                    new_total += mb.time_us
+                    timed.append((k, a, ma))
+                else:
+                    if new_total >= prev_total * (1 - noise):
+                        for k, a, ma in timed:
+                            e = new[k]["entries"][M]
+                            e.update({"config": a, "time_us": ma.time_us, "spread": ma.spread, "kept_previous": True,
+                                      "speedup": (e["default_time_us"] / ma.time_us
+                                                  if e.get("default_time_us") else None)})
+                        kept += 1
+    finally:
+        measurers.close()
+    # rewrite every table of the new run from its (possibly updated) entries
+    own_format: dict[str, list] = {}
+    for t in new.values():
+        kernel = measurers.kernel(t["kernel"], next(iter(t.get("files") or {"tuner": None})))
+        if kernel.emit_table is not None:          # one file may hold several problems
+            problem = Problem(kernel.name, t["problem"])
+            results = [StudyRunner.result_from_dict(problem, int(m), e) for m, e in t["entries"].items()]
+            own_format.setdefault(kernel.name, []).append((problem, results))
+            continue
+        table = {int(m): table_entry(kernel, e["config"]) for m, e in t["entries"].items() if e.get("config")}
+        for rel in t["files"].values():
+            atomic_write_text(new_run / rel, table_json(table), root=new_run)
+    for name, pairs in own_format.items():
+        tables, _ = get_kernel(name).emit_table(pairs, measurers.gpu.cuda_name)
+        for rel, obj in tables.items():
+            atomic_write_json(new_run / rel, obj, root=new_run)
+    from tuner.emit.results import read_manifest
+    manifest = read_manifest(new_run)
+    manifest["tables"] = list(new.values())
+    atomic_write_json(new_run / "manifest.json", manifest, indent=2, root=new_run)
+    return kept
+
+
+def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
+    from tuner import api
+    from tuner.commands.drift import Measurers, find_tables, measure_drift
+    from tuner.commands.report import write_diff
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+
+    name = job["name"]
+    prev = state.get(name)
+    prev_run = Path(prev["run"]) if prev and Path(prev["run"], "manifest.json").is_file() else None
+    env = environment_now(job)
+    changed = prev_run is None or prev is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
+    drifted = False
+    if prev_run is not None and not changed:
+        measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),
+                              engine_source=job.get("engine_source"))
+        try:
+            model = load_model(job["model"]) if job["kernel"] == "moe" else None
+            df = measure_drift(find_tables([str(prev_run)], model, job.get("routing", "uniform")), measurers, noise)
+        finally:
+            measurers.close()
+        drifted = bool((df["verdict"].isin(["loses", "fails"])).any())
+    if prev_run is not None and not changed and not drifted:
+        log(f"{name}: environment unchanged and every table still wins: kept {prev_run}")
+        return {"job": name, "status": "unchanged", "run": str(prev_run)}
+    why = "first run" if prev_run is None else ("environment changed" if changed else "a table lost to the default")
+    out = night_dir / name
+    log(f"{name}: retuning ({why}) into {out}")
+    try:
+        api.tune(job_request(job, out, prev_run))
+    except TunerError as e:
+        raise TunerError(f"{name}: the tuning run failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
+        if os.environ.get("TUNER_DEBUG"):
+            raise
+        raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None
+    result = {"job": name, "run": str(out), "why": why}
+    if prev_run is None:
+        result["status"] = "fresh"
+    else:
+        result["kept_previous"] = keep_better(prev_run, out, job, noise)
+        diff, md = write_diff(prev_run, out, out / "diff", noise, force=True)
+        slower, faster = int((diff["verdict"] == "slower").sum()), int((diff["verdict"] == "faster").sum())
+        result.update({"faster": faster, "slower": slower, "diff": str(md),
+                       "status": "regressed" if slower else ("improved" if faster else "same")})
+    if job.get("install"):
+        inst = job["install"]
+        try:
+            api.install_results(out, inst["engine"], inst.get("site_packages") and str(inst["site_packages"]),
+                                inst.get("moe_config_dir") and str(inst["moe_config_dir"]))
+            result["installed"] = True
+        except Exception as e:  # noqa: BLE001 - the tables are tuned either way; say why they stay here
+            if os.environ.get("TUNER_DEBUG") and not isinstance(e, TunerError):
+                raise
+            log(f"{name}: not installed: {e}")
+            result["installed"] = False
+    state[name] = {"run": str(out), "environment": env}
+    return result
+
+
+def run_night(config_path: Path, night: str | None = None, log=print) -> int:
+    from tuner.paths import check_writable, make_folder
+    cfg = load_config(config_path)
+    runs_dir = Path(cfg.get("runs_dir") or "runs/nightly")
+    noise = float(cfg.get("noise", 0.02))
+    night = night or _dt.date.today().isoformat()
+    if not NAME.fullmatch(night) or night in ("state.json",):
+        raise TunerError(f"--night {night!r} must be a plain folder name (letters, digits, '.', '_' or '-'): "
+                         f"the night's folder goes in {runs_dir}")
+    night_dir = runs_dir / night
+    state_path = runs_dir / "state.json"
+    state = read_state(state_path)
+    check_writable(runs_dir, "runs_dir")
+    make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
+    results = []
+    for job in cfg["jobs"]:
+        try:
+            results.append(run_job(job, night_dir, state, noise, log))
+        except TunerError as e:
+            log(f"{job['name']}: FAILED: {e}")
+            results.append({"job": job["name"], "status": "failed", "error": str(e)})
+        atomic_write_json(state_path, state, root=runs_dir)     # a later job's crash keeps this one's state
+    lines = [f"# Nightly retune {night}", "", "| job | status | details |", "| --- | --- | --- |"]
+    for r in results:
+        details = r.get("error") or ", ".join(f"{k} {r[k]}" for k in ("why", "faster", "slower", "kept_previous")
+                                             if k in r)
+        link = f" ([diff]({Path(r['diff']).relative_to(night_dir)}))" if r.get("diff") else ""
+        lines.append(f"| {r['job']} | {r['status']} | {details}{link} |")
+    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir)
+    atomic_write_json(night_dir / "summary.json", results, root=runs_dir)
+    log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
+    if any(r["status"] == "failed" for r in results):
+        return EXIT_FAILED
+    if any(r["status"] == "regressed" for r in results):
+        return EXIT_REGRESSED
+    return EXIT_OK
+
+
+def add_parser(sub, common) -> None:
+    """`tuner nightly` and its options."""
+    night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
+                           description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
+                           "fine, 3 a table regressed, 1 a job failed.")
+    night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
+    night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
+
+
+def run(args) -> int:
+    return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True))

@@ -1,0 +1,64 @@
+"""The option helpers every command's parser shares: argparse types that say what a bad value
+should be (one line, exit 2), --device and --trust-engine-source. The command line (tuner/cli.py)
+and each command module build their parsers from these; nothing here imports a command."""
+
+from __future__ import annotations
+
+import argparse
+
+from tuner.errors import TunerError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise TunerError(f"{message} (see `{self.prog} --help`)")
+
+
+def integer(lo: int, hi: int, power_of_two: bool = False, why: str = ""):
+    """An argparse type: an integer in [lo, hi] (and a power of two where asked)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}: {v}{why}")
+        if power_of_two and v & (v - 1):
+            raise argparse.ArgumentTypeError(f"must be a power of two: {v}{why}")
+        return v
+    return parse
+
+
+def fraction(text: str) -> float:
+    """A relative noise band: a number from 0 up to (not including) 1."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= v < 1:                    # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.02 is 2%): {text}")
+    return v
+
+
+positive = integer(1, 1 << 20)
+batch = integer(1, 1 << 20, why=" (batch sizes are tokens per step)")
+parallel = integer(1, 1024)
+workers = integer(0, 256)
+page = integer(1, 1024, power_of_two=True, why=" (the KV cache block size of vLLM and SGLang)")
+context = integer(1, 1 << 24)
+
+
+DEVICE_HELP = ("what measures: cuda (default), the GPU; cpu, the CPU device: the GPU's whole code path (measuring "
+               "child, compile workers compiling for sm_90, timeouts, numerics, tables) run on a CPU in Triton's "
+               "interpreter, for CI and rehearsals; its times are labelled CPU DEVICE and mean nothing about a GPU")
+
+
+def device_option(group, default: str | None = "cuda", extra: str = "") -> None:
+    group.add_argument("--device", choices=("cuda", "cpu"), default=default, help=DEVICE_HELP + extra)
+
+
+def trust_option(p) -> None:
+    p.add_argument("--trust-engine-source", action="store_true",
+                   help="timing an engine's kernel imports code from the engine's files (--engine-source, the "
+                   "installed engine, $TUNER_ENGINE_WHEELS): files that match none of the releases tuner knows "
+                   "are refused unless you trust their source and say so with this flag")

@@ -1,0 +1,630 @@
+"""`tuner proof`: the GPU proof, most valuable first, in two device calls and a local part.
+
+GPU time is rare (a lent machine, 30 minutes of device time, one command at most 10
+minutes, a machine start 1-2 minutes), so the proof is cut into two calls that each end
+well inside 9 minutes, ordered by value, and everything that needs no GPU runs here after:
+
+  call 1   environment   GPU, driver, clocks, versions; `tuner ceilings`
+           smoke         one MoE config through the isolated measurer with compile workers
+                         (`tuner moe --trials 1`); when nothing is timed the call stops there
+           validate      scripts/validate_kernels.py (ours and the engines' kernels against
+                         the float64 reference), `tuner check` of the shipped MoE tables
+           tune-vllm     the vLLM MoE table for DeepSeek-V3 TP8 fp8_w8a8 128x128 at M = 1, 16,
+                         64, 256, 1024, on vLLM's own kernel
+  call 2   tune-sglang   the SGLang MoE tables (up and _down) at the same M, on SGLang's kernel
+           bench-moe     default vs shipped vs tuned, same kernel, one run
+           bench-gemm    (7168, 2048), (3072, 1536), (4608, 7168) against the shipped tables and
+                         torch._scaled_mm
+           landscapes    with the time left: the pruned GEMM grid of (7168, 2048) at M = 1, 16,
+                         for the sampler study
+  local    report        `tuner report` of the tuned tables
+           sampler       the sampler study over the recorded landscapes
+Every step runs as child processes with its share of `--minutes`, is stopped when out of
+time (keeping what it measured), and writes into the output folder before the next starts;
+with `--bundle DIR` (the device tool's $OUT) a tarball of the folder and summary.md are
+rewritten after every step and whenever a table or landscape lands, so a call that is cut
+still returns what it measured. With `--device cpu` the same steps run on the CPU device
+(tuner/measure/device.py) with a tiny model: the rehearsal CI runs, so that the first GPU call runs
+code CI ran; its times are labelled CPU DEVICE everywhere.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.commands.options import device_option, trust_option
+from tuner.errors import TunerError
+from tuner.measure.environment import now_iso, software_versions
+from tuner.measure.process_tree import child_of_this_process, stop_group
+from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
+from tuner.plan.gpus import GpuSpec
+
+GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
+CALLS = {"1": ("environment", "smoke", "validate", "tune-vllm"),
+         "2": ("tune-sglang", "bench-moe", "bench-gemm", "landscapes"),
+         "local": ("report", "sampler")}
+STEPS = tuple(s for steps in CALLS.values() for s in steps)
+# Share of its call's budget per step (what one step leaves, the next ones get).
+SHARES = {"environment": 0.06, "smoke": 0.12, "validate": 0.22, "tune-vllm": 0.60,
+          "tune-sglang": 0.56, "bench-moe": 0.16, "bench-gemm": 0.16, "landscapes": 0.12,
+          "report": 0.3, "sampler": 0.7}
+BUNDLE_EVERY_S = 10.0        # while a step runs: look this often for a new table to bundle
+STOPPED_BY_SMOKE = "not run: the smoke test timed no config"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the steps measure: the real proof, or the rehearsal's tiny version of it."""
+    model: str
+    tp: int
+    moe_ms: tuple[int, ...]
+    smoke_m: int
+    validate_ms: tuple[int, ...]
+    gemm_shapes: tuple[str, ...]
+    gemm_ms: tuple[int, ...]
+    landscape_ms: tuple[int, ...]
+    trials: int | None               # None: the tuning command's default
+    compile_workers: int
+    measure_timeout: int
+    sampler_budget: int
+    sampler_seeds: int
+    landscape_space: str | None = None   # a YAML written into the folder (the rehearsal's small grid)
+
+
+GPU_PROFILE = Profile("deepseek-v3", 8, (1, 16, 64, 256, 1024), 16, (1, 256), tuple(GEMM_SHAPES),
+                      (1, 16, 128, 1024), (1, 16), None, min(16, os.cpu_count() or 1), 90, 48, 2)
+# configs/examples/small-moe.json: its GEMM shapes are (768, 256), (256, 256), (512, 256)
+REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 1, (1,), ("N=256,K=256",), (1,), (1,),
+                            2, 2, 60, 6, 1, landscape_space=(
+                                "kernel: fp8_gemm\nparams:\n  BLOCK_SIZE_M: [16]\n  BLOCK_SIZE_N: [64, 128]\n"
+                                "  BLOCK_SIZE_K: [128]\n  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [3]\n"
+                                "constraints: {block_k_divides_group: {}}\n"))
+
+
+@dataclass
+class Command:
+    label: str
+    argv: list[str]
+    log: str                             # file under the output folder
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str                          # ok, failed, out of time, skipped
+    seconds: float = 0.0
+    detail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Proof:
+    out: Path
+    gpu: GpuSpec
+    minutes: float
+    device: str = "cuda"
+    engine_source: list[str] | None = None
+    baselines: Path | None = None
+    bundle: Path | None = None           # where the tarball and summary.md go (the device tool's $OUT)
+    python: str = sys.executable
+    results: list[StepResult] = field(default_factory=list)
+    _bundled_at: float = 0.0
+
+    @property
+    def profile(self) -> Profile:
+        return REHEARSAL_PROFILE if self.device == "cpu" else GPU_PROFILE
+
+    @property
+    def rehearsal(self) -> bool:
+        return self.device == "cpu"
+
+    # -- running commands inside a time box --------------------------------------------
+    def tuner(self, *args: str) -> list[str]:
+        return [self.python, "-m", "tuner", *args]
+
+    def run(self, commands: list[Command], seconds: float) -> StepResult:
+        """Run the commands in order within `seconds`; each writes its own log. While one
+        runs, whatever it finishes (a table, a landscape) is bundled as it lands."""
+        t0 = time.monotonic()
+        detail, status = [], "ok"
+        for c in commands:
+            left = seconds - (time.monotonic() - t0)
+            if left <= 1:
+                detail.append(f"{c.label}: not started, out of time")
+                status = "out of time"
+                continue
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
+                [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            started = time.monotonic()
+            with open_for_append(self.out / c.log, self.out, truncate=True) as f:
+                f.write(f"$ {' '.join(c.argv)}\n")
+                f.flush()
+                # its own process group: a timeout stops it and its children (the measuring
+                # child and its compile workers die with it: tuner/measure/process_tree.py); and it
+                # is sent SIGTERM when this process dies, kill -9 included, so no step runs
+                # on outside its time box
+                proc = subprocess.Popen(c.argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+                                        start_new_session=True, preexec_fn=child_of_this_process(signal.SIGTERM))
+                try:
+                    rc = self._wait(proc, started + left)
+                except BaseException:            # SIGTERM or Ctrl-C of the proof: the step stops too
+                    stop_group(proc)
+                    raise
+            took = time.monotonic() - started
+            stray = leftovers(proc.pid)
+            if stray:                      # never on a GPU the next step needs: say so, and end them
+                detail.append(f"{c.label}: {len(stray)} of its processes outlived it (killed)")
+                status = "failed"
+            if rc is None:
+                detail.append(f"{c.label}: out of time after {took:.0f}s (kept what it wrote; log {c.log})")
+                status = "out of time" if status == "ok" else status
+            elif rc != 0:
+                detail.append(f"{c.label}: failed, exit {rc} after {took:.0f}s (log {c.log})")
+                status = "failed"
+            else:
+                detail.append(f"{c.label}: ok in {took:.0f}s")
+        return StepResult("", status, time.monotonic() - t0, detail)
+
+    def _wait(self, proc: subprocess.Popen, deadline: float) -> int | None:
+        """The command's exit status, or None when it ran out of time (then stopped: SIGTERM,
+        which it answers by keeping what it has, then SIGKILL)."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return proc.wait(timeout=max(0.1, min(left, BUNDLE_EVERY_S)))
+            except subprocess.TimeoutExpired:
+                if left > BUNDLE_EVERY_S:
+                    self.bundle_if_changed()
+                    continue
+            break
+        stop_group(proc)
+        return None
+
+    # -- what the steps share -------------------------------------------------------------
+    def model(self) -> str:
+        return self.profile.model
+
+    def engine_args(self) -> list[str]:
+        return ["--engine-source", *self.engine_source] if self.engine_source else []
+
+    def device_args(self) -> list[str]:
+        return ["--device", self.device]
+
+    def measuring_args(self) -> list[str]:
+        p = self.profile
+        return [*self.device_args(), "--compile-workers", str(p.compile_workers),
+                "--measure-timeout", str(p.measure_timeout)]
+
+    def available_engines(self) -> list[str]:
+        from tuner.plan.kernel_sources import locate, origin_for
+        found = []
+        for engine in ("vllm", "sglang"):
+            try:
+                locate(engine, origin_for(engine, self.engine_source))
+                found.append(engine)
+            except TunerError:
+                pass
+        return found
+
+    def source_for(self, engine: str) -> str:
+        """The engine's own kernel where its code is here; else ours (said in the log)."""
+        return engine if engine in self.available_engines() else "ours"
+
+    def baseline_dirs(self, engine: str | None = None) -> list[Path]:
+        """The shipped tables' folders (one per engine version), `engine`'s only when given."""
+        if not self.baselines or not self.baselines.is_dir():
+            return []
+        return [d for d in sorted(self.baselines.iterdir()) if d.is_dir() and (engine is None or d.name.startswith(engine))]
+
+    def tuned(self) -> Path:
+        return self.out / "tuned" / "moe"
+
+    def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str) -> Command:
+        p = self.profile
+        baseline = self.baseline_dirs(engine)
+        return Command(label, self.tuner(
+            "moe", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--dtype", "fp8_w8a8",
+            "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
+            "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
+            *(["--patience", str(trials)] if trials else []),
+            *(["--baseline", str(baseline[0])] if baseline else []),
+            *self.measuring_args(), "--out", str(out), "--quiet"), log)
+
+    # -- the steps ---------------------------------------------------------------------
+    def step_environment(self) -> list[Command]:
+        from tuner.measure.device import device_name
+        env = {"format": "tuner-proof-environment/1", "written": now_iso(), "device_kind": self.device,
+               "device": device_name(self.device, self.gpu), **software_versions(), "gpu": self.gpu.key}
+        try:
+            import torch
+            if self.device == "cuda" and torch.cuda.is_available():
+                p = torch.cuda.get_device_properties(0)
+                env.update(device=torch.cuda.get_device_name(), sm_count=p.multi_processor_count,
+                           l2_bytes=getattr(p, "L2_cache_size", None), memory_bytes=p.total_memory)
+                from tuner.measure.environment import nvml_index, nvml_snapshot
+                env.update(nvml_snapshot(nvml_index(0)))
+        except Exception as e:  # noqa: BLE001 - the environment record says what failed
+            env["error"] = str(e)
+        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out)
+        cmds = []
+        if self.device == "cuda" and shutil.which("nvidia-smi"):
+            cmds.append(Command("nvidia-smi", ["nvidia-smi", "-q"], "logs/nvidia-smi.txt"))
+        cmds.append(Command("ceilings", self.tuner("ceilings", "--gpu", self.gpu.key, *self.device_args(), "--out",
+                                                   str(self.out / "ceilings.json")), "logs/ceilings.txt"))
+        return cmds
+
+    def step_smoke(self) -> list[Command]:
+        p = self.profile
+        return [self.moe_tune("vllm", [p.smoke_m], self.out / "runs" / "smoke", 1, "logs/smoke.txt",
+                              "one MoE config through the isolated measurer with compile workers")]
+
+    def smoke_timed(self) -> str | None:
+        """None when the smoke test timed a config, else why not (the call stops there)."""
+        path = self.out / "runs" / "smoke" / "manifest.json"
+        data = json_or_none(path)
+        if not data:
+            return f"it wrote no manifest (log logs/smoke.txt: {_last_line(self.out / 'logs' / 'smoke.txt')})"
+        entries = [e for t in data.get("tables", []) for e in (t.get("entries") or {}).values()]
+        if any(e.get("time_us") for e in entries):
+            return None
+        failures = {k: v for e in entries for k, v in (e.get("failures") or {}).items()}
+        errors = data.get("environment", {}).get("worker_failures") or []
+        return f"no config was timed (failures {failures or '-'}; {'; '.join(errors[:2]) or 'no worker failure'})"
+
+    def shipped_moe_tables(self) -> list[tuple[str, Path]]:
+        """(engine, table) of the engines' shipped DeepSeek-V3 TP8 MoE tables for this GPU."""
+        from tuner.plan.engines import ENGINES
+        out = []
+        for engine in ENGINES:
+            dev = ENGINES[engine].device_name(self.gpu.cuda_name)
+            for d in self.baseline_dirs(engine):
+                for path in sorted(d.glob(f"**/E=*,N=256,device_name={dev},*.json")):
+                    if not any(old in str(path) for old in ("triton_3_1_0", "triton_3_2_0", "triton_3_3_1")):
+                        out.append((engine, path))
+        return out
+
+    def step_validate(self) -> list[Command]:
+        p = self.profile
+        sources = ["ours", *self.available_engines()]
+        # the MoE layer of the model (and on a GPU the GEMM shapes benched): E=256 and SGLang's E=257
+        only = ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes]
+        cmds = [Command("validate_kernels", [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key,
+                                             "--model", self.model(), "--tp", str(p.tp), "--kernel-source", *sources,
+                                             *self.engine_args(), "--only", *only,
+                                             "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
+                                             "--out", str(self.out / "validate" / "kernels.json")],
+                        "logs/validate-kernels.txt")]
+        for engine, path in self.shipped_moe_tables():
+            if engine not in self.available_engines():
+                continue
+            cmds.append(Command(f"check {engine} {path.name}", self.tuner(
+                "check", "--model", self.model(), "--tp", str(p.tp), "--kernel", "moe", "--table", str(path),
+                "--kernel-source", engine, *self.engine_args(), "--batch-sizes", *map(str, p.validate_ms),
+                "--seed", "1", "--gpu", self.gpu.key, *self.device_args()),
+                f"validate/check-{engine}-{path.stem.replace(' ', '')[:80]}.txt"))
+        return cmds
+
+    def step_tune(self, engine: str) -> list[Command]:
+        p = self.profile
+        return [self.moe_tune(engine, p.moe_ms, self.tuned(), p.trials, f"logs/tune-{engine}.txt",
+                              f"tune the {self.model()} MoE tables of {engine}")]
+
+    def step_bench(self, kernel: str) -> list[Command]:
+        p = self.profile
+        engines = self.available_engines()
+        common = ["--gpu", self.gpu.key, "--tp", str(p.tp), "--model", self.model(), "--quiet",
+                  "--kernel-source", "engine" if engines else "ours", *self.engine_args(), *self.measuring_args()]
+        shipped = ["--baseline", *map(str, self.baseline_dirs())] if self.baseline_dirs() else []
+        ceil = ["--ceilings", str(self.out / "ceilings.json")] if (self.out / "ceilings.json").is_file() else []
+        if kernel == "moe":
+            tuned = ["--tuned", str(self.tuned())] if (self.tuned() / "manifest.json").is_file() else []
+            return [Command("bench moe", self.tuner("bench", "--kernel", "moe", *common, "--batch-sizes",
+                                                    *map(str, p.moe_ms), *shipped, *tuned, *ceil,
+                                                    "--out", str(self.out / "bench" / "moe")), "logs/bench-moe.txt")]
+        return [Command("bench gemm", self.tuner("bench", "--kernel", "gemm", *common, "--only", *p.gemm_shapes,
+                                                 "--batch-sizes", *map(str, p.gemm_ms), *shipped, *ceil,
+                                                 "--out", str(self.out / "bench" / "gemm")), "logs/bench-gemm.txt")]
+
+    def step_landscapes(self) -> list[Command]:
+        p = self.profile
+        space = []
+        if p.landscape_space:
+            path = self.out / "rehearsal" / "space-gemm.yaml"
+            atomic_write_text(path, p.landscape_space, root=self.out)
+            space = ["--space", str(path)]
+        return [Command("record gemm", self.tuner(
+            "gemm", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--only", p.gemm_shapes[0],
+            "--batch-sizes", *map(str, p.landscape_ms), "--trials", "8", "--engines", "vllm",
+            "--kernel-source", self.source_for("vllm"), *self.engine_args(), *space, *self.measuring_args(),
+            "--record", str(self.out / "landscapes" / "gemm.jsonl.gz"),
+            "--out", str(self.out / "runs" / "record-gemm"), "--quiet"), "logs/record-gemm.txt")]
+
+    def step_report(self) -> list[Command]:
+        if not (self.tuned() / "manifest.json").is_file():
+            return []
+        return [Command("report", self.tuner("report", str(self.tuned())), "logs/report-moe.txt")]
+
+    def step_sampler(self) -> list[Command]:
+        p = self.profile
+        return [Command(f"sampler study {land.name}", [
+                    self.python, "scripts/search_efficiency.py", str(land), "--gpu", self.gpu.key,
+                    "--budget", str(p.sampler_budget), "--seeds", str(p.sampler_seeds)],
+                    f"sampler/{land.name.split('.')[0]}.md")
+                for land in sorted((self.out / "landscapes").glob("*.jsonl.gz"))]
+
+    def builders(self) -> dict:
+        return {"environment": self.step_environment, "smoke": self.step_smoke, "validate": self.step_validate,
+                "tune-vllm": lambda: self.step_tune("vllm"), "tune-sglang": lambda: self.step_tune("sglang"),
+                "bench-moe": lambda: self.step_bench("moe"), "bench-gemm": lambda: self.step_bench("gemm"),
+                "landscapes": self.step_landscapes, "report": self.step_report, "sampler": self.step_sampler}
+
+    # -- the whole proof ---------------------------------------------------------------
+    def keep_partial_landscapes(self) -> list[str]:
+        """A recording stopped by its time box leaves FILE.partial: keep it, gzipped."""
+        kept = []
+        for partial in (self.out / "landscapes").glob("*.partial"):
+            target = partial.with_name(partial.name[: -len(".partial")])
+            target = target if target.name.endswith(".gz") else target.with_name(target.name + ".gz")
+            target = target.with_name(target.name.replace(".jsonl.gz", ".partial.jsonl.gz"))
+            if partial.is_symlink() or not partial.is_file():
+                continue
+
+            def fill(tmp: Path, partial: Path = partial) -> None:
+                with open(partial, "rb") as src, gzip.open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            atomic_write_file(target, fill, root=self.out)
+            partial.unlink()
+            kept.append(target.name)
+        return kept
+
+    def previous_results(self) -> list[StepResult]:
+        """Steps an earlier call into the same folder ran (the proof is split over calls);
+        a steps.json that is not a proof's is one line, not a crash."""
+        from tuner.reading import read_json_file
+        path = self.out / "steps.json"
+        if not path.exists():
+            return []
+        data = read_json_file(path, "the proof's ", "; give another --out, or move it aside")
+        steps = data.get("steps") if isinstance(data, dict) else None
+        out = []
+        for r in steps if isinstance(steps, list) else [None]:
+            if not (isinstance(r, dict) and r.get("name") in STEPS and isinstance(r.get("status"), str)
+                    and isinstance(r.get("seconds", 0.0), (int, float)) and isinstance(r.get("detail", []), list)
+                    and all(isinstance(d, str) for d in r.get("detail", []))):
+                raise TunerError(f"{path} is not a proof's record of its steps; give another --out, or move it aside")
+            out.append(StepResult(r["name"], r["status"], float(r.get("seconds", 0.0)), list(r.get("detail", []))))
+        return out
+
+    def execute(self, steps: list[str] | tuple[str, ...], log=print) -> int:
+        """Run `steps` (in the proof's order) within --minutes; earlier calls' results are
+        kept beside them. 0 when none failed, 1 otherwise."""
+        make_folder(self.out)
+        budget = self.minutes * 60.0
+        t0 = time.monotonic()
+        order = [s for s in STEPS if s in steps]
+        self.results = [r for r in self.previous_results() if r.name not in order]
+        builders = self.builders()
+        stopped = None
+        for i, name in enumerate(order):
+            left = budget - (time.monotonic() - t0)
+            later = sum(SHARES[n] for n in order[i:])
+            seconds = max(0.0, left * SHARES[name] / later) if later else left
+            if stopped:
+                result = StepResult(name, "skipped", 0.0, [stopped])
+            else:
+                log(f"[proof] {name}: up to {seconds:.0f}s")
+                started = time.monotonic()
+                try:
+                    commands = builders[name]()
+                except TunerError as e:
+                    result = StepResult(name, "failed", 0.0, [str(e)])
+                else:
+                    try:
+                        result = self.run(commands, seconds) if commands else StepResult(name, "skipped", 0.0,
+                                                                                           ["nothing to do"])
+                    except KeyboardInterrupt:        # SIGTERM or Ctrl-C: the step (stopped) is said, then we go
+                        self.results.append(StepResult(name, "interrupted", time.monotonic() - started,
+                                                       ["stopped by a signal; run the proof again to redo it"]))
+                        self.write_summary(time.monotonic() - t0)
+                        self.write_bundle(log)
+                        raise
+            result.name = name
+            if name == "landscapes":
+                result.detail += [f"kept the partial landscape {k}" for k in self.keep_partial_landscapes()]
+            if name == "smoke" and result.status != "skipped":
+                why = self.smoke_timed()
+                if why:
+                    result.status = "failed"
+                    result.detail.append(f"the smoke test failed: {why}; the rest of this call is not run")
+                    stopped = f"{STOPPED_BY_SMOKE} ({why})"
+            self.results.append(result)
+            for line in result.detail:
+                log(f"[proof]   {line}")
+            log(f"[proof] {name}: {result.status} ({result.seconds:.0f}s)")
+            self.write_summary(time.monotonic() - t0)            # after every step: nothing is lost
+            self.write_bundle(log)
+        log(f"[proof] summary: {self.out / 'summary.md'}")
+        return 1 if any(r.status == "failed" for r in self.results if r.name in order) else 0
+
+    def write_summary(self, elapsed: float) -> None:
+        from tuner.commands.proof_summary import summary_markdown
+        atomic_write_json(self.out / "steps.json", {"device": self.device, "minutes": self.minutes,
+                                                    "elapsed_s": elapsed, "gpu": self.gpu.key,
+                                                    "steps": [r.__dict__ for r in self.results]}, indent=2,
+                          root=self.out)
+        atomic_write_text(self.out / "summary.md", summary_markdown(self.out, self.results, self.device, elapsed),
+                          root=self.out)
+
+    # -- what comes back from a device call ---------------------------------------------
+    def bundle_name(self) -> str:
+        return f"proof-{self.out.name}.tar.gz"
+
+    def arcname(self) -> str:
+        """The tarball's top folder: where bench/README.md says to unpack it (the repository
+        root) puts the folder back at bench/results/<name>/."""
+        return f"bench/results/{self.out.name}"
+
+    def write_bundle(self, log=None) -> Path | None:
+        """The output folder as one tarball (top folder bench/results/<name>) and summary.md,
+        into --bundle, each written whole (renamed into place)."""
+        if self.bundle is None:
+            return None
+        target = self.bundle / self.bundle_name()
+
+        def fill(tmp: Path) -> None:
+            with tarfile.open(tmp, "w:gz") as tar:        # links are stored as links, never followed
+                tar.add(self.out, arcname=self.arcname(), filter=_no_temporaries)
+        atomic_write_file(target, fill, root=self.bundle)
+        if (self.out / "summary.md").is_file():
+            from tuner.reading import read_text
+            atomic_write_text(self.bundle / "summary.md", read_text(self.out / "summary.md"), root=self.bundle)
+        self._bundled_at = time.time()
+        size = target.stat().st_size
+        if log and size > 12 << 20:
+            log(f"[proof] warning: {target.name} is {size >> 20} MiB; the device tool returns 16 MiB per file")
+        return target
+
+    def bundle_if_changed(self) -> None:
+        """Bundle again when a table, manifest or landscape changed since the last bundle."""
+        if self.bundle is None:
+            return
+        newest = 0.0
+        for path in self.out.rglob("*"):
+            if path.suffix in (".json", ".gz", ".partial", ".md") and path.is_file():
+                newest = max(newest, path.stat().st_mtime)
+        if newest > self._bundled_at:
+            self.write_bundle()
+
+
+def leftovers(sid: int, grace_s: float = 5.0) -> list[int]:
+    """Processes of a finished command's session still alive after `grace_s` (a resource
+    tracker takes a moment to notice its clients are gone); they are killed."""
+    from tuner.measure.process_tree import members
+    deadline = time.monotonic() + grace_s
+    while (alive := members(sid=sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return alive
+
+
+def _no_temporaries(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    name = Path(info.name).name
+    return None if name.endswith(".tmp") or name.startswith(".tmp") else info
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    except OSError:
+        return "-"
+    return lines[-1][:200] if lines else "-"
+
+
+def default_out(gpu: GpuSpec, device: str) -> Path:
+    date = _dt.date.today().isoformat()
+    if device == "cpu":                  # a rehearsal never writes under bench/results/
+        return REPO_ROOT / "runs" / f"proof-cpu-device-{gpu.key}-{date}"
+    return REPO_ROOT / "bench" / "results" / f"{gpu.key}-{date}"
+
+
+def default_baselines() -> Path | None:
+    for candidate in (REPO_ROOT / ".baselines", REPO_ROOT.parent / "shared" / "baselines"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def default_engine_source() -> list[str] | None:
+    folder = REPO_ROOT / ".engine-src"
+    if folder.is_dir():
+        return [str(p) for p in sorted(folder.iterdir()) if p.is_dir()]
+    return None
+
+
+def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
+    """The steps a call runs (`--call 1|2|local`), or those named (`--steps`); default all."""
+    if call and steps:
+        raise TunerError("give --call or --steps, not both")
+    if call:
+        return list(CALLS[call])
+    return list(steps or STEPS)
+
+
+def json_or_none(path: Path):
+    """The JSON in a file a step wrote, or None when there is none (or it is not JSON)."""
+    from tuner.reading import read_json_file
+    try:
+        return read_json_file(path)
+    except TunerError:
+        return None
+
+
+def add_parser(sub, common) -> None:
+    """`tuner proof` and its options."""
+    proof = sub.add_parser("proof", help="the GPU proof, most valuable first, in two device calls (scripts/gpu_proof.sh)",
+                           description="Call 1: environment and ceilings, a MoE smoke test (stops the call when "
+                           "nothing is timed), kernel validation, the vLLM MoE tune; call 2: the SGLang MoE tune, "
+                           "the MoE and GEMM benches, a landscape with the time left; local (no GPU): report and "
+                           "sampler study. Each step is time-boxed and written before the next (and bundled into "
+                           "--bundle). --device cpu rehearses it on the CPU device with a tiny model (for CI).")
+    proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
+    proof.add_argument("--minutes", type=float, default=8.0, help="this call's budget (default 8)")
+    proof.add_argument("--out", default=None, metavar="DIR",
+                       help="default bench/results/<gpu>-<date>/ (with --device cpu: runs/proof-cpu-device-...)")
+    proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                       help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
+                       "else $TUNER_ENGINE_WHEELS)")
+    trust_option(proof)
+    proof.add_argument("--baselines", default=None, metavar="DIR",
+                       help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
+    proof.add_argument("--call", choices=("1", "2", "local"), default=None,
+                       help="which part: 1 and 2 need the GPU (one device call each), local runs here after")
+    proof.add_argument("--steps", nargs="+", default=None, metavar="STEP",
+                       help="run only these steps (of: environment smoke validate tune-vllm tune-sglang bench-moe "
+                       "bench-gemm landscapes report sampler); the summary keeps earlier calls' steps")
+    proof.add_argument("--bundle", default=None, metavar="DIR",
+                       help="after every step, write the folder as one tarball (top folder bench/results/<name>) "
+                       "and summary.md into DIR (the device tool's $OUT)")
+    device_option(proof)
+
+
+def run(args) -> int:
+    from tuner.measure.device import require
+    from tuner.plan.gpus import get_gpu
+    gpu = get_gpu(args.gpu)
+    if not 0 < args.minutes <= 24 * 60:            # NaN fails this too
+        raise TunerError(f"--minutes must be more than 0 and at most a day, not {args.minutes}")
+    steps = steps_of(args.call, args.steps)
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(STEPS)}")
+    if any(s not in CALLS["local"] for s in steps):
+        require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
+    # absolute before anything runs: the steps run from the repository root, where a relative
+    # --out would land in the checkout instead of where the user stands
+    out = Path(os.path.abspath(args.out)) if args.out else default_out(gpu, args.device)
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    if args.bundle and Path(args.bundle).exists() and not Path(args.bundle).is_dir():
+        raise TunerError(f"--bundle {args.bundle} is a file, not a folder")
+    baselines = Path(args.baselines) if args.baselines else default_baselines()
+    if args.baselines and not Path(args.baselines).is_dir():
+        raise TunerError(f"--baselines {baselines} is not a folder")
+    engine_source = [os.path.abspath(e) for e in args.engine_source] if args.engine_source else None
+    proof = Proof(out, gpu, args.minutes, args.device, engine_source or default_engine_source(),
+                          Path(os.path.abspath(baselines)) if baselines else None,
+                          Path(os.path.abspath(args.bundle)) if args.bundle else None)
+    return proof.execute(steps, log=lambda line: print(line, flush=True))

@@ -1,0 +1,502 @@
+"""Reports over results folders: `tuner report RUN` and `tuner diff OLD NEW`.
+
+Both print tables (pandas; one per engine table file, within 120 columns, the config's keys
+named) and write a Markdown file with PNG plots (matplotlib): time against M for each
+problem and the speedup, coloured by verdict and titled with where the times came from, so
+a reader sees at once what got faster, what got slower, by how much, and in which file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.commands.options import fraction
+from tuner.errors import TunerError
+from tuner.measure import failures
+from tuner.measure.provenance import is_loud
+from tuner.paths import atomic_write_file, atomic_write_text, check_writable
+from tuner.plan.problems import Problem
+
+if TYPE_CHECKING:                  # pandas loads when a report runs, not for `tuner --help`
+    import pandas as pd
+
+
+def read_manifest(run: Path) -> dict:
+    """tuner.emit.results' reader, imported on first use: that module brings Optuna, which
+    `tuner --help` (it builds this module's parsers) does not need."""
+    from tuner.emit.results import read_manifest as read
+    return read(run)
+
+
+def _label(entry: dict) -> str:
+    return f"{entry.get('kernel')} " + Problem(entry.get("kernel", ""), entry.get("problem") or {}).key
+
+
+def _number(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+
+
+WIDTH = 120        # terminal tables stay within this many columns
+
+
+def _files(entry: dict) -> tuple[str, str]:
+    """(engines, files) a manifest table was written to: 'vllm', 'vllm: E=...json' (one
+    line per engine; our kernel times one table for both engines' files)."""
+    files = entry.get("files") or {}
+    if not files:
+        source = (entry.get("kernel_source") or {}).get("source", "ours")
+        return source, f"{source}: (no file)"
+    return ", ".join(files), "\n".join(f"{engine}: {Path(str(f)).name}" for engine, f in files.items())
+
+
+def manifest_frame(run: Path) -> pd.DataFrame:
+    """One row per (table, M) of a results folder's manifest, with the engine and file it
+    belongs to and its config's keys (the legend of the config column)."""
+    manifest = read_manifest(run)
+    rows = []
+    for t in manifest.get("tables", []):
+        engine, file = _files(t)
+        for m, e in (t.get("entries") or {}).items():
+            cfg = e.get("config")
+            rows.append({
+                "engine": engine, "file": file, "legend": " ".join(cfg) if cfg else "",
+                "problem": _label(t), "M": int(m),
+                "config": " ".join(str(v) for v in cfg.values()) if cfg else "-",
+                # manifests written before times were checked may hold NaN or Infinity: no number
+                "time_us": _number(e.get("time_us")), "spread": _number(e.get("spread")),
+                "default_us": _number(e.get("default_time_us")), "speedup": _number(e.get("speedup")),
+                "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
+                "failures": failures.summary(e.get("failures") or {}),
+            })
+    if not rows:
+        raise TunerError(f"{run}/manifest.json lists no tuned entries")
+    import pandas as pd
+    df = pd.DataFrame(rows).sort_values(["engine", "file", "problem", "M"]).reset_index(drop=True)
+    # every row of a table names its config's keys (the first tuned entry's)
+    df["legend"] = df.groupby(["engine", "file", "problem"])["legend"].transform(lambda v: max(v, key=len))
+    return df
+
+
+def _fit(text: str, width: int = WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _wrapped(prefix: str, text: str, width: int = WIDTH) -> list[str]:
+    """`prefix text` over as many lines as it takes, broken at commas, each within width."""
+    lines, line = [], prefix
+    for part in text.split(","):
+        piece = part if line == prefix else "," + part
+        if len(line) + len(piece) > width and line != prefix:
+            lines.append(line + ",")
+            line = " " * len(prefix) + part
+        else:
+            line += piece
+    return lines + [_fit(line, width)]
+
+
+def table_sections(df: pd.DataFrame, columns: list[str]) -> list[str]:
+    """A terminal view of a report or diff frame: per engine table file, a heading (engine,
+    file, problem, the config legend) and its rows, every line within WIDTH columns."""
+    out: list[str] = []
+    for (engine, file, problem), part in df.groupby(["engine", "file", "problem"], sort=True):
+        out += [_fit(line) for line in file.splitlines()]
+        out += _wrapped("  problem ", problem)
+        legend = part["legend"].iloc[0] if "legend" in part else ""
+        if legend:
+            out.append(_fit(f"  config = {legend}"))
+        shown = part[columns].to_string(index=False, float_format=lambda v: f"{v:.2f}").splitlines()
+        out += [_fit("  " + line) for line in shown]
+        out.append("")
+    return out
+
+
+def failures_by_kind(run: Path) -> dict[str, int]:
+    """Failed configs of every study in a results folder, by kind (manifests written
+    before kinds were recorded count none)."""
+    totals: Counter = Counter()
+    for t in read_manifest(run).get("tables", []):
+        for e in (t.get("entries") or {}).values():
+            totals.update({k: int(n) for k, n in (e.get("failures") or {}).items()})
+    return failures.count_by_kind(k for k, n in totals.items() for _ in range(n))
+
+
+def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
+          source: str, colours: list[str] | None = None, root: Path | None = None) -> None:
+    """Time against M (log-log) and a bar per M of the ratio, coloured by verdict (given, or
+    green for a gain and red for a loss), titled with the problem and where the times came
+    from (red when SYNTHETIC)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.4))
+    for name, (xs, ys) in series.items():
+        ax1.plot(xs, ys, marker="o", label=name)
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax1.xaxis, ax1.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain if axis is ax1.yaxis else NullFormatter())
+    ax1.set_xlabel("M (batch size)")
+    ax1.set_ylabel("time (us)")
+    ax1.legend()
+    ax1.grid(True, which="both", alpha=0.3)
+    name, xs, ys = ratio
+    ax2.bar([str(x) for x in xs], ys, color=colours or ["tab:green" if y >= 1 else "tab:red" for y in ys])
+    if colours:
+        from matplotlib.patches import Patch
+        used = [v for v, c in VERDICT_COLOURS.items() if c in colours]
+        ax2.legend(handles=[Patch(color=VERDICT_COLOURS[v], label=v) for v in used], fontsize=7)
+    ax2.axhline(1.0, color="black", linewidth=0.8)
+    ax2.set_xlabel("M (batch size)")
+    ax2.set_ylabel(name)
+    ax2.tick_params(axis="x", labelrotation=60)
+    fig.suptitle(f"{title}\n{source}" if source else title, fontsize=8,
+                 color="red" if is_loud(source) else "black")
+    fig.tight_layout()
+    try:
+        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"), root=root)
+    finally:
+        plt.close(fig)
+
+
+def _geomean(values) -> float | None:
+    vals = [v for v in values if v and v > 0 and not math.isnan(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def run_source(run: Path) -> str:
+    """Where a results folder's times came from, in one line (loud when SYNTHETIC or from the
+    CPU device)."""
+    from tuner.measure.provenance import banner
+    manifest = read_manifest(run)
+    env: dict = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
+    measured = manifest.get("measured_by") or next((t.get("measured") for t in manifest.get("tables", [])), "")
+    return banner(env, measured)
+
+
+def write_report(run: Path, out: Path | None = None,
+                 traffic_lines: list[str] | None = None) -> tuple[pd.DataFrame, Path]:
+    run = Path(run)
+    df = manifest_frame(run)
+    source = run_source(run)
+    # the report and its plots stay inside the run (or the folder of --out), through no link
+    given = out is not None
+    out, root = (Path(out), Path(out).parent) if out else (run / "report" / "report.md", run)
+    check_writable(out, "--out" if given else "", folder=False)
+    lines = [f"# Tuning report: {run}", "", source, ""]
+    g = _geomean(df["speedup"])
+    if g:
+        where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else \
+            " (CPU DEVICE: not a GPU's times)" if is_loud(source) else ""
+        lines += [f"Geometric-mean speedup over the engines' default config{where}: **{g:.2f}x** "
+                  f"over {df['speedup'].notna().sum()} batch sizes.", ""]
+    if traffic_lines:
+        lines += ["## Judged by traffic", "", *[f"- {line}" for line in traffic_lines], ""]
+    failed = failures_by_kind(run)
+    if failed:
+        lines += [f"Failed configs by kind: {failures.summary(failed)} "
+                  f"({sum(failed.values())} over {len(df)} studies).", ""]
+    for i, (problem, part) in enumerate(df.groupby("problem", sort=True)):
+        png = out.parent / f"plot-{i}.png"
+        timed = part.dropna(subset=["time_us"])
+        series = {"tuned": (list(timed["M"]), list(timed["time_us"]))}
+        with_default = part.dropna(subset=["default_us"])
+        if not with_default.empty:
+            series["default config"] = (list(with_default["M"]), list(with_default["default_us"]))
+        sp = part.dropna(subset=["speedup"])
+        head = "; ".join(part["file"].iloc[0].splitlines())
+        _plot(png, f"{head}\n{problem}", series, ("speedup over default", list(sp["M"]), list(sp["speedup"])),
+              source, root=root)
+        lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
+                  f"![{problem}]({png.name})", "",
+                  markdown_table(part.drop(columns=["problem", "engine", "file", "legend"])), ""]
+    atomic_write_text(out, "\n".join(lines) + "\n", root=root)
+    return df, out
+
+
+def diff_frame(old: Path, new: Path, noise: float = 0.02) -> pd.DataFrame:
+    import pandas as pd
+    cols = ["engine", "file", "legend", "problem", "M", "config", "time_us", "spread"]
+    a, b = manifest_frame(old)[cols], manifest_frame(new)[cols]
+    df = a.merge(b, on=["problem", "M"], how="outer", suffixes=("_old", "_new"))
+    for key in ("engine", "file", "legend"):       # as the new run names them, else the old
+        df[key] = df[f"{key}_new"].fillna(df[f"{key}_old"])
+        df = df.drop(columns=[f"{key}_old", f"{key}_new"])
+    df["change_pct"] = (df["time_us_new"] / df["time_us_old"] - 1.0) * 100.0
+    # beyond noise: more than the larger of the two spreads and `noise`
+    band = df[["spread_old", "spread_new"]].fillna(0).max(axis=1).clip(lower=noise) * 100.0
+
+    def verdict(row, limit):
+        if pd.isna(row["time_us_old"]):
+            return "new"
+        if pd.isna(row["time_us_new"]):
+            return "dropped"
+        if row["change_pct"] < -limit:
+            return "faster"
+        if row["change_pct"] > limit:
+            return "slower"
+        return "same"
+
+    df["verdict"] = [verdict(r, lim) for (_, r), lim in zip(df.iterrows(), band)]
+    return df.sort_values(["engine", "file", "problem", "M"]).reset_index(drop=True)
+
+
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "same": "tab:gray", "new": "tab:blue",
+                   "dropped": "tab:orange"}
+
+
+def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
+               force: bool = False, traffic_lines: list[str] | None = None) -> tuple[pd.DataFrame, Path]:
+    """Compare two runs; refused (unless forced) when they share no (problem, M), or when
+    out_dir holds the diff against another run."""
+    df = diff_frame(old, new, noise)
+    out = Path(out_dir) / "diff.md"
+    # NEW/diff stays inside NEW; a given --out is its own root (no link below it is followed)
+    default = Path(out_dir) == Path(new) / "diff"
+    root = Path(new) if default else Path(out_dir)
+    check_writable(out_dir, "" if default else "--out")
+    if not force and not ((df["verdict"] != "new") & (df["verdict"] != "dropped")).any():
+        raise TunerError(f"{old} and {new} have no (problem, M) in common: they are unrelated runs "
+                         "(--force compares them anyway)")
+    if not force and out.is_file():
+        from tuner.reading import first_line
+        first = first_line(out, "the diff ").rstrip("\n")
+        if first != f"# {new} against {old}":
+            raise TunerError(f"{out} holds another comparison ({first.lstrip('# ')}); give --out, or --force "
+                             "to replace it")
+    counts = df["verdict"].value_counts().to_dict()
+    lines = [f"# {new} against {old}", "", f"Old run: {run_source(old)}", "", f"New run: {run_source(new)}", "",
+             f"**{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower**, "
+             f"{counts.get('same', 0)} within noise, {counts.get('new', 0)} new, {counts.get('dropped', 0)} dropped "
+             f"(noise band: the larger spread, at least {noise * 100:.0f}%).", ""]
+    if traffic_lines:
+        lines += ["## Judged by traffic", "", *[f"- {line}" for line in traffic_lines], ""]
+    worst = df[df["verdict"] == "slower"].sort_values("change_pct", ascending=False)
+    if not worst.empty:
+        lines += ["Slower:", ""] + [f"- {r.problem} M={r.M}: {r.time_us_old:.2f} -> {r.time_us_new:.2f} us "
+                                    f"({r.change_pct:+.1f}%)" for r in worst.itertuples()] + [""]
+    sources = f"old: {run_source(old)}\nnew: {run_source(new)}"
+    for i, (problem, part) in enumerate(df.groupby("problem", sort=True)):
+        png = out.parent / f"diff-{i}.png"
+        both = part.dropna(subset=["time_us_old", "time_us_new"])
+        head = "; ".join(part["file"].iloc[0].splitlines())
+        _plot(png, f"{head}\n{problem}",
+              {"old": (list(part.dropna(subset=["time_us_old"])["M"]), list(part["time_us_old"].dropna())),
+               "new": (list(part.dropna(subset=["time_us_new"])["M"]), list(part["time_us_new"].dropna()))},
+              ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])), sources,
+              colours=[VERDICT_COLOURS[v] for v in both["verdict"]], root=root)
+        table = part.drop(columns=["problem", "engine", "file", "legend"])
+        lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
+                  f"![{problem}]({png.name})", "", markdown_table(table, floatfmt=".2f"), ""]
+    atomic_write_text(out, "\n".join(lines) + "\n", root=root)
+    return df, out
+
+
+def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
+    """A Markdown table of a frame: numbers formatted, missing values as '-'."""
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        if isinstance(v, float):
+            return format(v, floatfmt)
+        return str(v).replace("|", "\\|").replace("\n", " ")
+    head = "| " + " | ".join(str(c) for c in df.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in df.columns) + " |"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+# -- judged by traffic: weighted speedups and the per-pass estimate (tuner/plan/traffic.py) --------------
+def run_traffic(runs: list[Path], given: str | None, tp: int | None = None):
+    """--traffic FILE, else the profile the first of `runs` whose manifest records one, else None."""
+    from tuner.plan.traffic import TrafficProfile, load_profile
+    if given:
+        return load_profile(given, tp)
+    for run in runs:
+        record = read_manifest(run).get("traffic")
+        if record:
+            return TrafficProfile.from_manifest(record, f"{run}/manifest.json")
+    return None
+
+
+def run_model(runs: list[Path], given: str | None):
+    """The model whose layer counts turn per-layer times into a per-pass estimate: --model,
+    else the one the first run's manifest names (None when neither is readable)."""
+    from tuner.plan.models import load_model
+    if given:
+        return load_model(given)
+    for run in runs:
+        manifest = read_manifest(run)
+        for name in (manifest.get("model_source"), manifest.get("model")):
+            if name:
+                try:
+                    return load_model(str(name))
+                except TunerError:
+                    continue
+    return None
+
+
+def table_times(entry: dict) -> tuple[list[int], dict[int, float | None], dict[int, float | None]]:
+    """(keys in file order, {key: default time}, {key: the table's time}) of a manifest table."""
+    entries = entry.get("entries") or {}
+    keys = sorted(int(m) for m, e in entries.items() if e.get("config"))
+    return (keys, {k: _number(entries[str(k)].get("default_time_us")) for k in keys},
+            {k: _number(entries[str(k)].get("time_us")) for k in keys})
+
+
+def _engines_of(entry: dict) -> list[str]:
+    return sorted(entry.get("files") or {})
+
+
+def traffic_report_lines(run: Path, profile, model) -> list[str]:
+    """A run's tables judged by traffic: per table the traffic-weighted speedup over the
+    default next to the plain geomean, and per engine the estimated kernel time per pass."""
+    from tuner.plan.models import layers_per_pass
+    from tuner.plan.traffic import step_estimate, step_text, weighted
+    manifest = read_manifest(run)
+    source = run_source(run)
+    lines = [*profile.describe()]
+    tables = [t for t in manifest.get("tables", []) if t.get("files")]
+    for t in sorted(tables, key=_label):
+        keys, default, tuned = table_times(t)
+        w = weighted(profile, (keys, default), (keys, tuned))
+        plain = _geomean([d / t for d, t in ((default[k], tuned[k]) for k in keys) if d and t])
+        lines.append(f"{_label(t)} [{', '.join(_engines_of(t))}]: " + _speedups(w, "the default", plain, len(keys)))
+    lines += _step_lines(tables, lambda t: (table_times(t)[:2], (table_times(t)[0], table_times(t)[2])), profile,
+                         model, source, "default", "table", layers_per_pass, step_estimate, step_text)
+    return lines
+
+
+def traffic_diff_lines(old: Path, new: Path, profile, model) -> list[str]:
+    """Two runs judged by traffic: per problem the traffic-weighted speedup of NEW over OLD
+    (each served M timed at the entry each table would use), and the per-pass estimate."""
+    from tuner.plan.models import layers_per_pass
+    from tuner.plan.traffic import step_estimate, step_text, weighted
+    old_tables = {_label(t): t for t in read_manifest(old).get("tables", []) if t.get("files")}
+    new_tables = [t for t in read_manifest(new).get("tables", []) if t.get("files") and _label(t) in old_tables]
+    source = f"old {run_source(old)}; new {run_source(new)}"
+    lines = [*profile.describe()]
+
+    def pair(t):
+        a, b = table_times(old_tables[_label(t)]), table_times(t)
+        return (a[0], a[2]), (b[0], b[2])
+
+    for t in sorted(new_tables, key=_label):
+        (ka, ta), (kb, tb) = pair(t)
+        w = weighted(profile, (ka, ta), (kb, tb))
+        common = [k for k in kb if k in ta and ta[k] and tb[k]]
+        plain = _geomean([ta[k] / tb[k] for k in common])
+        lines.append(f"{_label(t)} [{', '.join(_engines_of(t))}]: new " + _speedups(w, "old", plain, len(common)))
+    lines += _step_lines(new_tables, pair, profile, model, source, "old", "new", layers_per_pass, step_estimate,
+                         step_text)
+    return lines
+
+
+def _speedups(w, against: str, plain: float | None, n: int) -> str:
+    from tuner.plan.traffic import speedup_text
+    return (speedup_text(w, against)
+            + (f" (plain geomean {plain:.2f}x over {n} batch sizes)" if plain else " (plain geomean: -)"))
+
+
+def _step_lines(tables, pair, profile, model, source, base, new, layers_per_pass, step_estimate, step_text):
+    if model is None:
+        return ["estimated time per forward pass: give --model for the layer counts"]
+    lines = []
+    for engine in sorted({e for t in tables for e in _engines_of(t)}):
+        rows = []
+        for t in tables:
+            if engine in _engines_of(t):
+                a, b = pair(t)
+                rows.append((layers_per_pass(model, t.get("layers") or []), a, b))
+        lines.append(f"{engine}, {model.name}: " + step_text(step_estimate(profile, rows), source, base, new))
+    return lines
+
+
+def add_report_parser(sub, common) -> None:
+    """`tuner report` and its options."""
+    rep = sub.add_parser("report", help="tables and plots of a results folder",
+                         description="Print a results folder's tuned times and speedups, and write a Markdown "
+                         "report with plots (RUN/report/report.md).")
+    rep.add_argument("run", help="a results folder (with manifest.json)")
+    rep.add_argument("--out", default=None, metavar="FILE", help="where the Markdown goes")
+    rep.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight) to judge the "
+                     "tables by (default: the one the run was tuned for, if any)")
+    rep.add_argument("--model", default=None,
+                     help="the model whose layer counts give the per-pass estimate (default: the run's)")
+
+
+def run_report(args) -> int:
+    from tuner.commands.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
+    run = Path(args.run)
+    read_manifest(run)                      # not a results folder: one line, before the profile's
+    profile = run_traffic([run], args.traffic)
+    traffic = traffic_report_lines(run, profile, run_model([run], args.model)) if profile else None
+    df, path = write_report(run, Path(args.out) if args.out else None, traffic)
+    source = run_source(Path(args.run))
+    print(source)
+    for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
+                                    "failures"]):
+        print(line)
+    from tuner.commands.report import _geomean
+    g = _geomean(df["speedup"])
+    if g:
+        print(f"Geometric-mean speedup over the engines' default config"
+              f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}"
+              f"{' (CPU DEVICE: not a GPU time)' if 'CPU DEVICE' in source else ''}: {g:.2f}x")
+    for line in traffic or []:
+        print(line)
+    print(f"report: {path}")
+    return 0
+
+
+def add_diff_parser(sub, common) -> None:
+    """`tuner diff` and its options."""
+    dif = sub.add_parser("diff", help="compare two results folders",
+                         description="Per problem and M: old time, new time, change, and whether it is "
+                         "beyond noise; writes a Markdown report with plots.")
+    dif.add_argument("old")
+    dif.add_argument("new")
+    dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
+    dif.add_argument("--noise", type=fraction, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
+    dif.add_argument("--force", action="store_true",
+                     help="compare runs that share no problem, or replace a diff.md of another comparison")
+    dif.add_argument("--traffic", default=None, metavar="FILE",
+                     help="a traffic profile to judge the change by (default: the one NEW, else OLD, was tuned for)")
+    dif.add_argument("--model", default=None,
+                     help="the model whose layer counts give the per-pass estimate (default: the runs')")
+
+
+def run_diff(args) -> int:
+    from tuner.commands.report import write_diff
+    out = Path(args.out) if args.out else Path(args.new) / "diff"
+    from tuner.commands.report import run_model, run_traffic, traffic_diff_lines
+    runs = [Path(args.new), Path(args.old)]
+    for run in runs:
+        read_manifest(run)                  # not a results folder: one line, before the profile's
+    profile = run_traffic(runs, args.traffic)
+    traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
+        if profile else None
+    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
+    from tuner.commands.report import run_source
+    sources = run_source(Path(args.old)), run_source(Path(args.new))
+    print(f"old: {sources[0]}")
+    print(f"new: {sources[1]}")
+    if sources[0] != sources[1]:
+        print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
+    from tuner.commands.report import table_sections
+    for line in table_sections(df, ["M", "config_old", "config_new", "time_us_old", "time_us_new", "change_pct",
+                                    "verdict"]):
+        print(line)
+    for line in traffic or []:
+        print(line)
+    counts = df["verdict"].value_counts().to_dict()
+    print(f"{counts.get('faster', 0)} faster, {counts.get('slower', 0)} slower, {counts.get('same', 0)} same; "
+          f"report: {path}")
+    return 0

@@ -1,0 +1,865 @@
+"""One tuning run, whatever the kernel: plan, measure, search, emit.
+
+The kernel commands (gemm, moe, mla) only differ in how they turn a model into
+problems; everything after that is here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+from optuna.storages import BaseStorage
+
+from tuner.commands import ceilings
+from tuner.emit.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
+from tuner.errors import TunerError
+from tuner.measure.environment import now_iso, software_versions
+from tuner.measure.landscape import Landscape, LandscapeWriter
+from tuner.measure.measurers import Measurer, RecordingMeasurer, ReplayMeasurer
+from tuner.paths import atomic_write_json, remove_stale_temporaries
+from tuner.plan.engines import ENGINES, lookup_nearest
+from tuner.plan.gpus import GpuSpec
+from tuner.plan.kernel_api import KernelSpec, config_tuple
+from tuner.plan.problems import Problem
+from tuner.plan.space import SearchSpace
+from tuner.plan.traffic import TrafficProfile
+from tuner.progress import Progress
+from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
+from tuner.search.storage import JOURNAL, is_journal, journal_path, open_storage, sync_storage
+
+log = logging.getLogger("tuner")
+
+
+@dataclass
+class RunOptions:
+    kernel: KernelSpec
+    space: SearchSpace
+    gpu: GpuSpec
+    problems: list[Problem]
+    batch_sizes: list[int]
+    settings: SearchSettings
+    out_dir: Path
+    storage: str | None = None
+    engines: list[str] = field(default_factory=lambda: ["vllm", "sglang"])
+    replay: str | None = None
+    record: str | None = None
+    baseline: str | None = None
+    compile_workers: int = 8
+    measure_timeout: float = 120.0   # seconds one config may take before its worker is replaced
+    recycle_after: int = 256         # configs a measuring worker serves before a fresh one
+    run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
+    quiet: bool = False
+    prefix: str = ""                 # study-name prefix: several runs can share one storage
+    gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
+    plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
+    traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
+    device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
+
+    @property
+    def device_name(self) -> str:
+        """The device as studies, landscapes and manifests name it."""
+        from tuner.measure.device import device_name
+        return device_name(self.device, self.gpu)
+
+    def ms_for(self, problem: Problem) -> list[int]:
+        if self.plan_ms is not None:
+            return list(self.plan_ms.get(problem.key, []))
+        return list(self.batch_sizes)
+
+
+def default_storage(out_dir: Path) -> str:
+    """A run's storage when --storage is not given: the journal file OUT/studies.journal
+    (tuner/search/storage.py); a folder an older tuner left with OUT/studies.db (SQLite) and
+    no journal keeps its database, so its run resumes where it stopped."""
+    older = out_dir / "studies.db"
+    journal = out_dir / "studies.journal"
+    if older.is_file() and not journal.exists():
+        return f"sqlite:///{older.resolve()}"
+    return f"{JOURNAL}{journal.resolve()}"
+
+
+# -- the plan ---------------------------------------------------------------------------
+def plan_text(opts: RunOptions) -> str:
+    k, gpu = opts.kernel, opts.gpu
+    lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
+             f"  {opts.run_info.get('model', '')}  " + "  ".join(
+                 f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
+             f"  kernel: {kernel_origin_text(k)}",
+             f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
+             f"keys {', '.join(k.config_keys)}",
+             (f"  budget {opts.settings.budget} trials per batch size" if not opts.settings.budgets else
+              f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
+              f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
+             + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
+             f"  storage {opts.storage or default_storage(opts.out_dir)}",
+             f"  output {opts.out_dir}/"]
+    triton_version = software_versions()["triton"]
+    roof = ceilings.load(gpu)
+    lines.append(f"  roofline floor: the larger of (fewest bytes moved / copy bandwidth) and (FLOPs / FP8 matmul "
+                 f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
+                 "runs much faster")
+    if opts.traffic is not None:
+        lines += traffic_plan_lines(opts)
+    for p in opts.problems:
+        lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
+                     + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
+        for name, path in planned_files(opts, p, triton_version):
+            lines.append(f"  {name:7s} {path}")
+        sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
+        lines.append("  configs after pruning, per M: " + " ".join(sizes))
+        floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.batch_sizes]
+        lines.append("  roofline floor, us per M: " + " ".join(floor))
+    total = len(opts.problems) * len(opts.batch_sizes)
+    most = sum(opts.settings.budget_for(p, m) for p in opts.problems for m in opts.batch_sizes)
+    lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
+                 f"at most {most} measured configs")
+    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
+    return "\n".join(lines)
+
+
+def traffic_plan_lines(opts: RunOptions) -> list[str]:
+    """The keys a traffic profile chose, what each serves, and its budget (the plan)."""
+    from tuner.plan.traffic import key_coverage
+    profile = opts.traffic
+    if profile is None:
+        return []
+    lines = [f"  {line}" for line in profile.describe()]
+    lines.append("  keys (by the engines' nearest-key rule: the served M each key's entry runs, their share of the "
+                 "forward passes, trials):")
+    for c in key_coverage(opts.batch_sizes, profile):
+        budget = opts.settings.budget_for(opts.problems[0], c.key) if opts.problems else opts.settings.budget
+        lines.append(f"    {c.text()}; {budget} trials")
+    lines.append("  where a tuned config does not beat the default beyond noise (2% or its spread), the table gets "
+                 "the default")
+    return lines
+
+
+def engine_reading_notes(table_kind: str, engines) -> list[str]:
+    """What makes each engine read tables of this kind on Hopper (tuner/plan/engines.py)."""
+    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
+            for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
+
+
+def kernel_origin_text(kernel: KernelSpec) -> str:
+    """Whose code times the tables, its version and where it was read from, in words."""
+    if kernel.source == "ours":
+        return f"ours (kernels/, tuner {kernel.source_version}, code {kernel.code_version})"
+    if not kernel.origin:
+        return (f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken; the "
+                f"launcher supports {kernel.source} {', '.join(kernel.notes.get('launcher_supports', []))})")
+    supported = ", ".join(kernel.notes.get("launcher_supports", []))
+    launched = kernel.notes.get("launched_as")
+    how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
+           if launched else "not checked")
+    files = kernel.notes.get("engine_files")
+    if files:
+        from tuner.plan.kernel_sources import imported_files_text
+        imports = "; " + imported_files_text(files)
+    else:
+        imports = ""
+    return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
+            f"{kernel.origin} (code {kernel.code_version}){imports}")
+
+
+def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
+    """(who reads it, relative path) of each file a problem's results go to."""
+    k = opts.kernel
+    if k.emit_table is not None:
+        m = opts.batch_sizes[0]
+        stand_in = StudyResult(p, m, k.default_config(p.params, m), None, None, {}, None, 0, "plan")
+        _, file_of = k.emit_table([(p, [stand_in])], opts.gpu.cuda_name)
+        return [("tuner", file_of[p.key])]
+    return [(name, ENGINES[name].table_relpath(k.table_kind, p.params, opts.gpu.cuda_name, triton_version))
+            for name in opts.engines if name in p.engines]
+
+
+# -- seeds from shipped tables ----------------------------------------------------------
+def load_baseline_table(baseline_dir: str, kernel: KernelSpec, gpu: GpuSpec, problem: Problem) -> dict | None:
+    """The table to beat for this problem and GPU: from an earlier run of ours (its
+    manifest: the table of the same kernel, problem and engine), or the engines' shipped
+    file (searched recursively; the problem's own engines' file names first)."""
+    root = Path(baseline_dir)
+    if (root / MANIFEST).is_file():
+        manifest = read_manifest(root)
+        for t in manifest.get("tables", []) if manifest.get("gpu") == gpu.key else []:
+            if (t.get("kernel") == kernel.name and Problem(t["kernel"], t["problem"]).key == problem.key
+                    and set(t.get("files") or {}) & set(problem.engines or ENGINES)):
+                table = {m: e["config"] for m, e in t.get("entries", {}).items() if e.get("config")}
+                if table:
+                    return table
+    # The problem's own engines' file names first (SGLang's up and _down tables, vLLM's).
+    order = [e for e in problem.engines if e in ENGINES] + [e for e in ENGINES if e not in problem.engines]
+    names = [ENGINES[e].table_relpath(kernel.table_kind, problem.params, gpu.cuda_name, "0.0.0")
+             .rsplit("/", 1)[-1] for e in order]
+    # Of one name in several triton_<version> folders, the newest first (as SGLang falls back).
+    files = sorted(root.rglob("*.json"), reverse=True)
+    for path in sorted((p for p in files if p.name in names), key=lambda p: names.index(p.name)):
+        from tuner.reading import read_json_file
+        try:
+            table = read_json_file(path, "baseline table ")
+        except TunerError as e:
+            raise TunerError(f"{e} (not readable JSON)") from None
+        if not isinstance(table, dict):
+            raise TunerError(f"baseline table {path} is not a JSON object of batch sizes and configs")
+        return {k: v for k, v in table.items() if k != "triton_version"}
+    return None
+
+
+def landscape_source(kernel: KernelSpec) -> dict:
+    """What a landscape's header says of the code it timed: a hash of that code, and for an
+    engine's kernel whose it is (none for ours, so that older landscapes read the same)."""
+    out = {"code_version": kernel.code_version} if kernel.code_version else {}
+    if kernel.source == "ours":
+        return out
+    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version, **out}
+
+
+# -- the run ----------------------------------------------------------------------------
+def make_measurer(opts: RunOptions, progress: Progress) -> Measurer:
+    if opts.replay:
+        return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
+    from tuner.measure import isolation
+    # Every compile and timing happens in a replaceable child process (tuner/measure/isolation.py).
+    gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
+                                            opts.measure_timeout, opts.recycle_after, opts.device)
+    if not opts.record:
+        return gpu_m
+    env = gpu_m.environment()
+    header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
+              "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
+              "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
+              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso()}
+    writer = LandscapeWriter(opts.record, opts.kernel, header)
+    land = Landscape(header, opts.kernel, str(opts.record))
+    grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
+    return RecordingMeasurer(gpu_m, writer, land, grid, progress=progress.note)
+
+
+def open_run_storage(opts: RunOptions) -> BaseStorage:
+    return open_checked_storage(opts.storage or default_storage(opts.out_dir))
+
+
+def _sqlite_tables(path: Path, mode: str) -> set[str]:
+    import sqlite3
+    from urllib.parse import quote
+    con = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, timeout=30)
+    try:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        con.close()
+
+
+def check_sqlite_file(path: Path, url: str) -> None:
+    """An existing SQLite file must be one of our storages (Optuna's tables), never another
+    program's database we would add tables to.
+
+    It is looked at read-only first. A process killed in the middle of a write (kill -9 during
+    a commit) leaves a hot rollback journal (the journal mode of file systems without WAL, and
+    of storages made before WAL) or a write-ahead log whose index must be rebuilt: a read-only
+    connection may not do either and fails with "attempt to write a readonly database", though
+    nothing is lost. Then it is opened read-write, which rolls the interrupted write back (or
+    recovers the log) as every SQLite client does, and the file is judged after that."""
+    import sqlite3
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise TunerError(f"--storage {url}: {path} is not a file")
+    if path.stat().st_size == 0:
+        return
+    try:
+        try:
+            tables = _sqlite_tables(path, "ro")
+        except sqlite3.Error as e:
+            name = getattr(e, "sqlite_errorname", "") or ""
+            if not (name.startswith("SQLITE_READONLY") or "readonly" in str(e)):
+                raise
+            log.info("storage %s: recovering what a killed writer left (%s)", path, name or e)
+            tables = _sqlite_tables(path, "rw")           # rolls back the hot journal, recovers the WAL
+    except sqlite3.Error as e:
+        if "readonly" in str(e) or getattr(e, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
+            raise TunerError(f"--storage {url}: {path} holds a write that a killed process left unfinished, and "
+                             "rolling it back needs write access to it and its folder (nothing is lost): run "
+                             "where it can be written") from None
+        if "locked" in str(e) or "busy" in str(e).lower():
+            raise TunerError(f"--storage {url}: {path} is locked by another process (a run or worker still "
+                             "writing?); try again when it is done") from None
+        raise TunerError(f"--storage {url}: {path} is not a SQLite database ({e})") from None
+    if tables and "studies" not in tables:
+        raise TunerError(f"--storage {url}: {path} is another program's database (tables "
+                         f"{', '.join(sorted(tables)[:5])}); give a new file")
+
+
+def check_journal_file(path: Path, url: str) -> None:
+    """An existing journal file must be one of ours (Optuna operations, one per line)."""
+    if not path.exists():
+        return
+    if not path.is_file():
+        raise TunerError(f"--storage {url}: {path} is not a file")
+    try:
+        ours = is_journal(path)
+    except OSError as e:
+        raise TunerError(f"--storage {url}: cannot read {path} ({e.strerror})") from None
+    if not ours:
+        raise TunerError(f"--storage {url}: {path} is not a journal of Optuna operations; give a new file")
+
+
+def check_storage_url(url: str) -> None:
+    """Before anything is written: a storage URL, and for a journal or SQLite a file that is
+    ours (or new) in a folder we can write."""
+    if not isinstance(url, str) or "://" not in url:
+        raise TunerError(f"--storage {url!r} is not a storage URL (journal:///FILE, sqlite:///FILE, "
+                         "postgresql://...)")
+    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    if local is not None:
+        path = local
+        if journal_path(url):
+            check_journal_file(path, url)
+        else:
+            check_sqlite_file(path, url)
+        from tuner.paths import writable_folder
+        ok, existing = writable_folder(path.parent)
+        if not ok:
+            raise TunerError(f"--storage {url}: cannot write to {existing}")
+
+
+def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
+    """The run's storage, after checking it is ours: one clear line for bad URLs, missing
+    drivers, unreachable servers and foreign databases. `existing`: a storage to read
+    (collect, worker): a SQLite file that is not there is refused, nothing is created."""
+    check_storage_url(url)
+    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    if local is not None:
+        if existing and not local.is_file():
+            raise TunerError(f"--storage {url}: {local} not found (no run stored there; nothing was created)")
+        from tuner.paths import make_folder
+        make_folder(local.parent)
+    try:
+        return open_storage(url)
+    except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
+        from tuner.paths import is_disk_full
+        if is_disk_full(e):
+            raise TunerError(f"no space left on the device for storage {url}: free some and run the same "
+                             "command again") from None
+        text = str(e).strip().splitlines()
+        raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
+
+
+def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
+    """Tune every (problem, M) (here, or in one worker process per GPU), then write the
+    tables and the manifest from what the storage holds; returns the results."""
+    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
+    t0 = time.monotonic()
+    # Every input is checked before the first write: the shipped tables to beat, the landscape.
+    check_baselines(opts)
+    # What a killed run's atomic writes left (a minute old: no writer of ours is that slow).
+    remove_stale_temporaries(opts.out_dir, older_than_s=60)
+    if len(opts.gpus) > 1 and not opts.replay:
+        storage = open_run_storage(opts)
+        save_plan(storage, opts)
+        run_gpu_workers(opts, progress)
+    else:
+        measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+        try:
+            if isinstance(measurer, ReplayMeasurer):
+                opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
+                progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
+            storage = open_run_storage(opts)
+            save_plan(storage, opts)
+            tune_all(opts, storage, measurer, progress,
+                     after_study=lambda: collect(opts, storage, quiet=True))
+        finally:
+            measurer.close()
+    results = collect(opts, storage)
+    progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
+    return results
+
+
+def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progress: Progress,
+             after_study: Callable[[], object] | None = None) -> None:
+    """Run every study of the plan against one measurer. Several processes may do this at
+    once on one storage (workers): they share the studies."""
+    runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
+                         on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
+                         prefix=opts.prefix)
+    # A run started again shows the studies it finished before as stored, and says so.
+    finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
+                if stored_result(storage, opts, p, M) is not None}
+    if finished:
+        total = sum(len(opts.ms_for(p)) for p in opts.problems)
+        progress.note(f"resuming from {opts.storage or default_storage(opts.out_dir)}: {len(finished)} of {total} "
+                      "studies finished before; their stored results are shown, not run again")
+    for problem in opts.problems:
+        baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
+        neighbour = None
+        for M in sorted(opts.ms_for(problem)):
+            tied_config = None
+            if problem.tied_to:
+                tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
+                if not tied or not tied.get("config"):
+                    continue            # nothing to tie to at this M: left out of both tables
+                tied_config = tied["config"]
+            progress.start_study(f"{_label(problem)} M={M}")
+            default = table_default(opts.kernel, problem, M, tied_config)
+            seeds = [("default", default)]
+            seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
+            if baseline:
+                seeds.append(("baseline", lookup_nearest(baseline, M)))
+            if neighbour:
+                seeds.append(("neighbour", neighbour))
+            # a tied table searches its shared keys freely too: both tables choose them together below
+            r = runner.tune(problem, M, seeds, None, default)
+            if problem.tied_to and not r.tied:
+                r = choose_tied(opts, runner, measurer, problem, M) or r
+            neighbour = r.config or neighbour
+            progress.end_study(_summary(r, time_unit(opts)))
+            sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
+            if after_study:
+                after_study()           # the tables as far as they go: a stopped run keeps them
+
+
+def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, problem: Problem, M: int) -> StudyResult | None:
+    """Choose the keys a tied table shares with the table it is tied to (SGLang's `_down`
+    table and its up table share BLOCK_SIZE_M) for both together, once both studies are done:
+    the candidate pairs are the best up config for each shared value with each down config
+    measured with that value, ranked by the sum of the two times; the best few are timed again
+    as the engine runs the two together, where the kernel can (`tied_params`: for SGLang the
+    whole layer, whose up GEMM stores in sorted order before a TMA down GEMM), else ranked by
+    the sum. Both studies are then concluded on the winning pair (numerics checked); returns
+    the tied table's result (None when the studies measured no pair)."""
+    from tuner.plan.kernel_api import config_dict
+    kernel, keys = opts.kernel, problem.tied_keys
+    if problem.tied_to is None:
+        return None
+    up = by_key(opts)[problem.tied_to]
+
+    def shared(cfg: dict) -> tuple:
+        return tuple(cfg[k] for k in keys)
+
+    def timed(p: Problem) -> list[tuple[float, dict]]:
+        return sorted((t, config_dict(kernel, c)) for c, t in runner.measured(p, M).items() if t is not None)
+    best_up: dict[tuple, tuple[float, dict]] = {}
+    ups = timed(up)
+    for t, c in ups:
+        best_up.setdefault(shared(c), (t, c))
+    pairs = [(best_up[shared(d)][0] + t, best_up[shared(d)][1], d) for t, d in timed(problem) if shared(d) in best_up]
+    if not pairs:
+        return None
+    candidates = pairs[: max(1, opts.settings.top_k)]
+    together: list[float | None] = [None] * len(candidates)
+    if kernel.tied_params is not None:
+        for i, (_, u, d) in enumerate(candidates):
+            pair = Problem(kernel.name, kernel.tied_params(problem.params, u), problem.layers, problem.engines)
+            together[i] = measurer.measure(pair, M, [d])[0].time_us
+    timed_together = all(t is not None for t in together)
+    ranking = [t if timed_together and t is not None else s_ for t, (s_, _, _) in zip(together, candidates)]
+    order = sorted(range(len(candidates)), key=lambda i: ranking[i])
+    _, u_cfg, d_cfg = candidates[order[0]]
+    info = {"keys": {k: u_cfg[k] for k in keys}, "timed_together": timed_together,
+            "candidates": [{"up": u, "down": d, "sum_us": round(s_, 3),
+                            "together_us": None if t is None else round(t, 3)}
+                           for (s_, u, d), t in zip(candidates, together)], "chosen": order[0]}
+
+    def in_line(first: dict, ranked: list[tuple[float, dict]]) -> list[dict]:
+        rest = [c for _, c in ranked if shared(c) == shared(first) and c != first]
+        return [first] + rest[: opts.settings.top_k - 1]
+    u_result = stored_result(runner.storage, opts, up, M) or {}
+    info["up_alone"] = {k: (u_result.get("config") or {}).get(k) for k in keys}    # what the up study chose by itself
+    if u_result.get("config") != u_cfg:
+        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M), shared=keys)
+        u_cfg = u_now.config or u_cfg
+    default = table_default(kernel, problem, M, u_cfg)
+    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info, shared=keys)
+
+
+def table_default(kernel: KernelSpec, problem: Problem, M: int, tied_config: dict | None) -> dict:
+    """What the engine runs at M without this table: for a table tied to another (SGLang's
+    `_down` table, tied to its up table), the config of that table (SGLang runs the down GEMM
+    with the up config when it has no `_down` table); else the kernel's default config. The
+    one notion of a table's default, for tuning and for drift alike."""
+    from tuner.plan.kernel_api import config_from_entry
+    if tied_config:
+        return config_from_entry(kernel, tied_config)
+    return kernel.default_config(problem.params, M)
+
+
+def by_key(opts: RunOptions) -> dict[str, Problem]:
+    return {p.key: p for p in opts.problems}
+
+
+def stored_result(storage: BaseStorage, opts: RunOptions, problem: Problem, M: int) -> dict | None:
+    import optuna
+    try:
+        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix, opts.kernel.source),
+                                  storage=storage)
+    except KeyError:
+        return None
+    result = study.user_attrs.get("result")
+    if result is not None:
+        result = {**result, "environment": study.user_attrs.get("environment", {}),
+                  "measured_by": study.user_attrs.get("measured_by"), "identity": study.user_attrs.get("identity")}
+    return result
+
+
+def wait_for_result(storage: BaseStorage, opts: RunOptions, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:
+    """The finished result of a study another worker may still be running."""
+    while True:
+        r = stored_result(storage, opts, problem, M)
+        if r is not None or M not in opts.ms_for(problem):
+            return r
+        time.sleep(poll_s)
+
+
+def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: bool = False) -> dict[str, list[StudyResult]]:
+    """Write the tables and the manifest from the studies' stored results (tuner collect,
+    and the end of every run). Batch sizes whose study has not finished are left out."""
+    results: dict[str, list[StudyResult]] = {}
+    envs, labels, identities = [], set(), []
+    missing = 0
+    for problem in opts.problems:
+        rs = []
+        for M in sorted(opts.ms_for(problem)):
+            d = wait_for_result(storage, opts, problem, M) if wait else stored_result(storage, opts, problem, M)
+            if d is None:
+                missing += 1
+                continue
+            envs.append(d.pop("environment"))
+            labels.add(d.pop("measured_by") or "")
+            identities.append(d.pop("identity"))
+            rs.append(StudyRunner.result_from_dict(problem, M, d))
+        if rs:
+            results[problem.key] = rs
+    env: dict = next((e for e in envs if e), {})
+    run_info = {**opts.run_info, "gpu": opts.gpu.key, "measured_by": ", ".join(sorted(x for x in labels if x)),
+                "environment": env, "identity": next((i for i in identities if i), None),
+                "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
+                           "patience": opts.settings.patience, "space": opts.space.source,
+                           **({"budgets": opts.settings.budgets} if opts.settings.budgets else {})}}
+    earlier = _searched_otherwise(opts, results)
+    if earlier:
+        run_info["search"]["earlier_runs"] = earlier
+        if not quiet:
+            log.warning("%s", "; ".join(f"{e['studies']} studies were finished by an earlier run searching with "
+                                        f"--trials {e['budget']} --sampler {e['sampler']}" for e in earlier)
+                        + f": kept as they are (this run: --trials {opts.settings.budget} --sampler "
+                        f"{opts.settings.sampler}); give another --out to tune them again with this run's")
+    if opts.traffic is not None and opts.kernel.emit_table is None:
+        results = _prefer_defaults(opts, results)
+    done = [p for p in opts.problems if p.key in results]
+    if opts.kernel.emit_table is not None:
+        if done:
+            _emit_own_format(opts, done, results, run_info)
+    else:
+        keys = by_key(opts)
+        for problem in done:
+            # Tables tied together are written together, over the batch sizes both have.
+            if problem.tied_to or any(q.tied_to == problem.key for q in opts.problems):
+                if not problem.tied_to or problem.tied_to not in results:
+                    continue
+                group = [keys[problem.tied_to], problem]
+            else:
+                group = [problem]
+            _emit(opts, group, [results[p.key] for p in group], env, run_info, warn=not quiet)
+    if missing and not quiet:
+        log.warning("%d studies have no result yet; their batch sizes are left out", missing)
+    return results
+
+
+def _searched_otherwise(opts: RunOptions, results: dict[str, list[StudyResult]]) -> list[dict]:
+    """The studies of these results searched (by an earlier run into the same storage) with
+    another budget or sampler than this run's, counted by those settings: the manifest says
+    so, so that it never claims a budget its studies did not have."""
+    by: dict[tuple, int] = {}
+    for rs in results.values():
+        for r in rs:
+            s = r.search or {}
+            budget = opts.settings.budget_for(r.problem, r.M)
+            if s and (s.get("budget") != budget or s.get("sampler") != opts.settings.sampler):
+                key = (s.get("budget"), s.get("sampler"))
+                by[key] = by.get(key, 0) + 1
+    return [{"budget": b, "sampler": s, "studies": n} for (b, s), n in sorted(by.items(), key=str)]
+
+
+def _prefer_defaults(opts: RunOptions, results: dict[str, list[StudyResult]]) -> dict[str, list[StudyResult]]:
+    """Traffic-keyed tables: the default where the tuned config does not beat it (each table
+    alone, or SGLang's up table with the `_down` table tied to it: results.prefer_defaults)."""
+    from tuner.emit.results import prefer_defaults
+    out = dict(results)
+    for p in opts.problems:
+        if p.tied_to or p.key not in results:
+            continue
+        group = [p] + [q for q in opts.problems if q.tied_to == p.key and q.key in results]
+        for q, rs in zip(group, prefer_defaults(opts.kernel, group, [results[q.key] for q in group])):
+            out[q.key] = rs
+    return out
+
+
+# -- plans in the storage, and workers -------------------------------------------------
+PLAN_FORMAT = "tuner-plan/1"
+
+
+def plan_study_name(prefix: str, kernel_name: str, source: str = "ours") -> str:
+    return f"{prefix}tuner-plan:{kernel_name}" + ("" if source == "ours" else f"@{source}")
+
+
+def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
+    """Store what to tune beside the studies, so `tuner worker` and `tuner collect` need
+    only the storage URL and the study prefix."""
+    import optuna
+    study = optuna.create_study(study_name=plan_study_name(opts.prefix, opts.kernel.name, opts.kernel.source),
+                                storage=storage, load_if_exists=True)
+    identity = plan_identity(opts)
+    what = identity_differences((study.user_attrs.get("plan") or {}).get("identity") or {}, identity)
+    if what:
+        raise TunerError(f"the storage already holds a plan ({study.study_name}) for another {what}; its studies "
+                         "are not this run's: give another --out (or --storage, or --study-prefix)")
+    study.set_user_attr("plan", {
+        "identity": identity,
+        "format": PLAN_FORMAT, "kernel": opts.kernel.name, "kernel_ref": opts.kernel.ref, "gpu": opts.gpu.key,
+        "problems": [{"params": p.params, "layers": list(p.layers), "engines": list(p.engines),
+                      "tied_to": p.tied_to, "tied_keys": list(p.tied_keys)} for p in opts.problems],
+        "batch_sizes": {p.key: sorted(opts.ms_for(p)) for p in opts.problems},
+        "settings": dataclasses.asdict(opts.settings),
+        "space": {"choices": opts.space.choices, "constraints": opts.space.constraints,
+                  "source": opts.space.source},
+        "engines": opts.engines, "baseline": opts.baseline, "run_info": opts.run_info,
+    })
+
+
+def plan_identity(opts: RunOptions) -> dict:
+    """What a plan's studies will be timed on, as far as it is known before measuring
+    (each study adds the Triton and, for a replay, the landscape's code; search.identity)."""
+    return {"device": opts.device_name, "kernel": opts.kernel.source_label,
+            "code_version": opts.kernel.code_version or None, "space": opts.space.version}
+
+
+def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, load_code: bool = False,
+               engine_source: list[str] | None = None, **overrides) -> list[RunOptions]:
+    """The plans stored under a prefix, as run options; `overrides` set options the plan
+    leaves to each worker (replay file, storage URL, compile workers...). load_code: an
+    engine kernel's code is needed (a worker measuring on a GPU); it is read from
+    `engine_source` when given (another machine's paths mean nothing here), else from where
+    the plan's machine read it, the installed engine, or $TUNER_ENGINE_WHEELS."""
+    import optuna
+
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_registry import get_kernel
+
+    names = [n for n in optuna.get_all_study_names(store) if n.startswith(plan_study_name(prefix, ""))]
+    plans = []
+    for name in sorted(names):
+        plan = optuna.load_study(study_name=name, storage=store).user_attrs.get("plan")
+        if not plan or plan.get("format") != PLAN_FORMAT:
+            continue
+        ref = dict(plan.get("kernel_ref") or {"name": plan["kernel"]})
+        if ref.get("source", "ours") != "ours" and (engine_source or not Path(ref.get("origin") or "").exists()):
+            from tuner.plan.kernel_sources import origin_for
+            ref["origin"] = origin_for(ref["source"], engine_source)
+        kernel = get_kernel(**ref, load_code=load_code)
+        space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
+                            plan["space"]["constraints"], plan["space"]["source"])
+        problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),
+                            d.get("tied_to"), tuple(d.get("tied_keys", ()))) for d in plan["problems"]]
+        opts = RunOptions(kernel=kernel, space=space, gpu=get_gpu(plan["gpu"]), problems=problems,
+                          batch_sizes=sorted({m for ms in plan["batch_sizes"].values() for m in ms}),
+                          settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
+                          engines=plan["engines"], baseline=plan["baseline"], run_info=plan["run_info"],
+                          prefix=prefix, plan_ms=plan["batch_sizes"])
+        if (plan.get("run_info") or {}).get("traffic"):
+            from tuner.plan.traffic import TrafficProfile
+            opts.traffic = TrafficProfile.from_manifest(plan["run_info"]["traffic"], "the stored plan")
+        for k, v in overrides.items():
+            setattr(opts, k, v)
+        plans.append(opts)
+    if not plans:
+        raise TunerError(f"the storage holds no tuning plan under the study prefix {prefix!r}; "
+                         "start one with `tuner gemm|moe|mla ... --storage URL --study-prefix NAME`")
+    return plans
+
+
+def run_gpu_workers(opts: RunOptions, progress: Progress) -> None:
+    """One `tuner worker` process per GPU, all on the run's storage; wait for them."""
+    url = opts.storage or default_storage(opts.out_dir)
+    procs = []
+    for gpu in opts.gpus:
+        cmd = [sys.executable, "-m", "tuner", "worker", "--storage", url, "--study-prefix", opts.prefix,
+               "--device", opts.device, "--compile-workers", str(max(1, opts.compile_workers // len(opts.gpus))),
+               "--measure-timeout", str(int(opts.measure_timeout)), "--recycle-after", str(opts.recycle_after),
+               "--quiet"]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        procs.append(subprocess.Popen(cmd, env=env))
+        progress.note(f"worker on GPU {gpu}: pid {procs[-1].pid}")
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        progress.note(f"{len(failed)} of {len(procs)} workers failed; the studies they left are finished by the rest "
+                      "or by running the command again")
+
+
+def _label(problem: Problem) -> str:
+    return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
+
+
+def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, run_info: dict) -> None:
+    """Kernels that no engine reads tables for write their own files (rewritten as each
+    problem finishes, so a stopped run keeps what it has)."""
+    pairs = [(p, all_results[p.key]) for p in done]
+    emit = opts.kernel.emit_table
+    if emit is None:                # only called for own-format kernels (see tune_run)
+        return
+    tables, file_of = emit(pairs, opts.gpu.cuda_name)
+    for rel, obj in tables.items():
+        atomic_write_json(opts.out_dir / rel, obj, root=opts.out_dir)
+    entries = [manifest_entry(opts.kernel, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {},
+                              run_info) for p, results in pairs]
+    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
+
+
+def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
+          run_info: dict, warn: bool = True) -> None:
+    if len(group) > 1:
+        common = set.intersection(*({r.M for r in rs if r.config} for rs in group_results))
+        # tied tables are written together where they agree on the keys they share (a tied
+        # study not chosen with its partner yet, e.g. still running elsewhere, waits)
+        keys = next((p.tied_keys for p in group if p.tied_to), ())
+        by_m = [{r.M: r.config for r in rs if r.config} for rs in group_results]
+        common = {m for m in common if len({tuple(c[m][k] for k in keys) for c in by_m}) == 1}
+        group_results = [[r for r in rs if r.M in common] for rs in group_results]
+    triton_version = env.get("triton") or software_versions()["triton"]
+    entries = []
+    copies = _copied_tied_tables(opts.kernel, group, group_results)
+    for problem, results in zip(group, group_results):
+        engines = [] if problem.key in copies else opts.engines
+        files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name, triton_version, engines)
+        entry = manifest_entry(opts.kernel, problem, results, files, run_info)
+        if problem.key in copies:
+            entry["not_written"] = copies[problem.key]
+        entries.append(entry)
+        _audit_emitted(opts, problem, files, warn)
+    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
+
+
+def _copied_tied_tables(kernel: KernelSpec, group: list[Problem], group_results: list[list[StudyResult]]) -> dict:
+    """{problem key: why} of the tied tables (SGLang's `_down`) that came out the same as the
+    table they are tied to at every M: not written, since the engine then reuses that table
+    anyway, and `tuner audit` flags such a file as a copy that was never tuned."""
+    from tuner.plan.kernel_api import table_entry
+    tables = {p.key: {r.M: table_entry(kernel, r.config) for r in rs if r.config is not None}
+              for p, rs in zip(group, group_results)}
+    return {p.key: f"the same configs as {p.tied_to} at every M: the engine reuses that table for it without a file"
+            for p in group if p.tied_to and tables.get(p.key) and tables[p.key] == tables.get(p.tied_to)}
+
+
+def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], warn: bool = True) -> None:
+    """`tuner audit`'s table checks on each table just written, over the batch sizes up to the
+    largest tuned: a tuned table should pass them; where it cannot (too few batch sizes tuned,
+    studies without a result) the run says so, naming the batch sizes that snap far. Tables
+    written while the run goes on (warn=False) are partial by design: only the loader's
+    reading of them is checked, and the findings are said once, for the final tables."""
+    from tuner.emit.audit import Batches, named_table_findings
+    from tuner.plan.engines import load_table, table_family
+    batches = Batches(max(opts.batch_sizes))
+    for engine, rel in files.items():
+        family = table_family(engine, opts.kernel.table_kind)
+        table, crash = load_table(family, (opts.out_dir / rel).read_bytes())
+        findings = named_table_findings(family, Path(rel).name, table, rel, batches) if warn and table is not None else []
+        for f in findings:
+            log.warning("%s: %s: %s (tuned M=%s)", rel, f.kind, f.reason, ",".join(map(str, sorted(table or {}))))
+        if crash:
+            raise TunerError(f"{rel} was written but {engine}'s loader would not read it ({crash}): a bug, please report")
+
+
+def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):
+    covered, plan_ms = [], {}
+    for p in opts.problems:
+        ms = [m for m in opts.batch_sizes if measurer.covers(p, m)]
+        missing = [m for m in opts.batch_sizes if m not in ms]
+        if not ms:
+            progress.note(f"skip {p.key}: the landscape has no timings for it")
+            continue
+        if missing:
+            progress.note(f"{p.key}: the landscape lacks M={','.join(map(str, missing))}; tuning M={','.join(map(str, ms))}")
+        covered.append(p)
+        plan_ms[p.key] = ms
+    if not covered:
+        raise TunerError(f"landscape {opts.replay} covers none of the planned problems and batch sizes")
+    # Its points must be configs of the search space (or the seeds), or nothing can be chosen.
+    usable = False
+    for p in covered:
+        for m in plan_ms[p.key]:
+            points = measurer.candidates(p, m) or set()
+            space = {config_tuple(opts.kernel, c) for c in opts.space.configs(p.params, m, opts.gpu)}
+            seeds = {config_tuple(opts.kernel, opts.space.canonical(p.params, m, opts.gpu, c)) for c in
+                     [opts.kernel.default_config(p.params, m), *opts.kernel.extra_seeds(p.params, m)]}
+            if points & (space | seeds):
+                usable = True
+                break
+        if usable:
+            break
+    if not usable:
+        raise TunerError(f"landscape {opts.replay} holds no config of the search space "
+                         f"({opts.space.source}) nor the default: recorded with another space or kernel?")
+    return covered, plan_ms
+
+
+def check_baselines(opts: RunOptions) -> None:
+    """--baseline's tables, read and checked before anything is written."""
+    if not opts.baseline:
+        return
+    from tuner.plan.kernel_api import checked_config, table_batch_size
+    for problem in opts.problems:
+        table = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem)
+        for key, entry in (table or {}).items():
+            where = f"--baseline {opts.baseline}: the table for {problem.key} has an unusable entry {str(key)[:40]!r}"
+            table_batch_size(key, where)
+            checked_config(opts.kernel, entry, where)
+
+
+def time_unit(opts: RunOptions) -> str:
+    """How a time of this run is shown: microseconds, and where they were not taken on a GPU, so."""
+    if opts.replay:
+        return "us"
+    return "us (CPU device)" if opts.device == "cpu" else "us"
+
+
+def _summary(r: StudyResult, unit: str = "us") -> str:
+    if r.resumed:
+        return "stored: " + _summary(dataclasses.replace(r, resumed=False), unit)
+    if r.config is None:
+        return f"no config ({r.numerics.get('detail', r.stopped)})"
+    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
+
+
+def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) -> pd.DataFrame:
+    """The closing table: times to two decimals, a default without a time shown with why."""
+    rows = []
+    for pkey, rs in results.items():
+        for r in rs:
+            rows.append({
+                "problem": pkey, "M": r.M,
+                "config": " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
+                "time_us": f"{r.time_us:.2f}" if r.time_us else "-",
+                "default_us": f"{r.default_time_us:.2f}" if r.default_time_us else
+                              f"- ({r.default_error or 'not timed'})",
+                "speedup": f"{r.speedup:.2f}x" if r.speedup else "-",
+                "trials": r.trials,
+                "numerics": r.numerics.get("status", "-"),
+                **({"table": _kept_text(r)} if any(x.kept_default for xs in results.values() for x in xs) else {}),
+            })
+    return pd.DataFrame(rows)
+
+
+def _kept_text(r: StudyResult) -> str:
+    """What a traffic-keyed table holds at M: the tuned config, or the default and why."""
+    if not r.kept_default:
+        return "tuned"
+    t = r.kept_default.get("time_us")
+    return f"default (tuned {t:.2f} us: within noise)" if t else "default"

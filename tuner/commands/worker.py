@@ -1,0 +1,88 @@
+"""`tuner worker` and `tuner collect`: join a run kept in a shared storage and measure its trials
+on this machine, and write the tables of its finished studies (tune.py does the work)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tuner.api import check_out_dir
+from tuner.commands.options import device_option, positive, trust_option, workers
+
+
+def add_worker_parser(sub, common) -> None:
+    """`tuner worker`: measure trials of a stored run on this machine."""
+    worker = sub.add_parser("worker", help="join a run stored in a shared storage and measure on this GPU",
+                            description="Measure trials of the runs stored under a study prefix, on this "
+                            "machine's GPU (or a replayed landscape). Start any number, on any hosts.")
+    worker.add_argument("--storage", required=True, metavar="URL", help="the run's Optuna storage URL")
+    worker.add_argument("--study-prefix", default="", metavar="NAME")
+    worker.add_argument("--replay", default=None, metavar="FILE", help="measure by replaying a landscape")
+    worker.add_argument("--compile-workers", type=workers, default=min(16, os.cpu_count() or 1))
+    worker.add_argument("--measure-timeout", type=positive, default=120, metavar="S")
+    worker.add_argument("--recycle-after", type=positive, default=256, metavar="N")
+    device_option(worker)
+    worker.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
+                        help="where this machine has the engines' code, for plans timed on an engine's kernel "
+                        "(default: where the plan's machine had it, the installed engine, $TUNER_ENGINE_WHEELS)")
+    trust_option(worker)
+    worker.add_argument("--quiet", action="store_true")
+
+
+def run_worker(args) -> int:
+    from tuner.commands.tune import load_plans, make_measurer, open_checked_storage, tune_all
+    from tuner.measure.device import require
+    from tuner.progress import Progress
+
+    storage = open_checked_storage(args.storage, existing=True)
+    if not args.replay and args.device == "cuda":
+        # the storage's plans first (a storage without one is said as such), then the GPU,
+        # before the engines' code is looked for
+        load_plans(storage, args.study_prefix, load_code=False, storage=args.storage)
+        import torch
+        if not torch.cuda.is_available():
+            from tuner.measure.device import require_gpu
+            require_gpu("", "a worker", "--replay FILE measures from a recorded landscape")
+    for opts in load_plans(storage, args.study_prefix, load_code=not args.replay, engine_source=args.engine_source,
+                           replay=args.replay, storage=args.storage,
+                           compile_workers=args.compile_workers, measure_timeout=args.measure_timeout,
+                           recycle_after=args.recycle_after, device=args.device):
+        if not args.replay:
+            require(args.device, opts.gpu, "a worker", "--replay FILE measures from a recorded landscape")
+        from tuner.commands.tune import time_unit
+        progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet,
+                            unit=time_unit(opts))
+        measurer = make_measurer(opts, progress)
+        try:
+            tune_all(opts, storage, measurer, progress)
+        finally:
+            measurer.close()
+    return 0
+
+
+def add_collect_parser(sub, common) -> None:
+    """`tuner collect`: write a stored run's tables."""
+    collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",
+                             description="Write each engine's tables and the manifest from the finished "
+                             "studies of the runs under a study prefix.")
+    collect.add_argument("--storage", required=True, metavar="URL")
+    collect.add_argument("--study-prefix", default="", metavar="NAME")
+    collect.add_argument("--out", required=True, metavar="DIR")
+    collect.add_argument("--wait", action="store_true", help="wait until every study has finished")
+
+
+def run_collect(args) -> int:
+    from tuner.commands.tune import collect, load_plans, open_checked_storage, results_table
+
+    out = Path(args.out)
+    check_out_dir(out)
+    storage = open_checked_storage(args.storage, existing=True)
+    for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
+        results = collect(opts, storage, wait=args.wait)
+        table = results_table(results, opts.kernel.config_keys)
+        if not table.empty:
+            from tuner.commands.report import run_source
+            print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
+            print(table.to_string(index=False))
+    print(f"tables and manifest in {args.out}/")
+    return 0

@@ -1,0 +1,518 @@
+"""`tuner install`: put a results folder's tables where an engine reads them.
+
+Everything is checked before anything is written: the engine's package is found, every
+destination is resolved and must lie inside the engine's config folder (a manifest naming
+`../` paths is refused), every table must be one that engine's loader and kernel accept,
+the tables' provenance is compared with the target environment (device, Triton and engine
+versions, numerics), and every target folder must be writable. Installs into one folder
+are serialized by a lock; temporary files and backup folders a killed install left are
+cleared first. Replaced files are backed up outside the engine's folders, and `tuner install
+--restore` puts the last backup back, never touching a file outside the folders it recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tuner.emit.engine_tables import installed_version
+from tuner.emit.results import read_manifest
+from tuner.errors import TunerError
+from tuner.measure.environment import now_iso
+from tuner.paths import (
+    atomic_write_json,
+    atomic_write_text,
+    make_folder,
+    open_for_append,
+    read_json,
+    remove_stale_temporaries,
+    writable_folder,
+)
+from tuner.plan.engines import ENGINES
+
+BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
+ENV_VARS = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
+LOCK_WAIT_S = float(os.environ.get("TUNER_INSTALL_LOCK_WAIT", "60"))
+RECORD = "record.json"
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_=,\[\] .+-]+\.json$")
+
+
+@dataclass
+class Copy:
+    source: Path
+    dest: Path
+    label: str      # what the file is, for the printout
+    root: Path      # the engine config folder dest must stay inside
+    kind: str = ""  # the table family ("fused_moe", "fp8_gemm"); "" for shipped tables copied along
+    text: str | None = None       # what to write when not the source as it is (a --merge)
+    merged: dict | None = None    # {"new": [M...], "kept": [M...]} of a --merge, recorded in the backup
+
+    def content(self) -> str:
+        return self.text if self.text is not None else self.source.read_text()
+
+
+def _base(version: str | None) -> str | None:
+    return version.split("+")[0] if version else None
+
+
+def local_gpu_name() -> str | None:
+    try:
+        import torch
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def config_roots(site: Path, engine: str, moe_config_dir: Path | None) -> dict[str, Path]:
+    """Per table family, the one folder (of the engine's package, or the config-dir variable's
+    folder) tables of that family may be written under."""
+    eng = ENGINES[engine]
+    roots = {"fp8_gemm": site / eng.gemm_folder, "fused_moe": site / eng.moe_folder}
+    if moe_config_dir is not None:
+        # SGLang's variable replaces <package>/.../triton_utils, whose tables sit in configs/.
+        roots["fused_moe"] = moe_config_dir / "configs" if eng.moe_folder_per_triton else moe_config_dir
+    return roots
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, resolved (symbolic links and `..` followed), lies under `root`."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
+
+
+def _relative_table_path(rel, where: str) -> tuple[str, str, str]:
+    """(engine, kind, tail) of a manifest's file entry '<engine>/<kind>/[sub/]<file>.json',
+    refused unless every part is a plain name."""
+    if not isinstance(rel, str) or not rel:
+        raise TunerError(f"{where}: a file entry is not a path ({rel!r})")
+    parts = rel.split("/")
+    if len(parts) < 3 or any(p in ("", ".", "..") for p in parts) or rel.startswith("/") or "\\" in rel:
+        raise TunerError(f"{where}: file entry {rel!r} is not a plain <engine>/<kind>/<file> path; refusing it")
+    if not _TABLE_NAME.match(parts[-1]):
+        raise TunerError(f"{where}: file entry {rel!r} does not name a .json table")
+    return parts[0], parts[1], "/".join(parts[2:])
+
+
+def _power_of_two(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def validate_table(path: Path, engine: str, kind: str) -> dict:
+    """The table at `path`, if `engine`'s loader and kernel take it (else one clear line):
+    a JSON object keyed by positive integer batch sizes (vLLM's MoE loader alone drops a
+    'triton_version' key), each value a config of exactly the keys that engine's kernel
+    reads, with positive integer values (power-of-two tiles, warps and splits) or JSON
+    booleans for its switches."""
+    from tuner.plan.kernel_registry import get_kernel
+    table = read_json(path, "table ", "; refusing to install it")
+    if not isinstance(table, dict) or not table:
+        raise TunerError(f"table {path} is not a non-empty JSON object of batch sizes")
+    spec = get_kernel(kind, engine, load_code=False) if _engine_has(kind, engine) else get_kernel(kind)
+    allowed, required = set(spec.config_keys), set(spec.config_keys) - set(spec.optional_keys)
+    drops_version = engine == "vllm" and kind == "fused_moe"
+    for key, cfg in table.items():
+        if key == "triton_version" and drops_version:
+            continue
+        if not re.fullmatch(r"[0-9]+", key) or int(key) < 1:
+            raise TunerError(f"table {path}: key {key!r} is not a batch size ({engine}'s loader would crash on it)")
+        if not isinstance(cfg, dict):
+            raise TunerError(f"table {path}: the entry for M={key} is not a config object")
+        extra, missing = set(cfg) - allowed, required - set(cfg)
+        if extra or missing:
+            raise TunerError(f"table {path}: the entry for M={key} "
+                             + (f"has keys {engine}'s kernel does not take ({', '.join(sorted(extra))})" if extra
+                                else f"lacks {', '.join(sorted(missing))}"))
+        for k, v in cfg.items():
+            if k in spec.bool_keys:
+                if not isinstance(v, bool):
+                    raise TunerError(f"table {path}: M={key}: {k} must be true or false, not {v!r}")
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise TunerError(f"table {path}: M={key}: {k} must be a positive integer, not {v!r}")
+            if (k.startswith("BLOCK_SIZE_") or k in ("num_warps", "SPLIT_K")) and not _power_of_two(v):
+                raise TunerError(f"table {path}: M={key}: {k}={v} is not a power of two (Triton needs one)")
+    return table
+
+
+def _engine_has(kind: str, engine: str) -> bool:
+    from tuner.plan.kernel_registry import has_engine_kernel
+    return has_engine_kernel(kind, engine)
+
+
+def plan_install(results: Path, engine: str, site: Path, force: bool = False,
+                 moe_config_dir: Path | None = None, target_gpu: str | None = None,
+                 merge: bool = False) -> tuple[list[Copy], list[str]]:
+    """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
+    among others when a table would replace one that covers batch sizes it lacks (unless
+    `merge`: the old entries for those are kept, or `force`)."""
+    manifest = read_manifest(results)
+    tables = [t for t in manifest["tables"] if (t.get("files") or {}).get(engine)]
+    if not tables:
+        raise TunerError(f"{results} holds no {engine} tables")
+    eng = ENGINES[engine]
+    roots = config_roots(site, engine, moe_config_dir)
+    target_triton = installed_version(site, "triton")
+    target_engine = installed_version(site, engine)
+    gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
+    copies: list[Copy] = []
+    notes: list[str] = []
+    timed_on_ours: list[str] = []
+    seen: dict[str, str] = {}
+    where = f"{results / 'manifest.json'}"
+    for t in tables:
+        rel = t["files"][engine]
+        owner, kind, tail = _relative_table_path(rel, where)
+        if owner != engine or kind not in roots:
+            raise TunerError(f"{where}: file entry {rel!r} is not a {engine} table of a kind it reads")
+        source = results / rel
+        if not inside(source, results):
+            raise TunerError(f"{where}: {rel!r} leads out of {results}; refusing it")
+        if not source.is_file():
+            raise TunerError(f"the manifest lists {rel}, but {source} is missing")
+        validate_table(source, engine, kind)
+        env = t.get("environment") or {}
+        problems = []
+        if not t.get("numerics_passed"):
+            problems.append("its numerics check did not pass (or was not run: replayed timings)")
+        from tuner.measure.provenance import is_cpu_device
+        if is_cpu_device(env):
+            problems.append("it was timed on the CPU device (Triton's interpreter on a CPU, standing in for a "
+                            "GPU in CI): its configs were never timed on a GPU")
+        if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
+            problems.append(f"it was measured under Triton {env['triton']}, the target runs {target_triton}")
+        if gpu and env.get("device") and env["device"] != gpu:
+            problems.append(f"it was measured on {env['device']}, the target GPU is {gpu}")
+        timed_by = t.get("kernel_source") or {"source": "ours"}
+        if timed_by.get("source") == engine and timed_by.get("version") and target_engine \
+                and timed_by["version"] != target_engine:
+            problems.append(f"it was timed on {engine} {timed_by['version']}'s kernel, the target runs "
+                            f"{engine} {target_engine}")
+        elif timed_by.get("source") == "ours":
+            timed_on_ours.append(rel)
+        if problems:
+            if not force:
+                raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
+            notes.append(f"forced {rel}: {'; '.join(problems)}")
+        root = roots[kind]
+        if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
+            tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
+        dest = root / tail
+        if not inside(dest, root):
+            raise TunerError(f"{where}: {rel!r} would be written outside {root}; refusing it")
+        if str(dest) in seen:
+            raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
+        seen[str(dest)] = rel
+        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind)
+        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
+        copies.append(copy)
+    if timed_on_ours:
+        notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
+                     "(--kernel-source ours): the engine's kernel may rank configs differently")
+    for kind in sorted({t["files"][engine].split("/")[1] for t in tables}):
+        if kind in (eng.reads_on_hopper or {}):
+            notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {eng.reads_on_hopper[kind]}")
+    return copies, notes
+
+
+def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Path) -> Path | None:
+    """The file that will be at `dest` just before our table is written: the one there now,
+    or, for SGLang's config-dir variable, the shipped table install copies there first."""
+    if dest.is_file():
+        return dest
+    if moe_config_dir is not None and engine == "sglang":
+        root = config_roots(site, engine, moe_config_dir)["fused_moe"]
+        if inside(dest, root):
+            shipped = site / ENGINES[engine].moe_folder / dest.relative_to(root)
+            return shipped if shipped.is_file() else None
+    return None
+
+
+def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None) -> list[str]:
+    """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace one
+    covering batch sizes it lacks: those batch sizes would run an entry tuned for another M."""
+    from tuner.plan.engines import load_table, table_family
+    if old_path is None:
+        return []
+    family = table_family(engine, copy.kind)
+    from tuner.reading import read_bytes
+    old, crash = load_table(family, read_bytes(old_path, "installed table "))
+    if old is None:
+        return [f"{rel} replaces {old_path}, which {engine}'s loader cannot read ({crash})"]
+    new_raw = json.loads(copy.source.read_text())
+    new = {int(k): v for k, v in new_raw.items() if k not in family.dropped_keys}
+    lost = sorted(set(old) - set(new))
+    if not lost:
+        return []
+    what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
+            f"M={','.join(map(str, lost))}")
+    if merge:
+        merged = {**{m: old[m] for m in lost}, **new}
+        copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
+        copy.merged = {"new": sorted(new), "kept": lost, "from": str(old_path)}
+        return [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
+                "(recorded in the backup record)"]
+    if force:
+        return [f"forced {what}: those batch sizes now run the entry tuned for the nearest M"]
+    raise TunerError(f"refusing {what}: those batch sizes would run an entry tuned for another M (--merge keeps the "
+                     "old entries for them, --force replaces it anyway)")
+
+
+def _check_writable(paths: list[Path]) -> None:
+    for d in sorted({p.parent for p in paths}):
+        ok, existing = writable_folder(d)
+        if not ok:
+            raise TunerError(f"cannot write to {existing}: permission denied or not a folder (nothing was installed)")
+
+
+@contextlib.contextmanager
+def locked(folders: list[Path], backup_root: Path, wait_s: float | None = None):
+    """One install or restore at a time per target folder: the second waits up to wait_s,
+    then refuses with one line. Lock files live beside the backups, not in the engine."""
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    lock_dir = backup_root / "locks"
+    ok, existing = writable_folder(lock_dir)
+    if not ok:
+        raise TunerError(f"cannot write to {existing} (backups and locks go there; set TUNER_BACKUP_DIR)")
+    make_folder(lock_dir, backup_root)
+    handles = []
+    try:
+        for folder in sorted({os.path.realpath(f) for f in folders}):
+            name = hashlib.sha256(folder.encode()).hexdigest()[:16]
+            f = open_for_append(lock_dir / f"{name}.lock", lock_dir)
+            handles.append(f)
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TunerError(f"another tuner install is writing to {folder}; waited {wait_s:.0f}s "
+                                         "(TUNER_INSTALL_LOCK_WAIT): try again when it is done") from None
+                    time.sleep(0.2)
+        yield
+    finally:
+        for f in handles:
+            f.close()          # closing releases the lock
+
+
+def clear_leftovers(folders: list[Path], engine: str, backup_root: Path) -> list[str]:
+    """Under the lock: temporary files a killed install left in the target folders, and
+    backup folders whose record never got written (a kill before it), older than a minute."""
+    cleared = [str(p) for f in folders for p in remove_stale_temporaries(f)]
+    for folder in backup_root.glob(f"{engine}-*"):
+        if folder.is_dir() and not (folder / RECORD).exists() and time.time() - folder.stat().st_mtime > 60:
+            shutil.rmtree(folder, ignore_errors=True)
+            cleared.append(str(folder))
+    return cleared
+
+
+def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_root: Path | None = None) -> Path:
+    """Back up what would be replaced, then write every table atomically. Returns the backup
+    folder (its record.json lists what restore must undo and the folders it may touch)."""
+    backup_root = backup_root or BACKUP_ROOT
+    everything = list(extra) + list(copies)
+    roots = sorted({c.root for c in everything}, key=str)
+    with locked(roots, backup_root):
+        clear_leftovers(roots, engine, backup_root)
+        _check_writable([c.dest for c in everything] + [backup_root / "x" / "x"])
+        backup = backup_root / f"{engine}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        entries = []
+        for i, c in enumerate(everything):
+            saved = None
+            if c.dest.exists():
+                saved = backup / "files" / f"{i:04d}-{c.dest.name}"
+                make_folder(saved.parent, backup_root)
+                shutil.copy2(c.dest, saved)
+            entry: dict = {"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root)}
+            if c.merged:
+                entry["merged"] = c.merged
+            entries.append(entry)
+        # The record goes down before the first write, so an interrupted install can be undone.
+        atomic_write_json(backup / RECORD, {"engine": engine, "installed": now_iso(),
+                                            "roots": [str(r) for r in roots], "files": entries}, root=backup_root)
+        for c in everything:
+            atomic_write_text(c.dest, c.content(), root=c.root)
+    return backup
+
+
+def latest_backup(engine: str, backup_root: Path | None = None) -> Path:
+    backup_root = backup_root or BACKUP_ROOT
+    records = sorted(backup_root.glob(f"{engine}-*/{RECORD}"))
+    if not records:
+        raise TunerError(f"no {engine} install to restore (no backups in {backup_root})")
+    return records[-1].parent
+
+
+def read_record(backup: Path, engine: str) -> dict:
+    """A backup's record, checked: one clear line naming it when it cannot be trusted."""
+    path = backup / RECORD
+    hint = f"move {backup} aside to restore the installs before it"
+    from tuner.reading import read_bytes
+    try:
+        record = json.loads(read_bytes(path, "backup record "))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise TunerError(f"backup record {path} is corrupt; {hint}") from None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("engine") != engine or not isinstance(files, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("dest"), str)
+            and (e.get("backup") is None or isinstance(e.get("backup"), str)) for e in files):
+        raise TunerError(f"backup record {path} is not a {engine} install record; {hint}")
+    return record
+
+
+def _allowed_root(entry: dict, record: dict, engine: str) -> Path | None:
+    """The folder a recorded file may be restored or removed in: the one the install
+    recorded (and itself an engine config folder), or for records written before roots
+    were recorded, an engine config folder the path lies in."""
+    eng = ENGINES[engine]
+    known = (eng.gemm_folder, eng.moe_folder, "configs")
+    candidates = [entry["root"]] if entry.get("root") else []
+    candidates += [r for r in record.get("roots", []) if isinstance(r, str)]
+    for root in candidates:
+        if inside(Path(entry["dest"]), Path(root)):
+            return Path(root)
+    if not candidates:
+        dest = os.path.realpath(entry["dest"])
+        for folder in known:
+            i = dest.find("/" + folder + "/")
+            if i >= 0:
+                return Path(dest[: i + len(folder) + 1])
+    return None
+
+
+def restore(engine: str, backup_root: Path | None = None) -> list[str]:
+    """Undo the last install for an engine: put replaced files back, remove added ones."""
+    backup_root = backup_root or BACKUP_ROOT
+    backup = latest_backup(engine, backup_root)
+    record = read_record(backup, engine)
+    plan = []
+    for e in record["files"]:
+        root = _allowed_root(e, record, engine)
+        if root is None or not Path(e["dest"]).name.endswith(".json"):
+            raise TunerError(f"backup record {backup / RECORD} names {e['dest']}, outside the folders that install "
+                             "wrote to; refusing to touch it")
+        if e["backup"] and not inside(Path(e["backup"]), backup):
+            raise TunerError(f"backup record {backup / RECORD} points at {e['backup']}, outside its backup folder")
+        if e["backup"] and not Path(e["backup"]).is_file():
+            raise TunerError(f"the backup {e['backup']} of {e['dest']} is missing; nothing was restored")
+        plan.append((Path(e["dest"]), Path(e["backup"]) if e["backup"] else None, root))
+    roots = sorted({r for _, _, r in plan}, key=str)
+    done = []
+    with locked(roots, backup_root):
+        _check_writable([d for d, _, _ in plan])
+        for dest, saved, root in reversed(plan):
+            if saved is not None:
+                try:
+                    text = saved.read_text()                  # our own backup: read as written
+                except OSError as e:
+                    raise TunerError(f"cannot read the backup {saved}: {e.strerror}; nothing more was restored") from None
+                atomic_write_text(dest, text, root=root)
+                shutil.copymode(saved, dest)          # the replaced file's mode, as it was
+                done.append(f"restored {dest}")
+            elif dest.exists():
+                dest.unlink()
+                done.append(f"removed {dest}")
+        shutil.rmtree(backup)
+    return done
+
+
+def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:
+    """The engine's own MoE tables, as (file, path under its configs folder)."""
+    root = site / ENGINES[engine].moe_folder
+    return [(p, str(p.relative_to(root))) for p in sorted(root.rglob("*.json"))]
+
+
+def plan_config_dir(site: Path, engine: str, config_dir: Path) -> list[Copy]:
+    """SGLang's variable hides the shipped tables, so they are copied in first."""
+    if engine != "sglang":
+        return []
+    root = config_roots(site, engine, config_dir)["fused_moe"]
+    return [Copy(p, root / rel, "shipped", root) for p, rel in shipped_moe_tables(site, engine)]
+
+
+# -- what the install leaves in place, as `tuner audit` sees it, and the engine's own lines --------
+def audit_install(copies: list[Copy], engine: str) -> list:
+    """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
+    every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
+    engine has `_down` tables, each pair as it will stand (ours, or the file already there)."""
+    from tuner.emit.audit import Batches, Finding, named_table_findings, pair_findings
+    from tuner.plan.engines import DEFAULT_BATCH_SIZES, load_table, table_family
+    batches = Batches(max(DEFAULT_BATCH_SIZES))
+    after = {str(c.dest): c.content() for c in copies if c.kind}
+    findings: list = []
+
+    def table_at(path: Path, family):
+        text = after.get(str(path))
+        if text is None and path.is_file():
+            from tuner.reading import read_text
+            text = read_text(path, "installed table ")
+        return load_table(family, text.encode())[0] if text is not None else None
+
+    for c in copies:
+        if not c.kind:
+            continue
+        family = table_family(engine, c.kind)
+        table, crash = load_table(family, c.content().encode())
+        if table is None:
+            findings.append(Finding("error", "crashes_loader", crash or "unreadable", str(c.dest)))
+            continue
+        findings += named_table_findings(family, c.dest.name, table, str(c.dest), batches)
+        if family.has_down:
+            down = c.dest.name.endswith("_down.json")
+            up_path = c.dest.with_name(c.dest.name[: -len("_down.json")] + ".json") if down else c.dest
+            down_path = c.dest if down else c.dest.with_name(c.dest.name[: -len(".json")] + "_down.json")
+            if down or str(down_path) not in after:          # each pair once
+                up_t, down_t = table_at(up_path, family), table_at(down_path, family)
+                if up_t is not None and down_t is not None:
+                    findings += pair_findings(up_t, down_t, str(down_path), batches, family)
+    return findings
+
+
+def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None) -> list[str]:
+    """For each table installed, the line the engine logs when it loads it and the one it logs
+    when it finds no table there, quoted from the engine's loader source (the target's own
+    package, else the same version's wheel in $TUNER_ENGINE_WHEELS)."""
+    from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
+    from tuner.plan.engines import table_family
+    version = installed_version(site, engine) or ""
+    inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
+    kinds = sorted({c.kind for c in copies if c.kind})
+    if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
+        wheels = Path(os.environ.get("TUNER_ENGINE_WHEELS", "")) if os.environ.get("TUNER_ENGINE_WHEELS") else None
+        match = sorted(wheels.glob(f"{engine}-{version}-*.whl")) if wheels and version and wheels.is_dir() else []
+        if not match:
+            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site})"]
+        inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
+    out = []
+    for c in copies:
+        if not c.kind:
+            continue
+        family = table_family(engine, c.kind)
+        if c.kind == "fused_moe" and moe_config_dir is not None:
+            path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
+                else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
+        else:
+            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
+        tried = [path]
+        if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
+            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
+        lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
+        label = f"{engine} {version}".strip()
+        if "loaded" in lines:
+            out.append(f"{label} logs when it loads {c.dest.name}: {lines['loaded']}")
+        if "not loaded" in lines and not c.dest.name.endswith("_down.json"):
+            out.append(f"  and when it finds no table there: {lines['not loaded']}")
+    return out

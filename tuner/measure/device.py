@@ -1,0 +1,272 @@
+"""The one place where a CUDA GPU and the CPU device differ; everything above it is the same.
+
+Whatever measures (tuner/measure/device_measurer.py's DeviceMeasurer inside tuner/measure/isolation.py's child,
+`tuner bench`'s references, `tuner ceilings`, scripts/validate_kernels.py) runs the same
+code on either device: the isolated measuring child, its compile-worker pool, recycling,
+timeouts, hang kill and crash restart, the numerics check, tables and manifest. Only these
+primitives differ:
+
+                    CudaDevice ("cuda")                    CpuDevice ("cpu")
+  tensors           on the GPU                             in memory
+  kernels run       compiled                               in Triton's interpreter (TRITON_INTERPRET=1)
+  timing            warm-up, one CUDA graph per callable,  one warm-up call, then each call
+                    replays timed with CUDA events         timed with the wall clock
+  L2 flush          2 x L2 bytes on the GPU, zeroed        a plain buffer in memory, zeroed
+                    before each replay                     likewise
+  properties        read off the device (L2, SMs)          the GPU's row of tuner/plan/gpus.py
+  NVML              clocks, temperature, throttling        none
+  compile workers   compile on the GPU                     compile for sm_90 with Triton's own
+                                                           ptxas (no GPU needed), nothing launched
+
+The CPU device exists so that CI runs the GPU's code path end to end; its times are the
+interpreter's wall-clock times, say so everywhere they are shown (tuner/measure/provenance.py: CPU
+DEVICE), are never shared with a GPU's studies or landscapes (the device name differs), and
+`tuner install` refuses them without --force.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from tuner.errors import TunerError
+from tuner.plan.gpus import GpuSpec
+
+DEVICES = ("cuda", "cpu")
+# Set in the CPU device's compile workers: kernels are compiled for this target although no
+# GPU is present (kernels/engines/base.py takes its launch decisions for it).
+COMPILE_TARGET_ENV = "TUNER_COMPILE_TARGET"
+SM90 = "cuda:90"
+
+
+def device_name(kind: str, gpu: GpuSpec) -> str:
+    """The device as environments, studies, landscapes and manifests name it."""
+    if kind == "cpu":
+        return f"CPU device (stand-in for {gpu.cuda_name})"
+    return gpu.cuda_name
+
+
+def is_cpu_device_name(name: str | None) -> bool:
+    return str(name or "").startswith("CPU device")
+
+
+def check_kind(kind: str) -> str:
+    if kind not in DEVICES:
+        raise TunerError(f"--device {kind!r} is not one of {', '.join(DEVICES)}")
+    return kind
+
+
+def require(kind: str, gpu: GpuSpec, what: str, without: str = "") -> None:
+    """Before anything is measured: a CUDA run needs the GPU `gpu` present (one line
+    otherwise); a CPU-device run needs Triton's interpreter, switched on here."""
+    check_kind(kind)
+    if kind == "cuda":
+        require_gpu(gpu.cuda_name, what, without)
+    else:
+        prepare_process("cpu")
+
+
+def prepare_process(kind: str) -> None:
+    """Before kernels are imported in a process that runs them: the CPU device runs them in
+    Triton's interpreter, which Triton decides when a kernel is defined."""
+    if kind == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def make_device(kind: str, gpu: GpuSpec) -> "CudaDevice | CpuDevice":
+    check_kind(kind)
+    return CudaDevice(gpu) if kind == "cuda" else CpuDevice(gpu)
+
+
+class CudaDevice:
+    kind = "cuda"
+    tensor_device = "cuda"
+    label = "gpu"                     # how a measurer on it is labelled (manifests, studies)
+    input_sets, reps = 4, 40          # per config: input sets rotated, timed replays
+    ceiling_sizes = {"size": 8192, "copy_bytes": 1 << 30, "reps": 20}
+
+    def __init__(self, gpu: GpuSpec):
+        import torch
+
+        from tuner.measure.environment import nvml_index
+        require("cuda", gpu, "measuring")
+        self.torch, self.gpu = torch, gpu
+        self.name = torch.cuda.get_device_name()
+        self._nvml_index = nvml_index(torch.cuda.current_device())
+        self._nvml = self._nvml_handle = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self._nvml, self._nvml_handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(self._nvml_index)
+        except Exception:  # noqa: BLE001 - timing still works, unwatched
+            self._nvml = None
+
+    def synchronize(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def properties(self) -> dict:
+        p = self.torch.cuda.get_device_properties(0)
+        l2 = getattr(p, "L2_cache_size", None) or self.gpu.l2_bytes   # the real L2, read off the device
+        return {"sm_count": p.multi_processor_count, "l2_bytes": l2, "memory_bytes": p.total_memory,
+                "capability": f"{p.major}.{p.minor}", "properties_from": "the device"}
+
+    def flush_buffer(self, l2_bytes: int):
+        """Writing twice the L2's size evicts whatever the last run left in it."""
+        return self.torch.empty(2 * l2_bytes, dtype=self.torch.int8, device="cuda")
+
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
+        """Per-replay times (us) of `runs` (one callable per input set): each run once
+        (warm-up: binary loaded, data touched), captured as a CUDA graph, the graphs
+        replayed in rotation, each replay timed with CUDA events, `flush` zeroed (outside
+        the timed region) before each; flush=None flushes nothing (work far larger than L2)."""
+        torch = self.torch
+        for run in runs:
+            run()
+        torch.cuda.synchronize()
+        graphs = []
+        for run in runs:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                run()
+            graphs.append(g)
+        for g in graphs:
+            g.replay()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for r in range(reps):
+            if flush is not None:
+                flush.zero_()                 # queued ahead of the timed replay, so it does not count
+            starts[r].record()
+            graphs[r % len(graphs)].replay()
+            ends[r].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+
+    def nvml_snapshot(self) -> dict:
+        from tuner.measure.environment import nvml_snapshot
+        return nvml_snapshot(self._nvml_index)
+
+    def throttle_reasons(self) -> int:
+        if self._nvml is None:
+            return 0
+        try:
+            return int(self._nvml.nvmlDeviceGetCurrentClocksEventReasons(self._nvml_handle))
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def empty_cache(self) -> None:
+        self.torch.cuda.empty_cache()
+
+
+class CpuDevice:
+    kind = "cpu"
+    tensor_device = "cpu"
+    label = "cpu-device"
+    input_sets, reps = 2, 2           # the interpreter is slow: few of each keeps CI quick
+    ceiling_sizes = {"size": 256, "copy_bytes": 16 << 20, "reps": 3}
+
+    def __init__(self, gpu: GpuSpec):
+        import torch
+        prepare_process("cpu")
+        self.torch, self.gpu = torch, gpu
+        self.name = device_name("cpu", gpu)
+
+    def synchronize(self) -> None:
+        pass
+
+    def properties(self) -> dict:
+        return {"sm_count": self.gpu.sm_count, "l2_bytes": self.gpu.l2_bytes, "memory_bytes": None,
+                "capability": "9.0", "properties_from": "tuner/plan/gpus.py (no GPU: the CPU device)"}
+
+    def flush_buffer(self, l2_bytes: int):
+        return self.torch.empty(2 * l2_bytes, dtype=self.torch.int8)
+
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
+        """Per-call wall-clock times (us) of `runs` in rotation after one warm-up call (the
+        interpreter has no binary to load and no graph to capture), `flush` zeroed before
+        each timed call."""
+        runs[0]()
+        times = []
+        for r in range(reps):
+            if flush is not None:
+                flush.zero_()
+            t0 = time.perf_counter()
+            runs[r % len(runs)]()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return times
+
+    def nvml_snapshot(self) -> dict:
+        return {}
+
+    def throttle_reasons(self) -> int:
+        return 0
+
+    def empty_cache(self) -> None:
+        pass
+
+
+# -- compile workers -------------------------------------------------------------------------
+def init_compile_worker(kind: str, parent: int | None = None) -> None:
+    """Initializer of a compile-worker process (a ProcessPoolExecutor of the measuring child,
+    whose pid is `parent`): it dies with its parent (killing its group, siblings included),
+    and on the CPU device compiles for sm_90 without a GPU."""
+    from tuner.measure.process_tree import watch_parent
+    watch_parent(kill_group=True, parent=parent)
+    if kind == "cpu":
+        compile_for_sm90()
+
+
+def compile_for_sm90() -> None:
+    """Make this process compile Triton kernels for sm_90 (H100/H200) although it has no GPU:
+    kernels compiled, not interpreted (before any kernel module is imported), and Triton's
+    driver questions answered for that target. Nothing can be launched here."""
+    import sys
+    if any(name.startswith("kernels.") for name in sys.modules):
+        raise RuntimeError("compile worker: kernels were imported before the compile target was set")
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ[COMPILE_TARGET_ENV] = SM90
+    from triton.runtime.driver import driver
+    driver.set_active(_Sm90Target())
+
+
+def compiling_for_sm90() -> bool:
+    """True in a CPU-device compile worker (kernels/engines take sm_90's launch decisions)."""
+    return os.environ.get(COMPILE_TARGET_ENV) == SM90
+
+
+class _Sm90Target:
+    """What Triton asks its driver while compiling a launch, answered for sm_90 on a machine
+    without a GPU: the target, a device index and a stream. Anything else (loading or
+    launching a binary) is refused: a compile worker launches nothing."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    @staticmethod
+    def is_active() -> bool:
+        return False
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"the CPU device's compile worker compiles only; it cannot {name}")
+
+
+def require_gpu(expected_cuda_name: str, what: str = "timing on the GPU",
+                without: str = "--replay FILE times from a recorded landscape") -> None:
+    """Stop with one clear line when no (or another) GPU is present: what needed it, and
+    what can be done without one."""
+    import torch
+    if not torch.cuda.is_available():
+        raise TunerError(f"no CUDA GPU is visible, and {what} needs one" + (f"; without one, {without}" if without else ""))
+    name = torch.cuda.get_device_name()
+    if name != expected_cuda_name:
+        raise TunerError(f"--gpu asks for {expected_cuda_name!r} but this machine has {name!r}; "
+                         "tables are specific to the GPU they were measured on")

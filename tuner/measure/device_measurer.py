@@ -1,0 +1,248 @@
+"""Timing and checking configs on a device: a CUDA GPU, or the CPU device that stands in
+for one in CI (tuner/measure/device.py holds the few lines that differ).
+
+Per batch of configs: compile workers (separate processes) build every config in
+parallel into Triton's on-disk cache while this process times them one by one:
+a warm-up launch, then the device's timing of several input sets in rotation (CUDA graphs
+replayed and timed with events on a GPU), the L2 cache flushed before each, the median
+kept and the spread recorded. This runs inside the isolated measuring child
+(tuner/measure/isolation.py), never in the process that holds the search.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+
+from tuner.measure.device import make_device, prepare_process
+from tuner.measure.environment import software_versions
+from tuner.measure.failures import exception_kind
+from tuner.measure.measurers import Measurement, NumericsCheck, valid
+from tuner.measure.numerics import check_config
+from tuner.measure.timing import summarize
+from tuner.plan.gpus import GpuSpec
+from tuner.plan.kernel_api import Config, KernelSpec
+from tuner.plan.problems import Problem
+
+
+def _compile_in_worker(kernel_ref: dict, params: dict, M: int, config: Config) -> str | None:
+    """Runs in a compile worker: build one config into Triton's cache. Returns the
+    error text, or None. The timing process compiles anything this could not."""
+    try:
+        from tuner.plan.kernel_registry import get_kernel
+        get_kernel(**kernel_ref).compile_only(params, M, config)
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure is data about this config
+        return _short_error(e)
+
+
+# NVML clocks-event reasons that mean the clocks were pulled down under us (power cap,
+# thermal slowdowns, power brake); idle and application-clock settings do not count.
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+
+def poisons_context(error: str | None) -> bool:
+    """Errors after which CUDA refuses every further call in this process."""
+    text = (error or "").lower()
+    return any(s in text for s in ("illegal memory access", "illegal instruction", "misaligned address",
+                                   "unspecified launch failure", "device-side assert", "cuda error"))
+
+
+_poisons_context = poisons_context            # the name older callers used
+
+
+def make_gpu_measurer(kernel: dict, gpu: str, compile_workers: int = 8, device: str = "cuda",
+                      compile_timeout_s: float = 60.0) -> "DeviceMeasurer":
+    """Factory run inside the isolated measuring worker (tuner.measure.isolation); `kernel` is a
+    KernelSpec.ref (our kernel, or an engine's and where its code is)."""
+    prepare_process(device)                   # before the kernels are imported
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_registry import get_kernel
+    return DeviceMeasurer(get_kernel(**kernel), get_gpu(gpu), compile_workers=compile_workers, device=device,
+                          compile_timeout_s=compile_timeout_s)
+
+
+def _short_error(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+class DeviceMeasurer:
+    """Times and checks configs of one kernel on one device (tuner/measure/device.py)."""
+
+    def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8, device: str = "cuda",
+                 input_sets: int | None = None, reps: int | None = None, compile_timeout_s: float = 60.0,
+                 max_retakes: int = 3, cooldown_s: float = 2.0):
+        import torch
+        self.torch = torch
+        self.device = make_device(device, gpu)
+        self.label = self.device.label
+        self.poisoned = False
+        self.compile_timeout_s = compile_timeout_s
+        self._compile_workers = compile_workers
+        self.max_retakes, self.cooldown_s = max_retakes, cooldown_s
+        self.throttled_retakes = self.throttled_kept = 0
+        # compile jobs handed to the workers: built into Triton's cache, failed (error text
+        # kept), or lost (a worker crashed or the wait ran out)
+        self.compiles: dict = {"built": 0, "failed": 0, "lost": 0, "errors": []}
+        self.kernel = kernel
+        self.gpu = gpu
+        self.input_sets = input_sets or self.device.input_sets
+        self.reps = reps or self.device.reps
+        props = self.device.properties()
+        self.flush = self.device.flush_buffer(props["l2_bytes"])     # zeroed before each timed run
+        self._inputs_key: tuple[str, int] | None = None
+        self._inputs: list[dict] = []
+        self._pool: ProcessPoolExecutor | None = None
+        if compile_workers > 0 and kernel.compile_only is not None:
+            self._pool = self._new_pool()
+        self._env = {"device": self.device.name, "device_kind": self.device.kind, "kernel": kernel.source_label,
+                     "code_version": kernel.code_version, **software_versions(), **self.device.nvml_snapshot(),
+                     **props, "compile_workers": compile_workers if self._pool is not None else 0}
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        from tuner.measure.device import init_compile_worker
+        return ProcessPoolExecutor(self._compile_workers, mp_context=get_context("spawn"),
+                                   initializer=init_compile_worker, initargs=(self.device.kind, os.getpid()))
+
+    def environment(self) -> dict:
+        return {**self._env, "clocks_now": self.device.nvml_snapshot(),
+                "throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept,
+                "compiles": self.compile_stats()}
+
+    def compile_stats(self) -> dict:
+        return {**self.compiles, "errors": list(self.compiles["errors"])}
+
+    def candidates(self, problem: Problem, M: int):
+        return None
+
+    def _input_sets(self, problem: Problem, M: int) -> list[dict]:
+        key = (problem.key, M)
+        if key != self._inputs_key:      # keep one (problem, M) resident at a time
+            self._inputs, self._inputs_key = [], None
+            self.device.empty_cache()
+            self._inputs = [self.kernel.make_inputs(problem.params, M, self.device.tensor_device, seed)
+                            for seed in range(self.input_sets)]
+            self._inputs_key = key
+        return self._inputs
+
+    def measure(self, problem: Problem, M: int, configs: list[Config]) -> list[Measurement]:
+        return list(self.measure_iter(problem, M, configs))
+
+    def _submit(self, problem: Problem, M: int, configs: list[Config]) -> list:
+        if self._pool is None:
+            return []
+        try:
+            return [self._pool.submit(_compile_in_worker, self.kernel.ref, problem.params, M, c) for c in configs]
+        except BrokenProcessPool:
+            self._restart_pool()
+            return []
+
+    def _await_compile(self, future) -> bool:
+        """Wait for one compile job (at most the compile timeout); False when the pool broke."""
+        try:
+            error = future.result(timeout=self.compile_timeout_s)
+        except BrokenProcessPool:            # a compile crashed its worker: new pool, no head start
+            self.compiles["lost"] += 1
+            self._restart_pool()
+            return False
+        except (FutureTimeout, Exception):   # a hung or failed compile only loses the head start
+            self.compiles["lost"] += 1
+            return True
+        if error is None:
+            self.compiles["built"] += 1
+        else:
+            self.compiles["failed"] += 1
+            if len(self.compiles["errors"]) < 5:
+                self.compiles["errors"].append(error)
+        return True
+
+    def measure_iter(self, problem: Problem, M: int, configs: list[Config]):
+        """Yield each config's measurement as soon as it is taken (the isolation layer
+        forwards them one by one, so a crash loses only the config it happened on)."""
+        futures = self._submit(problem, M, configs)
+        for i, cfg in enumerate(configs):
+            if futures and not self._await_compile(futures[i]):
+                futures = []
+            m = self._time(problem, M, cfg)
+            if m.error and poisons_context(m.error):
+                self.poisoned = True
+            yield m
+            if self.poisoned:
+                return
+
+    def precompile(self, jobs: list[tuple[Problem, int, Config]]) -> dict:
+        """Build many (problem, M, config) at once in the compile workers (validation of many
+        cases, each with its own problem); returns the compile counts."""
+        futures = [f for p, M, c in jobs for f in self._submit(p, M, [c])]
+        for f in futures:
+            if not self._await_compile(f):
+                break
+        return self.compile_stats()
+
+    def _restart_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+
+    def _time(self, problem: Problem, M: int, cfg: Config) -> Measurement:
+        """Time one config; a run during which NVML saw the clocks throttled is taken again."""
+        for attempt in range(self.max_retakes + 1):
+            before = self._throttle_reasons()
+            m = self._time_once(problem, M, cfg)
+            seen = before | self._throttle_reasons()
+            if m.error or not (seen & THROTTLE_MASK):
+                return m
+            if attempt < self.max_retakes:
+                self.throttled_retakes += 1
+                time.sleep(self.cooldown_s)
+        self.throttled_kept += 1      # the GPU would not stop throttling: keep the last, counted
+        return m
+
+    def _throttle_reasons(self) -> int:
+        return self.device.throttle_reasons()
+
+    def _time_once(self, problem: Problem, M: int, cfg: Config) -> Measurement:
+        try:
+            sets = self._input_sets(problem, M)      # out of memory here is this config's failure too
+            runs = [functools.partial(self.kernel.run, inp, cfg) for inp in sets]
+            times = self.device.time_runs(runs, self.flush, self.reps)
+        except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
+            return Measurement(None, None, _short_error(e), exception_kind(e))
+        t = summarize(times)
+        return valid(Measurement(t.median_us, t.spread, None))
+
+    def check_numerics(self, problem: Problem, M: int, config: Config, seed: int | None = None) -> NumericsCheck:
+        """Run on fresh random inputs into a NaN-poisoned output and compare with the
+        reference by relative error; a NaN left anywhere fails (tuner/measure/numerics.py)."""
+        seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+        try:
+            agreement, _ = check_config(self.kernel, problem.params, M, config, self.device.tensor_device, seed)
+        except Exception as e:  # noqa: BLE001 - a config that cannot run fails its check
+            error = _short_error(e)
+            if poisons_context(error):
+                self.poisoned = True
+            return NumericsCheck("failed", None, error)
+        if agreement.unwritten:
+            return NumericsCheck("failed", None, agreement.detail)
+        return NumericsCheck("passed" if agreement.passed else "failed", agreement.rel_error, agreement.detail)
+
+    def run_here(self, function: str, *args):
+        """Run `module:function`(this measurer, *args) in the measuring process: work that
+        needs the device beside the kernel's configs (bench's references outside Triton)."""
+        module, attr = function.split(":")
+        return getattr(importlib.import_module(module), attr)(self, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+GpuMeasurer = DeviceMeasurer                  # the name it had when only a GPU could run it

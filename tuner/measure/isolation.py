@@ -1,0 +1,320 @@
+"""Measuring in a child process, so that no config can take the run down with it.
+
+The parent keeps the search; a child process builds the real measurer (tuner/measure/device_measurer.py,
+on a GPU or the CPU device) and times configs one by one, sending each result back as soon
+as it has it. When the child dies (a segfault, an illegal memory access that poisons its CUDA
+context, an abort), hangs past the timeout, or has served its quota of configs (Triton's
+in-process caches only grow), the parent records the config it was on as failed with the
+reason, starts a fresh child and goes on with the rest.
+
+The child is an ordinary (not daemonic) process, so it can start its compile-worker pool; it
+leads a process group of its own that its compile workers join, and the parent always ends
+it by killing that whole group (tuner/measure/process_tree.py), so a restart leaves no compile worker
+behind. The child and its workers also die when their parent does, kill -9 included.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import math
+import multiprocessing.util  # noqa: F401 - imported before our atexit hook, so that ours runs first
+import os
+import signal
+import threading
+import traceback
+import weakref
+from multiprocessing import get_context
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.measure.failures import CRASH, RUNTIME, TIMEOUT
+from tuner.measure.measurers import Measurement, NumericsCheck, valid
+from tuner.measure.process_tree import become_group_leader, die_with_parent, kill_group, watch_parent
+from tuner.plan.kernel_api import Config, KernelSpec
+from tuner.plan.problems import Problem
+
+DEFAULT_TIMEOUT_S = 120.0          # one config, compile included: a fifth of a 10-minute device command
+COMPILE_SHARE = 0.5                # a compile worker's build is waited for at most this share of it
+
+
+def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int | None = None) -> None:
+    """The child: build the measurer, then serve requests until told to stop."""
+    become_group_leader()
+    if pdeathsig:
+        die_with_parent()
+    watch_parent(kill_group=True, parent=parent)
+    try:
+        module, attr = factory.split(":")
+        inner = getattr(importlib.import_module(module), attr)(**kwargs)
+        conn.send(("ready", inner.environment()))
+    except TunerError as e:
+        conn.send(("fatal", str(e)))
+        return
+    except Exception as e:  # noqa: BLE001
+        conn.send(("fatal", f"{type(e).__name__}: {e}"))
+        return
+    stats = getattr(inner, "compile_stats", lambda: None)
+    while True:
+        try:
+            method, args = conn.recv()
+        except EOFError:
+            break
+        if method == "close":
+            break
+        try:
+            if method == "measure":
+                problem, M, configs = args
+                each = getattr(inner, "measure_iter", None)
+                results = each(problem, M, configs) if each else (
+                    inner.measure(problem, M, [c])[0] for c in configs)
+                for result in results:
+                    conn.send(("item", result))
+                    if getattr(inner, "poisoned", False):
+                        # the CUDA context is unusable after that error: let the parent start anew
+                        conn.send(("restart", (f"CUDA context lost after {result.error}", stats())))
+                        return
+                conn.send(("done", stats()))
+            else:
+                result = getattr(inner, method)(*args)
+                lost = f"CUDA context lost after {method}" if getattr(inner, "poisoned", False) else None
+                conn.send(("ok", (result, lost, stats())))
+                if lost:
+                    return
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+    try:
+        inner.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _death_reason(exitcode) -> str:
+    if exitcode is None:
+        return "worker died"
+    if exitcode < 0:
+        try:
+            return f"worker killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"worker killed by signal {-exitcode}"
+    return f"worker exited with status {exitcode}"
+
+
+def _add_counts(a: dict, b: dict | None) -> dict:
+    if not b:
+        return a
+    out = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost")}
+    out["errors"] = (list(a.get("errors", [])) + list(b.get("errors", [])))[:5]
+    return out
+
+
+# Children alive in this process, ended at exit before multiprocessing joins them (a child
+# that is not daemonic would otherwise be waited for forever).
+_LIVE: "weakref.WeakSet[IsolatedMeasurer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _end_children() -> None:
+    for m in list(_LIVE):
+        m._kill()
+
+
+class IsolatedMeasurer:
+    """A Measurer whose work happens in a replaceable child process."""
+
+    def __init__(self, kernel: KernelSpec, factory: str, kwargs: dict, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 recycle_after: int = 256, start_timeout_s: float = 900.0, label: str = "gpu"):
+        self.kernel = kernel
+        self.factory, self.kwargs = factory, kwargs
+        self.timeout_s, self.recycle_after, self.start_timeout_s = timeout_s, recycle_after, start_timeout_s
+        self.label = label
+        self.starts = 0
+        self.failures: list[str] = []          # what took children down, for the manifest
+        self.process_groups: list[int] = []    # every child's group (its pid), for whoever counts processes
+        self.proc: Any = None             # the child (a spawn Process) and our end of its pipe
+        self.conn: Any = None
+        self._env: dict = {}
+        self._compiles_before: dict = {}       # compile counts of children already replaced
+        self._compiles_now: dict = {}
+        self._start()
+
+    # -- the child's life ------------------------------------------------------------
+    def _start(self) -> None:
+        ctx = get_context("spawn")
+        self.conn, child_end = ctx.Pipe()
+        # PR_SET_PDEATHSIG follows the thread that starts the child: ask for it only from the
+        # main thread, which lives as long as the run (the parent watch covers the rest)
+        pdeathsig = threading.current_thread() is threading.main_thread()
+        self.proc = ctx.Process(target=_child_main, args=(child_end, self.factory, self.kwargs, pdeathsig, os.getpid()),
+                                daemon=False)
+        self.proc.start()
+        child_end.close()
+        _LIVE.add(self)
+        self.process_groups.append(self.proc.pid)
+        self.starts += 1
+        self.served = 0
+        if not self.conn.poll(self.start_timeout_s):
+            self._kill()
+            raise TunerError(f"the measuring worker did not start within {self.start_timeout_s:.0f}s")
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            reason = _death_reason(self.proc.exitcode)
+            self._kill()
+            raise TunerError(f"the measuring worker failed to start ({reason})") from None
+        if status == "fatal":
+            self._kill()
+            raise TunerError(payload)
+        self._env = payload
+
+    def _kill(self) -> None:
+        """End the child and everything in its process group (its compile workers)."""
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(10)
+        if self.conn is not None:
+            self.conn.close()
+        _LIVE.discard(self)
+
+    def _restart(self, why: str | None) -> None:
+        """A fresh child: after a failure (`why`) the old one is killed with its group; when
+        recycled it is closed first, so that its pool ends cleanly."""
+        if why:
+            self.failures.append(why)
+        else:
+            self.close()
+        self._compiles_before = _add_counts(self._compiles_before, self._compiles_now)
+        self._compiles_now = {}
+        self._kill()
+        self._start()
+
+    def _receive(self, timeout: float):
+        """(status, payload), or ("lost", reason) when the child died or hung."""
+        if not self.conn.poll(timeout):
+            return "lost", f"hang: no result within {timeout:.0f}s"
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(5)
+            return "lost", _death_reason(self.proc.exitcode)
+
+    def _send(self, message) -> bool:
+        try:
+            self.conn.send(message)
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    # -- the Measurer interface ----------------------------------------------------------
+    def environment(self) -> dict:
+        env = dict(self._env)
+        env["worker_starts"] = self.starts
+        if self.failures:
+            env["worker_failures"] = list(self.failures)
+        compiles = _add_counts(self._compiles_before, self._compiles_now)
+        if compiles.get("built") or compiles.get("failed") or compiles.get("lost"):
+            env["compiles"] = compiles
+        return env
+
+    def candidates(self, problem: Problem, M: int):
+        return None
+
+    def measure(self, problem: Problem, M: int, configs: list[Config]) -> list[Measurement]:
+        results: list[Measurement] = []
+        todo = list(configs)
+        while todo:
+            if self.served >= self.recycle_after:
+                self._restart(None)          # memory stays flat: a fresh child now and then
+            # no more than the child's quota: it is replaced after exactly recycle_after configs
+            batch = todo[: max(1, self.recycle_after - self.served)]
+            if not self._send(("measure", (problem, M, batch))):
+                self._restart(_death_reason(self.proc.exitcode))
+                continue
+            pending = len(batch)
+            while True:                     # until "done" (or a restart), so the pipe stays in step
+                status, payload = self._receive(self.timeout_s)
+                if status == "item":
+                    results.append(valid(payload))
+                    todo.pop(0)
+                    pending -= 1
+                    self.served += 1
+                elif status == "done":
+                    self._compiles_now = payload or {}
+                    break
+                elif status == "restart":   # the child gave up its CUDA context after an error
+                    why, self._compiles_now = payload
+                    self._restart(why)
+                    break
+                elif status == "error":     # the batch as a whole raised: blame the config at hand
+                    results.append(Measurement(None, None, payload.splitlines()[0], RUNTIME))
+                    todo.pop(0)
+                    break
+                elif not pending:           # lost after the batch's last result: nothing to blame
+                    self._restart(payload)
+                    break
+                else:                       # "lost": the config at hand crashed or hung the child
+                    results.append(Measurement(None, None, payload, TIMEOUT if payload.startswith("hang") else CRASH))
+                    todo.pop(0)
+                    self._restart(f"{payload} ({problem.key} M={M} {configs[len(results) - 1]})")
+                    break
+        return results
+
+    def call(self, method: str, *args, timeout_s: float | None = None):
+        """(True, result) of the child measurer's `method`, or (False, why) when it raised,
+        crashed or hung; a child that crashed, hung or lost its CUDA context is replaced."""
+        if not self._send((method, args)):
+            self._restart(_death_reason(self.proc.exitcode))
+            if not self._send((method, args)):
+                return False, "measuring worker was gone"
+        status, payload = self._receive(timeout_s or self.timeout_s)
+        if status == "ok":
+            result, lost, self._compiles_now = payload
+            if lost:
+                self._restart(lost)
+            return True, result
+        if status == "lost":
+            self._restart(f"{payload} ({method})")
+            return False, payload
+        return False, str(payload).splitlines()[0]
+
+    def check_numerics(self, problem: Problem, M: int, config: Config, seed: int | None = None) -> NumericsCheck:
+        ok, result = self.call("check_numerics", problem, M, config, seed)
+        return result if ok else NumericsCheck("failed", None, result)
+
+    def precompile(self, jobs: list[tuple[Problem, int, Config]]) -> dict:
+        """Build many configs at once in the child's compile workers (validation)."""
+        workers = max(1, int(self.kwargs.get("compile_workers") or 1))
+        wait = float(self.kwargs.get("compile_timeout_s") or self.timeout_s)
+        ok, result = self.call("precompile", jobs, timeout_s=self.timeout_s + wait * math.ceil(len(jobs) / workers))
+        return result if ok else {"error": result}
+
+    def run_here(self, function: str, *args):
+        """`module:function`(the child's measurer, *args) in the child; raises RuntimeError
+        with the reason when it raised, crashed or hung (the child is replaced)."""
+        ok, result = self.call("run_here", function, *args)
+        if not ok:
+            raise RuntimeError(result)
+        return result
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self._send(("close", None))
+            self.proc.join(10)
+        self._kill()
+
+
+def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int = 8,
+                          timeout_s: float = DEFAULT_TIMEOUT_S, recycle_after: int = 256,
+                          device: str = "cuda") -> "IsolatedMeasurer":
+    """The device measurer (tuner.measure.device_measurer) in a replaceable child process, on a CUDA GPU
+    or the CPU device. Its compile workers are waited for at most half the timeout, so that a
+    slow compile is never taken for a hung config."""
+    from tuner.measure.device import CpuDevice, CudaDevice, check_kind
+    label = (CpuDevice if check_kind(device) == "cpu" else CudaDevice).label
+    return IsolatedMeasurer(kernel, "tuner.measure.device_measurer:make_gpu_measurer",
+                            {"kernel": kernel.ref, "gpu": gpu_key, "compile_workers": compile_workers,
+                             "device": device, "compile_timeout_s": COMPILE_SHARE * timeout_s},
+                            timeout_s=timeout_s, recycle_after=recycle_after, label=label)

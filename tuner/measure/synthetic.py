@@ -1,0 +1,100 @@
+"""SYNTHETIC landscapes: timings from a made-up cost model, not a GPU.
+
+For trying the tool without a GPU (`tuner landscape synth`) and for tests: search, resume,
+emission, install and nightly can run on a CPU over them. Headers carry "synthetic": true
+and every output that shows their times says SYNTHETIC. The model has the features a
+search must cope with (wave quantization, tile waste at small M, pipelining depth, some
+failing configs), and its numbers mean nothing about any GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+from tuner.measure.landscape import LandscapeWriter, Point
+
+
+def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float | None:
+    """Made-up time of a GEMM or a fused MoE; None marks a config that 'fails' (~3 %)."""
+    h = int(hashlib.sha256(repr((sorted(params.items()), M, sorted(cfg.items()))).encode()).hexdigest(), 16)
+    if h % 97 < 3:
+        return None
+    if "E" in params:
+        return _fake_moe_time_us(params, M, cfg, h)
+    if "heads" in params:
+        return _fake_mla_time_us(params, M, cfg, h)
+    N, K = params["N"], params["K"]
+    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    waves = math.ceil(tiles / sm_count)
+    work_per_tile = bm * bn * K                      # MACs incl. padding waste
+    tile_rate = 2e3 * (1.0 + 0.15 * (cfg["num_warps"] == 8) * (bm * bn >= 128 * 128))
+    pipeline = 1.0 + 0.6 / cfg["num_stages"] + (0.1 if bk == 64 else 0.0)
+    compute = waves * work_per_tile / tile_rate * pipeline / 1e3
+    memory = (M * K + N * K * math.ceil(M / bm) ** 0.25 + 2 * M * N) / 4.0e6
+    group = 1.0 + 0.02 * abs(math.log2(cfg["GROUP_SIZE_M"]) - 3)
+    noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
+    return (max(compute, memory) + 2.0) * group * noise
+
+
+def _fake_moe_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
+    E, N, K, topk = params["E"], params["N"], params["K"], params["topk"]
+    ep = params.get("ep", 1)                               # routed over E * ep experts, E of them here
+    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")]
+    bm, bn = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"]
+    touched = E * (1 - (1 - topk / (E * ep)) ** M)
+    rows = M * topk / ep / max(touched, 1)                 # tokens per touched expert
+    padded = touched * math.ceil(rows / bm) * bm           # rows computed, padding included
+    compute = padded * mats * N * K / 2.5e8 * (1 + 0.5 / cfg["num_stages"]) * (1.1 if bn == 32 else 1.0)
+    memory = touched * mats * N * K / 4.0e6 * (1.0 + 0.1 * abs(math.log2(bn / 128)))
+    warps = 1.0 + 0.05 * (cfg["num_warps"] == 8) * (bm * bn < 64 * 128)
+    noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
+    return (max(compute, memory) + 4.0) * warps * noise
+
+
+def _fake_mla_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
+    heads, ctx = params["heads"], params["context"]
+    programs = M * math.ceil(heads / cfg["BLOCK_H"]) * cfg["num_kv_splits"]
+    occupancy = min(1.0, programs / (2 * 132))              # too few programs: bandwidth idles
+    stream = M * ctx * 576 * 2 / 4.0e6 / max(occupancy, 0.05)
+    stream *= 1.0 + 0.3 / cfg["num_stages"] + (0.2 if cfg["BLOCK_N"] == 16 else 0.0)
+    merge = M * heads * cfg["num_kv_splits"] * 512 * 4 / 4.0e6 * (1.2 if cfg["merge_warps"] == 1 else 1.0)
+    noise = 1.0 + ((h >> 8) % 1000) / 1000 * 0.04
+    return (stream + merge + 3.0) * (1.1 if cfg["num_warps"] == 2 else 1.0) * noise
+
+
+def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], batch_sizes: list[int],
+                              device: str | None = None) -> int:
+    """The pruned grid (and the seeds) of every problem and M, timed by the cost model;
+    returns the number of points written."""
+    device = device or gpu.cuda_name
+    import triton
+
+    from tuner.commands.tune import landscape_source
+    from tuner.plan.kernel_api import config_tuple
+    # the running Triton: a replay refuses (or notes) a landscape of another one, as it would a recording
+    header = {"format": "tuner-landscape/1", "kernel": kernel.name, **landscape_source(kernel),
+              "device": device, "triton": triton.__version__,
+              "torch": "synthetic", "cuda": "synthetic", "driver": "synthetic",
+              "recorded": "2026-11-22T00:00:00+00:00", "synthetic": True}
+    # written in one go into a temporary file of its own, renamed at the end: a killed run
+    # leaves nothing a rerun would continue or merge (LandscapeWriter, resume=False)
+    w = LandscapeWriter(path, kernel, header, resume=False)
+    written = 0
+    try:
+        for params in problems:
+            for M in batch_sizes:
+                seeds = [kernel.default_config(params, M), *kernel.extra_seeds(params, M)]
+                grid = space.configs(params, M, gpu) + [space.canonical(params, M, gpu, c) for c in seeds]
+                # a seed that is also a grid point is one point, as `landscape info` counts them
+                grid = list({config_tuple(kernel, c): c for c in grid}.values())
+                for cfg in grid:
+                    t = fake_time_us(params, M, cfg)
+                    w.write(params, M, cfg, Point(t, None if t else "synthetic failure", 0.01 if t else None))
+                    written += 1
+    except BaseException:
+        w.abandon()
+        raise
+    w.close()
+    return written

@@ -1,0 +1,153 @@
+"""The one place that decides which KernelSpec a kernel gets: ours (a file in kernels/) or an
+engine's own (its launcher in kernels/engines/ over the engine's code, read from the user's
+engine, a wheel or an extracted folder), at which version and from where.
+
+In: a kernel name, a source (ours, vllm, sglang, or "engine": the engine whose table it is),
+an origin (--engine-source). Out: a KernelSpec (tuner/plan/kernel_api.py). kernels/ only
+defines kernels and launchers; it never resolves one, so nothing there imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib
+import re
+from pathlib import Path
+
+from tuner import __version__
+from tuner.errors import TunerError
+from tuner.plan.kernel_api import KernelSpec
+from tuner.plan.kernel_sources import locate, origin_for
+
+KERNEL_MODULES = ("fp8_gemm", "fused_moe", "mla_decode")
+KERNEL_SOURCES = ("ours", "vllm", "sglang")
+KERNEL_SOURCE_MODES = ("engine", "ours")
+KERNELS_DIR = Path(importlib.import_module("kernels").__file__ or "").resolve().parent
+
+
+def _own_files(module: str) -> list[Path]:
+    """A kernel module's file and every kernels/ module it imports, recursively."""
+    seen: list[Path] = []
+    todo = [module]
+    while todo:
+        path = KERNELS_DIR / f"{todo.pop()}.py"
+        if path in seen:
+            continue
+        seen.append(path)
+        todo += re.findall(r"^from kernels\.(\w+) import", path.read_text(), flags=re.M)
+    return sorted(seen)
+
+
+@functools.lru_cache(maxsize=None)
+def ours(name: str):
+    spec = importlib.import_module(f"kernels.{name}").KERNEL
+    digest = hashlib.sha256()
+    for path in _own_files(name):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return dataclasses.replace(spec, source="ours", source_version=__version__, origin=str(KERNELS_DIR),
+                               code_version=digest.hexdigest()[:16])
+
+
+def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_code: bool = True,
+               module: str | None = None):
+    """The KernelSpec of kernel `name` from `source`: our file in kernels/ ("ours"), or an
+    engine's own kernel ("vllm", "sglang"), read from the installed engine or from
+    `origin` (its wheel, or a folder of files extracted from it). load_code=False: an
+    engine's kernel without its code (keys, space, defaults), to replay or plan. `module`:
+    a kernel defined outside kernels/ (a test's), the module whose KERNEL it is."""
+    if module:
+        spec = getattr(importlib.import_module(module), "KERNEL", None)
+        if not isinstance(spec, KernelSpec) or spec.name != name:
+            raise TunerError(f"module {module} defines no KERNEL named {name!r}")
+        return spec
+    if name not in KERNEL_MODULES:
+        raise TunerError(f"unknown kernel {name!r}; known: {', '.join(KERNEL_MODULES)}")
+    if source == "ours":
+        return ours(name)
+    if source not in KERNEL_SOURCES:
+        raise TunerError(f"unknown kernel source {source!r}; known: {', '.join(KERNEL_SOURCES)}")
+    return engine_kernel(name, source, origin or None, load_code)
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(engine: str):
+    try:
+        return importlib.import_module(f"kernels.engines.{engine}")
+    except ModuleNotFoundError:
+        raise TunerError(f"no launcher for {engine}'s kernels") from None
+
+
+def engine_kernel(name: str, engine: str, origin: str | None = None, load_code: bool = True):
+    """The KernelSpec of `engine`'s own kernel `name`. With load_code=False only what needs
+    no engine code (config keys, space, defaults: for replaying a landscape recorded on that
+    kernel, or a plan); running it then fails with one clear line."""
+    return launcher(engine).kernel_spec(name, locate(engine, origin) if load_code else None)
+
+
+def has_engine_kernel(name: str, engine: str) -> bool:
+    """Whether `engine` reads tables for kernel `name` and we can launch its own kernel."""
+    try:
+        return name in launcher(engine).KERNEL_FUNCTIONS
+    except TunerError:
+        return False
+
+
+def kernel_for(name: str, engine: str, mode: str, origins: list[str] | None = None, load_code: bool = True):
+    """The kernel that times `engine`'s table of kernel `name`: with mode "engine", the
+    engine's own kernel where it has one we can launch (else ours: tables no engine
+    reads, such as MLA decode); with "ours", ours; with an engine's name, that engine's."""
+    source = engine if mode == "engine" else mode
+    if source == "ours" or not has_engine_kernel(name, source):
+        if mode not in ("engine", "ours"):
+            raise TunerError(f"{source} has no {name} kernel that reads a table; use --kernel-source ours")
+        return get_kernel(name)
+    origin = origin_for(source, origins)
+    if origins and origin is None and load_code:
+        raise TunerError(f"none of --engine-source {' '.join(origins)} holds {source}'s code "
+                         f"(a {source}-<version>-....whl or a folder from `tuner engine-source extract`)")
+    return get_kernel(name, source, origin, load_code=load_code)
+
+
+def source_mode(kernel_source: str | None, replay: str | None) -> str:
+    """engine, ours, or an engine's name: what times the tables. With a replayed landscape,
+    the kernel it was recorded on (a landscape holds one kernel's timings); a different
+    explicit --kernel-source is refused."""
+    if not replay:
+        return kernel_source or "engine"
+    from tuner.measure.landscape import read_header
+    try:
+        header = read_header(replay)
+    except TunerError:
+        return kernel_source if kernel_source not in (None, "engine") else "ours"  # the full read says why
+    recorded = header.get("kernel_source", "ours") if isinstance(header, dict) else "ours"
+    if kernel_source not in (None, "engine") and kernel_source != recorded:
+        raise TunerError(f"--kernel-source {kernel_source}, but landscape {replay} was recorded on "
+                         f"{recorded}'s kernel")
+    return recorded
+
+
+def as_recorded(kernel, replay: str | None):
+    """An engine's kernel set up without its code, for replaying a landscape: the version
+    it was recorded at, from the landscape's header (manifests and install compare it)."""
+    if not replay or kernel.source == "ours" or kernel.source_version:
+        return kernel
+    from tuner.measure.landscape import read_header
+    try:
+        version = str(read_header(replay).get("kernel_source_version") or "")
+    except (TunerError, AttributeError):
+        return kernel
+    return dataclasses.replace(kernel, source_version=version)
+
+
+def imported_files_of() -> dict[str, list[str]]:
+    """{engine: the files whose jit code its launcher imports}, from the launchers."""
+    import kernels.engines as engines_pkg
+    out = {}
+    for info in sorted(p.stem for p in Path(engines_pkg.__file__ or "").parent.glob("*.py")):
+        module = importlib.import_module(f"kernels.engines.{info}")
+        functions = getattr(module, "KERNEL_FUNCTIONS", None)
+        if isinstance(functions, dict):
+            out[info] = sorted({rel for files in functions.values() for rel in files})
+    return out

@@ -1,0 +1,536 @@
+"""The search: one Optuna study per (problem, M), driven by ask/tell.
+
+Each launch-config key is a categorical parameter over its values (on recorded GPU
+landscapes that beat index-encoded integers for TPE; scripts/search_benchmark.py), and the
+default sampler (tuner/search/surrogate.py) picks among the study's own candidates. A trial is:
+  COMPLETE  a measured config (value: median time in microseconds; user attr "config"),
+            or a proposal repeating one, told the time measured before (user attr
+            "repeat", no "config": it costs nothing and never counts as a measurement)
+  FAIL      a config that failed to compile or run (user attrs "error", "failure"); or,
+            without "error", a proposal of a config being measured right now
+  PRUNED    a sample outside the pruned space (costs nothing; samplers learn to avoid it)
+The budget counts distinct measured configs, including those a stopped run left in
+the storage, so a run started again continues where it stopped. Workers sharing a study
+and the trials a dead one left behind are tuner/search/storage.py's business; when to stop
+is tuner/search/stopping.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import TrialState
+
+from tuner.errors import TunerError
+from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of
+from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
+from tuner.plan.gpus import GpuSpec
+from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
+from tuner.plan.problems import Problem
+from tuner.plan.space import SearchSpace
+from tuner.search.samplers import make_sampler
+from tuner.search.stopping import StoppingRule
+from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+# We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+# How trial parameters encode a config: each key a categorical parameter over its values.
+# Studies stored before this attribute existed encoded each key as an index (an int).
+ENCODING = "categorical-values/2"
+
+@dataclass
+class SearchSettings:
+    budget: int = 48                # distinct configs measured per (problem, M)
+    patience: int = 16              # stop after this many measured trials without a gain
+    min_gain: float = 0.005         # what counts as a gain (0.5 %)
+    top_k: int = 3                  # finalists re-timed before choosing
+    batch: int = 1                  # trials asked at once (the configs compiled in parallel on a GPU)
+    sampler: str = "gp"
+    seed: int = 0
+    # Budgets of single batch sizes, as {"M": trials} (JSON-safe: stored plans carry them);
+    # a batch size not named here gets `budget`. Set from a traffic profile (tuner/plan/traffic.py).
+    budgets: dict[str, int] = field(default_factory=dict)
+
+    def budget_for(self, problem: Problem, M: int) -> int:
+        """The budget of the study of (problem, M)."""
+        return int(self.budgets.get(str(M), self.budget))
+
+    def patience_for(self, problem: Problem, M: int) -> int:
+        """Patience grows with a study's share of the budget, so that a batch size given more
+        trials is not stopped as early as one given the average."""
+        own = self.budget_for(problem, M)
+        return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
+
+
+def default_settings(trials: int, *, sampler: str = "gp", seed: int = 0, patience: int | None = None,
+                     parallel: int = 1) -> SearchSettings:
+    """The search a tuning command runs: `trials` distinct configs per study, patience
+    (default: half the trials, at least 8; tuner/search/stopping.py waits for 3/4 of the budget), and
+    batches as large as the configs compiled in parallel (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
+    return SearchSettings(budget=trials, patience=patience or max(8, trials // 2), sampler=sampler, seed=seed,
+                          batch=max(1, min(8, parallel)))
+
+
+@dataclass
+class StudyResult:
+    problem: Problem
+    M: int
+    config: Config | None
+    time_us: float | None
+    spread: float | None
+    default_config: Config
+    default_time_us: float | None
+    trials: int
+    stopped: str                        # "budget", "converged", "exhausted", "no config"
+    numerics: dict = field(default_factory=dict)
+    rejected: list = field(default_factory=list)   # finalists that failed the numerics check
+    failures: dict = field(default_factory=dict)   # failed configs by kind (tuner/measure/failures.py)
+    default_error: str | None = None    # why the default config has no time (failed, not in a landscape)
+    resumed: bool = False               # read back from the storage, finished by an earlier run
+    # With a traffic profile, where the tuned config did not beat the default beyond noise and
+    # the default was written instead: the tuned config, its time and why (tuner/emit/results.py).
+    kept_default: dict | None = None
+    # for a table tied to another (SGLang's _down): how the shared keys were chosen for both
+    # (tuner.commands.tune.choose_tied): the candidate pairs, their times, which won
+    tied: dict = field(default_factory=dict)
+    # what the study was searched with (budget, patience, sampler, seed): a later run with
+    # other settings that finds it finished reuses it, and the manifest says so
+    search: dict = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.time_us and self.default_time_us:
+            return self.default_time_us / self.time_us
+        return None
+
+    def as_dict(self) -> dict:
+        return {"M": self.M, "config": self.config, "time_us": self.time_us, "spread": self.spread,
+                "default_config": self.default_config, "default_time_us": self.default_time_us,
+                "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
+                "numerics": self.numerics, "rejected": self.rejected, "failures": self.failures,
+                "default_error": self.default_error,
+                **({"kept_default": self.kept_default} if self.kept_default else {}),
+                **({"tied": self.tied} if self.tied else {}),
+                **({"search": self.search} if self.search else {})}
+
+
+def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
+    """One study per (kernel source, problem, M): a problem timed on our kernel and on an
+    engine's is two studies ('fused_moe@vllm:E=..:M=16')."""
+    kernel = problem.kernel if source == "ours" else f"{problem.kernel}@{source}"
+    return f"{prefix}{kernel}:{problem.key}:M={M}"
+
+
+@dataclass
+class _Target:
+    """What one study searches: the configs it may measure (as tuples), the seeds queued
+    first, the default config, and the study's parameter encoding (sorted values per key)."""
+    problem: Problem
+    M: int
+    default: Config
+    allowed: set[tuple]
+    seeds: list[tuple[str, Config]]
+    choices: dict[str, list[int]] = field(default_factory=dict)
+
+
+def identity_differences(stored: dict, mine: dict) -> str:
+    """'device A (now B), ...' over the keys both identities name that differ; '' when
+    none do (a key one side does not know, e.g. an old landscape's code, is no difference)."""
+    return ", ".join(f"{k} {stored[k]} (now {mine[k]})" for k in mine
+                     if stored.get(k) and mine[k] and stored[k] != mine[k])
+
+
+class StudyRunner:
+    """Runs the study of one (problem, M) against a measurer and returns its result."""
+
+    def __init__(self, kernel: KernelSpec, space: SearchSpace, gpu: GpuSpec, measurer: Measurer,
+                 storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = ""):
+        self.kernel = kernel
+        self.space = space
+        self.gpu = gpu
+        self.measurer = measurer
+        self.storage = storage
+        self.settings = settings
+        self.on_trial = on_trial or (lambda **kw: None)
+        self.poll_s = 2.0          # how often to look again while other workers hold the last trials
+        self.prefix = prefix
+
+    def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
+             fixed: Config | None = None, default: Config | None = None) -> StudyResult:
+        """The study's result: from the storage when a run already finished it, else
+        searched now (continuing what the storage holds). `fixed` pins some config keys
+        (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
+        without this table (the kernel's default config unless given)."""
+        target = self._target(problem, M, seeds, fixed or {}, default)
+        if not target.allowed:
+            return StudyResult(problem, M, None, None, None, target.default, None, 0, "no config",
+                               {"status": "not checked", "detail": "no config survives pruning"})
+        study = self._open(target)
+        done = study.user_attrs.get("result")
+        if done and (done["stopped"] != "budget" or done["trials"] >= self.settings.budget_for(problem, M)):
+            result = self.result_from_dict(problem, M, done)
+            result.resumed = True
+            return result
+        self._fail_stale(study, target)
+        self._queue_seeds(study, target)
+        stopped, measured = self._search(study, target)
+        self._fail_stale(study, target)      # leave no dead worker's trial RUNNING behind
+        result = self._finish(problem, M, measured, target.default, stopped)
+        result.failures = self._failures(study, result)
+        result.search = self.searched_with(problem, M)
+        study.set_user_attr("result", result.as_dict())
+        study.set_user_attr("environment", self.measurer.environment())
+        study.set_user_attr("measured_by", self.measurer.label)
+        return result
+
+    def searched_with(self, problem: Problem, M: int) -> dict:
+        """The settings this runner searches a study with, as its result records them."""
+        s = self.settings
+        return {"budget": s.budget_for(problem, M), "patience": s.patience_for(problem, M), "sampler": s.sampler,
+                "seed": s.seed}
+
+    # -- what a study searches --------------------------------------------------------
+    def _key(self, cfg: Config) -> tuple:
+        return config_tuple(self.kernel, cfg)
+
+    def _target(self, problem: Problem, M: int, seeds: list[tuple[str, Config]], fixed: Config,
+                default: Config | None = None) -> _Target:
+        """The configs the study may measure: the pruned space with `fixed` applied, plus
+        the seeds (measured even where the rules would drop them), within what the measurer
+        can time (a landscape's points)."""
+        params = problem.params
+
+        def pin(cfg: Config) -> Config:
+            return self.space.canonical(params, M, self.gpu, {**cfg, **fixed})
+
+        allowed = {self._key(c) for c in self.space.configs(params, M, self.gpu)
+                   if all(c[k] == v for k, v in fixed.items())}
+        available = self.measurer.candidates(problem, M)
+        seed_cfgs: list[tuple[str, Config]] = []
+        for label, cfg in seeds:
+            if cfg is None:
+                continue
+            cfg = pin(cfg)
+            t = self._key(cfg)
+            if available is not None and t not in available:
+                continue
+            if all(self._key(c) != t for _, c in seed_cfgs):
+                seed_cfgs.append((label, cfg))
+            allowed.add(t)
+        if available is not None:
+            allowed &= available
+        return _Target(problem, M, pin(default or self.kernel.default_config(params, M)), allowed, seed_cfgs)
+
+    def _open(self, target: _Target) -> optuna.Study:
+        """Create or reopen the study; its stored parameter encoding wins, so that trials
+        a stopped run left keep their meaning (what that encoding cannot say is dropped).
+        A study stored with another encoding (an older tuner's) is refused in one line."""
+        keys = self.kernel.config_keys
+        choices = {k: sorted({t[i] for t in target.allowed}) for i, k in enumerate(keys)}
+        name = study_name(target.problem, target.M, self.prefix, self.kernel.source)
+        study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
+                                    sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
+        self._check_identity(study)
+        stored = study.user_attrs.get("choices")
+        if stored is None:
+            study.set_user_attr("choices", choices)
+            study.set_user_attr("encoding", ENCODING)
+        elif study.user_attrs.get("encoding") != ENCODING:
+            raise TunerError(f"the storage holds study {name} from an older tuner that encoded configs as "
+                             f"{study.user_attrs.get('encoding') or 'indices'}, not {ENCODING}: "
+                             "give another --out (or --storage, or --study-prefix), or delete that storage")
+        elif stored != choices:
+            choices = {k: [int(v) for v in stored[k]] for k in keys}
+            target.allowed = {t for t in target.allowed if all(v in choices[k] for k, v in zip(keys, t))}
+            target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
+        target.choices = choices
+        study.sampler = make_sampler(self.settings, keys, choices, target.allowed)
+        return study
+
+    def identity(self) -> dict:
+        """What a study's timings are of: the device, whose kernel code (source and version,
+        a hash of the code), the search space and the Triton that compiled it. A replay
+        takes the device, code and Triton from the landscape (None where an old one does
+        not say)."""
+        env = self.measurer.environment() or {}
+        return {"device": env.get("device"), "kernel": self.kernel.source_label,
+                "code_version": env["code_version"] if "code_version" in env else (self.kernel.code_version or None),
+                "space": self.space.version, "triton": env.get("triton")}
+
+    def _check_identity(self, study: optuna.Study) -> None:
+        """A stored study timed on another device, kernel code, space or Triton is refused
+        (one line): its results are not this run's and must never be reused. Studies from
+        before identities were recorded are taken as they are, unless their environment
+        names another device."""
+        mine = self.identity()
+        stored = study.user_attrs.get("identity")
+        if stored is None:
+            before = study.user_attrs.get("environment") or {}
+            if before.get("device") not in (None, mine["device"]):
+                stored = {"device": before["device"]}
+            else:
+                study.set_user_attr("identity", mine)
+                return
+        what = identity_differences(stored, mine)
+        if what:
+            raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
+                             "its results are not this run's: give another --out (or --storage, or --study-prefix)")
+
+    def _encode(self, choices: dict, cfg: Config) -> dict:
+        return {k: int(cfg[k]) for k in self.kernel.config_keys}
+
+    def _suggest(self, trial: optuna.Trial, choices: dict) -> Config:
+        return {k: int(trial.suggest_categorical(k, choices[k])) for k in self.kernel.config_keys}
+
+    def _queue_seeds(self, study: optuna.Study, target: _Target) -> None:
+        measured, _ = self._state(study.get_trials(deepcopy=False))
+        for label, cfg in target.seeds:
+            if self._key(cfg) not in measured:
+                study.enqueue_trial(self._encode(target.choices, cfg), user_attrs={"seed": label},
+                                    skip_if_exists=True)
+
+    # -- the search loop ----------------------------------------------------------------
+    def _search(self, study: optuna.Study, target: _Target) -> tuple[str, dict[tuple, float | None]]:
+        """Ask, claim, measure and tell in batches until the stopping rule says why to
+        stop; returns that reason and the configs measured (time, None if failed)."""
+        s = self.settings
+        budget = s.budget_for(target.problem, target.M)
+        rule = StoppingRule(budget, s.patience_for(target.problem, target.M), s.min_gain, seeds=len(target.seeds))
+        rng = random.Random(f"{s.seed}:{study_name(target.problem, target.M, source=self.kernel.source)}:{os.getpid()}")
+        idle = 0
+        while True:
+            # Other workers may share this study: read its state from the storage every round.
+            trials = study.get_trials(deepcopy=False)
+            measured, running = self._state(trials)
+            outcomes = [tr.value for tr in trials if counts(tr)]
+            stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle)
+            if stopped:
+                return stopped, measured
+            room = budget - len(measured) - len(running)
+            if room <= 0:                     # the last trials are out with other workers
+                self._wait(study, target)
+                continue
+            want = min(s.batch, room)
+            batch, waiting = claim(study, self._ask(study, target, measured, running, want), budget, self._key)
+            if not batch and waiting:         # the last slots are held by other workers' trials
+                self._wait(study, target)
+                continue
+            if not batch:                     # the sampler keeps proposing what is done or excluded
+                idle += 1
+                self._fill(study, target, measured, running, want, rng)
+                continue
+            idle = 0
+            results = self._measure(study, target, batch)
+            times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
+            self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
+                          budget=budget, best=min(times, default=None))
+
+    def _ask(self, study: optuna.Study, target: _Target, measured: dict, running: dict,
+             want: int) -> list[tuple[optuna.Trial, Config]]:
+        """Up to `want` new trials with configs nobody measured or holds; the sampler's
+        other proposals are closed as pruned (with the rule that drops them), at once."""
+        batch: list[tuple[optuna.Trial, Config]] = []
+        pending = set(running)
+        for _ in range(want * 4):                 # a few tries to fill the batch
+            if len(batch) >= want:
+                break
+            trial = study.ask()
+            try:
+                # Named at once: a RUNNING trial always says whose it is (a kill between
+                # two writes must not leave a claim nobody can clear), pruned ones included.
+                trial.set_user_attr("worker", WORKER_ID)
+                cfg = self._suggest(trial, target.choices)
+                t = self._key(cfg)
+                if t not in target.allowed:
+                    reason = (self.space.rejected_by(target.problem.params, target.M, self.gpu, cfg)
+                              or "not in the landscape")
+                    close_trial(study, trial, TrialState.PRUNED, pruned=reason)
+                elif t in measured:
+                    # A repeat costs nothing and is told what it measured: closing it PRUNED
+                    # would teach the sampler that the best region is bad. No "config" on it,
+                    # so it never counts as a measurement (study_storage.counts).
+                    self._tell_repeat(study, trial, measured[t], cfg)
+                elif t in pending:
+                    # Measured by this batch or another worker right now: no value yet, and
+                    # FAIL (not PRUNED) so that no sampler reads it as a bad config.
+                    close_trial(study, trial, TrialState.FAIL, pruned="pending repeat")
+                else:
+                    trial.set_user_attr("config", cfg)
+                    batch.append((trial, cfg))
+                    pending.add(t)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue                  # another worker popped and finished it first
+        return batch
+
+    def _fill(self, study: optuna.Study, target: _Target, measured: dict, running: dict, want: int,
+              rng: random.Random) -> None:
+        """Queue random configs nobody measured or holds, for the sampler stuck on known ones."""
+        left = sorted(target.allowed - set(measured) - set(running))
+        for t in rng.sample(left, min(want, len(left))):
+            study.enqueue_trial(self._encode(target.choices, config_dict(self.kernel, t)),
+                                user_attrs={"seed": "random-fill"})
+
+    def _measure(self, study: optuna.Study, target: _Target,
+                 batch: list[tuple[optuna.Trial, Config]]) -> list[Measurement]:
+        with measuring(self.storage, batch):
+            results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
+            for (trial, _), m in zip(batch, results):
+                self._tell(study, trial, m)
+        return results
+
+    def _wait(self, study: optuna.Study, target: _Target) -> None:
+        """Other workers hold the last trials: look again after a while, failing theirs
+        if they died meanwhile."""
+        time.sleep(self.poll_s)
+        self._fail_stale(study, target)
+
+    def _fail_stale(self, study: optuna.Study, target: _Target) -> None:
+        fail_stale(study, lambda cfg: study.enqueue_trial(self._encode(target.choices, cfg),
+                                                          user_attrs={"seed": "requeued"}))
+
+    # -- helpers --------------------------------------------------------------------
+    @staticmethod
+    def _tell_repeat(study: optuna.Study, trial: optuna.Trial, value: float | None, cfg: Config) -> None:
+        if value is None:
+            close_trial(study, trial, TrialState.FAIL, repeat=cfg)
+        else:
+            close_trial(study, trial, value=value, repeat=cfg)
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement) -> None:
+        if m.time_us is None:
+            close_trial(study, trial, TrialState.FAIL, error=m.error or "failed",
+                        failure=m.kind or kind_of(m.error) or RUNTIME)
+        elif m.spread is not None:
+            close_trial(study, trial, value=m.time_us, spread=m.spread)
+        else:
+            close_trial(study, trial, value=m.time_us)
+
+    @staticmethod
+    def _failures(study: optuna.Study, result: StudyResult) -> dict[str, int]:
+        """The study's failed configs by kind: measured ones that failed (trials stored
+        before kinds existed are classified from their error text), and finalists the
+        numerics check rejected."""
+        kinds = [tr.user_attrs.get("failure") or kind_of(tr.user_attrs.get("error"))
+                 for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if counts(tr)]
+        return count_by_kind(kinds + [NUMERICS] * len(result.rejected))
+
+    def _state(self, trials) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
+        """(configs measured: time or None, configs being measured now: trial number)."""
+        measured, running = {}, {}
+        for tr in trials:
+            cfg = tr.user_attrs.get("config")
+            if not cfg:
+                continue
+            t = self._key(cfg)
+            if counts(tr):
+                measured[t] = tr.value if tr.state == TrialState.COMPLETE else None
+            elif tr.state == TrialState.RUNNING:
+                running[t] = tr.number
+        return measured, running
+
+    def _finish(self, problem: Problem, M: int, measured: dict, default: Config, stopped: str) -> StudyResult:
+        """Re-time the best few and the default together, then check numerics in order of the
+        re-timed times. The default competes like any finalist: a table never holds a config
+        slower than the default measured in the same re-time (the search's times and the
+        re-time's differ by noise, so a finalist can lose to the default there)."""
+        kernel = self.kernel
+        timed = sorted((v, t) for t, v in measured.items() if v is not None)
+        default_t = config_tuple(kernel, default)
+        if not timed:
+            return StudyResult(problem, M, None, None, None, default, measured.get(default_t), len(measured),
+                               "no config", {"status": "not checked", "detail": "every config failed"})
+        finalists = [config_dict(kernel, t) for _, t in timed[: self.settings.top_k]]
+        # The default goes with the finalists (a failed one too: its reason is reported).
+        retime = finalists + ([] if any(config_tuple(kernel, c) == default_t for c in finalists) else [default])
+        again = self.measurer.measure(problem, M, retime)
+        by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
+        default_time = by_cfg[default_t].time_us
+        default_error = None if default_time is not None else (by_cfg[default_t].error or "failed")
+        ranked = sorted((m.time_us, i) for i, m in enumerate(again) if m.time_us is not None)
+        rejected = []
+        for time_us, i in ranked:
+            cfg = retime[i]
+            check: NumericsCheck = self.measurer.check_numerics(problem, M, cfg)
+            if check.failed:
+                rejected.append({"config": cfg, "numerics": check.as_dict()})
+                continue
+            return StudyResult(problem, M, cfg, time_us, again[i].spread, default, default_time,
+                               len(measured), stopped, check.as_dict(), rejected, default_error=default_error)
+        return StudyResult(problem, M, None, None, None, default, default_time, len(measured), "no config",
+                           {"status": "failed", "detail": "every finalist failed the numerics check"}, rejected,
+                           default_error=default_error)
+
+    @staticmethod
+    def result_from_dict(problem: Problem, M: int, d: dict) -> StudyResult:
+        return StudyResult(problem, M, d["config"], d["time_us"], d["spread"], d["default_config"],
+                           d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
+                           d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
+                           kept_default=d.get("kept_default"), tied=d.get("tied") or {},
+                           search=d.get("search") or {})
+
+    # -- concluding a study again (tables tied to each other) -----------------------------
+    def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
+        """What a finished study measured: {config tuple: time, None when it failed}."""
+        study = optuna.load_study(study_name=study_name(problem, M, self.prefix, self.kernel.source),
+                                  storage=self.storage)
+        return self._state(study.get_trials(deepcopy=False))[0]
+
+    def conclude(self, problem: Problem, M: int, ordered: list[Config], default: Config,
+                 tied: dict | None = None, shared: tuple[str, ...] = ()) -> StudyResult:
+        """Make the first of `ordered` that passes the numerics check the study's result, its
+        time and the default's taken again together (the choice was made elsewhere: two
+        tables deciding together). The default wins instead where it was faster in that
+        re-time and agrees with `ordered` on the `shared` keys (those the choice fixed for
+        both tables). Keeps the study's trial count, stop reason and failures."""
+        kernel = self.kernel
+        study = optuna.load_study(study_name=study_name(problem, M, self.prefix, kernel.source),
+                                  storage=self.storage)
+        before = study.user_attrs.get("result") or {}
+        default_t = config_tuple(kernel, default)
+        retime = ordered + ([] if any(config_tuple(kernel, c) == default_t for c in ordered) else [default])
+        again = self.measurer.measure(problem, M, retime)
+        by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
+        d = by_cfg[default_t]
+        default_error = None if d.time_us is not None else (d.error or "failed")
+        result = StudyResult(problem, M, None, None, None, default, d.time_us, before.get("trials", 0),
+                             before.get("stopped", "budget"), {"status": "failed",
+                                                               "detail": "every candidate failed the numerics check"},
+                             default_error=default_error, tied=tied or {},
+                             search=before.get("search") or self.searched_with(problem, M))
+
+        def passes(cfg: Config, m: Measurement) -> bool:
+            check: NumericsCheck = self.measurer.check_numerics(problem, M, cfg)
+            if check.failed:
+                result.rejected.append({"config": cfg, "numerics": check.as_dict()})
+                return False
+            result.config, result.time_us, result.spread, result.numerics = cfg, m.time_us, m.spread, check.as_dict()
+            return True
+
+        in_play = (d.time_us is not None and default_t not in {config_tuple(kernel, c) for c in ordered}
+                   and bool(ordered) and all(default.get(k) == ordered[0].get(k) for k in shared))
+        # The first candidate that passes, unless the default was faster than it in this re-time.
+        for cfg, m in zip(ordered, again):
+            if m.time_us is None:
+                continue
+            if in_play and d.time_us is not None and d.time_us < m.time_us:
+                if passes(default, d):
+                    break
+                in_play = False
+            if passes(cfg, m):
+                break
+        else:
+            if in_play:
+                passes(default, d)
+        if result.config is None:
+            result.stopped = "no config"
+        result.failures = self._failures(study, result)
+        study.set_user_attr("result", result.as_dict())
+        return result

@@ -1,0 +1,187 @@
+"""A model-based sampler over the study's own candidates (`--sampler gp`).
+
+A study's configs are a finite, known set (the pruned grid, within a landscape's points on
+a replay), so instead of proposing points in a box and throwing away those that are pruned
+or already measured, this sampler scores every candidate nobody measured or holds and picks
+the best: a Gaussian process on log(time) over the configs' features (log2 of each value,
+scaled to [0, 1]; Matern 5/2 with a length scale per key, fitted by marginal likelihood),
+expected improvement as the acquisition. Until `n_startup` configs besides the seeds are
+measured it picks at random among the candidates. A failed config counts as the slowest seen (the model then
+steers away from its neighbourhood). Configs other workers (or this batch) are measuring
+are taken as their predicted time ("kriging believer"), so a batch spreads out.
+
+It reads every trial's config from its "config" user attribute (tuner/search/storage.py),
+so it sees exactly what the search measured, whatever the parameters' encoding; it needs
+numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.trial import FrozenTrial, TrialState
+
+LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2, 3.0)     # per key, in units of the key's [0, 1] range
+NOISE = 1e-3                                          # of the standardized log time
+FAILED_AS_WORST = True                                # a failed config enters the model as the slowest seen
+REFIT_EVERY = 4                                       # observations between length-scale fits
+
+
+def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]]) -> np.ndarray:
+    cols = []
+    for j, vals in enumerate(choices):
+        v = candidates[:, j].astype(float)
+        lo, hi = float(min(vals)), float(max(vals))
+        if lo > 0:
+            v, lo, hi = np.log2(v), math.log2(lo), math.log2(hi)
+        cols.append((v - lo) / (hi - lo) if hi > lo else np.zeros_like(v))
+    return np.stack(cols, axis=1)
+
+
+def _matern52(a: np.ndarray, b: np.ndarray, ls: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.maximum(((a[:, None, :] - b[None, :, :]) / ls) ** 2, 0).sum(-1)) * math.sqrt(5)
+    return (1 + d + d * d / 3) * np.exp(-d)
+
+
+def _log_likelihood(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> float:
+    k = _matern52(x, x, ls) + NOISE * np.eye(len(x))
+    try:
+        chol = np.linalg.cholesky(k)
+    except np.linalg.LinAlgError:
+        return -math.inf
+    alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+    return float(-0.5 * y @ alpha - np.log(np.diag(chol)).sum())
+
+
+def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> np.ndarray:
+    """One pass of coordinate search over LENGTH_SCALES, key by key, on the marginal likelihood."""
+    ls = ls.copy()
+    for j in range(x.shape[1]):
+        best, best_v = -math.inf, ls[j]
+        for v in LENGTH_SCALES:
+            ls[j] = v
+            ll = _log_likelihood(x, y, ls)
+            if ll > best:
+                best, best_v = ll, v
+        ls[j] = best_v
+    return ls
+
+
+def _expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
+    z = (best - mean) / std
+    cdf = 0.5 * (1 + _erf(z / math.sqrt(2)))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return (best - mean) * cdf + std * pdf
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # Abramowitz-Stegun 7.1.26 (error < 1.5e-7): numpy has no erf, and scipy is not a dependency
+    s = np.sign(x)
+    x = np.abs(x)
+    t = 1 / (1 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return s * (1 - poly * np.exp(-x * x))
+
+
+class CandidateGPSampler(BaseSampler):
+    """Optuna sampler choosing among `candidates` (config tuples over `keys`)."""
+
+    def __init__(self, keys: Sequence[str], choices: dict[str, list[int]], candidates, seed: int = 0,
+                 n_startup: int = 8):
+        self.keys = tuple(keys)
+        self.choices = {k: list(choices[k]) for k in self.keys}
+        self.candidates = np.array(sorted(candidates), dtype=np.int64).reshape(-1, len(self.keys))
+        self.index = {tuple(int(v) for v in row): i for i, row in enumerate(self.candidates)}
+        self.x_all = _features(self.candidates, [self.choices[k] for k in self.keys])
+        self.rng = np.random.default_rng(seed)
+        self.n_startup = n_startup
+        self.ls = np.full(len(self.keys), 0.3)
+        self._fitted_at = -1
+        self._random = RandomSampler(seed=seed)
+
+    def reseed_rng(self) -> None:
+        self.rng = np.random.default_rng()
+        self._random.reseed_rng()
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {k: CategoricalDistribution(self.choices[k]) for k in self.keys}
+
+    def sample_independent(self, study, trial, param_name, param_distribution) -> Any:
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def _observations(self, study: optuna.Study, trial: FrozenTrial):
+        done: dict[int, float | None] = {}
+        pending: list[int] = []
+        explored = 0          # configs measured that were not queued seeds
+        for tr in study.get_trials(deepcopy=False):
+            cfg = tr.user_attrs.get("config")
+            if tr.number == trial.number or not cfg:
+                continue
+            i = self.index.get(tuple(int(cfg[k]) for k in self.keys))
+            if i is None:
+                continue
+            if tr.state == TrialState.COMPLETE and tr.value is not None:
+                done[i] = float(tr.value)
+                explored += "seed" not in tr.user_attrs
+            elif tr.state == TrialState.FAIL and "error" in tr.user_attrs and tr.user_attrs["error"] != "interrupted":
+                done.setdefault(i, None)
+                explored += "seed" not in tr.user_attrs
+            elif tr.state == TrialState.RUNNING:
+                pending.append(i)
+        return done, pending, explored
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space or len(self.candidates) == 0:
+            return {}
+        done, pending, explored = self._observations(study, trial)
+        free = np.ones(len(self.candidates), dtype=bool)
+        free[list(done) + pending] = False
+        if not free.any():
+            return {}
+        timed = {i: v for i, v in done.items() if v is not None and v > 0}
+        # Seeds (defaults, shipped tables, the neighbouring M's winner) cluster where configs
+        # were good before: the random start is counted without them, so the model sees the
+        # whole space before it trusts their neighbourhood.
+        if explored < self.n_startup or len(timed) < 2:
+            choice = int(self.rng.choice(np.flatnonzero(free)))
+        else:
+            choice = self._acquire(done, timed, pending, free)
+        return {k: int(v) for k, v in zip(self.keys, self.candidates[choice])}
+
+    def _acquire(self, done: dict, timed: dict, pending: list, free: np.ndarray) -> int:
+        worst = math.log(max(timed.values()))
+        idx = np.array([i for i in done if FAILED_AS_WORST or i in timed])
+        y = np.array([math.log(done[i]) if done[i] is not None and done[i] > 0 else worst for i in idx])
+        mu, sd = y.mean(), y.std() or 1.0
+        y = (y - mu) / sd
+        x = self.x_all[idx]
+        if self._fitted_at < 0 or len(idx) - self._fitted_at >= REFIT_EVERY:
+            self.ls = _fit_length_scales(x, y, self.ls)
+            self._fitted_at = len(idx)
+        if pending:       # measured elsewhere now: believe the model's mean for them
+            xp = self.x_all[pending]
+            yp = self._posterior(x, y, xp)[0]
+            x, y = np.vstack([x, xp]), np.concatenate([y, yp])
+        cand = np.flatnonzero(free)
+        mean, std = self._posterior(x, y, self.x_all[cand])
+        ei = _expected_improvement(mean, np.maximum(std, 1e-9), float(y[: len(idx)].min()))
+        top = np.flatnonzero(ei >= ei.max() - 1e-12)
+        return int(cand[self.rng.choice(top)])
+
+    def _posterior(self, x: np.ndarray, y: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = _matern52(x, x, self.ls) + NOISE * np.eye(len(x))
+        chol = np.linalg.cholesky(k)
+        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+        mean_parts, var_parts = [], []
+        for start in range(0, len(xs), 4096):
+            ks = _matern52(xs[start:start + 4096], x, self.ls)
+            mean_parts.append(ks @ alpha)
+            v = np.linalg.solve(chol, ks.T)
+            var_parts.append(np.maximum(1.0 - (v * v).sum(0), 1e-12))
+        return np.concatenate(mean_parts), np.sqrt(np.concatenate(var_parts))
