@@ -9,10 +9,11 @@ primitives differ:
                     CudaDevice ("cuda")                    CpuDevice ("cpu")
   tensors           on the GPU                             in memory
   kernels run       compiled                               in Triton's interpreter (TRITON_INTERPRET=1)
-  timing            warm-up, one CUDA graph per callable,  one warm-up call, then each call
-                    replays timed with CUDA events         timed with the wall clock
+  timing            warm-up, one CUDA graph per callable,  warm-up, then each call timed
+                    replays timed with CUDA events         with the wall clock
+                    (--timing eager: launches timed)       (--timing eager likewise)
   L2 flush          2 x L2 bytes on the GPU, zeroed        a plain buffer in memory, zeroed
-                    before each replay                     likewise
+                    before each replay (--l2 warm: none)   likewise (--l2 warm: none)
   properties        read off the device (L2, SMs)          the GPU's row of tuner/plan/gpus.py
   NVML              clocks, temperature, throttling        none
   compile workers   compile on the GPU                     compile for sm_90 with Triton's own
@@ -115,31 +116,36 @@ class CudaDevice:
         """Writing twice the L2's size evicts whatever the last run left in it."""
         return self.torch.empty(2 * l2_bytes, dtype=self.torch.int8, device="cuda")
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
         """Per-replay times (us) of `runs` (one callable per input set): each run once
         (warm-up: binary loaded, data touched), captured as a CUDA graph, the graphs
         replayed in rotation, each replay timed with CUDA events, `flush` zeroed (outside
-        the timed region) before each; flush=None flushes nothing (work far larger than L2)."""
+        the timed region) before each; flush=None flushes nothing (--l2 warm, or work far
+        larger than L2). graph=False (--timing eager): the runs launched as they are, launch
+        overhead included, as an engine runs prefill."""
         torch = self.torch
         for run in runs:
             run()
         torch.cuda.synchronize()
-        graphs = []
-        for run in runs:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                run()
-            graphs.append(g)
-        for g in graphs:
-            g.replay()
-        torch.cuda.synchronize()
+        replays: list = list(runs)
+        if graph:
+            graphs = []
+            for run in runs:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    run()
+                graphs.append(g)
+            replays = [g.replay for g in graphs]
+            for replay in replays:
+                replay()
+            torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for r in range(reps):
             if flush is not None:
                 flush.zero_()                 # queued ahead of the timed replay, so it does not count
             starts[r].record()
-            graphs[r % len(graphs)].replay()
+            replays[r % len(replays)]()
             ends[r].record()
         torch.cuda.synchronize()
         return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
@@ -183,11 +189,13 @@ class CpuDevice:
     def flush_buffer(self, l2_bytes: int):
         return self.torch.empty(2 * l2_bytes, dtype=self.torch.int8)
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
-        """Per-call wall-clock times (us) of `runs` in rotation after one warm-up call (the
-        interpreter has no binary to load and no graph to capture), `flush` zeroed before
-        each timed call."""
-        runs[0]()
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
+        """Per-call wall-clock times (us) of `runs` in rotation, `flush` zeroed before each
+        timed call (None: --l2 warm). As on a GPU, graph=True warms every run up once (where
+        the GPU warms up and captures each), graph=False (--timing eager) only the first;
+        the interpreter has no binary to load and no graph to capture."""
+        for run in runs if graph else runs[:1]:
+            run()
         times = []
         for r in range(reps):
             if flush is not None:
