@@ -101,6 +101,17 @@ SOURCES = {
         "CLBlast Xgemm, 4096^3 fp32, kernel_tuner brute force", sl, XGEMM_DEFAULT, HUB_LICENSE)
     for gpu in ("RTX_2080_Ti", "RTX_3090", "RTX_Titan") for sl in (None, XGEMM_SLICE)
 }
+# The same 2D convolution (6 parameters, 6768 configs) brute-forced on three more GPUs by
+# kernel_tuner, beside the RTX 2080 Ti one: pairs of one kernel on two GPUs, for warm starts.
+for _gpu in ("RTX_2080_Ti", "RTX_3090", "RTX_Titan"):
+    SOURCES[f"convolution-kt-{_gpu.lower().replace('_', '')}"] = Source(
+        HUB, HUB_COMMIT, f"cachefiles/KernelTuner data/convolution/{_gpu}.json.gz",
+        "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None, CONVOLUTION_DEFAULT, HUB_LICENSE)
+# The 7-parameter convolution of the A100 one on another NVIDIA GPU (same grid, 4362 configs).
+SOURCES["convolution-a4000"] = Source(HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A4000.json.gz",
+                                      "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
+                                      {**CONVOLUTION_DEFAULT, "block_size_x": 32, "block_size_y": 8, "use_shmem": 1},
+                                      HUB_LICENSE)
 SOURCES["convolution-a100"] = Source(HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A100.json.gz",
                                      "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
                                      {**CONVOLUTION_DEFAULT, "block_size_x": 32, "block_size_y": 8, "use_shmem": 1},

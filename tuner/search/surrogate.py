@@ -17,6 +17,7 @@ numpy only.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -30,6 +31,46 @@ LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2, 3.0)     # per key, in units of the 
 NOISE = 1e-3                                          # of the standardized log time
 FAILED_AS_WORST = True                                # a failed config enters the model as the slowest seen
 REFIT_EVERY = 4                                       # observations between length-scale fits
+# Candidates the acquisition scores at most per trial (bounds the cost on large spaces): the
+# configs one key away from the best few measured, then a random draw of the rest.
+MAX_SCORED = 4096
+LOCAL_FROM = 3
+Y_TRANSFORM = "log"
+FIT_PASSES = 1
+
+
+ALIGN_FEATURE = False
+
+
+def _twos(v: np.ndarray) -> np.ndarray:
+    v = v.astype(np.int64)
+    out = np.zeros(len(v))
+    nz = v > 0
+    out[nz] = np.log2((v[nz] & -v[nz]).astype(float))
+    return out
+
+
+_BLAS: list = []
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """numpy's BLAS on one thread while the model is fitted and scored: its matrices are small
+    (observations x observations, candidates x observations), and a multi-threaded BLAS spends
+    4-6x the CPU on them for no gain in wall time (measured on an 18k-config space, 100 trials:
+    scripts/search_benchmark.py loop-cost, bench/results/search/sampler-cost.md); on a GPU host's
+    many cores it would take them from the compile workers."""
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _BLAS.append(ThreadpoolController())
+        except Exception:  # noqa: BLE001 - without threadpoolctl the model runs as numpy is set up
+            _BLAS.append(None)
+    if _BLAS[0] is None:
+        yield
+        return
+    with _BLAS[0].limit(limits=1, user_api="blas"):
+        yield
 
 
 def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]]) -> np.ndarray:
@@ -40,6 +81,16 @@ def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]]) -> np.nd
         if lo > 0:
             v, lo, hi = np.log2(v), math.log2(lo), math.log2(hi)
         cols.append((v - lo) / (hi - lo) if hi > lo else np.zeros_like(v))
+    if ALIGN_FEATURE:
+        for j, vals in enumerate(choices):
+            pv = [int(x) for x in vals]
+            if all(x > 0 and x & (x - 1) == 0 for x in pv):
+                continue
+            t = _twos(candidates[:, j])
+            tv = _twos(np.array(pv))
+            lo, hi = tv.min(), tv.max()
+            if hi > lo:
+                cols.append((t - lo) / (hi - lo))
     return np.stack(cols, axis=1)
 
 
@@ -61,7 +112,7 @@ def _log_likelihood(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> float:
 def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> np.ndarray:
     """One pass of coordinate search over LENGTH_SCALES, key by key, on the marginal likelihood."""
     ls = ls.copy()
-    for j in range(x.shape[1]):
+    for j in list(range(x.shape[1])) * FIT_PASSES:
         best, best_v = -math.inf, ls[j]
         for v in LENGTH_SCALES:
             ls[j] = v
@@ -70,6 +121,41 @@ def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> np.ndarr
                 best, best_v = ll, v
         ls[j] = best_v
     return ls
+
+
+def _copula(y: np.ndarray) -> np.ndarray:
+    ranks = np.argsort(np.argsort(y, kind="stable"), kind="stable").astype(float)
+    # ties share their mean rank
+    _, inv, counts = np.unique(y, return_inverse=True, return_counts=True)
+    sums = np.zeros(len(counts))
+    np.add.at(sums, inv, ranks)
+    ranks = (sums / counts)[inv]
+    q = (ranks + 0.5) / len(y)
+    return _ndtri(q)
+
+
+def _ndtri(q: np.ndarray) -> np.ndarray:
+    # Acklam's rational approximation of the normal quantile (|error| < 1.2e-9)
+    a = [-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02,
+         -3.066479806614716e+01, 2.506628277459239e+00]
+    b = [-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01,
+         -1.328068155288572e+01]
+    c = [-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00,
+         4.374664141464968e+00, 2.938163982698783e+00]
+    d = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00]
+    q = np.clip(q, 1e-12, 1 - 1e-12)
+    out = np.empty_like(q)
+    lo, hi = q < 0.02425, q > 1 - 0.02425
+    mid = ~(lo | hi)
+    r = q[mid] - 0.5
+    t = r * r
+    out[mid] = ((((((a[0]*t+a[1])*t+a[2])*t+a[3])*t+a[4])*t+a[5])*r /
+                (((((b[0]*t+b[1])*t+b[2])*t+b[3])*t+b[4])*t+1))
+    for m, sign, qq in ((lo, 1, q[lo]), (hi, -1, 1 - q[hi])):
+        t = np.sqrt(-2 * np.log(qq))
+        out[m] = sign * ((((((c[0]*t+c[1])*t+c[2])*t+c[3])*t+c[4])*t+c[5]) /
+                         ((((d[0]*t+d[1])*t+d[2])*t+d[3])*t+1))
+    return out
 
 
 def _expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
@@ -100,7 +186,7 @@ class CandidateGPSampler(BaseSampler):
         self.x_all = _features(self.candidates, [self.choices[k] for k in self.keys])
         self.rng = np.random.default_rng(seed)
         self.n_startup = n_startup
-        self.ls = np.full(len(self.keys), 0.3)
+        self.ls = np.full(self.x_all.shape[1], 0.3)
         self._fitted_at = -1
         self._random = RandomSampler(seed=seed)
 
@@ -151,15 +237,19 @@ class CandidateGPSampler(BaseSampler):
         if explored < self.n_startup or len(timed) < 2:
             choice = int(self.rng.choice(np.flatnonzero(free)))
         else:
-            choice = self._acquire(done, timed, pending, free)
+            with one_blas_thread():
+                choice = self._acquire(done, timed, pending, free)
         return {k: int(v) for k, v in zip(self.keys, self.candidates[choice])}
 
     def _acquire(self, done: dict, timed: dict, pending: list, free: np.ndarray) -> int:
         worst = math.log(max(timed.values()))
         idx = np.array([i for i in done if FAILED_AS_WORST or i in timed])
         y = np.array([math.log(done[i]) if done[i] is not None and done[i] > 0 else worst for i in idx])
-        mu, sd = y.mean(), y.std() or 1.0
-        y = (y - mu) / sd
+        if Y_TRANSFORM == "copula":
+            y = _copula(y)
+        else:
+            mu, sd = y.mean(), y.std() or 1.0
+            y = (y - mu) / sd
         x = self.x_all[idx]
         if self._fitted_at < 0 or len(idx) - self._fitted_at >= REFIT_EVERY:
             self.ls = _fit_length_scales(x, y, self.ls)
@@ -168,11 +258,25 @@ class CandidateGPSampler(BaseSampler):
             xp = self.x_all[pending]
             yp = self._posterior(x, y, xp)[0]
             x, y = np.vstack([x, xp]), np.concatenate([y, yp])
-        cand = np.flatnonzero(free)
+        cand = self._scored(np.flatnonzero(free), [i for _, i in sorted((v, i) for i, v in timed.items())])
         mean, std = self._posterior(x, y, self.x_all[cand])
         ei = _expected_improvement(mean, np.maximum(std, 1e-9), float(y[: len(idx)].min()))
         top = np.flatnonzero(ei >= ei.max() - 1e-12)
         return int(cand[self.rng.choice(top)])
+
+    def _scored(self, cand: np.ndarray, best_first: list[int]) -> np.ndarray:
+        """The free candidates to score: all of them in a space of up to MAX_SCORED, else the
+        neighbours of the best few measured (one key changed) and a random draw of the others."""
+        if len(cand) <= MAX_SCORED:
+            return cand
+        rows = self.candidates[cand]
+        near = np.zeros(len(cand), dtype=bool)
+        for i in best_first[:LOCAL_FROM]:
+            near |= (rows != self.candidates[i]).sum(axis=1) == 1
+        local = cand[near][:MAX_SCORED // 2]
+        rest = cand[~near]
+        drawn = self.rng.choice(rest, size=min(len(rest), MAX_SCORED - len(local)), replace=False)
+        return np.sort(np.concatenate([local, drawn]))
 
     def _posterior(self, x: np.ndarray, y: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         k = _matern52(x, x, self.ls) + NOISE * np.eye(len(x))
