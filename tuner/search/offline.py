@@ -227,13 +227,17 @@ def _search(landscape: Landscape, space: SearchSpace, gpu: GpuSpec, params: dict
     return measurer.log[:result.trials], runner.measured(problem, M)
 
 
+SOURCE_BUDGET = 48          # the source GPU's run: a results folder tuned with the default --trials
+
+
 def warm_traces(target: Landscape, source: Landscape, space: SearchSpace, gpu: GpuSpec, seeds: range,
-                budget: int, share: float | None) -> list[Trace]:
+                budget: int, share: float | None, cache: dict | None = None) -> list[Trace]:
     """Per seed, a cold run of our default search on `target` (share None), or a warm one:
     seeded (tuner/search/warm_start.py, the CLI's ranking and cap) with the best configs a cold
-    run of the same budget measured on `source`, the same kernel recorded on another GPU, as
-    `--warm-start` seeds a study from that GPU's results folder. Both landscapes must hold the
-    same (problem, M) grid; times are the target's."""
+    run of SOURCE_BUDGET trials (same seed) measured on `source`, the same kernel recorded on
+    another GPU, as `--warm-start` seeds a study from that GPU's results folder. Both
+    landscapes must hold the same (problem, M) grid; times are the target's. `cache` keeps
+    the source runs between calls."""
     from tuner.search.runner import default_settings
     from tuner.search.warm_start import PER_SOURCE_M, Known, WarmPool, study_seeds
     kernel = target.kernel
@@ -249,7 +253,11 @@ def warm_traces(target: Landscape, source: Landscape, space: SearchSpace, gpu: G
                 settings = default_settings(budget, seed=seed)
                 seeded = default
                 if share is not None:
-                    _, measured = _search(source, space, gpu, src_params, M, settings, default)
+                    cache = {} if cache is None else cache
+                    if (key, M, seed) not in cache:
+                        cache[(key, M, seed)] = _search(source, space, gpu, src_params, M,
+                                                        default_settings(SOURCE_BUDGET, seed=seed), default)[1]
+                    measured = cache[(key, M, seed)]
                     timed = sorted((v, t) for t, v in measured.items() if v is not None)[:PER_SOURCE_M]
                     pool = WarmPool([Known(dict(zip(kernel.config_keys, t)), kernel.name, params, M,
                                            source.header.get("device", ""), "source", i, v)

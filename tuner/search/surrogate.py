@@ -4,11 +4,25 @@ A study's configs are a finite, known set (the pruned grid, within a landscape's
 a replay), so instead of proposing points in a box and throwing away those that are pruned
 or already measured, this sampler scores every candidate nobody measured or holds and picks
 the best: a Gaussian process on log(time) over the configs' features (log2 of each value,
-scaled to [0, 1]; Matern 5/2 with a length scale per key, fitted by marginal likelihood),
+scaled to [0, 1]; Matern 5/2 with a length scale per key, fitted by marginal likelihood with a
+log-normal prior) on the times' ranks mapped to a normal (a Gaussian copula, not log(time)),
 expected improvement as the acquisition. Until `n_startup` configs besides the seeds are
 measured it picks at random among the candidates. A failed config counts as the slowest seen (the model then
 steers away from its neighbourhood). Configs other workers (or this batch) are measuring
 are taken as their predicted time ("kriging believer"), so a batch spreads out.
+
+Why ranks and the prior (issue 32): on Kernel Tuner's convolution landscapes of the A100 and
+A4000 (scripts/search_benchmark.py, bench/results/search/convolution.md) the model on log(time),
+fitted by likelihood alone, reached only 1.42x and 1.18x of the best at 48 trials: a few configs
+30-50x slower than the best stretched the standardized times, and with the first ten or twenty
+observations the likelihood chose length scales of 0.08 for some keys and 3.0 for others
+(read_only, use_padding), which made the model near-noise in some keys and blind in others
+(the fits jumped between them from one refit to the next). Ranks and the prior: 1.31x and 1.12x,
+without losing the GEMM landscapes. Failed configs still count as the slowest seen: without
+that, on the RTX Titan's convolution (22 % of its configs fail) the search went back into the
+failing region (1.13x against 1.07x at 48 over 10 seeds). The model runs on one BLAS thread
+(`one_blas_thread`), and on a space of more than MAX_SCORED candidates scores only the
+neighbours of the best few and a random draw of the rest, so its cost per trial stays bounded.
 
 It reads every trial's config from its "config" user attribute (tuner/search/storage.py),
 so it sees exactly what the search measured, whatever the parameters' encoding; it needs
@@ -28,26 +42,17 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
 LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2, 3.0)     # per key, in units of the key's [0, 1] range
-NOISE = 1e-3                                          # of the standardized log time
+NOISE = 1e-3                                          # of the rank-normalized times
 FAILED_AS_WORST = True                                # a failed config enters the model as the slowest seen
 REFIT_EVERY = 4                                       # observations between length-scale fits
 # Candidates the acquisition scores at most per trial (bounds the cost on large spaces): the
 # configs one key away from the best few measured, then a random draw of the rest.
 MAX_SCORED = 4096
 LOCAL_FROM = 3
-Y_TRANSFORM = "log"
-FIT_PASSES = 1
-
-
-ALIGN_FEATURE = False
-
-
-def _twos(v: np.ndarray) -> np.ndarray:
-    v = v.astype(np.int64)
-    out = np.zeros(len(v))
-    nz = v > 0
-    out[nz] = np.log2((v[nz] & -v[nz]).astype(float))
-    return out
+# Length scales are fitted by maximum a posteriori, not likelihood alone: a log-normal prior
+# (median 1.0 of a key's range, sigma 1 in log space) keeps a few observations from fitting
+# tiny length scales that turn the model into noise (convolution landscapes: see below).
+LS_PRIOR = (1.0, 1.0)
 
 
 _BLAS: list = []
@@ -56,10 +61,9 @@ _BLAS: list = []
 @contextlib.contextmanager
 def one_blas_thread():
     """numpy's BLAS on one thread while the model is fitted and scored: its matrices are small
-    (observations x observations, candidates x observations), and a multi-threaded BLAS spends
-    4-6x the CPU on them for no gain in wall time (measured on an 18k-config space, 100 trials:
-    scripts/search_benchmark.py loop-cost, bench/results/search/sampler-cost.md); on a GPU host's
-    many cores it would take them from the compile workers."""
+    (observations x observations, candidates x observations), and a multi-threaded BLAS spent
+    4x the CPU on them for no gain (bench/results/search/sampler-cost.md); on a GPU host's many
+    cores it would also take them from the compile workers."""
     if not _BLAS:
         try:
             from threadpoolctl import ThreadpoolController
@@ -81,16 +85,6 @@ def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]]) -> np.nd
         if lo > 0:
             v, lo, hi = np.log2(v), math.log2(lo), math.log2(hi)
         cols.append((v - lo) / (hi - lo) if hi > lo else np.zeros_like(v))
-    if ALIGN_FEATURE:
-        for j, vals in enumerate(choices):
-            pv = [int(x) for x in vals]
-            if all(x > 0 and x & (x - 1) == 0 for x in pv):
-                continue
-            t = _twos(candidates[:, j])
-            tv = _twos(np.array(pv))
-            lo, hi = tv.min(), tv.max()
-            if hi > lo:
-                cols.append((t - lo) / (hi - lo))
     return np.stack(cols, axis=1)
 
 
@@ -106,13 +100,14 @@ def _log_likelihood(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> float:
     except np.linalg.LinAlgError:
         return -math.inf
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
-    return float(-0.5 * y @ alpha - np.log(np.diag(chol)).sum())
+    prior = -0.5 * float(((np.log(ls / LS_PRIOR[0]) / LS_PRIOR[1]) ** 2).sum())
+    return float(-0.5 * y @ alpha - np.log(np.diag(chol)).sum()) + prior
 
 
 def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> np.ndarray:
     """One pass of coordinate search over LENGTH_SCALES, key by key, on the marginal likelihood."""
     ls = ls.copy()
-    for j in list(range(x.shape[1])) * FIT_PASSES:
+    for j in range(x.shape[1]):
         best, best_v = -math.inf, ls[j]
         for v in LENGTH_SCALES:
             ls[j] = v
@@ -124,6 +119,9 @@ def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> np.ndarr
 
 
 def _copula(y: np.ndarray) -> np.ndarray:
+    """The times' ranks mapped onto a standard normal (ties share a rank): the model sees the
+    order of the configs, not how far the slow ones are off (a kernel landscape's times span
+    50x, and a few very slow configs would otherwise flatten the differences among good ones)."""
     ranks = np.argsort(np.argsort(y, kind="stable"), kind="stable").astype(float)
     # ties share their mean rank
     _, inv, counts = np.unique(y, return_inverse=True, return_counts=True)
@@ -245,11 +243,7 @@ class CandidateGPSampler(BaseSampler):
         worst = math.log(max(timed.values()))
         idx = np.array([i for i in done if FAILED_AS_WORST or i in timed])
         y = np.array([math.log(done[i]) if done[i] is not None and done[i] > 0 else worst for i in idx])
-        if Y_TRANSFORM == "copula":
-            y = _copula(y)
-        else:
-            mu, sd = y.mean(), y.std() or 1.0
-            y = (y - mu) / sd
+        y = _copula(y)
         x = self.x_all[idx]
         if self._fitted_at < 0 or len(idx) - self._fitted_at >= REFIT_EVERY:
             self.ls = _fit_length_scales(x, y, self.ls)

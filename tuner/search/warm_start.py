@@ -6,7 +6,8 @@ Sources (tuner/commands/warm_sources.py reads them into `Known` configs):
     of the same kernel;
   - by default, the engine's own shipped tables for this shape on sibling GPUs (the Hopper
     family: H100, H800, H200, H20 and their variants) and for the nearest shapes;
-  - within a run, the best configs of the batch sizes already done (`neighbours`).
+  - within a run, the best configs of the batch sizes already done (`neighbours`): the
+    NEIGHBOUR_SEEDS of the nearest M, besides the warm cap (as one neighbour seed was before).
 A seed is only a first guess: it is queued as a trial and measured like any other config
 (never copied into a table unmeasured), and counts against the budget.
 
@@ -30,7 +31,8 @@ from tuner.plan.gpus import GPUS, GpuSpec
 WARM_SHARE = 0.25            # at most this share of a study's budget goes to warm seeds
 STARTUP_WITH_SEEDS = 2       # random configs the model-based search still measures when seeded
 PER_SOURCE_M = 10            # configs taken from one source's study (its best first)
-NEIGHBOURS = 3               # best configs taken from each batch size already done in this run
+NEIGHBOURS = 3               # best configs offered by each batch size already done in this run
+NEIGHBOUR_SEEDS = 2         # of which a study takes this many (nearest M first), besides the warm cap
 WARM = "warm:"               # seed labels: "warm:<source>"; the sampler counts these as a warm start
 
 
@@ -186,10 +188,12 @@ def study_seeds(pool: WarmPool | None, kernel, params: dict, M: int, gpu: GpuSpe
             return config_tuple(kernel, config_from_entry(kernel, cfg))
         except (KeyError, TypeError, ValueError):
             return None
-    known = list(pool.known) if pool else []
-    known += neighbours(done, kernel.name, params, gpu, lambda t: config_dict(kernel, t))
-    return [(seed_label(k), config_dict(kernel, t))
-            for k, t in rank(known, kernel.name, params, M, gpu, cap(budget, share), key)]
+    near = rank(neighbours(done, kernel.name, params, gpu, lambda t: config_dict(kernel, t)), kernel.name, params, M,
+                gpu, NEIGHBOUR_SEEDS, key)
+    taken = {t for _, t in near}
+    far = rank(pool.known if pool else [], kernel.name, params, M, gpu, cap(budget, share) + len(near), key)
+    far = [(k, t) for k, t in far if t not in taken][:cap(budget, share)]
+    return [(seed_label(k), config_dict(kernel, t)) for k, t in near + far]
 
 
 def installed_rows(pool: WarmPool | None, kernel_name: str, params: dict, gpu: GpuSpec, engine: str) -> dict:
