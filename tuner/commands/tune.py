@@ -34,6 +34,7 @@ from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
 from tuner.plan.traffic import TrafficProfile
 from tuner.progress import Progress
+from tuner.search.choice import choice_text
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.search.storage import JOURNAL, is_journal, journal_path, open_storage, sync_storage
 from tuner.search.warm_start import WARM_SHARE, WarmPool, installed_rows, study_seeds
@@ -886,6 +887,9 @@ def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) 
                 "trials": r.trials,
                 "numerics": r.numerics.get("status", "-"),
                 **({"table": _kept_text(r)} if any(x.kept_default for xs in results.values() for x in xs) else {}),
+                # the row kept (tuned, installed, default) and why, where any row is not the tuned config
+                **({"row": choice_text(r.choice)} if any((x.choice or {}).get("kept", "tuned") != "tuned"
+                                                         for xs in results.values() for x in xs) else {}),
             })
     return pd.DataFrame(rows)
 
