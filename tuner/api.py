@@ -425,7 +425,8 @@ def gpu_list(text: str | None, device: str = "cuda") -> list[int]:
 # -- installing -----------------------------------------------------------------------------
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
-                    dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False) -> Path | None:
+                    dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False,
+                    min_gain: float = 0.02) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
@@ -440,7 +441,7 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
-    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge)
+    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, min_gain)
     extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
     findings = inst.audit_install(copies, engine)
     errors = [f for f in findings if f.severity == "error"]
