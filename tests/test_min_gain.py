@@ -109,3 +109,37 @@ def test_paired_interleaved_retiming_decides(tmp_path, factors, kept):
     assert verdict(g, 0.02)[0] is kept, (g, verdict(g, 0.02))
     if len(factors) == 8:
         assert g.gain > 0.02 and "not in most pairs" in verdict(g, 0.02)[1]
+
+
+def test_report_drift_and_audit_show_the_measurement_policy(tmp_path, capsys):
+    """The policy goes with the results: the report's header, drift's (its own timing and the
+    tables' tuning), and audit's line per table that tuner installed."""
+    land, default = near_ties(tmp_path, 0.5)
+    run(tmp_path, land, "res")
+    manifest = json.loads((tmp_path / "res" / "manifest.json").read_text())
+    assert manifest["measurement"]["timing"] == "unknown"          # a replay: the landscape does not say
+    assert main(["report", str(tmp_path / "res")]) == 0
+    report = (tmp_path / "res" / "report" / "report.md").read_text()
+    assert "Measurement: as the replayed landscape was recorded (it does not say how)." in report
+    capsys.readouterr()
+    assert main(["drift", str(tmp_path / "res"), "--gpu", "H200", "--replay", str(land), "--kernel-source", "ours"]) == 0
+    out = capsys.readouterr().out
+    assert "timed: as the landscape was recorded" in out
+    assert f"tables of {tmp_path / 'res'} were tuned: as the replayed landscape was recorded" in out
+    # audit: a table tuner installed says how it was timed (from the install's record)
+    from types import SimpleNamespace
+
+    from tuner.commands.audit import policy_lines
+    from tuner.emit import install
+    dest = tmp_path / "site" / "t.json"
+    dest.parent.mkdir()
+    dest.write_text("{}")
+    copy = install.Copy(dest, dest, "t", dest.parent, "fp8_gemm", times={16: 5.0},
+                        timed_on={"device": "NVIDIA H200", "timing": "eager", "l2": "warm", "routing": None})
+    install.install([copy], "vllm")
+    ka = SimpleNamespace(resolved=SimpleNamespace(found=True), where=str(dest))
+    other = SimpleNamespace(resolved=SimpleNamespace(found=True), where=str(tmp_path / "shipped.json"))
+    lines = policy_lines(SimpleNamespace(kernels=[ka, other]), "vllm")
+    assert lines[0] == ("measurement of t.json: eager launches, L2 warm, clocks unlocked on NVIDIA H200 (installed by "
+                        "tuner)")
+    assert lines[1].startswith("measurement of shipped.json: not recorded")

@@ -267,7 +267,7 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
         copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
         copy.merged = {"new": sorted(set(new) - set(kept)), "kept": sorted([*lost, *kept]), "from": str(old_path),
                        "kept_installed": {str(m): why for m, why in kept.items()}}
-        copy.times = {**(copy.times or {}), **{m: installed[0][m] for m in kept}}    # the rows the file holds
+        copy.times = {**(copy.times or {}), **{m: (installed or ({}, {}))[0][m] for m in kept}}   # the rows it holds
         return [f"merged {rel}: {why}" for why in kept.values()] + (
             [f"merged {rel}: the entries of {old_path} for M={','.join(map(str, lost))} are kept"] if lost else [])
     if not lost:
