@@ -103,11 +103,11 @@ def test_a_run_seeded_with_another_gpus_results_reaches_near_best_where_a_cold_r
             *map(str, ms), "--kernel-source", "ours", "--quiet", "--no-warm-start"]
     assert main([*args, "--gpu", "H20", "--replay", str(source), "--trials", "48", "--out", str(tmp_path / "h20")]) == 0
     land = read_landscape(target, KERNEL)
-    budget = ["--gpu", "H200", "--replay", str(target), "--trials", "16"]
+    budget = ["--gpu", "H200", "--replay", str(target), "--trials", "8"]
     assert main([*args, *budget, "--out", str(tmp_path / "cold")]) == 0
     assert main([*args, *budget, "--out", str(tmp_path / "warm"), "--warm-start", str(tmp_path / "h20")]) == 0
     cold, warm = _ratio(tmp_path / "cold", land, ms), _ratio(tmp_path / "warm", land, ms)
-    # warm: within 3 % of the H200's best at every M in 16 trials; cold: not at every M
+    # warm: within 3 % of the H200's best at every M in 8 trials; cold: not at every M (measured: warm 1.0, 1.0, 1.006; cold 1.011, 1.058, 1.006)
     assert max(warm) <= 1.03 < max(cold), (warm, cold)
     manifest = json.loads((tmp_path / "warm" / "manifest.json").read_text())
     # the manifest names the source and how many seeds it gave; each study says what it took
@@ -115,7 +115,7 @@ def test_a_run_seeded_with_another_gpus_results_reaches_near_best_where_a_cold_r
     assert [s["source"] for s in src] == [str(tmp_path / "h20")] and src[0]["kind"] == "results folder"
     assert src[0]["configs"] >= 3 * 10 and src[0]["seeds"] >= 3
     per_study = [e["search"].get("seeds", {}) for e in manifest["tables"][0]["entries"].values()]
-    assert all(0 < s.get(str(tmp_path / "h20"), 0) <= ws.cap(16) for s in per_study)
+    assert all(0 < s.get(str(tmp_path / "h20"), 0) <= ws.cap(8) for s in per_study)
     assert sum(s.get(str(tmp_path / "h20"), 0) for s in per_study) == src[0]["seeds"]
     # every seed was measured again on this GPU: the table's times are the H200 landscape's
     table = manifest["tables"][0]

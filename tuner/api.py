@@ -191,8 +191,9 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     all_opts = []
     for kernel, problems in runs:
         from tuner.commands.warm_sources import build_pool
-        warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start and not req.replay,
-                          req.engines, req.engine_source, model)
+        # the engine's own shipped tables for its kernel's tables (both engines' for ours)
+        warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
+                          [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
         all_opts.append(RunOptions(
             kernel=kernel, space=load_space(kernel, req.space), gpu=gpu, problems=problems,
             batch_sizes=sorted(set(req.batch_sizes or [])), settings=settings,

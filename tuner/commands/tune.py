@@ -37,7 +37,7 @@ from tuner.progress import Progress
 from tuner.search.choice import choice_text
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.search.storage import JOURNAL, is_journal, journal_path, open_storage, sync_storage
-from tuner.search.warm_start import WARM_SHARE, WarmPool, installed_rows, study_seeds
+from tuner.search.warm_start import WarmPool, installed_rows, study_seeds
 
 log = logging.getLogger("tuner")
 
@@ -118,10 +118,7 @@ def plan_text(opts: RunOptions) -> str:
                  f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
                  "runs much faster")
     if opts.warm is not None:
-        lines += [f"  {line}" for line in opts.warm.describe()]
-        lines.append(f"  warm seeds per study: at most {WARM_SHARE:.0%} of its budget, closest source first "
-                     "(same GPU, sibling, other; same shape, nearest; nearest M), each measured again; then "
-                     f"a table's row changes only for a paired gain above {opts.settings.row_gain:.0%} (--min-gain)")
+        lines += [f"  {line}" for line in opts.warm.describe(opts.settings.row_gain)]
     if opts.traffic is not None:
         lines += traffic_plan_lines(opts)
     for p in opts.problems:

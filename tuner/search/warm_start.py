@@ -70,11 +70,15 @@ class WarmPool:
         d = d or {}
         return cls([Known(**k) for k in d.get("known", [])], list(d.get("sources", [])))
 
-    def describe(self) -> list[str]:
-        """The sources in words, for the plan."""
+    def describe(self, row_gain: float) -> list[str]:
+        """The sources in words, and how seeds are taken, for the plan."""
         if not self.sources:
-            return ["warm start: none (no --warm-start, and no shipped tables of this kernel were found)"]
-        return [f"warm start from {s['source']} ({s['kind']}): {s['configs']} known configs" for s in self.sources]
+            lines = ["warm start: none (no --warm-start, and no shipped tables of this kernel were found)"]
+        else:
+            lines = [f"warm start from {s['source']} ({s['kind']}): {s['configs']} known configs" for s in self.sources]
+        return lines + [f"warm seeds per study: at most {WARM_SHARE:.0%} of its budget, closest source first (same GPU, "
+                        "sibling, other; same shape, nearest; nearest M), each measured again; then a table's row "
+                        f"changes only for a paired gain above {row_gain:.0%} (--min-gain)"]
 
 
 def _norm(name: str) -> str:
