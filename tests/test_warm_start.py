@@ -107,7 +107,8 @@ def test_a_run_seeded_with_another_gpus_results_reaches_near_best_where_a_cold_r
     assert main([*args, *budget, "--out", str(tmp_path / "cold")]) == 0
     assert main([*args, *budget, "--out", str(tmp_path / "warm"), "--warm-start", str(tmp_path / "h20")]) == 0
     cold, warm = _ratio(tmp_path / "cold", land, ms), _ratio(tmp_path / "warm", land, ms)
-    # warm: within 3 % of the H200's best at every M in 8 trials; cold: not at every M (measured: warm 1.0, 1.0, 1.006; cold 1.011, 1.058, 1.006)
+    # warm: within 3 % of the H200's best at every M in 8 trials; cold: not at every M
+    # (measured: warm 1.0, 1.0, 1.006; cold 1.011, 1.058, 1.006)
     assert max(warm) <= 1.03 < max(cold), (warm, cold)
     manifest = json.loads((tmp_path / "warm" / "manifest.json").read_text())
     # the manifest names the source and how many seeds it gave; each study says what it took
