@@ -374,7 +374,7 @@ def warm(args) -> int:
             f"{os.cpu_count()} CPU cores shared with other work; {time.monotonic() - t00:.0f} s)", "",
             "Times replayed from landscapes that Kernel Tuner recorded (brute force) on the GPUs named, published in "
             f"{HUB} ({HUB_LICENSE}); nothing here was measured on this machine. Per pair and seed: a cold run of the "
-            "default search on the source GPU's landscape (the same budget and seed), then on the target's "
+            "default search (--trials 48, the same seed) on the source GPU's landscape, then on the target's "
             "landscape the default search cold (the default config as its only seed) and warm (seeded, as "
             "`--warm-start` seeds from the source GPU's results folder, with that run's best configs, ranked and "
             "capped by tuner/search/warm_start.py at the share of the budget given). Ratio of the best time found "
