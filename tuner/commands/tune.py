@@ -29,7 +29,7 @@ from tuner.measure.policy import check_replay_policy, policy_text, replay_policy
 from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.plan.engines import ENGINES, lookup_nearest
 from tuner.plan.gpus import GpuSpec
-from tuner.plan.kernel_api import KernelSpec, config_from_entry, config_tuple
+from tuner.plan.kernel_api import KernelSpec, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
 from tuner.plan.traffic import TrafficProfile
@@ -37,7 +37,7 @@ from tuner.progress import Progress
 from tuner.search.choice import choice_text
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.search.storage import JOURNAL, is_journal, journal_path, open_storage, sync_storage
-from tuner.search.warm_start import WarmPool, installed_rows, study_seeds
+from tuner.search.warm_start import WarmPool, incumbent, installed_rows, study_seeds
 
 log = logging.getLogger("tuner")
 
@@ -437,9 +437,8 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
             # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
             seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
                                  opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
-            incumbents = [("installed", config_from_entry(opts.kernel, lookup_nearest(installed, M)))] if installed else []
             # a tied table searches its shared keys freely too: both tables choose them together below
-            r = runner.tune(problem, M, seeds, None, default, incumbents)
+            r = runner.tune(problem, M, seeds, None, default, incumbent(opts.kernel, installed, M))
             if problem.tied_to and not r.tied:
                 r = choose_tied(opts, runner, measurer, problem, M) or r
             done.append(M)

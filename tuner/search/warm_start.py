@@ -225,3 +225,16 @@ def summary(pool: WarmPool | None, per_study: Iterable[dict]) -> dict:
     within = taken.get("this run (neighbouring batch sizes)", 0)
     return {"sources": sources, "seeds_taken": taken, "neighbour_seeds": within,
             "share_cap": WARM_SHARE, "startup_with_seeds": STARTUP_WITH_SEEDS}
+
+
+def incumbent(kernel, rows: dict, M: int) -> list[tuple[str, dict]]:
+    """[("installed", the row the engine reads at M: the nearest key)] of an installed table's
+    rows ({} or an unusable row: [], and the default is the incumbent)."""
+    from tuner.plan.engines import lookup_nearest
+    from tuner.plan.kernel_api import config_from_entry
+    if not rows:
+        return []
+    try:
+        return [("installed", config_from_entry(kernel, lookup_nearest(rows, M)))]
+    except (KeyError, TypeError, ValueError):
+        return []
