@@ -22,7 +22,7 @@ from tuner.search.runner import SearchSettings, StudyRunner
 
 # (label, Optuna sampler, seed the study with the engines' defaults?)
 VARIANTS = [("gp+seeds (default)", "gp", True), ("gp", "gp", False), ("tpe", "tpe", False),
-            ("cmaes", "cmaes", False), ("random", "random", False), ("tpe+seeds (shipped)", "tpe", True)]
+            ("random", "random", False), ("tpe+seeds (shipped)", "tpe", True)]
 
 
 class _LoggingReplay(ReplayMeasurer):
