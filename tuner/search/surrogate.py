@@ -12,13 +12,13 @@ steers away from its neighbourhood). Configs other workers (or this batch) are m
 are taken as their predicted time ("kriging believer"), so a batch spreads out.
 
 Why ranks and the prior (issue 32): on Kernel Tuner's convolution landscapes of the A100 and
-A4000 (scripts/search_benchmark.py, bench/results/search/convolution.md) the model on log(time),
-fitted by likelihood alone, reached only 1.42x and 1.18x of the best at 48 trials: a few configs
+A4000 (scripts/search_benchmark.py, bench/results/search/convolution-before.md) the model on log(time),
+fitted by likelihood alone, reached only 1.43x and 1.19x of the best at 48 trials (20 seeds): a few configs
 30-50x slower than the best stretched the standardized times, and with the first ten or twenty
 observations the likelihood chose length scales of 0.08 for some keys and 3.0 for others
 (read_only, use_padding), which made the model near-noise in some keys and blind in others
-(the fits jumped between them from one refit to the next). Ranks and the prior: 1.31x and 1.12x,
-without losing the GEMM landscapes. Failed configs still count as the slowest seen: without
+(the fits jumped between them from one refit to the next). Ranks and the prior: 1.31x and 1.12x
+(convolution.md), without losing the GEMM landscapes. Failed configs still count as the slowest seen: without
 that, on the RTX Titan's convolution (22 % of its configs fail) the search went back into the
 failing region (1.13x against 1.07x at 48 over 10 seeds). The model runs on one BLAS thread
 (`one_blas_thread`), and on a space of more than MAX_SCORED candidates scores only the
@@ -61,9 +61,9 @@ _BLAS: list = []
 @contextlib.contextmanager
 def one_blas_thread():
     """numpy's BLAS on one thread while the model is fitted and scored: its matrices are small
-    (observations x observations, candidates x observations), and a multi-threaded BLAS spent
-    4x the CPU on them for no gain (bench/results/search/sampler-cost.md); on a GPU host's many
-    cores it would also take them from the compile workers."""
+    (observations x observations, candidates x observations), and on two cores numpy's own BLAS
+    threads took 2-3.5x the CPU for no gain in wall time (bench/results/search/sampler-cost.md);
+    on a GPU host's many cores more, taken from the compile workers."""
     if not _BLAS:
         try:
             from threadpoolctl import ThreadpoolController
