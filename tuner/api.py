@@ -24,13 +24,13 @@ COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
-# --sampler: the first is the default (tuner/search/runner.py make_sampler builds each; README says why gp)
+# --sampler: the first is the default (tuner/search/runner.py make_sampler builds each; docs/search.md says why gp)
 MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 @dataclass
 class TuneRequest:
-    """One tuning run, as the options of `tuner gemm|moe|mla` (same names, see README)."""
+    """One tuning run, as the options of `tuner gemm|moe|mla` (same names, see docs/tuning.md)."""
     command: str                                # "gemm", "moe" or "mla"
     model: str
     gpu: str

@@ -360,14 +360,15 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     import tempfile
 
     from tuner.paths import make_folder
-    code = locate(engine, source)
-    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
+    # --out first: a folder it must not replace is refused whether or not the engine is at hand
     out = Path(os.path.abspath(out))
     if os.path.lexists(out):
         if out.is_symlink() or not out.is_dir():
             raise TunerError(f"--out {out} is not a folder")
         if any(out.iterdir()) and not (out / EXTRACT_MANIFEST).is_file():
             raise TunerError(f"--out {out} holds other files (no {EXTRACT_MANIFEST}); give a new or empty folder")
+    code = locate(engine, source)
+    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
     make_folder(out.parent)
     try:
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.", suffix=".tmp"))
