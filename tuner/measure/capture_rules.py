@@ -222,6 +222,13 @@ def mark_outputs(func, args: tuple, kwargs: dict, out: Any) -> None:
 class _Rules(TorchDispatchMode):
     """The dispatch-level half: sees every aten op of the timed code."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch otherwise wraps __torch_dispatch__ in torch._dynamo.disable, whose first call
+        # imports dynamo and sympy: about 2 s of CPU in every measuring process, for nothing
+        # (no timed run compiles with torch.compile)
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.paused = 0                    # > 0 inside a Triton interpreter launch

@@ -116,6 +116,7 @@ class CudaDevice(_ClockWarmup):
     kind = "cuda"
     tensor_device = "cuda"
     label = "gpu"                     # how a measurer on it is labelled (manifests, studies)
+    timing = "each run captured in a CUDA graph, its replays timed with CUDA events"   # said in manifests
     input_sets, reps = 4, 40          # per config: input sets rotated, timed replays
     ceiling_sizes = {"size": 8192, "copy_bytes": 1 << 30, "reps": 20}
 
@@ -235,6 +236,7 @@ class CpuDevice(_ClockWarmup):
     kind = "cpu"
     tensor_device = "cpu"
     label = "cpu-device"
+    timing = "wall clock, each timed call held to CUDA-graph capture's rules (tuner/measure/capture_rules.py)"
     # The interpreter is slow: one input set (warmed up, then timed under the rules) and two
     # timed calls take every code path the GPU's four sets and forty replays do, per set included.
     input_sets, reps = 1, 2

@@ -109,7 +109,8 @@ class DeviceMeasurer:
         self._pool: ProcessPoolExecutor | None = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = self._new_pool()
-        self._env = {"device": self.device.name, "device_kind": self.device.kind, "kernel": kernel.source_label,
+        self._env = {"device": self.device.name, "device_kind": self.device.kind, "timing": self.device.timing,
+                     "kernel": kernel.source_label,
                      "code_version": kernel.code_version, **software_versions(), **self.device.nvml_snapshot(),
                      **props, "compile_workers": compile_workers if self._pool is not None else 0}
 
