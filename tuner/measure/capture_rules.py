@@ -323,6 +323,8 @@ def _hooks() -> dict[tuple[Any, str], Callable]:
             rules.paused += 1
             try:
                 value = mark_host(torch.tensor(value, dtype=self.dtype))
+            except (TypeError, RuntimeError):     # not of this dtype: torch says so itself below
+                pass
             finally:
                 rules.paused -= 1
         return orig_setitem(self, index, value)
