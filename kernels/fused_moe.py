@@ -77,7 +77,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int,
     counts = torch.zeros(buckets, dtype=torch.long, device=dev).scatter_add_(0, ids, torch.ones_like(ids))
     padded = (counts + block_m - 1) // block_m * block_m
     if invalid == "drop":
-        padded[-1] = 0
+        # a device fill: `padded[-1] = 0` would copy a host scalar into device memory, which
+        # CUDA-graph capture refuses (tuner/measure/capture_rules.py)
+        padded[-1].zero_()
     ends = torch.cumsum(padded, 0)
     order = torch.sort(ids, stable=True).indices
     experts_sorted = ids[order]

@@ -200,6 +200,9 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             say(run_source(opts.out_dir))
             say(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
             say(table.to_string(index=False))
+            from tuner.search.outcomes import untimed, why_untimed
+            for r in untimed(results):
+                say(f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}")
         if kernel.engine_hints:
             by_key = {p.key: p for p in opts.problems}
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):

@@ -105,9 +105,17 @@ def add_mla_parser(sub, common) -> None:
 
 
 def run(args) -> int:
-    """tuner gemm, moe and mla."""
+    """tuner gemm, moe and mla: 0, or 1 when a study of a requested batch size timed no config
+    (said in one line on stderr, with the first failure's text)."""
+    import sys
+
     from tuner import api
-    api.tune(api.TuneRequest.from_args(args))
+    from tuner.search.outcomes import untimed_line
+    done = api.tune(api.TuneRequest.from_args(args))
+    line = untimed_line(done)
+    if line:
+        print(f"tuner: {line}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -833,7 +833,9 @@ def _summary(r: StudyResult, unit: str = "us") -> str:
     if r.resumed:
         return "stored: " + _summary(dataclasses.replace(r, resumed=False), unit)
     if r.config is None:
-        return f"no config ({r.numerics.get('detail', r.stopped)})"
+        why = r.numerics.get('detail', r.stopped)
+        return f"no config ({why}; first failure: {r.first_failure})" if r.timed_nothing and r.first_failure \
+            else f"no config ({why})"
     sp = f", {r.speedup:.2f}x default" if r.speedup else ""
     return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
 

@@ -28,7 +28,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of
+from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of, one_line
 from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
@@ -104,6 +104,15 @@ class StudyResult:
     # what the study was searched with (budget, patience, sampler, seed): a later run with
     # other settings that finds it finished reuses it, and the manifest says so
     search: dict = field(default_factory=dict)
+    # the first failed measurement's error in one line ("Type: message"): why a study that
+    # timed nothing timed nothing (tuner/measure/failures.py)
+    first_failure: str | None = None
+
+    @property
+    def timed_nothing(self) -> bool:
+        """No config of the study was timed: every one failed, or none survived pruning (a
+        study whose timed finalists failed the numerics check timed them)."""
+        return self.config is None and self.numerics.get("status") == "not checked"
 
     @property
     def speedup(self) -> float | None:
@@ -119,7 +128,8 @@ class StudyResult:
                 "default_error": self.default_error,
                 **({"kept_default": self.kept_default} if self.kept_default else {}),
                 **({"tied": self.tied} if self.tied else {}),
-                **({"search": self.search} if self.search else {})}
+                **({"search": self.search} if self.search else {}),
+                **({"first_failure": self.first_failure} if self.first_failure else {})}
 
 
 def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
@@ -185,6 +195,7 @@ class StudyRunner:
         self._fail_stale(study, target)      # leave no dead worker's trial RUNNING behind
         result = self._finish(problem, M, measured, target.default, stopped)
         result.failures = self._failures(study, result)
+        result.first_failure = self._first_failure(study)
         result.search = self.searched_with(problem, M)
         study.set_user_attr("result", result.as_dict())
         study.set_user_attr("environment", self.measurer.environment())
@@ -422,6 +433,13 @@ class StudyRunner:
                  for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if counts(tr)]
         return count_by_kind(kinds + [NUMERICS] * len(result.rejected))
 
+    @staticmethod
+    def _first_failure(study: optuna.Study) -> str | None:
+        """The error of the study's first failed measurement, in one line (None: none failed)."""
+        failed = sorted((tr for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                         if counts(tr) and tr.user_attrs.get("error")), key=lambda tr: tr.number)
+        return one_line(failed[0].user_attrs["error"]) if failed else None
+
     def _state(self, trials) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
         """(configs measured: time or None, configs being measured now: trial number)."""
         measured, running = {}, {}
@@ -474,7 +492,7 @@ class StudyRunner:
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
                            d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
                            kept_default=d.get("kept_default"), tied=d.get("tied") or {},
-                           search=d.get("search") or {})
+                           search=d.get("search") or {}, first_failure=d.get("first_failure"))
 
     # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
@@ -532,5 +550,6 @@ class StudyRunner:
         if result.config is None:
             result.stopped = "no config"
         result.failures = self._failures(study, result)
+        result.first_failure = before.get("first_failure") or self._first_failure(study)
         study.set_user_attr("result", result.as_dict())
         return result
