@@ -35,8 +35,9 @@ class TuneRequest:
     model: str
     gpu: str
     dtype: str | None = None
-    tp: int = 1
+    tp: int | None = None                       # None: the smallest that serves the model (tuner/plan/deployment.py)
     ep: int = 1
+    per_rank: bool = False                      # --tp is one rank's shapes on purpose: no fit check
     batch_sizes: list[int] | None = None
     engines: list[str] = field(default_factory=lambda: list(ENGINE_NAMES))
     trials: int | None = None
@@ -107,8 +108,12 @@ class TuneRequest:
                 raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
                                  f"not --engines {' '.join(self.engines)}")
             changes["engines"] = [self.kernel_source]
-        for name in ("tp", "ep", "measure_timeout", "recycle_after", "page_size"):
+        for name in ("ep", "measure_timeout", "recycle_after", "page_size"):
             changes[name] = whole(name, getattr(self, name))
+        if self.tp is not None:
+            changes["tp"] = whole("tp", self.tp)
+        if not isinstance(self.per_rank, bool):
+            raise TunerError(f"--per-rank is a switch (true or false), not {self.per_rank!r}")
         changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
         changes["seed"] = whole("seed", self.seed, -(1 << 63))
         for name in ("trials", "patience"):
@@ -145,12 +150,12 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
 
 def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     from tuner.commands.tune import RunOptions, plan_text, results_table, run_tuning
-    from tuner.plan.models import checkpoint_dtype, fit_hint
     from tuner.plan.space import load_space
 
     req = request.checked()
     keys_given = req.batch_sizes is not None
     model, gpu, settings = _load_common(req)
+    parallel = deployment_tp(req, model, gpu)                       # the deployment, before its shapes
     problems = only_problems(_problems(req, model), req.only)      # a bad --tp/--ep/--only is said first
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
     if not req.dry_run and not req.replay:
@@ -159,8 +164,8 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
                 "landscape (`tuner landscape synth` makes a SYNTHETIC one to try it), and --device cpu runs the "
                 "GPU's code path on the CPU (times that mean nothing about a GPU)")
-    # said with the plan, or after the run: never in front of a refusal of bad input
-    hint = fit_hint(model, gpu, req.tp, checkpoint_dtype(model))
+    if not req.quiet or req.dry_run:
+        say(parallel.line)              # the plan's first line: the deployment it is for
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.commands.tune import check_storage_url, default_storage
@@ -187,8 +192,6 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
         say("\n\n".join(plan_text(opts) for opts in all_opts))
-        if hint:
-            log.warning("%s", hint)
         return []
     done = []
     for opts in all_opts:
@@ -205,9 +208,17 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
                 say(line)
         done.append((opts, results))
-    if hint:
-        log.warning("%s", hint)
     return done
+
+
+def deployment_tp(req: TuneRequest, model, gpu):
+    """The request's tensor-parallel size (tuner/plan/deployment.py): --tp, checked to hold the
+    weights, or the smallest that does; set into the request."""
+    from tuner.plan.deployment import check_tp
+    from tuner.plan.models import checkpoint_dtype
+    parallel = check_tp(model, gpu, req.tp, req.ep, checkpoint_dtype(model), req.per_rank)
+    req.tp = parallel.tp
+    return parallel
 
 
 def _load_common(req: TuneRequest):

@@ -26,7 +26,9 @@ from typing import Callable
 from tuner.api import DTYPES, command_dtype, kernel_runs, only_problems
 from tuner.commands.ceilings import Ceilings
 from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import batch, context, device_option, page, parallel, positive, trust_option, workers
+from tuner.commands.options import (
+    batch, context, device_option, page, parallel_options, positive, resolve_tp, trust_option, workers,
+)
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
@@ -406,8 +408,7 @@ def add_parser(sub, common) -> None:
     bench.add_argument("--model", required=True)
     bench.add_argument("--gpu", required=True)
     bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
-    bench.add_argument("--tp", type=parallel, default=1)
-    bench.add_argument("--ep", type=parallel, default=1)
+    parallel_options(bench)
     bench.add_argument("--dtype", default=None, help="moe: fp8_w8a8 or bf16 (default: the checkpoint's own); "
                        "gemm: fp8_w8a8")
     bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
@@ -451,6 +452,9 @@ def run(args) -> int:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
     if args.kernel == "mla":
         args.contexts = args.contexts or [4096, 8192, 32768]
+    gpu = get_gpu(args.gpu)
+    model = load_model(args.model)
+    resolve_tp(args, model, gpu, say=(lambda line: None) if args.quiet else print)
     profile = None
     if args.traffic:
         from tuner.plan.traffic import choose_keys, load_profile
@@ -470,8 +474,6 @@ def run(args) -> int:
     tuned = Path(args.tuned) if args.tuned else None
     if tuned is not None and not (tuned / "manifest.json").is_file():
         raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
-    gpu = get_gpu(args.gpu)
-    model = load_model(args.model)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
     from tuner.measure.device import device_name
     ceilings = ceilings_mod.load(gpu, args.ceilings, device_name(args.device, gpu) if not args.replay else None)

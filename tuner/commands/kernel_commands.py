@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 
 from tuner.api import SAMPLERS
-from tuner.commands.options import Parser, batch, context, device_option, page, parallel, positive, trust_option, workers
+from tuner.commands.options import (
+    Parser, batch, context, device_option, page, parallel_options, positive, trust_option, workers,
+)
 from tuner.plan.engines import ENGINE_NAMES
 
 
@@ -20,8 +22,7 @@ def common_options() -> Parser:
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
     g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
                    "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
-    g.add_argument("--tp", type=parallel, default=1, help="tensor-parallel size (default 1)")
-    g.add_argument("--ep", type=parallel, default=1, help="expert-parallel size (default 1)")
+    parallel_options(g)
     g.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),

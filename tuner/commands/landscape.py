@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tuner.api import DTYPES, command_dtype
 from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import Parser, batch, context, page, parallel
+from tuner.commands.options import Parser, batch, context, page, parallel_options, resolve_tp
 from tuner.errors import TunerError
 from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 
@@ -23,8 +23,7 @@ def add_parser(sub, common) -> None:
     synth.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
     synth.add_argument("--model", required=True)
     synth.add_argument("--gpu", required=True)
-    synth.add_argument("--tp", type=parallel, default=1)
-    synth.add_argument("--ep", type=parallel, default=1)
+    parallel_options(synth)
     synth.add_argument("--dtype", default=None)
     synth.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     synth.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
@@ -74,6 +73,7 @@ def run(args) -> int:
     kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
         else get_kernel(kernel_name)
     model = load_model(args.model)
+    resolve_tp(args, model, gpu)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
     problems = make(model)
     if args.kernel_source != "ours":
