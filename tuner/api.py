@@ -164,8 +164,8 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
                 "landscape (`tuner landscape synth` makes a SYNTHETIC one to try it), and --device cpu runs the "
                 "GPU's code path on the CPU (times that mean nothing about a GPU)")
-    if not req.quiet or req.dry_run:
-        say(parallel.line)              # the plan's first line: the deployment it is for
+    if parallel.line and (not req.quiet or req.dry_run):
+        say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.commands.tune import check_storage_url, default_storage
@@ -425,9 +425,15 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     if extra:
         say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
             f"into {config_dir} (the variable hides the package's own)")
+    for label in sorted({c.not_a_gpu for c in copies if c.not_a_gpu}):
+        count = sum(c.not_a_gpu == label for c in copies)
+        say(f"*** {label}: {count} of these {len(copies)} tables {'were' if count > 1 else 'was'} chosen on times "
+            f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
+            f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
     for c in copies:
         say(f"{'would install' if dry_run else 'install'} {c.dest}"
-            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else ""))
+            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
+            + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
     for line in inst.engine_log_lines(copies, engine, site, config_dir):
         say(line)
     if dry_run:

@@ -83,5 +83,6 @@ def resolve_tp(args, model, gpu, say=print):
     from tuner.plan.models import checkpoint_dtype
     chosen = check_tp(model, gpu, args.tp, args.ep, checkpoint_dtype(model), getattr(args, "per_rank", False))
     args.tp = chosen.tp
-    say(chosen.line)
+    if chosen.line:
+        say(chosen.line)
     return chosen

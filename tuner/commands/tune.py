@@ -63,6 +63,7 @@ class RunOptions:
     plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
     traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
     device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
+    times: str | None = None         # where the times come from (tuner/search/identity.py), once known
 
     @property
     def device_name(self) -> str:
@@ -363,11 +364,15 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     # What a killed run's atomic writes left (a minute old: no writer of ours is that slow).
     remove_stale_temporaries(opts.out_dir, older_than_s=60)
     if len(opts.gpus) > 1 and not opts.replay:
+        from tuner.search.identity import CPU_DEVICE, GPU
+        opts.times = CPU_DEVICE if opts.device == "cpu" else GPU
         storage = open_run_storage(opts)
         save_plan(storage, opts)
         run_gpu_workers(opts, progress)
     else:
         measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+        from tuner.search.identity import times_of
+        opts.times = times_of(measurer)
         try:
             if isinstance(measurer, ReplayMeasurer):
                 opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
@@ -636,9 +641,9 @@ def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
 
 def plan_identity(opts: RunOptions) -> dict:
     """What a plan's studies will be timed on, as far as it is known before measuring
-    (each study adds the Triton and, for a replay, the landscape's code; search.identity)."""
-    return {"device": opts.device_name, "kernel": opts.kernel.source_label,
-            "code_version": opts.kernel.code_version or None, "space": opts.space.version}
+    (tuner/search/identity.py)."""
+    from tuner.search.identity import plan_identity as identity
+    return identity(opts.device_name, opts.kernel, opts.space, opts.times)
 
 
 def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, load_code: bool = False,

@@ -55,6 +55,7 @@ class Copy:
     kind: str = ""  # the table family ("fused_moe", "fp8_gemm"); "" for shipped tables copied along
     text: str | None = None       # what to write when not the source as it is (a --merge)
     merged: dict | None = None    # {"new": [M...], "kept": [M...]} of a --merge, recorded in the backup
+    not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
 
     def content(self) -> str:
         return self.text if self.text is not None else self.source.read_text()
@@ -186,9 +187,13 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         problems = []
         if not t.get("numerics_passed"):
             problems.append("its numerics check did not pass (or was not run: replayed timings)")
-        from tuner.measure.provenance import is_cpu_device
-        if is_cpu_device(env):
-            problems.append("it was timed on the CPU device (Triton's interpreter on a CPU, standing in for a "
+        from tuner.measure.provenance import CPU_DEVICE, is_cpu_device, is_synthetic
+        not_a_gpu = "SYNTHETIC" if is_synthetic(env) else CPU_DEVICE if is_cpu_device(env) else ""
+        if is_synthetic(env):
+            problems.append("its times are SYNTHETIC (a cost model, `tuner landscape synth`): its configs were "
+                            "never timed on a GPU")
+        elif is_cpu_device(env):
+            problems.append("it was timed on the CPU DEVICE (Triton's interpreter on a CPU, standing in for a "
                             "GPU in CI): its configs were never timed on a GPU")
         if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
             problems.append(f"it was measured under Triton {env['triton']}, the target runs {target_triton}")
@@ -214,7 +219,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
-        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind)
+        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu)
         notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
         copies.append(copy)
     if timed_on_ours:

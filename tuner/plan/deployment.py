@@ -70,7 +70,8 @@ def smallest_tp(model, gpu, dtype: str | None, most: int = 64, ep: int = 1) -> i
 
 @dataclass(frozen=True)
 class Parallelism:
-    """The tensor-parallel size a plan is for, and the line that says why."""
+    """The tensor-parallel size a plan is for, and the line that says why ("" for a --tp given
+    that holds the weights: the plan shows it)."""
     tp: int
     chosen: bool                  # True: the default (serving_tp); False: the user's --tp
     line: str
@@ -135,9 +136,7 @@ def check_tp(model, gpu, tp: int | None, ep: int, dtype: str | None, per_rank: b
     check_parallel(model, tp, ep)           # a --tp the engines refuse is said first
     hint = fit_hint(model, gpu, tp, dtype)
     if hint is None:
-        return Parallelism(tp, False, f"tp={tp} (--tp): holds {_weights_text(model, dtype)} on {gpu.key}s "
-                           "with room for the KV cache" if tp > 1 else
-                           f"tp=1 (--tp): {_weights_text(model, dtype)} fit one {gpu.key} with room for the KV cache")
+        return Parallelism(tp, False, "")       # the user's, and it serves: nothing to say
     if not per_rank and ep == 1:
         raise TunerError(hint)
     why = "--per-rank" if per_rank else f"--ep {ep}"

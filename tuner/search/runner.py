@@ -34,6 +34,7 @@ from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
+from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.samplers import make_sampler
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
@@ -139,13 +140,6 @@ class _Target:
     allowed: set[tuple]
     seeds: list[tuple[str, Config]]
     choices: dict[str, list[int]] = field(default_factory=dict)
-
-
-def identity_differences(stored: dict, mine: dict) -> str:
-    """'device A (now B), ...' over the keys both identities name that differ; '' when
-    none do (a key one side does not know, e.g. an old landscape's code, is no difference)."""
-    return ", ".join(f"{k} {stored[k]} (now {mine[k]})" for k in mine
-                     if stored.get(k) and mine[k] and stored[k] != mine[k])
 
 
 class StudyRunner:
@@ -256,33 +250,24 @@ class StudyRunner:
         return study
 
     def identity(self) -> dict:
-        """What a study's timings are of: the device, whose kernel code (source and version,
-        a hash of the code), the search space and the Triton that compiled it. A replay
-        takes the device, code and Triton from the landscape (None where an old one does
-        not say)."""
-        env = self.measurer.environment() or {}
-        return {"device": env.get("device"), "kernel": self.kernel.source_label,
-                "code_version": env["code_version"] if "code_version" in env else (self.kernel.code_version or None),
-                "space": self.space.version, "triton": env.get("triton")}
+        """What a study's timings are of (tuner/search/identity.py): the device, whose kernel
+        code, the search space, the Triton that compiled it, and where the times come from."""
+        return study_identity(self.kernel, self.space, self.measurer)
 
     def _check_identity(self, study: optuna.Study) -> None:
-        """A stored study timed on another device, kernel code, space or Triton is refused
-        (one line): its results are not this run's and must never be reused. Studies from
-        before identities were recorded are taken as they are, unless their environment
-        names another device."""
+        """A stored study timed on another device, kernel code, space or Triton, or whose times
+        came from elsewhere (a SYNTHETIC landscape, another landscape, the CPU device), is
+        refused (one line): its results are not this run's and must never be reused. Studies
+        from before identities were recorded are taken as they are, unless their environment
+        says otherwise."""
         mine = self.identity()
-        stored = study.user_attrs.get("identity")
-        if stored is None:
-            before = study.user_attrs.get("environment") or {}
-            if before.get("device") not in (None, mine["device"]):
-                stored = {"device": before["device"]}
-            else:
-                study.set_user_attr("identity", mine)
-                return
-        what = identity_differences(stored, mine)
+        stored = stored_identity(study.user_attrs)
+        what = identity_differences(stored, mine) if stored else ""
         if what:
             raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
                              "its results are not this run's: give another --out (or --storage, or --study-prefix)")
+        if study.user_attrs.get("identity") is None:
+            study.set_user_attr("identity", mine)
 
     def _encode(self, choices: dict, cfg: Config) -> dict:
         return {k: int(cfg[k]) for k in self.kernel.config_keys}
