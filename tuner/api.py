@@ -278,13 +278,17 @@ def command_dtype(command: str, model, given: str | None) -> str:
 
 
 def _problems(req: TuneRequest, model) -> list:
-    """The model's problems for the command, as one GPU runs them at --tp/--ep."""
+    """The model's problems for the command, as one GPU runs them at --tp/--ep (--tp set by
+    deployment_tp by now)."""
     from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    tp = req.tp
+    if tp is None:
+        raise TunerError("internal: the tensor-parallel size was not planned")
     if req.command == "gemm":
-        return gemm_problems(model, req.tp, req.ep)
+        return gemm_problems(model, tp, req.ep)
     if req.command == "moe":
-        return moe_problems(model, req.tp, req.ep, req.dtype or DTYPES['moe'][0], req.routing, req.engines)
-    problems, skipped = mla_problems(model, req.tp, req.contexts or DEFAULT_CONTEXTS, req.page_size)
+        return moe_problems(model, tp, req.ep, req.dtype or DTYPES['moe'][0], req.routing, req.engines)
+    problems, skipped = mla_problems(model, tp, req.contexts or DEFAULT_CONTEXTS, req.page_size)
     if skipped and req.contexts:
         log.warning("skipping contexts beyond %s's positions: %s", model.name, skipped)
     return problems

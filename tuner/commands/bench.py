@@ -27,7 +27,15 @@ from tuner.api import DTYPES, command_dtype, kernel_runs, only_problems
 from tuner.commands.ceilings import Ceilings
 from tuner.commands.kernel_commands import problem_builder
 from tuner.commands.options import (
-    batch, context, device_option, page, parallel_options, positive, resolve_tp, trust_option, workers,
+    batch,
+    context,
+    device_option,
+    page,
+    parallel_options,
+    positive,
+    resolve_tp,
+    trust_option,
+    workers,
 )
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions

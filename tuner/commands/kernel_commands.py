@@ -9,7 +9,15 @@ import os
 
 from tuner.api import SAMPLERS
 from tuner.commands.options import (
-    Parser, batch, context, device_option, page, parallel_options, positive, trust_option, workers,
+    Parser,
+    batch,
+    context,
+    device_option,
+    page,
+    parallel_options,
+    positive,
+    trust_option,
+    workers,
 )
 from tuner.plan.engines import ENGINE_NAMES
 

@@ -234,7 +234,6 @@ class Proof:
         return ["--tp", str(self.profile.tp), "--per-rank"]
 
     def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str) -> Command:
-        p = self.profile
         baseline = self.baseline_dirs(engine)
         return Command(label, self.tuner(
             "moe", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--dtype", "fp8_w8a8",
