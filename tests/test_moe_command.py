@@ -99,3 +99,20 @@ def test_replay_writes_both_engines_and_ties_block_m(moe_landscape, tmp_path, ca
                 assert e["time_us"] <= e["default_time_us"]
                 compared += 1
     assert compared >= 7
+
+
+def test_tied_tables_choose_among_equal_times(moe_landscape, tmp_path, capsys):
+    """Configs of the same time (a flat landscape) are ranked by time alone: the choice of
+    SGLang's shared BLOCK_SIZE_M never compares two configs (it raised TypeError on dicts)."""
+    from synthetic import scaled_landscape
+    flat = tmp_path / "flat.jsonl"
+    scaled_landscape(moe_landscape, flat, KERNEL, 1.0)
+    lines = flat.read_text().splitlines()
+    flat.write_text("\n".join([lines[0], *(json.dumps({**rec, "time_us": 10.0} if "time_us" in rec else rec)
+                                           for rec in map(json.loads, lines[1:]))]) + "\n")
+    out = tmp_path / "out"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--engines", "sglang",
+                 "--replay", str(flat), "--out", str(out), "--trials", "6", "--batch-sizes", "16", "--quiet"]) == 0, \
+        capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {t["problem"]["part"] for t in manifest["tables"]} == {"up", "down"}

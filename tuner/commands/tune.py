@@ -450,12 +450,15 @@ def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, probl
         return tuple(cfg[k] for k in keys)
 
     def timed(p: Problem) -> list[tuple[float, dict]]:
-        return sorted((t, config_dict(kernel, c)) for c, t in runner.measured(p, M).items() if t is not None)
+        # by time alone: two configs of the same time must not be compared (dicts do not order)
+        return sorted(((t, config_dict(kernel, c)) for c, t in runner.measured(p, M).items() if t is not None),
+                      key=lambda tc: tc[0])
     best_up: dict[tuple, tuple[float, dict]] = {}
     ups = timed(up)
     for t, c in ups:
         best_up.setdefault(shared(c), (t, c))
-    pairs = [(best_up[shared(d)][0] + t, best_up[shared(d)][1], d) for t, d in timed(problem) if shared(d) in best_up]
+    pairs = sorted(((best_up[shared(d)][0] + t, best_up[shared(d)][1], d) for t, d in timed(problem)
+                    if shared(d) in best_up), key=lambda p: p[0])          # ranked by the sum
     if not pairs:
         return None
     candidates = pairs[: max(1, opts.settings.top_k)]
@@ -830,7 +833,13 @@ def check_baselines(opts: RunOptions) -> None:
 def time_unit(opts: RunOptions) -> str:
     """How a time of this run is shown: microseconds, and where they were not taken on a GPU, so."""
     if opts.replay:
-        return "us"
+        from tuner.measure.landscape import read_header
+        from tuner.measure.provenance import is_cpu_device
+        try:
+            header = read_header(opts.replay)
+        except TunerError:
+            return "us"
+        return "us (SYNTHETIC)" if header.get("synthetic") else "us (CPU device)" if is_cpu_device(header) else "us"
     return "us (CPU device)" if opts.device == "cpu" else "us"
 
 
