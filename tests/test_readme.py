@@ -84,7 +84,8 @@ def test_the_readme_has_commands_and_tags():
     assert any(c.argv[:3] == ["tuner", "landscape", "synth"] for c in COMMANDS)
     assert {t for c in COMMANDS for t in c.tags} == set(TAGS)
     gpu_runs = [c for c in COMMANDS if c.argv[0] == "tuner" and c.argv[1] in ("gemm", "moe", "mla")
-                and "--dry-run" not in c.argv and "--replay" not in c.argv and "cpu" not in c.argv]
+                and "--dry-run" not in c.argv and "--replay" not in c.argv and "cpu" not in c.argv
+                and "--synthetic" not in c.argv]
     assert gpu_runs and all("GPU" in c.tags for c in gpu_runs)        # a tuning run without a landscape
 
 
@@ -119,7 +120,8 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
         where = f"README.md:{command.line}: {command.text}\n{err[-2000:]}"
         assert rc == 0, where
         assert "Traceback" not in err and "internal error" not in err, where
-        shows_times = "--replay" in command.argv or command.argv[1:2] in (["report"], ["diff"], ["landscape"])
+        shows_times = ("--replay" in command.argv or "--synthetic" in command.argv
+                       or command.argv[1:2] in (["report"], ["diff"], ["landscape"]))
         if shows_times:               # every landscape in the README is synthetic, and says so
             assert "SYNTHETIC" in out, where
         if "--device" in command.argv:   # the CPU device's times say so
@@ -128,6 +130,20 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     assert ran >= 15
     assert (tmp_path / "runs" / "moe-deepseek-v3-H200-tp8" / "report" / "report.md").is_file()
     assert (tmp_path / "runs" / "moe-random" / "diff" / "diff.md").is_file()
+    # the tour runs again as written, in the same folder (its landscapes replaced, its runs resumed)
+    tour = [c for c in COMMANDS if c.runs_here() and tour_lines()[0] < c.line < tour_lines()[1]]
+    assert len(tour) >= 8
+    for command in tour:
+        rc, out, err = _run(command, capsys)
+        assert rc == 0 and "Traceback" not in err, f"again: README.md:{command.line}: {command.text}\n{err[-2000:]}"
+
+
+def tour_lines() -> tuple[int, int]:
+    """The README lines of the tour: from "## Try it without a GPU" to the next heading."""
+    lines = README.read_text().splitlines()
+    start = lines.index("## Try it without a GPU")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("#"))
+    return start + 1, end + 1
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if not c.runs_here() and c.argv[0] != "scripts"],

@@ -66,6 +66,7 @@ class TuneRequest:
     page_size: int = 64                         # mla
     traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/plan/traffic.py)
     trust_engine_source: bool = False           # import engine files that match no known release
+    synthetic: bool = False                     # time on a SYNTHETIC landscape made on the fly (no GPU)
 
     @classmethod
     def from_args(cls, args) -> "TuneRequest":
@@ -96,6 +97,11 @@ class TuneRequest:
             if value not in allowed:
                 raise TunerError(f"--{name.replace('_', '-')} {value!r} is not one of "
                                  f"{', '.join(str(a) for a in allowed if a)}")
+        if self.synthetic:
+            clash = [o for o, v in (("--replay", self.replay), ("--record", self.record), ("--gpus", self.gpus),
+                                    ("--device cpu", self.device == "cpu")) if v]
+            if clash:
+                raise TunerError(f"--synthetic makes its own SYNTHETIC landscape and replays it; drop {clash[0]}")
         if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
             raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
         if self.sampler == "cmaes":
@@ -108,6 +114,8 @@ class TuneRequest:
                 raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
                                  f"not --engines {' '.join(self.engines)}")
             changes["engines"] = [self.kernel_source]
+        if self.synthetic and self.kernel_source in (None, "engine"):
+            changes["kernel_source"] = "ours"          # the cost model's landscape of our kernels' configs
         for name in ("ep", "measure_timeout", "recycle_after", "page_size"):
             changes[name] = whole(name, getattr(self, name))
         if self.tp is not None:
@@ -158,12 +166,12 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     parallel = deployment_tp(req, model, gpu)                       # the deployment, before its shapes
     problems = only_problems(_problems(req, model), req.only)      # a bad --tp/--ep/--only is said first
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
-    if not req.dry_run and not req.replay:
+    if not req.dry_run and not req.replay and not req.synthetic:
         # the first thing a run without a GPU is told (before the engines' code or --out)
         from tuner.measure.device import require
         require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
-                "landscape (`tuner landscape synth` makes a SYNTHETIC one to try it), and --device cpu runs the "
-                "GPU's code path on the CPU (times that mean nothing about a GPU)")
+                "landscape, --synthetic runs it all on a SYNTHETIC one made on the fly (to try the tool), and "
+                "--device cpu runs the GPU's code path on the CPU (times that mean nothing about a GPU)")
     if parallel.line and (not req.quiet or req.dry_run):
         say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
     if not req.dry_run:
@@ -172,6 +180,13 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
         check_storage_url(req.storage or default_storage(out))
+    if req.synthetic:
+        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE, landscape_for_run
+        say(SYNTHETIC_RUN_LINE)
+        if not req.dry_run:
+            req.replay = str(landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command],
+                                               str(req.kernel_source), gpu, problems, req.batch_sizes or [],
+                                               req.space, say=(lambda line: None) if req.quiet else say))
     notes: list[str] = []
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
     all_opts = []
@@ -331,7 +346,8 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
 def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
     if req.out:
         return Path(req.out)
-    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "")
+    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "") \
+        + ("-synthetic" if req.synthetic else "")
     return Path("runs") / name
 
 

@@ -71,6 +71,10 @@ def common_options() -> Parser:
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
+    o.add_argument("--synthetic", action="store_true",
+                   help="no GPU: make a SYNTHETIC landscape (a cost model) for this plan on the fly and replay it, "
+                   "the whole run labelled SYNTHETIC (default --out runs/...-synthetic); to try the tool, never "
+                   "to choose configs")
     o.add_argument("--record", default=None, metavar="FILE", help="time the whole pruned grid on the GPU into a landscape")
     o.add_argument("--gpus", default=None, metavar="LIST",
                    help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU); more than one runs a "

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tuner.api import DTYPES, command_dtype
@@ -64,8 +63,8 @@ def run(args) -> int:
     if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
     out = Path(args.out)
-    if os.path.lexists(out):
-        raise TunerError(f"{out} exists; remove it or give another --out")
+    from tuner.measure.synthetic import check_replaceable
+    replacing = check_replaceable(out)         # an earlier synth's file is replaced; anything else refused
     from tuner.paths import check_writable, remove_stale_temporaries_of
     check_writable(out, "--out", folder=False)
     gpu = get_gpu(args.gpu)
@@ -84,6 +83,7 @@ def run(args) -> int:
                                          else DEFAULT_BATCH_SIZES)))
     remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
     n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
-    print(f"wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: a cost model, "
-          "not a GPU; replay it with --replay to try the tool, never to choose configs")
+    again = f"replaced {out} (an earlier SYNTHETIC landscape): " if replacing else ""
+    print(f"{again}wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: "
+          "a cost model, not a GPU; replay it with --replay to try the tool, never to choose configs")
     return 0
