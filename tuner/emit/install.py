@@ -489,15 +489,16 @@ def audit_install(copies: list[Copy], engine: str) -> list:
 def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None) -> list[str]:
     """For each table installed, the line the engine logs when it loads it and the one it logs
     when it finds no table there, quoted from the engine's loader source (the target's own
-    package, else the same version's wheel in $TUNER_ENGINE_WHEELS)."""
+    package, else the same version's wheel in $TUNER_ENGINE_WHEELS or among the wheels fetched)."""
     from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
     from tuner.plan.engines import table_family
     version = installed_version(site, engine) or ""
     inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
     kinds = sorted({c.kind for c in copies if c.kind})
     if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
-        wheels = Path(os.environ.get("TUNER_ENGINE_WHEELS", "")) if os.environ.get("TUNER_ENGINE_WHEELS") else None
-        match = sorted(wheels.glob(f"{engine}-{version}-*.whl")) if wheels and version and wheels.is_dir() else []
+        from tuner.plan.kernel_sources import wheel_folders
+        match = sorted(w for folder in wheel_folders() for w in folder.glob(f"{engine}-{version}-*.whl")) \
+            if version else []
         if not match:
             return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site})"]
         inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")

@@ -7,7 +7,8 @@ The code is read at run time, never copied into this repository, from (first mat
      carry to a GPU machine that has no network);
   2. the engine installed in this Python (its files are read; the package is not imported,
      so no CUDA extension has to load);
-  3. `$TUNER_ENGINE_WHEELS`: a folder of wheels or extracted folders.
+  3. `$TUNER_ENGINE_WHEELS`: a folder of wheels or extracted folders;
+  4. the wheels `tuner engine-source fetch` downloaded (~/.cache/tuner/engine-wheels).
 Nothing here knows a particular engine: what to read, and how to launch it, is declared
 by each engine's launcher module (kernels/engines/<engine>.py).
 
@@ -42,6 +43,33 @@ ENV_WHEELS = "TUNER_ENGINE_WHEELS"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "tuner")) / "engine-kernels"
+
+
+def fetched_wheels_dir() -> Path:
+    """Where `tuner engine-source fetch` puts the engines' wheels (per user), and where the
+    tool looks for them by itself."""
+    return Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "tuner")) / "engine-wheels"
+
+
+def wheel_folders() -> list[Path]:
+    """The folders searched for an engine's wheel when no --engine-source is given and the
+    engine is not installed: $TUNER_ENGINE_WHEELS, then the wheels fetched."""
+    env = os.environ.get(ENV_WHEELS)
+    folders = [Path(env)] if env and Path(env).is_dir() else []
+    fetched = fetched_wheels_dir()
+    return folders + ([fetched] if fetched.is_dir() and fetched not in folders else [])
+
+
+def newest_known(engine: str) -> str | None:
+    """The newest release of `engine` whose files tuner knows (kernels/engines/release_files.json)."""
+    versions = sorted(known_release_files().get(engine, {}), key=version_key)
+    return versions[-1] if versions else None
+
+
+def fetch_hint(engine: str) -> str:
+    """How to get an engine's wheel, for the lines that say it is missing."""
+    version = newest_known(engine)
+    return f"`tuner engine-source fetch {engine}" + (f"=={version}`" if version else "`")
 
 
 def version_key(version: str) -> tuple:
@@ -173,14 +201,13 @@ def locate(engine: str, origin: str | None = None, dist: str | None = None) -> E
     found = _installed(engine, dist)
     if found is not None:
         return found
-    env = os.environ.get(ENV_WHEELS)
-    if env and Path(env).is_dir():
-        found = _from_folder(Path(env), engine)
+    for folder in wheel_folders():
+        found = _from_folder(folder, engine)
         if found is not None:
             return found
-    raise TunerError(f"{engine}'s kernels are needed but {engine} is not installed in this Python; give its "
-                     f"wheel with --engine-source PATH (or set {ENV_WHEELS}), or time our own kernels "
-                     "with --kernel-source ours")
+    raise TunerError(f"{engine}'s kernels are needed but {engine} is not installed in this Python: fetch its wheel "
+                     f"with {fetch_hint(engine)} (found by itself from then on), or give it with --engine-source "
+                     "PATH, or time our own kernels with --kernel-source ours")
 
 
 def _installed_at(package_dir: Path, engine: str, dist: str) -> EngineCode:
