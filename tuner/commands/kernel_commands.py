@@ -66,7 +66,8 @@ def common_options() -> Parser:
                    "its tables only; ours: on our kernels in kernels/ (with --replay: the landscape's)")
     k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                    help="the engines' released wheels, folders holding them, or folders made by "
-                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS, then the wheels `tuner engine-source fetch` got)")
+                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS, "
+                   "then the wheels `tuner engine-source fetch` got)")
     trust_option(k)
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
