@@ -30,8 +30,8 @@ def test_deepseek_v3_experts_per_engine(tp, ep, vllm, sglang):
     got = files(moe_problems(load_model("deepseek-v3"), tp, ep, "fp8_w8a8"))
     assert got == {
         f"vllm/fused_moe/{vllm},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
-        f"sglang/fused_moe/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json",
-        f"sglang/fused_moe/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json",
+        f"sglang/fused_moe/configs/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json",
+        f"sglang/fused_moe/configs/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json",
     }
 
 
@@ -80,7 +80,7 @@ def test_replay_writes_both_engines_and_ties_block_m(moe_landscape, tmp_path, ca
     base = "device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape="
     vllm = json.loads((out / f"vllm/fused_moe/E=256,N=256,{base}[128,128].json").read_text())
     import triton
-    folder = out / "sglang/fused_moe" / ("triton_" + triton.__version__.replace(".", "_"))   # the running Triton
+    folder = out / "sglang/fused_moe/configs" / ("triton_" + triton.__version__.replace(".", "_"))   # the running Triton
     up = json.loads((folder / f"E=257,N=256,{base}[128, 128].json").read_text())
     down = json.loads((folder / f"E=257,N=256,{base}[128, 128]_down.json").read_text())
     for table in (vllm, up, down):

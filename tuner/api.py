@@ -222,6 +222,12 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             by_key = {p.key: p for p in opts.problems}
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
                 say(line)
+        if not table.empty and (opts.times == "GPU" or str(opts.times).startswith("landscape")):
+            # (tables chosen on SYNTHETIC or CPU-device times are not pointed at for an engine to read)
+            from tuner.emit.install_target import config_folder_lines
+            for engine in sorted({e for p in opts.problems for e in p.engines if e in opts.engines}):
+                for line in config_folder_lines(engine, kernel.table_kind, opts.out_dir / engine / kernel.table_kind):
+                    say(line)
         done.append((opts, results))
     return done
 
@@ -414,23 +420,31 @@ def gpu_list(text: str | None, device: str = "cuda") -> list[int]:
 # -- installing -----------------------------------------------------------------------------
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
-                    dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False) -> Path | None:
+                    dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False,
+                    engine_version: str | None = None) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
-    and the lines the engine logs when it loads each table, or finds none."""
+    and the lines the engine logs when it loads each table, or finds none. Without the engine
+    here, a config folder (`moe_config_dir`) or a dry run for `engine_version`
+    (tuner/emit/install_target.py)."""
     from tuner.emit import install as inst
-    from tuner.emit.engine_tables import find_site_packages
+    from tuner.emit.install_target import install_target, shipped_copies
 
     results = Path(results)
     if not results.is_dir():
         raise TunerError(f"results folder {results} not found")
-    site = find_site_packages(engine, site_packages)
+    where = install_target(engine, site_packages, moe_config_dir, dry_run, engine_version)
+    site = where.site
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
-    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge)
-    extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
+    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
+                                      where.present)
+    if not where.present:
+        what = f"a config folder for it, {config_dir}" if config_dir else "what an install into it would write"
+        say(f"{where.label} is not installed here: {what}, by its loader rules (tuner/plan/engines.py)")
+    extra = shipped_copies(where, config_dir, notes) if config_dir else []
     findings = inst.audit_install(copies, engine)
     errors = [f for f in findings if f.severity == "error"]
     if errors and not force:
@@ -454,7 +468,7 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
         say(f"{'would install' if dry_run else 'install'} {c.dest}"
             + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
             + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
-    for line in inst.engine_log_lines(copies, engine, site, config_dir):
+    for line in inst.engine_log_lines(copies, engine, site, config_dir, where.version):
         say(line)
     if dry_run:
         return None

@@ -665,6 +665,11 @@ def audit_all(inst: Installation, batches: Batches, override_dir: Path | None, k
         if override_dir is not None and fam.env_var:
             report.header["override"] = f"{fam.env_var}={override_dir}"
             places.append((fam, FolderFiles(override_dir), "configs" if fam.env_replaces_root else ""))
+            if fam.per_triton and fam.env_replaces_root:
+                # a folder without configs/: the loader's fallback lists it and raises (say what to do)
+                crash = resolve_table(fam, "", None, FolderFiles(override_dir), inst.triton or "0.0.0").crash
+                if crash:
+                    report.findings.append(Finding("error", "crashes_loader", crash, str(override_dir)))
     for fam, files, folder in places:
         _audit_folder(report, stats, fam, files, folder, inst, batches)
     report.stats = stats
@@ -717,7 +722,8 @@ def _audit_folder(report: AuditReport, stats: dict, fam: TableFamily, files: Tab
         report.findings.append(Finding("error", "crashes_loader",
                                        f"{sub} is not a version folder: the loader's Triton fallback sorts the "
                                        "triton_* names as integers and raises ValueError whenever a table is not in "
-                                       "the running Triton's folder", files.display(base + sub)))
+                                       "the running Triton's folder; rename it triton_X_Y_Z (digits only) or move it "
+                                       "out", files.display(base + sub)))
     tables: dict[str, dict] = {}
     for rel, (name, g) in loadable.items():
         where = files.display(rel)

@@ -154,10 +154,13 @@ def _engine_has(kind: str, engine: str) -> bool:
 
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None,
-                 merge: bool = False) -> tuple[list[Copy], list[str]]:
+                 merge: bool = False, engine_version: str | None = None,
+                 package_present: bool = True) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
     among others when a table would replace one that covers batch sizes it lacks (unless
-    `merge`: the old entries for those are kept, or `force`)."""
+    `merge`: the old entries for those are kept, or `force`). Without the engine's package
+    (`package_present` False: a config folder for `engine_version`), the tables no config-folder
+    variable covers are left out, with a note."""
     manifest = read_manifest(results)
     tables = [t for t in manifest["tables"] if (t.get("files") or {}).get(engine)]
     if not tables:
@@ -165,11 +168,12 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     eng = ENGINES[engine]
     roots = config_roots(site, engine, moe_config_dir)
     target_triton = installed_version(site, "triton")
-    target_engine = installed_version(site, engine)
+    target_engine = installed_version(site, engine) or engine_version
     gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
     copies: list[Copy] = []
     notes: list[str] = []
     timed_on_ours: list[str] = []
+    left_out: list[str] = []
     seen: dict[str, str] = {}
     where = f"{results / 'manifest.json'}"
     for t in tables:
@@ -177,6 +181,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         owner, kind, tail = _relative_table_path(rel, where)
         if owner != engine or kind not in roots:
             raise TunerError(f"{where}: file entry {rel!r} is not a {engine} table of a kind it reads")
+        if not package_present and moe_config_dir is not None and kind != "fused_moe":
+            left_out.append(kind)           # only the engine's package folder holds these: not here
+            continue
         source = results / rel
         if not inside(source, results):
             raise TunerError(f"{where}: {rel!r} leads out of {results}; refusing it")
@@ -211,6 +218,8 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
             notes.append(f"forced {rel}: {'; '.join(problems)}")
         root = roots[kind]
+        if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
+            tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
         if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
             tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
         dest = root / tail
@@ -222,6 +231,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu)
         notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
         copies.append(copy)
+    if left_out:
+        notes.append(f"{len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) left out: {engine} reads them from "
+                     f"its package folder only (no variable names another), which is not here; install them where "
+                     f"{engine} is installed")
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")
@@ -440,14 +453,6 @@ def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:
     return [(p, str(p.relative_to(root))) for p in sorted(root.rglob("*.json"))]
 
 
-def plan_config_dir(site: Path, engine: str, config_dir: Path) -> list[Copy]:
-    """SGLang's variable hides the shipped tables, so they are copied in first."""
-    if engine != "sglang":
-        return []
-    root = config_roots(site, engine, config_dir)["fused_moe"]
-    return [Copy(p, root / rel, "shipped", root) for p, rel in shipped_moe_tables(site, engine)]
-
-
 # -- what the install leaves in place, as `tuner audit` sees it, and the engine's own lines --------
 def audit_install(copies: list[Copy], engine: str) -> list:
     """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
@@ -486,13 +491,14 @@ def audit_install(copies: list[Copy], engine: str) -> list:
     return findings
 
 
-def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None) -> list[str]:
+def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None,
+                     engine_version: str | None = None) -> list[str]:
     """For each table installed, the line the engine logs when it loads it and the one it logs
     when it finds no table there, quoted from the engine's loader source (the target's own
     package, else the same version's wheel in $TUNER_ENGINE_WHEELS or among the wheels fetched)."""
     from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
     from tuner.plan.engines import table_family
-    version = installed_version(site, engine) or ""
+    version = installed_version(site, engine) or engine_version or ""
     inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
     kinds = sorted({c.kind for c in copies if c.kind})
     if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
@@ -500,7 +506,10 @@ def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir
         match = sorted(w for folder in wheel_folders() for w in folder.glob(f"{engine}-{version}-*.whl")) \
             if version else []
         if not match:
-            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site})"]
+            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site}, "
+                    f"and no {engine} {version} wheel is at hand: `tuner engine-source fetch {engine}=={version}`)"
+                    if version else f"(the lines {engine} logs for these tables cannot be quoted: its loader source "
+                    f"is not in {site})"]
         inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
     out = []
     for c in copies:
