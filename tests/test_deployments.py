@@ -128,7 +128,7 @@ def sglang_land(tmp_path_factory):
 
 
 def _tables(out):
-    folder = next((out / "sglang" / "fused_moe").glob("triton_*"))
+    folder = next((out / "sglang" / "fused_moe" / "configs").glob("triton_*"))
     name = "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     return (json.loads((folder / f"{name}.json").read_text()), json.loads((folder / f"{name}_down.json").read_text()),
             json.loads((out / "manifest.json").read_text()))

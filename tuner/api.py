@@ -157,7 +157,7 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
 
 
 def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
-    from tuner.commands.tune import RunOptions, plan_text, results_table, run_tuning
+    from tuner.commands.run_plan import RunOptions, plan_text  # light: a plan loads no Optuna, torch, Triton
     from tuner.plan.space import load_space
 
     req = request.checked()
@@ -176,7 +176,8 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
-        from tuner.commands.tune import check_storage_url, default_storage
+        from tuner.commands.run_plan import default_storage
+        from tuner.commands.tune import check_storage_url
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
         check_storage_url(req.storage or default_storage(out))
@@ -197,7 +198,8 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             out_dir=out_dir(req, model.name, gpu.key), storage=req.storage,
             engines=req.engines, replay=req.replay, record=record_path(req.record, kernel, len(runs) > 1),
             baseline=req.baseline, compile_workers=req.compile_workers, measure_timeout=req.measure_timeout,
-            recycle_after=req.recycle_after, prefix=req.study_prefix, gpus=gpu_list(req.gpus, req.device),
+            recycle_after=req.recycle_after, prefix=req.study_prefix,
+            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
             device=req.device,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
                       "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {})},
@@ -208,21 +210,23 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             say(f"note: {line}")
         say("\n\n".join(plan_text(opts) for opts in all_opts))
         return []
+    from tuner.commands.tune import run_tuning
     done = []
     for opts in all_opts:
         kernel = opts.kernel
         results = run_tuning(opts)
-        table = results_table(results, kernel.config_keys)
-        if not table.empty:
+        if results:
             from tuner.commands.report import run_source
+            from tuner.emit.run_table import run_table_lines
             say(run_source(opts.out_dir))
             say(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
-            say(table.to_string(index=False))
+            for line in run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir):
+                say(line)
         if kernel.engine_hints:
             by_key = {p.key: p for p in opts.problems}
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
                 say(line)
-        if not table.empty and (opts.times == "GPU" or str(opts.times).startswith("landscape")):
+        if results and (opts.times == "GPU" or str(opts.times).startswith("landscape")):
             # (tables chosen on SYNTHETIC or CPU-device times are not pointed at for an engine to read)
             from tuner.emit.install_target import config_folder_lines
             for engine in sorted({e for p in opts.problems for e in p.engines if e in opts.engines}):
@@ -230,6 +234,18 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
                     say(line)
         done.append((opts, results))
     return done
+
+
+def written_files(opts) -> dict[str, dict[str, str]]:
+    """{problem key: {engine: the file its table went to}} of a run, from its manifest."""
+    from tuner.emit.results import read_manifest
+    from tuner.plan.problems import Problem
+    try:
+        manifest = read_manifest(opts.out_dir)
+    except TunerError:
+        return {}
+    return {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in manifest.get("tables", [])
+            if t.get("kernel") == opts.kernel.name}
 
 
 def deployment_tp(req: TuneRequest, model, gpu):
@@ -247,7 +263,7 @@ def _load_common(req: TuneRequest):
     command's defaults filled into the request)."""
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
-    from tuner.search.runner import default_settings
+    from tuner.search.settings import default_settings
 
     if req.batch_sizes is None:
         req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
@@ -452,8 +468,12 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
                          f"{Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
     for note in notes:
         log.warning("%s", note)
+    grouped: dict[tuple[str, str, str], list[str]] = {}      # one line per finding, naming its tables
     for f in findings:
-        say(f"audit: {f.severity}: {f.kind}: {Path(f.table).name}: {f.reason}")
+        grouped.setdefault((f.severity, f.kind, f.reason), []).append(Path(f.table).name)
+    for (severity, kind, reason), names in grouped.items():
+        tables = names[0] if len(names) == 1 else f"{len(names)} tables ({names[0]} and {len(names) - 1} more)"
+        say(f"audit: {severity}: {kind}: {tables}: {reason}")
     if not findings:
         say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
     if extra:

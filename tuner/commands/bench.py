@@ -532,17 +532,27 @@ def run(args) -> int:
     if not rows:
         raise TunerError("nothing was benched: no problem and batch size is covered")
     print(header["banner"])
-    import pandas as pd
-    df = pd.DataFrame([r.as_dict() for r in rows])
-    df["time_us"] = [f"{t:.3g}" if t == t and t is not None else "-" for t in df["time_us"]]
-    df["of_roofline"] = [f"{f:.0%}" if f == f and f is not None else "-" for f in df["roofline_fraction"]]
-    df["note"] = [e[:60] if isinstance(e, str) else "" for e in df["error"]]
-    show = df[["kernel_source", "problem", "M", "contender", "time_us", "of_roofline", "note"]]
-    print(show.to_string(index=False))
+    for line in bench_table([r.as_dict() for r in rows]):
+        print(line)
     for line in header.get("traffic_lines") or []:
         print(line)
     print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
     return 0
+
+
+def bench_table(rows: list[dict]) -> list[str]:
+    """The bench rows for a terminal, within 120 columns: each problem by what tells it from the
+    others (what all share said above)."""
+    from tuner.emit.run_table import distinguishing, fixed_width
+    short, common = distinguishing(list(dict.fromkeys(r["problem"] for r in rows)))
+    table = [[r["kernel_source"], short[r["problem"]], str(r["M"]), str(r["contender"]),
+              f"{r['time_us']:.3g}" if isinstance(r["time_us"], float) and r["time_us"] == r["time_us"] else "-",
+              f"{r['roofline_fraction']:.0%}" if isinstance(r["roofline_fraction"], float)
+              and r["roofline_fraction"] == r["roofline_fraction"] else "-",
+              r["error"][:40] if isinstance(r["error"], str) else ""] for r in rows]
+    head = [f"problem: {common} and" if common else "problem:"]
+    return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
+                              left=(0, 1, 3, 6))
 
 
 def bench_measurer(args, kernel, gpu):

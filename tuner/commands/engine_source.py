@@ -33,26 +33,19 @@ def add_parser(sub, common) -> None:
         "against the files of the releases tuner knows. Every command that needs the engine's code finds it there "
         "(after --engine-source, the installed engine and $TUNER_ENGINE_WHEELS).",
         epilog="examples:\n  tuner engine-source fetch vllm==0.33.0\n"
-               "  tuner engine-source fetch sglang --find-links /mnt/wheels --no-index   # offline, from a folder",
-        formatter_class=_raw())
+               "  tuner engine-source fetch sglang --find-links /mnt/wheels --no-index   # offline, from a folder")
     fetch.add_argument("spec", metavar="ENGINE[==VERSION]",
                        help=f"{' or '.join(ENGINE_NAMES)}, with a version (default: the newest release tuner knows)")
     fetch.add_argument("--find-links", default=None, metavar="DIR|URL", help="pip's --find-links: also look there")
     fetch.add_argument("--index-url", default=None, metavar="URL", help="pip's --index-url (default: pip's own)")
     fetch.add_argument("--no-index", action="store_true", help="pip's --no-index: only --find-links")
     ext = src_sub.add_parser("extract", help="extract the kernel files of an engine",
-                             epilog="example:\n  tuner engine-source extract --engine vllm --out vllm-kernels",
-                             formatter_class=_raw())
+                             epilog="example:\n  tuner engine-source extract --engine vllm --out vllm-kernels")
     ext.add_argument("--engine", required=True, choices=ENGINE_NAMES)
     ext.add_argument("--from", dest="source", default=None, metavar="PATH",
                      help="the engine's wheel or a folder holding it (default: the installed engine, then "
                      "$TUNER_ENGINE_WHEELS and the wheels fetched)")
     ext.add_argument("--out", required=True, metavar="DIR")
-
-
-def _raw():
-    import argparse
-    return argparse.RawDescriptionHelpFormatter
 
 
 def run(args) -> int:

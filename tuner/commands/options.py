@@ -13,6 +13,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not argparse's usage block
         raise TunerError(f"{message} (see `{self.prog} --help`)")
 
+    def format_help(self) -> str:
+        # the description wrapped as usual; the epilog (the examples) kept line by line
+        epilog, self.epilog = self.epilog, None
+        try:
+            text = super().format_help()
+        finally:
+            self.epilog = epilog
+        return text + (f"\n{epilog}\n" if epilog else "")
+
 
 def integer(lo: int, hi: int, power_of_two: bool = False, why: str = ""):
     """An argparse type: an integer in [lo, hi] (and a power of two where asked)."""

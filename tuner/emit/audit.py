@@ -220,8 +220,8 @@ def key_findings(keys: list[int], where: str, batches: Batches) -> list[Finding]
         ks = sorted(keys)
         out.append(Finding("warning", "truncated",
                            f"{len(ks)} of the engines' {len(DEFAULT_BATCH_SIZES)} batch sizes ({ks[0]}..{ks[-1]}), a "
-                           f"contiguous slice under {TRUNCATED_BELOW} keys: what an overwritten multi-GPU tuning "
-                           "run leaves", where))
+                           f"contiguous slice under {TRUNCATED_BELOW} keys (tuned at a few batch sizes only, or "
+                           "the part of a multi-GPU tuning run that overwrote the rest)", where))
     far = batches.far(keys)
     if far:
         parts = [f"{m_range(a, b)} run the entry for {k} (up to {ratio:.0f}x away)" for k, a, b, ratio in far]

@@ -174,6 +174,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     notes: list[str] = []
     timed_on_ours: list[str] = []
     left_out: list[str] = []
+    forced: dict[str, list[str]] = {}          # why -> the tables forced for it (said once per reason)
     seen: dict[str, str] = {}
     where = f"{results / 'manifest.json'}"
     for t in tables:
@@ -216,7 +217,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
-            notes.append(f"forced {rel}: {'; '.join(problems)}")
+            forced.setdefault("; ".join(problems), []).append(rel)
         root = roots[kind]
         if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
             tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
@@ -231,6 +232,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu)
         notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
         copies.append(copy)
+    for why, rels in forced.items():
+        names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
+        notes.append(f"forced {len(rels)} table(s) ({names}): {why}")
     if left_out:
         notes.append(f"{len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) left out: {engine} reads them from "
                      f"its package folder only (no variable names another), which is not here; install them where "
