@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
 from optuna.storages import BaseStorage
 
 from tuner.commands import ceilings  # noqa: F401
@@ -718,30 +717,3 @@ def _summary(r: StudyResult, unit: str = "us") -> str:
         return f"no config ({r.numerics.get('detail', r.stopped)})"
     sp = f", {r.speedup:.2f}x default" if r.speedup else ""
     return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
-
-
-def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) -> pd.DataFrame:
-    """The closing table: times to two decimals, a default without a time shown with why."""
-    rows = []
-    for pkey, rs in results.items():
-        for r in rs:
-            rows.append({
-                "problem": pkey, "M": r.M,
-                "config": " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
-                "time_us": f"{r.time_us:.2f}" if r.time_us else "-",
-                "default_us": f"{r.default_time_us:.2f}" if r.default_time_us else
-                              f"- ({r.default_error or 'not timed'})",
-                "speedup": f"{r.speedup:.2f}x" if r.speedup else "-",
-                "trials": r.trials,
-                "numerics": r.numerics.get("status", "-"),
-                **({"table": _kept_text(r)} if any(x.kept_default for xs in results.values() for x in xs) else {}),
-            })
-    return pd.DataFrame(rows)
-
-
-def _kept_text(r: StudyResult) -> str:
-    """What a traffic-keyed table holds at M: the tuned config, or the default and why."""
-    if not r.kept_default:
-        return "tuned"
-    t = r.kept_default.get("time_us")
-    return f"default (tuned {t:.2f} us: within noise)" if t else "default"
