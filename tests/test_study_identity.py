@@ -255,7 +255,7 @@ def test_studies_timed_on_a_synthetic_landscape_are_never_resumed_by_real_times(
     capsys.readouterr()
     assert main([*args, "--replay", str(recorded), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "times from SYNTHETIC (now landscape sha256:" in err
+    assert len(err.splitlines()) == 1 and "source of times SYNTHETIC (now landscape sha256:" in err
     assert (out / "manifest.json").read_text() == manifest
     # a recorded landscape's studies are resumed by the same landscape, refused by another one
     out2 = tmp_path / "out2"
@@ -263,7 +263,7 @@ def test_studies_timed_on_a_synthetic_landscape_are_never_resumed_by_real_times(
     assert main([*args, "--replay", str(recorded), "--out", str(out2)]) == 0
     capsys.readouterr()
     assert main([*args, "--replay", str(other), "--out", str(out2)]) == 2
-    assert "times from landscape sha256:" in capsys.readouterr().err
+    assert "source of times landscape sha256:" in capsys.readouterr().err
 
 
 def test_a_gpu_run_never_resumes_synthetic_studies_old_or_new(tmp_path):
@@ -274,12 +274,12 @@ def test_a_gpu_run_never_resumes_synthetic_studies_old_or_new(tmp_path):
     storage = optuna.storages.InMemoryStorage()
     tune_once(storage, ReplayMeasurer.from_file(str(synth), KERNEL, "NVIDIA H200"))
     assert stored_identity(storage)["times"] == "SYNTHETIC"
-    with pytest.raises(TunerError, match=r"times from SYNTHETIC \(now GPU\)"):
+    with pytest.raises(TunerError, match=r"source of times SYNTHETIC \(now GPU\)"):
         tune_once(storage, FakeMeasurer(triton=triton.__version__))
     study = optuna.load_study(study_name=study_name(PROBLEM, 16), storage=storage)
     old = {k: v for k, v in study.user_attrs["identity"].items() if k != "times"}
     study.set_user_attr("identity", old)                      # as an older tuner stored it
-    with pytest.raises(TunerError, match=r"times from SYNTHETIC \(now GPU\)"):
+    with pytest.raises(TunerError, match=r"source of times SYNTHETIC \(now GPU\)"):
         tune_once(storage, FakeMeasurer(triton=triton.__version__))
 
 

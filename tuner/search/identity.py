@@ -86,4 +86,4 @@ def identity_differences(stored: dict, mine: dict) -> str:
 
 
 def _name(key: str) -> str:
-    return "times from" if key == "times" else key
+    return "source of times" if key == "times" else key
