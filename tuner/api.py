@@ -217,7 +217,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         results = run_tuning(opts)
         if results:
             from tuner.commands.report import run_source
-            from tuner.emit.run_table import run_table_lines
+            from tuner.emit.run_table import run_table_lines, written_files
             say(run_source(opts.out_dir))
             say(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
             for line in run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir):
@@ -234,18 +234,6 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
                     say(line)
         done.append((opts, results))
     return done
-
-
-def written_files(opts) -> dict[str, dict[str, str]]:
-    """{problem key: {engine: the file its table went to}} of a run, from its manifest."""
-    from tuner.emit.results import read_manifest
-    from tuner.plan.problems import Problem
-    try:
-        manifest = read_manifest(opts.out_dir)
-    except TunerError:
-        return {}
-    return {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in manifest.get("tables", [])
-            if t.get("kernel") == opts.kernel.name}
 
 
 def deployment_tp(req: TuneRequest, model, gpu):
@@ -488,7 +476,8 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
         say(f"{'would install' if dry_run else 'install'} {c.dest}"
             + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
             + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
-    for line in inst.engine_log_lines(copies, engine, site, config_dir, where.version):
+    from tuner.emit.install_target import engine_log_lines
+    for line in engine_log_lines(copies, engine, site, config_dir, where.version):
         say(line)
     if dry_run:
         return None

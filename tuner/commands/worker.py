@@ -72,9 +72,8 @@ def add_collect_parser(sub, common) -> None:
 
 
 def run_collect(args) -> int:
-    from tuner.api import written_files
     from tuner.commands.tune import collect, load_plans, open_checked_storage
-    from tuner.emit.run_table import run_table_lines
+    from tuner.emit.run_table import run_table_lines, written_files
 
     out = Path(args.out)
     check_out_dir(out)

@@ -457,7 +457,7 @@ def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:
     return [(p, str(p.relative_to(root))) for p in sorted(root.rglob("*.json"))]
 
 
-# -- what the install leaves in place, as `tuner audit` sees it, and the engine's own lines --------
+# -- what the install leaves in place, as `tuner audit` sees it (the engine's own lines: install_target.py) --
 def audit_install(copies: list[Copy], engine: str) -> list:
     """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
     every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
@@ -493,45 +493,3 @@ def audit_install(copies: list[Copy], engine: str) -> list:
                 if up_t is not None and down_t is not None:
                     findings += pair_findings(up_t, down_t, str(down_path), batches, family)
     return findings
-
-
-def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None,
-                     engine_version: str | None = None) -> list[str]:
-    """For each table installed, the line the engine logs when it loads it and the one it logs
-    when it finds no table there, quoted from the engine's loader source (the target's own
-    package, else the same version's wheel in $TUNER_ENGINE_WHEELS or among the wheels fetched)."""
-    from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
-    from tuner.plan.engines import table_family
-    version = installed_version(site, engine) or engine_version or ""
-    inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
-    kinds = sorted({c.kind for c in copies if c.kind})
-    if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
-        from tuner.plan.kernel_sources import wheel_folders
-        match = sorted(w for folder in wheel_folders() for w in folder.glob(f"{engine}-{version}-*.whl")) \
-            if version else []
-        if not match:
-            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site}, "
-                    f"and no {engine} {version} wheel is at hand: `tuner engine-source fetch {engine}=={version}`)"
-                    if version else f"(the lines {engine} logs for these tables cannot be quoted: its loader source "
-                    f"is not in {site})"]
-        inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
-    out = []
-    for c in copies:
-        if not c.kind:
-            continue
-        family = table_family(engine, c.kind)
-        if c.kind == "fused_moe" and moe_config_dir is not None:
-            path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
-                else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
-        else:
-            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
-        tried = [path]
-        if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
-            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
-        lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
-        label = f"{engine} {version}".strip()
-        if "loaded" in lines:
-            out.append(f"{label} logs when it loads {c.dest.name}: {lines['loaded']}")
-        if "not loaded" in lines and not c.dest.name.endswith("_down.json"):
-            out.append(f"  and when it finds no table there: {lines['not loaded']}")
-    return out

@@ -6,8 +6,9 @@ rules), so writing one needs no engine: `tuner install RESULTS --engine sglang -
 0.5.23 --moe-config-dir DIR` writes DIR as that version reads it from SGLANG_MOE_CONFIG_DIR, and
 `--dry-run` shows what an install would write. What does need the engine's files (SGLang's
 shipped MoE tables, which its variable hides and install therefore copies in; the lines the
-loader logs) is read from the same version's wheel where one is at hand ($TUNER_ENGINE_WHEELS,
-or `tuner engine-source fetch`), and said otherwise.
+loader logs, quoted after an install by `engine_log_lines`) is read from the package, else from
+the same version's wheel where one is at hand ($TUNER_ENGINE_WHEELS, or `tuner engine-source
+fetch`), and said otherwise.
 """
 
 from __future__ import annotations
@@ -118,3 +119,54 @@ def config_folder_lines(engine: str, kind: str, folder: Path) -> list[str]:
         line += (f" (it then reads no shipped {kind} table: `tuner install {folder.parent.parent} --engine {engine} "
                  "--moe-config-dir DIR` writes a folder with both)")
     return [line]
+
+
+def engine_log_lines(copies: list, engine: str, site: Path, moe_config_dir: Path | None,
+                     engine_version: str | None = None) -> list[str]:
+    """For each table installed, the line the engine logs when it loads it and the one it logs
+    when it finds no table there, quoted from the engine's loader source (the target's own
+    package, else the same version's wheel in $TUNER_ENGINE_WHEELS or among the wheels fetched)."""
+    import os
+
+    from tuner.emit.engine_tables import (
+        FolderFiles,
+        Installation,
+        WheelFiles,
+        installed_version,
+        loader_source_readable,
+        log_lines,
+    )
+    from tuner.plan.engines import table_family
+    version = installed_version(site, engine) or engine_version or ""
+    inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
+    kinds = sorted({c.kind for c in copies if c.kind})
+    if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
+        from tuner.plan.kernel_sources import wheel_folders
+        match = sorted(w for folder in wheel_folders() for w in folder.glob(f"{engine}-{version}-*.whl")) \
+            if version else []
+        if not match:
+            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site}, "
+                    f"and no {engine} {version} wheel is at hand: `tuner engine-source fetch {engine}=={version}`)"
+                    if version else f"(the lines {engine} logs for these tables cannot be quoted: its loader source "
+                    f"is not in {site})"]
+        inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
+    out = []
+    for c in copies:
+        if not c.kind:
+            continue
+        family = table_family(engine, c.kind)
+        if c.kind == "fused_moe" and moe_config_dir is not None:
+            path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
+                else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
+        else:
+            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
+        tried = [path]
+        if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
+            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
+        lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
+        label = f"{engine} {version}".strip()
+        if "loaded" in lines:
+            out.append(f"{label} logs when it loads {c.dest.name}: {lines['loaded']}")
+        if "not loaded" in lines and not c.dest.name.endswith("_down.json"):
+            out.append(f"  and when it finds no table there: {lines['not loaded']}")
+    return out

@@ -89,3 +89,16 @@ def distinguishing(keys: list[str]) -> tuple[dict[str, str], str]:
     short = {k: ",".join(x for x in p if x not in common) or k for k, p in parts.items()}
     first = next(iter(parts.values()), [])
     return short, ",".join(x for x in first if x in common)
+
+
+def written_files(opts) -> dict[str, dict[str, str]]:
+    """{problem key: {engine: the file its table went to}} of a run, from its manifest."""
+    from tuner.emit.results import read_manifest
+    from tuner.errors import TunerError
+    from tuner.plan.problems import Problem
+    try:
+        manifest = read_manifest(opts.out_dir)
+    except TunerError:
+        return {}
+    return {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in manifest.get("tables", [])
+            if t.get("kernel") == opts.kernel.name}
