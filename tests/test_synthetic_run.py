@@ -14,7 +14,7 @@ def test_the_missions_command_runs_end_to_end_on_a_synthetic_landscape(tmp_path,
     assert main(argv) == 0
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    assert lines[0].startswith("tp=8: the smallest that holds deepseek-v3's") and lines[1].startswith("*** SYNTHETIC")
+    assert lines[0].startswith("*** SYNTHETIC") and "tuner: tp=8: the smallest that holds deepseek-v3's" in err
     run = tmp_path / "runs" / "moe-deepseek-v3-H200-tp8-synthetic"
     assert f"made {run.relative_to(tmp_path)}/synthetic-fused_moe.jsonl.gz" in out
     studies = [line for line in (out + err).splitlines() if " M=" in line and "trials" in line]

@@ -172,8 +172,11 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
                 "landscape, --synthetic runs it all on a SYNTHETIC one made on the fly (to try the tool), and "
                 "--device cpu runs the GPU's code path on the CPU (times that mean nothing about a GPU)")
-    if parallel.line and (not req.quiet or req.dry_run):
+    if parallel.line and req.dry_run:
         say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
+    elif parallel.line and not req.quiet:
+        import sys
+        print(f"tuner: {parallel.line}", file=sys.stderr)   # a run's stdout is its results; this goes with its progress
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.commands.run_plan import default_storage

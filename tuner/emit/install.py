@@ -201,7 +201,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
             problems.append("its times are SYNTHETIC (a cost model, `tuner landscape synth`): its configs were "
                             "never timed on a GPU")
         elif is_cpu_device(env):
-            problems.append("it was timed on the CPU DEVICE (Triton's interpreter on a CPU, standing in for a "
+            problems.append("it was timed on the CPU device (Triton's interpreter on a CPU, standing in for a "
                             "GPU in CI): its configs were never timed on a GPU")
         if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
             problems.append(f"it was measured under Triton {env['triton']}, the target runs {target_triton}")
