@@ -134,7 +134,7 @@ def shared_memory(params: Params, config: Config) -> int:
     return (config["num_stages"] * config["BLOCK_N"] + config["BLOCK_H"]) * (LATENT + ROPE) * 2
 
 
-@rule("kv_splits_within_blocks")
+@rule("kv_splits_within_blocks", reads_m=False)
 def _kv_splits_within_blocks(ctx, opts: dict, cfg: Config) -> bool:
     """More splits than BLOCK_N-token blocks in the shortest request leaves programs idle."""
     shortest = max(1, int(ctx.params["context"] * 0.75))

@@ -93,8 +93,8 @@ def signature_hash(text: str, name: str) -> str:
     has no such function): what a launch must pass."""
     import ast
 
-    from tuner.plan.kernel_sources import source_hash
-    for node in ast.parse(text).body:
+    from tuner.plan.kernel_sources import parse_source, source_hash
+    for node in parse_source(text).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             args = node.args
             return source_hash(",".join(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs))

@@ -124,7 +124,7 @@ class EngineCode:
             text = data.decode()
             if "\x00" in text:
                 raise ValueError("a NUL byte")
-            ast.parse(text, relpath)
+            parse_source(text)
         except (UnicodeDecodeError, ValueError, SyntaxError, RecursionError, MemoryError) as e:
             raise TunerError(f"{self.engine} {self.version} ({self.where}): {relpath} is not Python source "
                              f"({type(e).__name__}); not a file of a released {self.engine}") from None
@@ -133,6 +133,23 @@ class EngineCode:
 
 
 def _from_wheel(path: Path, engine: str) -> EngineCode:
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    if st is None:
+        return _open_wheel(path, engine)
+    return _open_wheel_once(str(path.resolve()), engine, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _open_wheel_once(path: str, engine: str, size: int, mtime_ns: int) -> EngineCode:
+    """A wheel opened (its zip directory read: thousands of entries) once per process and
+    version of the file."""
+    return _open_wheel(Path(path), engine)
+
+
+def _open_wheel(path: Path, engine: str) -> EngineCode:
     version = _wheel_version(path, engine)
     if version is None:
         raise TunerError(f"{path} is not a {engine} wheel (expected {engine}-<version>-....whl)")
@@ -236,9 +253,16 @@ def _is_jit(node: ast.stmt) -> bool:
         "jit" in ast.unparse(d) for d in node.decorator_list)
 
 
+@functools.lru_cache(maxsize=64)
+def parse_source(text: str) -> ast.Module:
+    """An engine file's syntax tree, parsed once per process (a plan asks the same files for
+    several functions: the wrappers' hashes, the kernels' signatures and code version)."""
+    return ast.parse(text)
+
+
 def function_source(text: str, name: str) -> str:
     """The exact source of a top-level function (decorators included)."""
-    tree = ast.parse(text)
+    tree = parse_source(text)
     node = _top_level(tree).get(name)
     if not isinstance(node, ast.FunctionDef):
         raise KeyError(name)
@@ -249,7 +273,7 @@ def function_source(text: str, name: str) -> str:
 def cut_jit_functions(text: str, names: list[str]) -> str:
     """Module source holding the jit functions `names`, every module-level jit function and
     plain constant they use (recursively), each verbatim, after plain triton imports."""
-    tree = ast.parse(text)
+    tree = parse_source(text)
     defs = _top_level(tree)
     wanted, todo = [], list(names)
     while todo:
