@@ -174,9 +174,6 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
                 "--device cpu runs the GPU's code path on the CPU (times that mean nothing about a GPU)")
     if parallel.line and req.dry_run:
         say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
-    elif parallel.line and not req.quiet:
-        import sys
-        print(f"tuner: {parallel.line}", file=sys.stderr)   # a run's stdout is its results; this goes with its progress
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
         from tuner.commands.run_plan import default_storage
@@ -208,6 +205,8 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
                       "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {})},
             quiet=req.quiet, traffic=profile,
         ))
+    if parallel.line and all_opts:
+        all_opts[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")

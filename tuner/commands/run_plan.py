@@ -48,6 +48,7 @@ class RunOptions:
     traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
     device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
     times: str | None = None         # where the times come from (tuner/search/identity.py), once known
+    notes: list[str] = field(default_factory=list)   # lines the run says once it starts (its default --tp)
 
     @property
     def device_name(self) -> str:

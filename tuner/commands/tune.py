@@ -230,6 +230,7 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
         opts.times = CPU_DEVICE if opts.device == "cpu" else GPU
         storage = open_run_storage(opts)
         save_plan(storage, opts)
+        _say_notes(opts, progress)
         run_gpu_workers(opts, progress)
     else:
         measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
@@ -241,6 +242,7 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
                 progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
             storage = open_run_storage(opts)
             save_plan(storage, opts)
+            _say_notes(opts, progress)
             tune_all(opts, storage, measurer, progress,
                      after_study=lambda: collect(opts, storage, quiet=True))
         finally:
@@ -248,6 +250,13 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     results = collect(opts, storage)
     progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
     return results
+
+
+def _say_notes(opts: RunOptions, progress: Progress) -> None:
+    """The run's own lines (the deployment its --tp is for), said once it has passed every check:
+    a refusal stays one line."""
+    for line in opts.notes:
+        progress.note(f"tuner: {line}")
 
 
 def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progress: Progress,
