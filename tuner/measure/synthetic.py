@@ -125,9 +125,8 @@ def check_replaceable(path: Path, what: str = "--out") -> bool:
                      "remove it or give another path")
 
 
-SYNTHETIC_RUN_LINE = ("*** SYNTHETIC: --synthetic times every config by a cost model (tuner/measure/synthetic.py) on a "
-                      "landscape made on the fly, not on a GPU: the whole run as a GPU run does it, to try the tool; "
-                      "never install its tables ***")
+SYNTHETIC_RUN_LINE = ("*** SYNTHETIC: times from a cost model (tuner/measure/synthetic.py), not a GPU: "
+                      "to try the tool, never to install ***")
 
 
 def landscape_for_run(out: Path, kernel_name: str, source: str, gpu, problems: list, batch_sizes: list[int],
