@@ -106,7 +106,8 @@ def test_the_readme_and_the_manual_have_commands_and_tags():
     assert any(c.argv[:2] == ["tuner", "moe"] and c.tags == {"GPU"} for c in readme)  # the main job
     assert {t for c in ALL for t in c.tags} == set(TAGS)
     gpu_runs = [c for c in ALL if c.argv[0] == "tuner" and c.argv[1] in ("gemm", "moe", "mla")
-                and "--dry-run" not in c.argv and "--replay" not in c.argv and "cpu" not in c.argv]
+                and "--dry-run" not in c.argv and "--replay" not in c.argv and "cpu" not in c.argv
+                and "--synthetic" not in c.argv]
     assert gpu_runs and all("GPU" in c.tags for c in gpu_runs)        # a tuning run without a landscape
 
 
@@ -152,7 +153,8 @@ def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
         where = f"{command.where}: {command.text}\n{err[-2000:]}"
         assert rc == 0, where
         assert "Traceback" not in err and "internal error" not in err, where
-        shows_times = "--replay" in command.argv or command.argv[1:2] in (["report"], ["diff"], ["landscape"])
+        shows_times = ("--replay" in command.argv or "--synthetic" in command.argv
+                       or command.argv[1:2] in (["report"], ["diff"], ["landscape"]))
         if shows_times:               # every landscape in the README and docs/ is synthetic, and says so
             assert "SYNTHETIC" in out, where
         if "--device" in command.argv:   # the CPU device's times say so
@@ -162,6 +164,23 @@ def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
             assert (tmp_path / markdown).is_file(), where
         ran += 1
     assert ran == sum(c.runs_here() for c in COMMANDS[file])
+    if file == "README.md":
+        # the try without a GPU runs again as written, in the same folder (its landscape
+        # replaced, its run resumed)
+        first, last = tour_lines()
+        tour = [c for c in COMMANDS[file] if c.runs_here() and first < c.line < last]
+        assert tour
+        for command in tour:
+            rc, out, err = _run(command, capsys)
+            assert rc == 0 and "Traceback" not in err, f"again: {command.where}: {command.text}\n{err[-2000:]}"
+
+
+def tour_lines() -> tuple[int, int]:
+    """The README lines of the try without a GPU: from "## Try it without a GPU" to the next heading."""
+    lines = README.read_text().splitlines()
+    start = lines.index("## Try it without a GPU")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("#"))
+    return start + 1, end + 1
 
 
 @pytest.mark.parametrize("command", [c for c in ALL if not c.runs_here() and c.argv[0] != "scripts"],

@@ -93,7 +93,7 @@ def read_state(path: Path) -> dict:
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
-JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
+JOB_OPTIONS = ("tp", "ep", "per_rank", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
 JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
 
 

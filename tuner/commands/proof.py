@@ -232,11 +232,15 @@ class Proof:
     def tuned(self) -> Path:
         return self.out / "tuned" / "moe"
 
+    def parallel_args(self) -> list[str]:
+        # the proof times TP8's shapes on whichever Hopper it gets (an H100 node cannot hold
+        # DeepSeek-V3's weights at TP8): one rank's shapes, on purpose
+        return ["--tp", str(self.profile.tp), "--per-rank"]
+
     def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str) -> Command:
-        p = self.profile
         baseline = self.baseline_dirs(engine)
         return Command(label, self.tuner(
-            "moe", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--dtype", "fp8_w8a8",
+            "moe", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--dtype", "fp8_w8a8",
             "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
             "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
             *(["--patience", str(trials)] if trials else []),
@@ -324,7 +328,7 @@ class Proof:
     def step_bench(self, kernel: str) -> list[Command]:
         p = self.profile
         engines = self.available_engines()
-        common = ["--gpu", self.gpu.key, "--tp", str(p.tp), "--model", self.model(), "--quiet",
+        common = ["--gpu", self.gpu.key, *self.parallel_args(), "--model", self.model(), "--quiet",
                   "--kernel-source", "engine" if engines else "ours", *self.engine_args(), *self.measuring_args()]
         shipped = ["--baseline", *map(str, self.baseline_dirs())] if self.baseline_dirs() else []
         ceil = ["--ceilings", str(self.out / "ceilings.json")] if (self.out / "ceilings.json").is_file() else []
@@ -345,7 +349,7 @@ class Proof:
             atomic_write_text(path, p.landscape_space, root=self.out)
             space = ["--space", str(path)]
         return [Command("record gemm", self.tuner(
-            "gemm", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--only", p.gemm_shapes[0],
+            "gemm", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--only", p.gemm_shapes[0],
             "--batch-sizes", *map(str, p.landscape_ms), "--trials", "8", "--engines", "vllm",
             "--kernel-source", self.source_for("vllm"), *self.engine_args(), *space, *self.measuring_args(),
             "--record", str(self.out / "landscapes" / "gemm.jsonl.gz"),

@@ -34,7 +34,9 @@ from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
+from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.samplers import make_sampler
+from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
 
@@ -47,99 +49,6 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 ENCODING = "categorical-values/2"
 
 @dataclass
-class SearchSettings:
-    budget: int = 48                # distinct configs measured per (problem, M)
-    patience: int = 16              # stop after this many measured trials without a gain
-    min_gain: float = 0.005         # what counts as a gain (0.5 %)
-    top_k: int = 3                  # finalists re-timed before choosing
-    batch: int = 1                  # trials asked at once (the configs compiled in parallel on a GPU)
-    sampler: str = "gp"
-    seed: int = 0
-    # Budgets of single batch sizes, as {"M": trials} (JSON-safe: stored plans carry them);
-    # a batch size not named here gets `budget`. Set from a traffic profile (tuner/plan/traffic.py).
-    budgets: dict[str, int] = field(default_factory=dict)
-
-    def budget_for(self, problem: Problem, M: int) -> int:
-        """The budget of the study of (problem, M)."""
-        return int(self.budgets.get(str(M), self.budget))
-
-    def patience_for(self, problem: Problem, M: int) -> int:
-        """Patience grows with a study's share of the budget, so that a batch size given more
-        trials is not stopped as early as one given the average."""
-        own = self.budget_for(problem, M)
-        return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
-
-
-def default_settings(trials: int, *, sampler: str = "gp", seed: int = 0, patience: int | None = None,
-                     parallel: int = 1) -> SearchSettings:
-    """The search a tuning command runs: `trials` distinct configs per study, patience
-    (default: half the trials, at least 8; tuner/search/stopping.py waits for 3/4 of the budget), and
-    batches as large as the configs compiled in parallel (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
-    return SearchSettings(budget=trials, patience=patience or max(8, trials // 2), sampler=sampler, seed=seed,
-                          batch=max(1, min(8, parallel)))
-
-
-@dataclass
-class StudyResult:
-    problem: Problem
-    M: int
-    config: Config | None
-    time_us: float | None
-    spread: float | None
-    default_config: Config
-    default_time_us: float | None
-    trials: int
-    stopped: str                        # "budget", "converged", "exhausted", "no config"
-    numerics: dict = field(default_factory=dict)
-    rejected: list = field(default_factory=list)   # finalists that failed the numerics check
-    failures: dict = field(default_factory=dict)   # failed configs by kind (tuner/measure/failures.py)
-    default_error: str | None = None    # why the default config has no time (failed, not in a landscape)
-    resumed: bool = False               # read back from the storage, finished by an earlier run
-    # With a traffic profile, where the tuned config did not beat the default beyond noise and
-    # the default was written instead: the tuned config, its time and why (tuner/emit/results.py).
-    kept_default: dict | None = None
-    # for a table tied to another (SGLang's _down): how the shared keys were chosen for both
-    # (tuner.commands.tune.choose_tied): the candidate pairs, their times, which won
-    tied: dict = field(default_factory=dict)
-    # what the study was searched with (budget, patience, sampler, seed): a later run with
-    # other settings that finds it finished reuses it, and the manifest says so
-    search: dict = field(default_factory=dict)
-    # the first failed measurement's error in one line ("Type: message"): why a study that
-    # timed nothing timed nothing (tuner/measure/failures.py)
-    first_failure: str | None = None
-
-    @property
-    def timed_nothing(self) -> bool:
-        """No config of the study was timed: every one failed, or none survived pruning (a
-        study whose timed finalists failed the numerics check timed them)."""
-        return self.config is None and self.numerics.get("status") == "not checked"
-
-    @property
-    def speedup(self) -> float | None:
-        if self.time_us and self.default_time_us:
-            return self.default_time_us / self.time_us
-        return None
-
-    def as_dict(self) -> dict:
-        return {"M": self.M, "config": self.config, "time_us": self.time_us, "spread": self.spread,
-                "default_config": self.default_config, "default_time_us": self.default_time_us,
-                "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
-                "numerics": self.numerics, "rejected": self.rejected, "failures": self.failures,
-                "default_error": self.default_error,
-                **({"kept_default": self.kept_default} if self.kept_default else {}),
-                **({"tied": self.tied} if self.tied else {}),
-                **({"search": self.search} if self.search else {}),
-                **({"first_failure": self.first_failure} if self.first_failure else {})}
-
-
-def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
-    """One study per (kernel source, problem, M): a problem timed on our kernel and on an
-    engine's is two studies ('fused_moe@vllm:E=..:M=16')."""
-    kernel = problem.kernel if source == "ours" else f"{problem.kernel}@{source}"
-    return f"{prefix}{kernel}:{problem.key}:M={M}"
-
-
-@dataclass
 class _Target:
     """What one study searches: the configs it may measure (as tuples), the seeds queued
     first, the default config, and the study's parameter encoding (sorted values per key)."""
@@ -149,13 +58,6 @@ class _Target:
     allowed: set[tuple]
     seeds: list[tuple[str, Config]]
     choices: dict[str, list[int]] = field(default_factory=dict)
-
-
-def identity_differences(stored: dict, mine: dict) -> str:
-    """'device A (now B), ...' over the keys both identities name that differ; '' when
-    none do (a key one side does not know, e.g. an old landscape's code, is no difference)."""
-    return ", ".join(f"{k} {stored[k]} (now {mine[k]})" for k in mine
-                     if stored.get(k) and mine[k] and stored[k] != mine[k])
 
 
 class StudyRunner:
@@ -267,33 +169,24 @@ class StudyRunner:
         return study
 
     def identity(self) -> dict:
-        """What a study's timings are of: the device, whose kernel code (source and version,
-        a hash of the code), the search space and the Triton that compiled it. A replay
-        takes the device, code and Triton from the landscape (None where an old one does
-        not say)."""
-        env = self.measurer.environment() or {}
-        return {"device": env.get("device"), "kernel": self.kernel.source_label,
-                "code_version": env["code_version"] if "code_version" in env else (self.kernel.code_version or None),
-                "space": self.space.version, "triton": env.get("triton")}
+        """What a study's timings are of (tuner/search/identity.py): the device, whose kernel
+        code, the search space, the Triton that compiled it, and where the times come from."""
+        return study_identity(self.kernel, self.space, self.measurer)
 
     def _check_identity(self, study: optuna.Study) -> None:
-        """A stored study timed on another device, kernel code, space or Triton is refused
-        (one line): its results are not this run's and must never be reused. Studies from
-        before identities were recorded are taken as they are, unless their environment
-        names another device."""
+        """A stored study timed on another device, kernel code, space or Triton, or whose times
+        came from elsewhere (a SYNTHETIC landscape, another landscape, the CPU device), is
+        refused (one line): its results are not this run's and must never be reused. Studies
+        from before identities were recorded are taken as they are, unless their environment
+        says otherwise."""
         mine = self.identity()
-        stored = study.user_attrs.get("identity")
-        if stored is None:
-            before = study.user_attrs.get("environment") or {}
-            if before.get("device") not in (None, mine["device"]):
-                stored = {"device": before["device"]}
-            else:
-                study.set_user_attr("identity", mine)
-                return
-        what = identity_differences(stored, mine)
+        stored = stored_identity(study.user_attrs)
+        what = identity_differences(stored, mine) if stored else ""
         if what:
             raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
                              "its results are not this run's: give another --out (or --storage, or --study-prefix)")
+        if study.user_attrs.get("identity") is None:
+            study.set_user_attr("identity", mine)
 
     def _encode(self, choices: dict, cfg: Config) -> dict:
         return {k: int(cfg[k]) for k in self.kernel.config_keys}
