@@ -125,7 +125,7 @@ def test_report_drift_and_audit_show_the_measurement_policy(tmp_path, capsys):
     assert main(["drift", str(tmp_path / "res"), "--gpu", "H200", "--replay", str(land), "--kernel-source", "ours"]) == 0
     out = capsys.readouterr().out
     assert "timed: as the landscape was recorded" in out
-    assert f"tables of {tmp_path / 'res'} were tuned: as the replayed landscape was recorded" in out
+    assert f"tables of {tmp_path / 'res'}\n  were tuned: as the replayed landscape was recorded" in out
     # audit: a table tuner installed says how it was timed (from the install's record)
     from types import SimpleNamespace
 

@@ -24,19 +24,20 @@ COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
-# --sampler: the first is the default (tuner/search/runner.py make_sampler builds each; README says why gp)
+# --sampler: the first is the default (tuner/search/runner.py make_sampler builds each; docs/search.md says why gp)
 MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 @dataclass
 class TuneRequest:
-    """One tuning run, as the options of `tuner gemm|moe|mla` (same names, see README)."""
+    """One tuning run, as the options of `tuner gemm|moe|mla` (same names, see docs/tuning.md)."""
     command: str                                # "gemm", "moe" or "mla"
     model: str
     gpu: str
     dtype: str | None = None
-    tp: int = 1
+    tp: int | None = None                       # None: the smallest that serves the model (tuner/plan/deployment.py)
     ep: int = 1
+    per_rank: bool = False                      # --tp is one rank's shapes on purpose: no fit check
     batch_sizes: list[int] | None = None
     engines: list[str] = field(default_factory=lambda: list(ENGINE_NAMES))
     trials: int | None = None
@@ -70,6 +71,7 @@ class TuneRequest:
     warm_start: list[str] | None = None         # results folders, tables, folders of tables: seeds
     no_warm_start: bool = False                 # no seeds from the engines' shipped tables
     min_gain: float = 0.02                      # a row changes only for a gain above this (tuner/search/choice.py)
+    synthetic: bool = False                     # time on a SYNTHETIC landscape made on the fly (no GPU)
 
     @classmethod
     def from_args(cls, args) -> "TuneRequest":
@@ -111,6 +113,11 @@ class TuneRequest:
         if self.warm_start is not None and (not isinstance(self.warm_start, (list, tuple))
                                             or not all(isinstance(p, str) for p in self.warm_start)):
             raise TunerError(f"--warm-start takes paths, not {self.warm_start!r}")
+        if self.synthetic:
+            clash = [o for o, v in (("--replay", self.replay), ("--record", self.record), ("--gpus", self.gpus),
+                                    ("--device cpu", self.device == "cpu")) if v]
+            if clash:
+                raise TunerError(f"--synthetic makes its own SYNTHETIC landscape and replays it; drop {clash[0]}")
         if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
             raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
         changes: dict = {}
@@ -120,8 +127,14 @@ class TuneRequest:
                 raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
                                  f"not --engines {' '.join(self.engines)}")
             changes["engines"] = [self.kernel_source]
-        for name in ("tp", "ep", "measure_timeout", "recycle_after", "page_size"):
+        if self.synthetic and self.kernel_source in (None, "engine"):
+            changes["kernel_source"] = "ours"          # the cost model's landscape of our kernels' configs
+        for name in ("ep", "measure_timeout", "recycle_after", "page_size"):
             changes[name] = whole(name, getattr(self, name))
+        if self.tp is not None:
+            changes["tp"] = whole("tp", self.tp)
+        if not isinstance(self.per_rank, bool):
+            raise TunerError(f"--per-rank is a switch (true or false), not {self.per_rank!r}")
         changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
         changes["seed"] = whole("seed", self.seed, -(1 << 63))
         for name in ("trials", "patience"):
@@ -157,33 +170,41 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
 
 
 def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
-    from tuner.commands.tune import RunOptions, plan_text, results_table, run_tuning
-    from tuner.plan.models import checkpoint_dtype, fit_hint
+    from tuner.commands.run_plan import RunOptions, plan_text  # light: a plan loads no Optuna, torch, Triton
     from tuner.plan.space import load_space
 
     req = request.checked()
     keys_given = req.batch_sizes is not None
     model, gpu, settings = _load_common(req)
+    parallel = deployment_tp(req, model, gpu)                       # the deployment, before its shapes
     routing, recorded = recorded_routing(req, model)                # --routing FILE: read and checked first
     problems = only_problems(_problems(req, model), req.only)      # a bad --tp/--ep/--only is said first
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
-    if not req.dry_run and not req.replay:
+    if not req.dry_run and not req.replay and not req.synthetic:
         # the first thing a run without a GPU is told (before the engines' code or --out)
         from tuner.measure.device import require
         require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
-                "landscape (`tuner landscape synth` makes a SYNTHETIC one to try it), and --device cpu runs the "
-                "GPU's code path on the CPU (times that mean nothing about a GPU)")
-    # said with the plan, or after the run: never in front of a refusal of bad input
-    hint = fit_hint(model, gpu, req.tp, checkpoint_dtype(model))
+                "landscape, --synthetic runs it all on a SYNTHETIC one made on the fly (to try the tool), and "
+                "--device cpu runs the GPU's code path on the CPU (times that mean nothing about a GPU)")
+    if parallel.line and req.dry_run:
+        say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
     if not req.dry_run:
         # before anything is written: a folder we may write, a storage that is ours
-        from tuner.commands.tune import check_storage_url, default_storage
+        from tuner.commands.run_plan import default_storage
+        from tuner.commands.tune import check_storage_url
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
         if recorded is not None:
             from tuner.plan.routing import install
             install(recorded, out / "routing")          # where the kernel reads the ids (this run's children too)
         check_storage_url(req.storage or default_storage(out))
+    if req.synthetic:
+        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE, landscape_for_run
+        say(SYNTHETIC_RUN_LINE)
+        if not req.dry_run:
+            req.replay = str(landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command],
+                                               str(req.kernel_source), gpu, problems, req.batch_sizes or [],
+                                               req.space, say=(lambda line: None) if req.quiet else say))
     notes: list[str] = []
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
     from tuner.measure.policy import MeasurementPolicy
@@ -200,38 +221,58 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             out_dir=out_dir(req, model.name, gpu.key), storage=req.storage,
             engines=req.engines, replay=req.replay, record=record_path(req.record, kernel, len(runs) > 1),
             baseline=req.baseline, compile_workers=req.compile_workers, measure_timeout=req.measure_timeout,
-            recycle_after=req.recycle_after, prefix=req.study_prefix, gpus=gpu_list(req.gpus, req.device),
+            recycle_after=req.recycle_after, prefix=req.study_prefix,
+            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
             device=req.device, warm=warm,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
                       "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             quiet=req.quiet, traffic=profile,
         ))
+    if parallel.line and all_opts:
+        all_opts[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
         say("\n\n".join(plan_text(opts) for opts in all_opts))
-        if hint:
-            log.warning("%s", hint)
         return []
+    from tuner.commands.tune import run_tuning
     done = []
     for opts in all_opts:
         kernel = opts.kernel
         results = run_tuning(opts)
-        table = results_table(results, kernel.config_keys)
-        if not table.empty:
+        if results:
             from tuner.commands.report import run_source
+            from tuner.emit.run_table import run_table_lines, written_files
             say(run_source(opts.out_dir))
             say(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
-            say(table.to_string(index=False))
+            for line in run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir):
+                say(line)
+            from tuner.search.outcomes import untimed, why_untimed
+            for r in untimed(results):
+                say(f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}")
         if kernel.engine_hints:
             by_key = {p.key: p for p in opts.problems}
             for line in kernel.engine_hints([(by_key[k], rs) for k, rs in results.items()]):
                 say(line)
+        if results and (opts.times == "GPU" or str(opts.times).startswith("landscape")):
+            # (tables chosen on SYNTHETIC or CPU-device times are not pointed at for an engine to read)
+            from tuner.emit.install_target import config_folder_lines
+            for engine in sorted({e for p in opts.problems for e in p.engines if e in opts.engines}):
+                for line in config_folder_lines(engine, kernel.table_kind, opts.out_dir / engine / kernel.table_kind):
+                    say(line)
         done.append((opts, results))
-    if hint:
-        log.warning("%s", hint)
     return done
+
+
+def deployment_tp(req: TuneRequest, model, gpu):
+    """The request's tensor-parallel size (tuner/plan/deployment.py): --tp, checked to hold the
+    weights, or the smallest that does; set into the request."""
+    from tuner.plan.deployment import check_tp
+    from tuner.plan.models import checkpoint_dtype
+    parallel = check_tp(model, gpu, req.tp, req.ep, checkpoint_dtype(model), req.per_rank)
+    req.tp = parallel.tp
+    return parallel
 
 
 def _load_common(req: TuneRequest):
@@ -239,7 +280,7 @@ def _load_common(req: TuneRequest):
     command's defaults filled into the request)."""
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
-    from tuner.search.runner import default_settings
+    from tuner.search.settings import default_settings
 
     if req.batch_sizes is None:
         req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
@@ -310,13 +351,17 @@ def command_dtype(command: str, model, given: str | None) -> str:
 
 
 def _problems(req: TuneRequest, model) -> list:
-    """The model's problems for the command, as one GPU runs them at --tp/--ep."""
+    """The model's problems for the command, as one GPU runs them at --tp/--ep (--tp set by
+    deployment_tp by now)."""
     from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    tp = req.tp
+    if tp is None:
+        raise TunerError("internal: the tensor-parallel size was not planned")
     if req.command == "gemm":
-        return gemm_problems(model, req.tp, req.ep)
+        return gemm_problems(model, tp, req.ep)
     if req.command == "moe":
-        return moe_problems(model, req.tp, req.ep, req.dtype or DTYPES['moe'][0], req.routing, req.engines)
-    problems, skipped = mla_problems(model, req.tp, req.contexts or DEFAULT_CONTEXTS, req.page_size)
+        return moe_problems(model, tp, req.ep, req.dtype or DTYPES['moe'][0], req.routing, req.engines)
+    problems, skipped = mla_problems(model, tp, req.contexts or DEFAULT_CONTEXTS, req.page_size)
     if skipped and req.contexts:
         log.warning("skipping contexts beyond %s's positions: %s", model.name, skipped)
     return problems
@@ -359,7 +404,8 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
 def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
     if req.out:
         return Path(req.out)
-    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "")
+    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "") \
+        + ("-synthetic" if req.synthetic else "")
     return Path("runs") / name
 
 
@@ -427,23 +473,30 @@ def gpu_list(text: str | None, device: str = "cuda") -> list[int]:
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
                     dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False,
-                    min_gain: float = 0.02) -> Path | None:
+                    min_gain: float = 0.02, engine_version: str | None = None) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
-    and the lines the engine logs when it loads each table, or finds none."""
+    and the lines the engine logs when it loads each table, or finds none. Without the engine
+    here, a config folder (`moe_config_dir`) or a dry run for `engine_version`
+    (tuner/emit/install_target.py)."""
     from tuner.emit import install as inst
-    from tuner.emit.engine_tables import find_site_packages
+    from tuner.emit.install_target import install_target, shipped_copies
 
     results = Path(results)
     if not results.is_dir():
         raise TunerError(f"results folder {results} not found")
-    site = find_site_packages(engine, site_packages)
+    where = install_target(engine, site_packages, moe_config_dir, dry_run, engine_version)
+    site = where.site
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
-    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, min_gain)
-    extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
+    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
+                                      where.present, min_gain)
+    if not where.present:
+        what = f"a config folder for it, {config_dir}" if config_dir else "what an install into it would write"
+        say(f"{where.label} is not installed here: {what}, by its loader rules (tuner/plan/engines.py)")
+    extra = shipped_copies(where, config_dir, notes) if config_dir else []
     findings = inst.audit_install(copies, engine)
     errors = [f for f in findings if f.severity == "error"]
     if errors and not force:
@@ -451,17 +504,28 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
                          f"{Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
     for note in notes:
         log.warning("%s", note)
+    grouped: dict[tuple[str, str, str], list[str]] = {}      # one line per finding, naming its tables
     for f in findings:
-        say(f"audit: {f.severity}: {f.kind}: {Path(f.table).name}: {f.reason}")
+        grouped.setdefault((f.severity, f.kind, f.reason), []).append(Path(f.table).name)
+    for (severity, kind, reason), names in grouped.items():
+        tables = names[0] if len(names) == 1 else f"{len(names)} tables ({names[0]} and {len(names) - 1} more)"
+        say(f"audit: {severity}: {kind}: {tables}: {reason}")
     if not findings:
         say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
     if extra:
         say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
             f"into {config_dir} (the variable hides the package's own)")
+    for label in sorted({c.not_a_gpu for c in copies if c.not_a_gpu}):
+        count = sum(c.not_a_gpu == label for c in copies)
+        say(f"*** {label}: {count} of these {len(copies)} tables {'were' if count > 1 else 'was'} chosen on times "
+            f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
+            f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
     for c in copies:
         say(f"{'would install' if dry_run else 'install'} {c.dest}"
-            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else ""))
-    for line in inst.engine_log_lines(copies, engine, site, config_dir):
+            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
+            + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
+    from tuner.emit.install_target import engine_log_lines
+    for line in engine_log_lines(copies, engine, site, config_dir, where.version):
         say(line)
     if dry_run:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel
+from tuner.commands.options import batch, parallel_options, resolve_tp
 from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
 
@@ -23,8 +23,7 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--all", action="store_true", help="audit every table the engine ships instead of a deployment")
     aud.add_argument("--model", default=None, help="name in configs/models/ or a Hugging Face config.json")
     aud.add_argument("--gpu", default=None, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
-    aud.add_argument("--tp", type=parallel, default=1)
-    aud.add_argument("--ep", type=parallel, default=1)
+    parallel_options(aud)
     aud.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
                      help="default: the checkpoint's (fp8_w8a8 when its quantization_config is fp8, else bf16)")
     aud.add_argument("--engine-version", default=None, metavar="V",
@@ -98,19 +97,22 @@ def run(args) -> int:
     override = args.moe_config_dir if args.moe_config_dir is not None else os.environ.get(env_var)
     override_dir = Path(override) if override else None
     batches = Batches(args.max_batch, tuple(sorted(set(args.batch_sizes))) if args.batch_sizes else None)
+    model = gpu = None
+    if not args.all:
+        from tuner.plan.gpus import get_gpu
+        from tuner.plan.models import load_model
+        gpu = get_gpu(args.gpu)
+        model = load_model(args.model)
+        resolve_tp(args, model, gpu)            # the deployment audited: --tp, or the one that serves the model
     profile = None
     if args.traffic:
         from tuner.plan.traffic import load_profile
-        profile = load_profile(args.traffic, args.tp)
+        profile = load_profile(args.traffic, args.tp or 1)
     inst = locate_installation(args.engine, args.site_packages, args.engine_source, args.engine_version, args.triton)
-    if args.all:
+    if model is None or gpu is None:
         report = audit_all(inst, batches, override_dir)
     else:
-        from tuner.plan.gpus import get_gpu
-        from tuner.plan.models import check_parallel, load_model, resolve_dtype
-        gpu = get_gpu(args.gpu)
-        model = load_model(args.model)
-        check_parallel(model, args.tp, args.ep)
+        from tuner.plan.models import load_model, resolve_dtype
         dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
         numerics_model = load_model(args.numerics_model or "configs/examples/small-moe.json") if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))

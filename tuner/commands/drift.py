@@ -180,12 +180,14 @@ def policy_lines(measurers: "Measurers", paths: list[str]) -> str:
     for p in paths:
         manifest = Path(p) / "manifest.json"
         if manifest.is_file():
+            from tuner.errors import TunerError
+            from tuner.reading import read_json_file
             try:
-                import json
-                tuned = json.loads(manifest.read_text()).get("measurement")
-            except (OSError, ValueError):
+                data = read_json_file(manifest, "manifest")
+            except TunerError:
                 continue
-            lines.append(f"tables of {p} were tuned: {policy_text(tuned if isinstance(tuned, dict) else None)}")
+            tuned = data.get("measurement") if isinstance(data, dict) else None
+            lines += [f"tables of {p}", f"  were tuned: {policy_text(tuned if isinstance(tuned, dict) else None)}"]
     return "\n".join(lines)
 
 
@@ -329,7 +331,8 @@ def run(args) -> int:
     from tuner.measure.provenance import banner
     print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
     print(policy_lines(measurers, args.tables))
-    print(drift_table(df).to_string(index=False))
+    for line in drift_table(df):
+        print(line)
     losing = df[df["verdict"].isin(["loses", "fails"])]
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
           else f"all {len(df)} entries still win or tie")
@@ -346,16 +349,22 @@ def run(args) -> int:
     return 0
 
 
-def drift_table(df):
-    """Drift rows for a terminal: times to two decimals, a failed time as '-' with its reason."""
+def drift_table(df) -> list[str]:
+    """Drift rows for a terminal, within 120 columns: the table file each row re-times (the
+    engine and the name's shape, the rest of the name said above), times to two decimals, a
+    failed time as '-' with its reason."""
+    from tuner.emit.run_table import fixed_width, name_rest, short_file
+
     def num(v):
         return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
-    out = df[["engine", "kernel_source", "problem", "M"]].copy()
-    out["table_us"] = [num(v) for v in df["table_us"]]
-    out["default_us"] = [num(v) for v in df["default_us"]]
-    out["speedup"] = [num(v) for v in df["speedup"]]
-    out["verdict"] = df["verdict"]
-    out["note"] = [(f"table: {e}" if isinstance(e, str) else "") + ("; " if isinstance(e, str) and isinstance(d, str)
-                   else "") + (f"default: {d}" if isinstance(d, str) else "")
-                   for e, d in zip(df["error"], df["default_error"])]
-    return out
+    rows = []
+    for r in df.to_dict("records"):
+        note = "; ".join(x for x in ((f"table: {r['error']}" if isinstance(r["error"], str) else ""),
+                                     (f"default: {r['default_error']}" if isinstance(r["default_error"], str) else ""))
+                         if x)
+        rows.append([short_file({r["engine"]: r["table"]}), str(r["M"]), r["kernel_source"], num(r["table_us"]),
+                     num(r["default_us"]), num(r["speedup"]), r["verdict"], note[:40]])
+    rest = name_rest(list(df["table"]))
+    head = ["file: the table each row re-times" + (f", named <shape>{rest}.json" if rest else "")]
+    return head + fixed_width(["file", "M", "kernel", "table_us", "default_us", "speedup", "verdict", "note"], rows,
+                              left=(0, 2, 6, 7))

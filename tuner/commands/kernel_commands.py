@@ -15,7 +15,7 @@ from tuner.commands.options import (
     device_option,
     fraction,
     page,
-    parallel,
+    parallel_options,
     positive,
     trust_option,
     workers,
@@ -31,8 +31,7 @@ def common_options() -> Parser:
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
     g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
                    "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
-    g.add_argument("--tp", type=parallel, default=1, help="tensor-parallel size (default 1)")
-    g.add_argument("--ep", type=parallel, default=1, help="expert-parallel size (default 1)")
+    parallel_options(g)
     g.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
@@ -78,11 +77,16 @@ def common_options() -> Parser:
                    "its tables only; ours: on our kernels in kernels/ (with --replay: the landscape's)")
     k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                    help="the engines' released wheels, folders holding them, or folders made by "
-                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS)")
+                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS, "
+                   "then the wheels `tuner engine-source fetch` got)")
     trust_option(k)
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
+    o.add_argument("--synthetic", action="store_true",
+                   help="no GPU: make a SYNTHETIC landscape (a cost model) for this plan on the fly and replay it, "
+                   "the whole run labelled SYNTHETIC (default --out runs/...-synthetic); to try the tool, never "
+                   "to choose configs")
     o.add_argument("--record", default=None, metavar="FILE", help="time the whole pruned grid on the GPU into a landscape")
     o.add_argument("--gpus", default=None, metavar="LIST",
                    help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU); more than one runs a "
@@ -131,9 +135,17 @@ def add_mla_parser(sub, common) -> None:
 
 
 def run(args) -> int:
-    """tuner gemm, moe and mla."""
+    """tuner gemm, moe and mla: 0, or 1 when a study of a requested batch size timed no config
+    (said in one line on stderr, with the first failure's text)."""
+    import sys
+
     from tuner import api
-    api.tune(api.TuneRequest.from_args(args))
+    from tuner.search.outcomes import untimed_line
+    done = api.tune(api.TuneRequest.from_args(args))
+    line = untimed_line(done)
+    if line:
+        print(f"tuner: {line}", file=sys.stderr)
+        return 1
     return 0
 
 

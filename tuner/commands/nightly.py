@@ -93,7 +93,7 @@ def read_state(path: Path) -> dict:
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
-JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
+JOB_OPTIONS = ("tp", "ep", "per_rank", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
 JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
 
 
@@ -239,7 +239,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     out = night_dir / name
     log(f"{name}: retuning ({why}) into {out}")
     try:
-        api.tune(job_request(job, out, prev_run))
+        done = api.tune(job_request(job, out, prev_run))
     except TunerError as e:
         raise TunerError(f"{name}: the tuning run failed: {e}") from None
     except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
@@ -247,6 +247,11 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
             raise
         raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None
     result = {"job": name, "run": str(out), "why": why}
+    from tuner.search.outcomes import untimed_line
+    untimed = untimed_line(done)
+    if untimed:                        # said, and kept with the night's results: never silent
+        log(f"{name}: {untimed}")
+        result["untimed"] = untimed
     if prev_run is None:
         result["status"] = "fresh"
     else:

@@ -58,6 +58,7 @@ class Copy:
     merged: dict | None = None    # {"new": [M...], "kept": [M...]} of a --merge, recorded in the backup
     times: dict | None = None     # {M: time_us} of its rows and what they were timed on (merge_rule.py)
     timed_on: dict | None = None
+    not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
 
     def content(self) -> str:
         return self.text if self.text is not None else self.source.read_text()
@@ -156,10 +157,13 @@ def _engine_has(kind: str, engine: str) -> bool:
 
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None,
-                 merge: bool = False, min_gain: float = 0.02) -> tuple[list[Copy], list[str]]:
+                 merge: bool = False, engine_version: str | None = None,
+                 package_present: bool = True, min_gain: float = 0.02) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
     among others when a table would replace one that covers batch sizes it lacks (unless
-    `merge`: the old entries for those are kept, or `force`)."""
+    `merge`: the old entries for those are kept, or `force`). Without the engine's package
+    (`package_present` False: a config folder for `engine_version`), the tables no config-folder
+    variable covers are left out, with a note."""
     manifest = read_manifest(results)
     tables = [t for t in manifest["tables"] if (t.get("files") or {}).get(engine)]
     if not tables:
@@ -167,11 +171,13 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     eng = ENGINES[engine]
     roots = config_roots(site, engine, moe_config_dir)
     target_triton = installed_version(site, "triton")
-    target_engine = installed_version(site, engine)
+    target_engine = installed_version(site, engine) or engine_version
     gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
     copies: list[Copy] = []
     notes: list[str] = []
     timed_on_ours: list[str] = []
+    left_out: list[str] = []
+    forced: dict[str, list[str]] = {}          # why -> the tables forced for it (said once per reason)
     seen: dict[str, str] = {}
     where = f"{results / 'manifest.json'}"
     for t in tables:
@@ -179,6 +185,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         owner, kind, tail = _relative_table_path(rel, where)
         if owner != engine or kind not in roots:
             raise TunerError(f"{where}: file entry {rel!r} is not a {engine} table of a kind it reads")
+        if not package_present and moe_config_dir is not None and kind != "fused_moe":
+            left_out.append(kind)           # only the engine's package folder holds these: not here
+            continue
         source = results / rel
         if not inside(source, results):
             raise TunerError(f"{where}: {rel!r} leads out of {results}; refusing it")
@@ -189,8 +198,12 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         problems = []
         if not t.get("numerics_passed"):
             problems.append("its numerics check did not pass (or was not run: replayed timings)")
-        from tuner.measure.provenance import is_cpu_device
-        if is_cpu_device(env):
+        from tuner.measure.provenance import CPU_DEVICE, is_cpu_device, is_synthetic
+        not_a_gpu = "SYNTHETIC" if is_synthetic(env) else CPU_DEVICE if is_cpu_device(env) else ""
+        if is_synthetic(env):
+            problems.append("its times are SYNTHETIC (a cost model, `tuner landscape synth`): its configs were "
+                            "never timed on a GPU")
+        elif is_cpu_device(env):
             problems.append("it was timed on the CPU device (Triton's interpreter on a CPU, standing in for a "
                             "GPU in CI): its configs were never timed on a GPU")
         if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
@@ -207,8 +220,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
-            notes.append(f"forced {rel}: {'; '.join(problems)}")
+            forced.setdefault("; ".join(problems), []).append(rel)
         root = roots[kind]
+        if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
+            tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
         if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
             tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
         dest = root / tail
@@ -217,11 +232,18 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
-        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, times=merge_rule.row_times(t),
-                    timed_on=merge_rule.timed_on(t))
+        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu,
+                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
         notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest),
                            min_gain)
         copies.append(copy)
+    for why, rels in forced.items():
+        names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
+        notes.append(f"forced {len(rels)} table(s) ({names}): {why}")
+    if left_out:
+        notes.append(f"{len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) left out: {engine} reads them from "
+                     f"its package folder only (no variable names another), which is not here; install them where "
+                     f"{engine} is installed")
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")
@@ -457,15 +479,7 @@ def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:
     return [(p, str(p.relative_to(root))) for p in sorted(root.rglob("*.json"))]
 
 
-def plan_config_dir(site: Path, engine: str, config_dir: Path) -> list[Copy]:
-    """SGLang's variable hides the shipped tables, so they are copied in first."""
-    if engine != "sglang":
-        return []
-    root = config_roots(site, engine, config_dir)["fused_moe"]
-    return [Copy(p, root / rel, "shipped", root) for p, rel in shipped_moe_tables(site, engine)]
-
-
-# -- what the install leaves in place, as `tuner audit` sees it, and the engine's own lines --------
+# -- what the install leaves in place, as `tuner audit` sees it (the engine's own lines: install_target.py) --
 def audit_install(copies: list[Copy], engine: str) -> list:
     """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
     every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
@@ -501,40 +515,3 @@ def audit_install(copies: list[Copy], engine: str) -> list:
                 if up_t is not None and down_t is not None:
                     findings += pair_findings(up_t, down_t, str(down_path), batches, family)
     return findings
-
-
-def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None) -> list[str]:
-    """For each table installed, the line the engine logs when it loads it and the one it logs
-    when it finds no table there, quoted from the engine's loader source (the target's own
-    package, else the same version's wheel in $TUNER_ENGINE_WHEELS)."""
-    from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
-    from tuner.plan.engines import table_family
-    version = installed_version(site, engine) or ""
-    inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
-    kinds = sorted({c.kind for c in copies if c.kind})
-    if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
-        wheels = Path(os.environ.get("TUNER_ENGINE_WHEELS", "")) if os.environ.get("TUNER_ENGINE_WHEELS") else None
-        match = sorted(wheels.glob(f"{engine}-{version}-*.whl")) if wheels and version and wheels.is_dir() else []
-        if not match:
-            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site})"]
-        inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
-    out = []
-    for c in copies:
-        if not c.kind:
-            continue
-        family = table_family(engine, c.kind)
-        if c.kind == "fused_moe" and moe_config_dir is not None:
-            path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
-                else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
-        else:
-            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
-        tried = [path]
-        if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
-            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
-        lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
-        label = f"{engine} {version}".strip()
-        if "loaded" in lines:
-            out.append(f"{label} logs when it loads {c.dest.name}: {lines['loaded']}")
-        if "not loaded" in lines and not c.dest.name.endswith("_down.json"):
-            out.append(f"  and when it finds no table there: {lines['not loaded']}")
-    return out

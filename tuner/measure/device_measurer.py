@@ -50,9 +50,16 @@ def _compile_in_worker(kernel_ref: dict, params: dict, M: int, config: Config) -
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
+# What a refused call inside a CUDA-graph capture raises: the capture is invalidated and ended,
+# nothing sticky is left (the next capture in the same process works), unlike a kernel fault.
+CAPTURE_REFUSALS = ("when stream is capturing", "during capture", "during cuda graph capture")
+
+
 def poisons_context(error: str | None) -> bool:
     """Errors after which CUDA refuses every further call in this process."""
     text = (error or "").lower()
+    if any(s in text for s in CAPTURE_REFUSALS):
+        return False
     return any(s in text for s in ("illegal memory access", "illegal instruction", "misaligned address",
                                    "unspecified launch failure", "device-side assert", "cuda error"))
 
@@ -73,7 +80,7 @@ def make_gpu_measurer(kernel: dict, gpu: str, compile_workers: int = 8, device: 
 
 def _short_error(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
 
 
 class DeviceMeasurer:
@@ -81,7 +88,7 @@ class DeviceMeasurer:
 
     def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8, device: str = "cuda",
                  input_sets: int | None = None, reps: int | None = None, compile_timeout_s: float = 60.0,
-                 max_retakes: int = 3, cooldown_s: float = 2.0, policy: MeasurementPolicy = DEFAULT_POLICY):
+                 max_retakes: int = 1, cooldown_s: float = 1.0, policy: MeasurementPolicy = DEFAULT_POLICY):
         import torch
         self.torch = torch
         self.device = make_device(device, gpu)
@@ -107,7 +114,8 @@ class DeviceMeasurer:
         self._pool: ProcessPoolExecutor | None = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = self._new_pool()
-        self._env = {"device": self.device.name, "device_kind": self.device.kind, "kernel": kernel.source_label,
+        self._env = {"device": self.device.name, "device_kind": self.device.kind, "timing": self.device.timing,
+                     "kernel": kernel.source_label,
                      "code_version": kernel.code_version, **software_versions(), **self.device.nvml_snapshot(),
                      **props, "compile_workers": compile_workers if self._pool is not None else 0,
                      "policy": policy.as_dict()}
@@ -118,9 +126,14 @@ class DeviceMeasurer:
                                    initializer=init_compile_worker, initargs=(self.device.kind, os.getpid()))
 
     def environment(self) -> dict:
-        return {**self._env, "clocks_now": self.device.nvml_snapshot(),
-                "throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept,
+        return {**self._env, "clocks_now": self.device.nvml_snapshot(), **self.counters(),
                 "compiles": self.compile_stats()}
+
+    def counters(self) -> dict:
+        """What the retake rule and the clock warm-up did so far (the isolated child sends
+        them with every result, so the parent's environment is never the one at start)."""
+        return {"throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept,
+                "clock_warmups": self.device.clock_warmups}
 
     def compile_stats(self) -> dict:
         return {**self.compiles, "errors": list(self.compiles["errors"])}
@@ -198,7 +211,9 @@ class DeviceMeasurer:
         self._pool = self._new_pool()
 
     def _time(self, problem: Problem, M: int, cfg: Config) -> Measurement:
-        """Time one config; a run during which NVML saw the clocks throttled is taken again."""
+        """Time one config; a run during which NVML saw the clocks throttled is taken again,
+        at most `max_retakes` times (one by default: a GPU that throttles on and on would
+        otherwise cost every config several timings and cool-downs of a time-boxed call)."""
         for attempt in range(self.max_retakes + 1):
             before = self._throttle_reasons()
             m = self._time_once(problem, M, cfg)

@@ -54,7 +54,14 @@ def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int |
     except Exception as e:  # noqa: BLE001
         conn.send(("fatal", f"{type(e).__name__}: {e}"))
         return
-    stats = getattr(inner, "compile_stats", lambda: None)
+    compile_stats, counters = getattr(inner, "compile_stats", None), getattr(inner, "counters", None)
+
+    def stats() -> dict | None:
+        """Sent with every result: the compile counts and the measurer's counters so far."""
+        out = dict(compile_stats()) if compile_stats else {}
+        if counters:
+            out["counters"] = counters()
+        return out or None
     while True:
         try:
             method, args = conn.recv()
@@ -101,10 +108,14 @@ def _death_reason(exitcode) -> str:
 
 
 def _add_counts(a: dict, b: dict | None) -> dict:
+    """Compile counts (and the measurers' counters) of two children added up."""
     if not b:
         return a
-    out = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost")}
+    out: dict = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost")}
     out["errors"] = (list(a.get("errors", [])) + list(b.get("errors", [])))[:5]
+    if a.get("counters") or b.get("counters"):
+        ca, cb = a.get("counters") or {}, b.get("counters") or {}
+        out["counters"] = {k: ca.get(k, 0) + cb.get(k, 0) for k in {*ca, *cb}}
     return out
 
 
@@ -215,6 +226,7 @@ class IsolatedMeasurer:
         if self.failures:
             env["worker_failures"] = list(self.failures)
         compiles = _add_counts(self._compiles_before, self._compiles_now)
+        env.update(compiles.pop("counters", None) or {})      # retakes, clock warm-ups: live, not as at start
         if compiles.get("built") or compiles.get("failed") or compiles.get("lost"):
             env["compiles"] = compiles
         return env

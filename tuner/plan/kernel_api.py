@@ -8,6 +8,7 @@ branches on a kernel's name.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -132,6 +133,29 @@ class KernelSpec:
         """What another process needs to build this same spec (tuner.plan.kernel_registry.get_kernel(**ref))."""
         ref = {"name": self.name, "source": self.source, "origin": self.origin}
         return {**ref, "module": self.module} if self.module else ref
+
+
+def from_code(module: str, name: str) -> Callable:
+    """A callable that imports `module` on its first call and calls its function `name`: a
+    spec's code (Triton, torch) is loaded only when something runs it, so that planning, which
+    reads a spec's facts (keys, defaults, cost model), imports neither."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def from_factory(module: str, factory: str, *args) -> Callable:
+    """A callable that, on its first call, imports `module`, calls its `factory(*args)` (a
+    launcher's `moe_run(code, launch)`, say) once and from then on calls what it returned."""
+    made: list[Callable] = []
+
+    def call(*a, **kw):
+        if not made:
+            made.append(getattr(importlib.import_module(module), factory)(*args))
+        return made[0](*a, **kw)
+    call.__name__ = call.__qualname__ = factory
+    return call
 
 
 def config_from_entry(spec: KernelSpec, entry: dict) -> Config:

@@ -48,6 +48,7 @@ from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.plan.kernel_api import Config
+from tuner.search.settings import JOURNAL
 
 log = logging.getLogger("tuner")
 
@@ -298,7 +299,8 @@ def _sqlite_pragmas(dbapi_connection, connection_record) -> None:
 
 
 # -- the journal file: the default storage of a local run ------------------------------------
-JOURNAL = "journal:///"      # journal:///FILE (FILE as in sqlite:///FILE: relative, or /absolute)
+# JOURNAL (journal:///FILE) is defined in tuner/search/settings.py, where a plan reads it
+
 JOURNAL_SYNC_S = 1.0         # the journal is synced to the disk at most this long after a write
 
 
