@@ -332,9 +332,10 @@ def test_sampler_cmaes_is_refused_saying_why(capsys):
 
 
 def test_the_cpu_device_honours_the_measurement_policy():
-    """--timing eager and --l2 warm on the CPU device as on a GPU (tuner/measure/device.py): graph
-    timing warms every input set up before timing (where the GPU captures each), eager only the
-    first; an L2 left warm is never flushed; the policy is in the measurer's environment."""
+    """--timing eager and --l2 warm on the CPU device as on a GPU (tuner/measure/device.py): both
+    warm every input set up before timing (as the GPU does before it captures, or launches); graph
+    timing holds each timed call to CUDA-graph capture's rules, eager timing (no capture on a GPU)
+    does not; an L2 left warm is never flushed; the policy is in the measurer's environment."""
     from tuner.measure.device import CpuDevice
     from tuner.measure.device_measurer import DeviceMeasurer
     from tuner.measure.policy import MeasurementPolicy
@@ -349,7 +350,15 @@ def test_the_cpu_device_honours_the_measurement_policy():
     assert len(dev.time_runs(runs, flush, 4, graph=True)) == 4 and calls == [0, 1, 2, 0, 1, 2, 0]
     assert int(flush.sum()) == 0                        # flushed (zeroed) before the timed calls
     calls.clear()
-    assert len(dev.time_runs(runs, None, 4, graph=False)) == 4 and calls == [0, 0, 1, 2, 0]
+    assert len(dev.time_runs(runs, None, 4, graph=False)) == 4 and calls == [0, 1, 2, 0, 1, 2, 0]
+    import torch
+    state = torch.randn(4)
+
+    def host_scalar_write():
+        state[0] = 1.0                                  # a host-to-device copy of a Python scalar
+    with pytest.raises(RuntimeError, match="during CUDA graph capture"):
+        dev.time_runs([host_scalar_write], None, 2, graph=True)
+    assert len(dev.time_runs([host_scalar_write], None, 2, graph=False)) == 2   # eager: legal on a GPU too
     kernel = get_kernel("fp8_gemm")
     warm = DeviceMeasurer(kernel, get_gpu("H100"), compile_workers=0, device="cpu",
                           policy=MeasurementPolicy("eager", "warm"))
