@@ -46,7 +46,7 @@ from kernels.fused_moe_spec import (  # noqa: F401 - the spec's facts, used here
     shared_memory,
 )
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.plan.kernel_api import COMPILE_DEVICE, Config, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, ROUTING_PREFIX, Config, Params, recorded_routing_ids
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
 
@@ -318,7 +318,10 @@ def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device:
     the last expert) are drawn by no router: every token also goes to each of them, so the
     launch is top-(k + shared) with those experts always full."""
     routed = E - shared
-    if routing == "uniform":
+    if routing.startswith(ROUTING_PREFIX):
+        ids = _recorded(routing, M, topk, routed, gen).to(device)
+        scores = None
+    elif routing == "uniform":
         scores = torch.rand((M, routed), generator=gen, device=device)
     elif routing == "zipf":
         rank = torch.randperm(routed, generator=gen, device=device).float() + 1.0
@@ -327,13 +330,28 @@ def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device:
         scores = probs.log() - torch.log(-torch.log(torch.rand((M, routed), generator=gen, device=device)))
     else:
         raise ValueError(f"unknown routing {routing!r}")
-    ids = scores.topk(topk, dim=1).indices.to(torch.int32)
+    if scores is not None:
+        ids = scores.topk(topk, dim=1).indices.to(torch.int32)
     weights = torch.softmax(torch.randn((M, topk), generator=gen, device=device), dim=1)
     if shared:
         always = torch.arange(routed, E, dtype=torch.int32, device=device).expand(M, shared)
         ids = torch.cat([ids, always], dim=1)
         weights = torch.cat([weights, torch.ones((M, shared), device=device)], dim=1)
     return weights.float(), ids
+
+
+def _recorded(routing: str, M: int, topk: int, experts: int, gen: torch.Generator) -> torch.Tensor:
+    """M tokens of a recorded routing (tuner/plan/routing.py): one layer and M consecutive
+    tokens (a batch as it was served; wrapping round a short recording), drawn from `gen`."""
+    table = recorded_routing_ids(routing)                 # int32 [layers, tokens, topk]
+    layers, tokens, width = table.shape
+    if width != topk or int(table.max()) >= experts:
+        raise ValueError(f"the recorded routing {routing} is top-{width} over {int(table.max()) + 1}+ experts, "
+                         f"not top-{topk} over {experts}")
+    pick = torch.randint(0, layers * tokens, (1,), generator=gen, device=gen.device).item()
+    layer, start = divmod(int(pick), tokens)
+    rows = (torch.arange(M) + start) % tokens
+    return torch.from_numpy(table[layer]).index_select(0, rows).to(torch.int32)
 
 
 def local_ids(params: Params, topk_ids: torch.Tensor) -> torch.Tensor:

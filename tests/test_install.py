@@ -178,6 +178,47 @@ def test_install_audits_what_it_leaves(tmp_path, capsys):
     capsys.readouterr()
 
 
+def _timed_results(root: Path, row: dict, time_us: float, timing: str = "graph") -> Path:
+    """A results folder with one vLLM MoE table whose M=1 row has a time, taken on the H200 under
+    a measurement policy (tuner/measure/policy.py), as a run's manifest records it."""
+    (root / "vllm/fused_moe").mkdir(parents=True)
+    (root / "vllm/fused_moe" / MOE).write_text(json.dumps({"1": row}))
+    table = {"kernel": "fused_moe", "problem": {"i": 0}, "files": {"vllm": "vllm/fused_moe/" + MOE},
+             "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "numerics_passed": True,
+             "measurement": {"timing": timing, "l2": "cold", "clocks": "unlocked"},
+             "entries": {"1": {"config": row, "time_us": time_us}}}
+    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": [table]}))
+    return root
+
+
+@pytest.mark.parametrize("new_time,timing,kept", [
+    (9.9, "graph", True),        # 1 % faster than the installed row: under --min-gain 2 %, the row stays
+    (9.0, "graph", False),       # 11 % faster: replaced
+    (9.9, "eager", False),       # timed under another policy: not comparable, the new row goes in
+])
+def test_merge_replaces_an_installed_row_only_for_a_real_gain(tmp_path, capsys, new_time, timing, kept):
+    site = site_packages(tmp_path / "site")
+    moe = site / "vllm/model_executor/layers/fused_moe/configs" / MOE
+    first = _timed_results(tmp_path / "first", TABLE["1"], 10.0)
+    assert main(["install", str(first), "--engine", "vllm", "--site-packages", str(site)]) == 0
+    other = {**TABLE["1"], "BLOCK_SIZE_N": 128}
+    second = _timed_results(tmp_path / "second", other, new_time, timing)
+    capsys.readouterr()
+    assert main(["install", str(second), "--engine", "vllm", "--site-packages", str(site), "--merge"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(moe.read_text())["1"] == (TABLE["1"] if kept else other)
+    said = "the installed row (10.00 us) is kept: the new one (9.90 us) gains +1.0%, not above --min-gain 2%"
+    assert (said in err) is kept
+    records = sorted((tmp_path / "backups").glob("vllm-*/record.json"))
+    entry = next(e for e in json.loads(records[-1].read_text())["files"] if e["dest"] == str(moe))
+    assert ("kept_installed" in (entry.get("merged") or {})) is kept
+    # a lower threshold lets the 1 % through
+    if kept:
+        assert main(["install", str(second), "--engine", "vllm", "--site-packages", str(site), "--merge",
+                     "--min-gain", "0.005"]) == 0
+        assert json.loads(moe.read_text())["1"] == other
+
+
 # -- an engine that is not here: a config folder for a named version -----------------------------
 def test_a_config_folder_for_an_engine_that_is_not_here(tmp_path, monkeypatch, capsys):
     """No sglang in this Python: `--moe-config-dir DIR --engine-version V` writes DIR as that

@@ -33,8 +33,8 @@ class FakeMeasurer:
     """Times configs by the synthetic cost model; says what a GPU measurer says of itself."""
     label = "gpu"
 
-    def __init__(self, kernel=KERNEL, triton="3.6.0", device="NVIDIA H200"):
-        self.kernel, self.env = kernel, {"device": device, "triton": triton}
+    def __init__(self, kernel=KERNEL, triton="3.6.0", device="NVIDIA H200", policy=None):
+        self.kernel, self.env = kernel, {"device": device, "triton": triton, **({"policy": policy} if policy else {})}
 
     def environment(self):
         return dict(self.env)
@@ -68,20 +68,33 @@ def test_a_study_records_what_it_was_timed_on():
     space = load_space(KERNEL)
     tune_once(storage, FakeMeasurer(), space)
     assert stored_identity(storage) == {"device": "NVIDIA H200", "kernel": "ours", "code_version": KERNEL.code_version,
-                                        "space": space.version, "triton": "3.6.0", "times": "GPU"}
+                                        "space": space.version, "triton": "3.6.0", "times": "GPU",
+                                        "timing": None, "l2": None, "routing": None, "clocks": None}
+    # a measurer that says how it times (every device measurer does: tuner/measure/policy.py)
+    storage = optuna.storages.InMemoryStorage()
+    tune_once(storage, FakeMeasurer(policy={"timing": "eager", "l2": "warm", "clocks": "unlocked"}), space)
+    assert {k: stored_identity(storage)[k] for k in ("timing", "l2", "clocks")} == \
+        {"timing": "eager", "l2": "warm", "clocks": "unlocked"}
 
 
 @pytest.mark.parametrize("change,needle", [
     (lambda: {"kernel": dataclasses.replace(KERNEL, code_version="0123456789abcdef")}, "code_version"),
     (lambda: {"measurer": FakeMeasurer(triton="3.7.0")}, "triton 3.6.0 (now 3.7.0)"),
     (lambda: {"measurer": FakeMeasurer(device="NVIDIA H100 80GB HBM3")}, "device NVIDIA H200 (now NVIDIA H100"),
+    # results taken under another measurement policy are never resumed into this one
+    (lambda: {"first": {"timing": "graph", "l2": "cold"}, "measurer": FakeMeasurer(policy={"timing": "eager",
+                                                                                          "l2": "cold"})},
+     "timing graph (now eager)"),
+    (lambda: {"first": {"timing": "graph", "l2": "cold"}, "measurer": FakeMeasurer(policy={"timing": "graph",
+                                                                                          "l2": "warm"})},
+     "l2 cold (now warm)"),
     (lambda: {"space": SearchSpace(KERNEL, {**load_space(KERNEL).choices, "num_stages": [3, 4]},
                                    load_space(KERNEL).constraints)}, "space "),
 ])
 def test_a_study_timed_on_something_else_is_refused(change, needle):
     storage = optuna.storages.InMemoryStorage()
-    first = tune_once(storage, FakeMeasurer())
     kw = change()
+    first = tune_once(storage, FakeMeasurer(policy=kw.get("first")))
     kernel = kw.get("kernel", KERNEL)
     measurer = kw.get("measurer", FakeMeasurer(kernel))
     with pytest.raises(TunerError, match="already holds study") as e:

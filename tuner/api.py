@@ -61,11 +61,16 @@ class TuneRequest:
     dry_run: bool = False
     quiet: bool = False
     only: list[str] | None = None               # problems whose key holds one of these texts
-    routing: str = "uniform"                    # moe
+    routing: str = "uniform"                    # moe: uniform, zipf, or a recorded routing file (tuner/plan/routing.py)
     contexts: list[int] | None = None           # mla
     page_size: int = 64                         # mla
     traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/plan/traffic.py)
     trust_engine_source: bool = False           # import engine files that match no known release
+    timing: str = "graph"                       # CUDA-graph replay or eager launches (tuner/measure/policy.py)
+    l2: str = "cold"                            # L2 flushed before each timed run, or warm
+    warm_start: list[str] | None = None         # results folders, tables, folders of tables: seeds
+    no_warm_start: bool = False                 # no seeds from the engines' shipped tables
+    min_gain: float = 0.02                      # a row changes only for a gain above this (tuner/search/choice.py)
     synthetic: bool = False                     # time on a SYNTHETIC landscape made on the fly (no GPU)
 
     @classmethod
@@ -90,13 +95,24 @@ class TuneRequest:
                 raise TunerError(f"--{name.replace('_', '-')} must be at least {least}, not {v}")
             return v
 
+        from tuner.search.samplers import REMOVED
+        if self.sampler in REMOVED:
+            raise TunerError(REMOVED[self.sampler])
         for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
-                                     ("routing", self.routing, ("uniform", "zipf")),
+                                     ("timing", self.timing, ("graph", "eager")),
+                                     ("l2", self.l2, ("cold", "warm")),
                                      ("kernel_source", self.kernel_source, (None, "engine", "ours", *ENGINE_NAMES)),
                                      ("device", self.device, ("cuda", "cpu"))):
             if value not in allowed:
                 raise TunerError(f"--{name.replace('_', '-')} {value!r} is not one of "
                                  f"{', '.join(str(a) for a in allowed if a)}")
+        if not isinstance(self.routing, str) or not self.routing:
+            raise TunerError(f"--routing takes uniform, zipf or a routing file, not {self.routing!r}")
+        if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
+            raise TunerError(f"--min-gain must be at least 0 and below 1 (0.02 is 2%), not {self.min_gain!r}")
+        if self.warm_start is not None and (not isinstance(self.warm_start, (list, tuple))
+                                            or not all(isinstance(p, str) for p in self.warm_start)):
+            raise TunerError(f"--warm-start takes paths, not {self.warm_start!r}")
         if self.synthetic:
             clash = [o for o, v in (("--replay", self.replay), ("--record", self.record), ("--gpus", self.gpus),
                                     ("--device cpu", self.device == "cpu")) if v]
@@ -104,9 +120,6 @@ class TuneRequest:
                 raise TunerError(f"--synthetic makes its own SYNTHETIC landscape and replays it; drop {clash[0]}")
         if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
             raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
-        if self.sampler == "cmaes":
-            from tuner.search.runner import SearchSettings, make_sampler
-            make_sampler(SearchSettings(sampler="cmaes"))       # one line now if cmaes is missing
         changes: dict = {}
         if self.kernel_source in ENGINE_NAMES:
             # one engine's own kernel: it times that engine's tables only
@@ -164,6 +177,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     keys_given = req.batch_sizes is not None
     model, gpu, settings = _load_common(req)
     parallel = deployment_tp(req, model, gpu)                       # the deployment, before its shapes
+    routing, recorded = recorded_routing(req, model)                # --routing FILE: read and checked first
     problems = only_problems(_problems(req, model), req.only)      # a bad --tp/--ep/--only is said first
     profile = traffic_keys(req, settings, keys_given) if req.traffic else None
     if not req.dry_run and not req.replay and not req.synthetic:
@@ -180,6 +194,9 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         from tuner.commands.tune import check_storage_url
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
+        if recorded is not None:
+            from tuner.plan.routing import install
+            install(recorded, out / "routing")          # where the kernel reads the ids (this run's children too)
         check_storage_url(req.storage or default_storage(out))
     if req.synthetic:
         from tuner.measure.synthetic import SYNTHETIC_RUN_LINE, landscape_for_run
@@ -190,8 +207,14 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
                                                req.space, say=(lambda line: None) if req.quiet else say))
     notes: list[str] = []
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
+    from tuner.measure.policy import MeasurementPolicy
+    policy = MeasurementPolicy(req.timing, req.l2, routing=req.routing if req.command == "moe" else None)
     all_opts = []
     for kernel, problems in runs:
+        from tuner.commands.warm_sources import build_pool
+        # the engine's own shipped tables for its kernel's tables (both engines' for ours)
+        warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
+                          [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
         all_opts.append(RunOptions(
             kernel=kernel, space=load_space(kernel, req.space), gpu=gpu, problems=problems,
             batch_sizes=sorted(set(req.batch_sizes or [])), settings=settings,
@@ -200,9 +223,10 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             baseline=req.baseline, compile_workers=req.compile_workers, measure_timeout=req.measure_timeout,
             recycle_after=req.recycle_after, prefix=req.study_prefix,
             gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
-            device=req.device,
+            device=req.device, warm=warm,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
-                      "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {})},
+                      "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
+                      "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             quiet=req.quiet, traffic=profile,
         ))
     if parallel.line and all_opts:
@@ -276,7 +300,26 @@ def _load_common(req: TuneRequest):
     # Batches as large as the configs compiled at once on a GPU; a replay compiles nothing.
     settings = default_settings(trials, sampler=req.sampler, seed=req.seed, patience=req.patience,
                                 parallel=1 if req.replay else req.compile_workers)
+    settings.row_gain = float(req.min_gain)
     return model, gpu, settings
+
+
+def recorded_routing(req: TuneRequest, model):
+    """--routing FILE (moe): (what the manifest says of it, the recorded top-k ids), checked
+    against the model; the request then names the routing as problems do
+    ("recorded:<stem>@<hash>"). (None, None) for uniform and zipf."""
+    from tuner.plan import routing as rt
+    if not rt.is_file_routing(req.routing):
+        return None, None
+    if req.command != "moe":
+        raise TunerError(f"--routing applies to `tuner moe`, not `tuner {req.command}`")
+    recorded = rt.load_routing(req.routing)
+    experts = (model.n_routed_experts or 0)
+    rt.checked(recorded, int(model.num_experts_per_tok or 0), experts, f"--routing {req.routing}")
+    info = {"file": str(Path(req.routing).resolve()), "name": recorded.name, "what": recorded.describe(),
+            **rt.load_profile_stats(recorded, experts)}
+    req.routing = recorded.name
+    return info, recorded
 
 
 def traffic_keys(req: TuneRequest, settings, keys_given: bool):
@@ -430,7 +473,7 @@ def gpu_list(text: str | None, device: str = "cuda") -> list[int]:
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
                     dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False,
-                    engine_version: str | None = None) -> Path | None:
+                    min_gain: float = 0.02, engine_version: str | None = None) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
@@ -449,7 +492,7 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
     copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
-                                      where.present)
+                                      where.present, min_gain)
     if not where.present:
         what = f"a config folder for it, {config_dir}" if config_dir else "what an install into it would write"
         say(f"{where.label} is not installed here: {what}, by its loader rules (tuner/plan/engines.py)")

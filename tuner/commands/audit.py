@@ -52,6 +52,25 @@ def add_parser(sub, common) -> None:
                           "keys by the forward passes they serve")
 
 
+def policy_lines(report, engine: str) -> list[str]:
+    """How each table read was timed, where `tuner install` recorded it (the measurement
+    policy: tuner/measure/policy.py); shipped tables say nothing of it."""
+    from tuner.emit.install import BACKUP_ROOT
+    from tuner.emit.merge_rule import installed_times
+    from tuner.measure.policy import policy_text
+    lines = []
+    for ka in getattr(report, "kernels", []):
+        if not ka.resolved.found:
+            continue
+        found = installed_times(Path(ka.where), engine, BACKUP_ROOT)
+        timed = found[1] if found else None
+        lines.append(f"measurement of {Path(ka.where).name}: " + (
+            f"{policy_text({k: v for k, v in timed.items() if k != 'device'})} on {timed.get('device')} "
+            "(installed by tuner)" if timed else "not recorded (a shipped table, or installed before tuner recorded "
+            "it)"))
+    return lines
+
+
 def run(args) -> int:
     from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics, traffic_audit
     from tuner.emit.audit_report import terminal_lines, wrap, write_outputs
@@ -103,6 +122,8 @@ def run(args) -> int:
     if profile is not None:
         traffic_audit(report, profile)
     for line in terminal_lines(report):
+        print(line)
+    for line in policy_lines(report, args.engine):
         print(line)
     if out is not None:
         json_path, md_path = write_outputs(report, out)

@@ -13,6 +13,7 @@ from tuner.commands.options import (
     batch,
     context,
     device_option,
+    fraction,
     page,
     parallel_options,
     positive,
@@ -45,11 +46,21 @@ def common_options() -> Parser:
                    help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
                    "is measured (default trials/2)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
-                   help="gp (default): a Gaussian process over the study's own candidates; tpe, random, cmaes: Optuna's")
+                   help="gp (default): a Gaussian process over the study's own candidates; tpe, random: Optuna's")
     s.add_argument("--seed", type=int, default=0, help="sampler seed")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",
                    help="folder of shipped tables: seeds each study with the shipped config")
+    s.add_argument("--warm-start", nargs="+", default=None, metavar="PATH",
+                   help="seed every study from earlier results folders, table files or folders of tables (any GPU, "
+                   "M or nearby shape); each seed is measured again; the engines' shipped tables of this shape on "
+                   "sibling Hopper GPUs and of the nearest shapes seed it by default")
+    s.add_argument("--no-warm-start", action="store_true",
+                   help="no seeds from the engines' shipped tables (--warm-start and the batch sizes already done "
+                   "still seed)")
+    s.add_argument("--min-gain", type=fraction, default=0.02, metavar="FRACTION",
+                   help="a row changes only where the tuned config beats the installed row (or the default) by more "
+                   "than this in paired, interleaved re-timing (default 0.02: 2%%)")
     s.add_argument("--traffic", default=None, metavar="FILE",
                    help="gemm, moe: a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): "
                    "the table's keys, the trial budget and kept defaults follow the batch sizes served")
@@ -86,6 +97,10 @@ def common_options() -> Parser:
                    help="seconds one config may take (compile included) before it counts as hung (default 120; "
                    "compile workers are waited for at most half of it)")
     device_option(o)
+    o.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                   help="time CUDA-graph replays (default; how engines run decode) or eager launches (prefill)")
+    o.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                   help="flush the L2 cache before each timed run (cold, default) or leave it warm")
     o.add_argument("--recycle-after", type=positive, default=256, metavar="N",
                    help="configs a measuring worker serves before it is replaced (default 256)")
     o.add_argument("--dry-run", action="store_true", help="print the plan and stop (no GPU needed)")
@@ -104,9 +119,10 @@ def add_moe_parser(sub, common) -> None:
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
-    moe.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
-                     help="top-k routing used for timing: uniformly random like the engines' tuners "
-                     "(default), or Zipf-skewed like real traffic")
+    moe.add_argument("--routing", default="uniform", metavar="uniform|zipf|FILE",
+                     help="top-k routing used for timing: uniformly random like the engines' tuners (default), "
+                     "Zipf-skewed, or recorded from a served model: SGLang's per-token expert-distribution dump, "
+                     "or a .npy/.pt of expert ids [tokens, topk] (sampled per M; named in the table's identity)")
 
 
 def add_mla_parser(sub, common) -> None:

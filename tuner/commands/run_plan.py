@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tuner.commands import ceilings
 from tuner.measure.environment import installed_version
+from tuner.measure.policy import policy_text
 from tuner.plan.engines import ENGINES
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import KernelSpec
@@ -21,6 +22,7 @@ from tuner.search.settings import JOURNAL, SearchSettings, StudyResult
 
 if TYPE_CHECKING:
     from tuner.plan.traffic import TrafficProfile
+    from tuner.search.warm_start import WarmPool
 
 
 @dataclass
@@ -49,6 +51,12 @@ class RunOptions:
     device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
     times: str | None = None         # where the times come from (tuner/search/identity.py), once known
     notes: list[str] = field(default_factory=list)   # lines the run says once it starts (its default --tp)
+    warm: WarmPool | None = None     # known configs to seed studies from (tuner/search/warm_start.py)
+
+    @property
+    def policy(self) -> dict:
+        """The measurement policy (tuner/measure/policy.py), as run_info carries it to plans and manifests."""
+        return dict(self.run_info.get("measurement") or {})
 
     @property
     def device_name(self) -> str:
@@ -86,6 +94,7 @@ def plan_text(opts: RunOptions) -> str:
               f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
               f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
              + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
+             f"  timing: {policy_text(opts.policy or None) if not opts.replay else 'replayed: as the landscape was recorded'}",
              f"  storage {opts.storage or default_storage(opts.out_dir)}",
              f"  output {opts.out_dir}/"]
     triton_version = installed_version("triton")
@@ -93,6 +102,8 @@ def plan_text(opts: RunOptions) -> str:
     lines.append(f"  roofline floor: the larger of (fewest bytes moved / copy bandwidth) and (FLOPs / FP8 matmul "
                  f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
                  "runs much faster")
+    if opts.warm is not None:
+        lines += [f"  {line}" for line in opts.warm.describe(opts.settings.row_gain)]
     if opts.traffic is not None:
         lines += traffic_plan_lines(opts)
     for p in opts.problems:

@@ -32,6 +32,7 @@ from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.landscape import Landscape, LandscapeWriter
 from tuner.measure.measurers import Measurer, RecordingMeasurer, ReplayMeasurer
+from tuner.measure.policy import check_replay_policy, replay_policy
 from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.plan.engines import ENGINES, lookup_nearest
 from tuner.plan.gpus import GpuSpec
@@ -41,6 +42,7 @@ from tuner.plan.space import SearchSpace
 from tuner.progress import Progress
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
 from tuner.search.storage import is_journal, journal_path, open_storage, sync_storage
+from tuner.search.warm_start import WarmPool, incumbent, installed_rows, study_seeds
 
 log = logging.getLogger("tuner")
 
@@ -89,18 +91,24 @@ def landscape_source(kernel: KernelSpec) -> dict:
 # -- the run ----------------------------------------------------------------------------
 def make_measurer(opts: RunOptions, progress: Progress) -> Measurer:
     if opts.replay:
-        return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
+        replay = ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
+        recorded = replay.landscape.header.get("policy")
+        check_replay_policy(opts.replay, recorded, opts.policy)
+        opts.run_info["measurement"] = replay_policy(recorded, opts.policy)     # the times are the landscape's
+        return replay
     from tuner.measure import isolation
     # Every compile and timing happens in a replaceable child process (tuner/measure/isolation.py).
     gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
-                                            opts.measure_timeout, opts.recycle_after, opts.device)
+                                            opts.measure_timeout, opts.recycle_after, opts.device,
+                                            policy=opts.policy or None)
     if not opts.record:
         return gpu_m
     env = gpu_m.environment()
     header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
               "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
               "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
-              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso()}
+              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso(),
+              **({"policy": env["policy"]} if env.get("policy") else {})}
     writer = LandscapeWriter(opts.record, opts.kernel, header)
     land = Landscape(header, opts.kernel, str(opts.record))
     grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
@@ -265,7 +273,7 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
     once on one storage (workers): they share the studies."""
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
-                         prefix=opts.prefix)
+                         prefix=opts.prefix, policy=opts.policy)
     # A run started again shows the studies it finished before as stored, and says so.
     finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
                 if stored_result(storage, opts, p, M) is not None}
@@ -275,7 +283,10 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
                       "studies finished before; their stored results are shown, not run again")
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
-        neighbour = None
+        # the row a tuned config must beat: --baseline's, else the table the engine reads today
+        installed = baseline or installed_rows(opts.warm, opts.kernel.name, problem.params, opts.gpu,
+                                               problem.engines[0] if len(problem.engines) == 1 else "")
+        done: list[int] = []
         for M in sorted(opts.ms_for(problem)):
             tied_config = None
             if problem.tied_to:
@@ -289,13 +300,14 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
             seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
             if baseline:
                 seeds.append(("baseline", lookup_nearest(baseline, M)))
-            if neighbour:
-                seeds.append(("neighbour", neighbour))
+            # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
+            seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
+                                 opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
             # a tied table searches its shared keys freely too: both tables choose them together below
-            r = runner.tune(problem, M, seeds, None, default)
+            r = runner.tune(problem, M, seeds, None, default, incumbent(opts.kernel, installed, M))
             if problem.tied_to and not r.tied:
                 r = choose_tied(opts, runner, measurer, problem, M) or r
-            neighbour = r.config or neighbour
+            done.append(M)
             progress.end_study(_summary(r, time_unit(opts)))
             sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
             if after_study:
@@ -422,6 +434,8 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
                            "patience": opts.settings.patience, "space": opts.space.source,
                            **({"budgets": opts.settings.budgets} if opts.settings.budgets else {})}}
+    from tuner.search.warm_start import summary
+    run_info["warm_start"] = summary(opts.warm, ((r.search or {}).get("seeds") or {} for rs in results.values() for r in rs))
     earlier = _searched_otherwise(opts, results)
     if earlier:
         run_info["search"]["earlier_runs"] = earlier
@@ -514,14 +528,16 @@ def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
         "space": {"choices": opts.space.choices, "constraints": opts.space.constraints,
                   "source": opts.space.source},
         "engines": opts.engines, "baseline": opts.baseline, "run_info": opts.run_info,
+        **({"warm": opts.warm.as_dict()} if opts.warm else {}),
     })
 
 
 def plan_identity(opts: RunOptions) -> dict:
     """What a plan's studies will be timed on, as far as it is known before measuring
-    (tuner/search/identity.py)."""
+    (tuner/search/identity.py); a replay's policy is the landscape's, so only its routing is known."""
     from tuner.search.identity import plan_identity as identity
-    return identity(opts.device_name, opts.kernel, opts.space, opts.times)
+    policy = opts.policy if not opts.replay else {"routing": opts.policy.get("routing")}
+    return identity(opts.device_name, opts.kernel, opts.space, opts.times, policy)
 
 
 def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, load_code: bool = False,
@@ -555,12 +571,16 @@ def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, loa
                           batch_sizes=sorted({m for ms in plan["batch_sizes"].values() for m in ms}),
                           settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
                           engines=plan["engines"], baseline=plan["baseline"], run_info=plan["run_info"],
-                          prefix=prefix, plan_ms=plan["batch_sizes"])
+                          prefix=prefix, plan_ms=plan["batch_sizes"],
+                          warm=WarmPool.from_dict(plan["warm"]) if plan.get("warm") else None)
         if (plan.get("run_info") or {}).get("traffic"):
             from tuner.plan.traffic import TrafficProfile
             opts.traffic = TrafficProfile.from_manifest(plan["run_info"]["traffic"], "the stored plan")
         for k, v in overrides.items():
             setattr(opts, k, v)
+        if (plan.get("run_info") or {}).get("routing"):
+            from tuner.plan.routing import use_stored
+            use_stored(opts.out_dir / "routing")       # the recorded routing's ids (tuner/plan/routing.py)
         plans.append(opts)
     if not plans:
         raise TunerError(f"the storage holds no tuning plan under the study prefix {prefix!r}; "

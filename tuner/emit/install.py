@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tuner.emit import merge_rule
 from tuner.emit.engine_tables import installed_version
 from tuner.emit.results import read_manifest
 from tuner.errors import TunerError
@@ -55,6 +56,8 @@ class Copy:
     kind: str = ""  # the table family ("fused_moe", "fp8_gemm"); "" for shipped tables copied along
     text: str | None = None       # what to write when not the source as it is (a --merge)
     merged: dict | None = None    # {"new": [M...], "kept": [M...]} of a --merge, recorded in the backup
+    times: dict | None = None     # {M: time_us} of its rows and what they were timed on (merge_rule.py)
+    timed_on: dict | None = None
     not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
 
     def content(self) -> str:
@@ -155,7 +158,7 @@ def _engine_has(kind: str, engine: str) -> bool:
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None,
                  merge: bool = False, engine_version: str | None = None,
-                 package_present: bool = True) -> tuple[list[Copy], list[str]]:
+                 package_present: bool = True, min_gain: float = 0.02) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
     among others when a table would replace one that covers batch sizes it lacks (unless
     `merge`: the old entries for those are kept, or `force`). Without the engine's package
@@ -229,8 +232,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
-        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu)
-        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
+        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu,
+                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
+        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest),
+                           min_gain)
         copies.append(copy)
     for why, rels in forced.items():
         names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
@@ -261,7 +266,8 @@ def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Pa
     return None
 
 
-def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None) -> list[str]:
+def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None,
+              min_gain: float = 0.02) -> list[str]:
     """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace one
     covering batch sizes it lacks: those batch sizes would run an entry tuned for another M."""
     from tuner.plan.engines import load_table, table_family
@@ -275,6 +281,17 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
     new_raw = json.loads(copy.source.read_text())
     new = {int(k): v for k, v in new_raw.items() if k not in family.dropped_keys}
     lost = sorted(set(old) - set(new))
+    installed = merge_rule.installed_times(copy.dest, engine, BACKUP_ROOT) if merge else None
+    kept = merge_rule.keep_installed(old, new, installed[0], copy.times or {}, installed[1] == copy.timed_on,
+                                     min_gain) if installed else {}
+    if kept:                     # --merge: the installed rows the new ones do not beat by --min-gain stay
+        merged = {**new, **{m: old[m] for m in [*lost, *kept]}}
+        copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
+        copy.merged = {"new": sorted(set(new) - set(kept)), "kept": sorted([*lost, *kept]), "from": str(old_path),
+                       "kept_installed": {str(m): why for m, why in kept.items()}}
+        copy.times = {**(copy.times or {}), **{m: (installed or ({}, {}))[0][m] for m in kept}}   # the rows it holds
+        return [f"merged {rel}: {why}" for why in kept.values()] + (
+            [f"merged {rel}: the entries of {old_path} for M={','.join(map(str, lost))} are kept"] if lost else [])
     if not lost:
         return []
     what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
@@ -361,6 +378,11 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
             entry: dict = {"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root)}
             if c.merged:
                 entry["merged"] = c.merged
+            if c.times is not None:          # what a later --merge compares against (merge_rule.py)
+                entry["times"] = {str(m): t for m, t in c.times.items()
+                                  if not c.merged or m not in c.merged.get("kept", []) or str(m) in
+                                  c.merged.get("kept_installed", {})}
+                entry["timed_on"] = c.timed_on
             entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
         atomic_write_json(backup / RECORD, {"engine": engine, "installed": now_iso(),

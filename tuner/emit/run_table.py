@@ -46,6 +46,10 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     """The closing table of a run: `results` {problem key: [StudyResult]}, `files` {problem key:
     {engine: relative path}} (from the manifest; a problem without files: not written)."""
     kept = any(r.kept_default for rs in results.values() for r in rs)
+    # the row kept (tuned, installed, default) and why, where any row is not the tuned config
+    chosen = any((r.choice or {}).get("kept", "tuned") != "tuned" for rs in results.values() for r in rs)
+    if chosen:
+        from tuner.search.choice import choice_text
     rows = []
     for pkey, rs in results.items():
         label = short_file(files.get(pkey) or {}) or "(not written: same as its up table)"
@@ -56,6 +60,7 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                 f"{r.default_time_us:.2f}" if r.default_time_us else f"- ({r.default_error or 'not timed'})"[:24],
                 f"{r.speedup:.2f}x" if r.speedup else "-", str(r.trials), r.numerics.get("status", "-"),
                 *([_kept_text(r)] if kept else []),
+                *([choice_text(r.choice)] if chosen else []),
             ])
     rels = [rel for key, fs in files.items() if key in results for rel in fs.values()]
     rest = name_rest(rels)
@@ -63,7 +68,7 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     if rest:
         where.append(f"      named <shape>{rest}.json")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
-               *(["table"] if kept else [])]
+               *(["table"] if kept else []), *(["row"] if chosen else [])]
     return where + fixed_width(headers, rows, left=(0, 2, 7, 8))
 
 

@@ -11,13 +11,15 @@ primitives differ:
   kernels run       compiled                               in Triton's interpreter (TRITON_INTERPRET=1)
   timing            warm-up, one CUDA graph per callable,  one warm-up call per callable, then
                     replays timed with CUDA events         calls timed with the wall clock, each
-                                                           under CUDA-graph capture's rules
-                                                           (tuner/measure/capture_rules.py)
+                    (--timing eager: the launches timed,   under CUDA-graph capture's rules
+                    no graph)                              (tuner/measure/capture_rules.py;
+                                                           --timing eager: no rules, as no capture)
   clocks            after 1 s idle, 0.2 s of matmuls       the same idle rule, nothing to ramp
                     ramp the clocks before timing
   L2 flush          2 x L2 bytes on the GPU, zeroed        a plain buffer in memory, zeroed
                     before each replay, on the stream      likewise, before the clock starts
-                    the timing events are recorded on
+                    the timing events are recorded on      (--l2 warm: none)
+                    (--l2 warm: none)
   properties        read off the device (L2, SMs)          the GPU's row of tuner/plan/gpus.py
   NVML              clocks, temperature, throttling        none
   compile workers   compile on the GPU                     compile for sm_90 with Triton's own
@@ -176,24 +178,28 @@ class CudaDevice(_ClockWarmup):
             raise first_capture_error(e) from None
         return g
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
         """Per-replay times (us) of `runs` (one callable per input set): the clocks ramped after
         idle, each run once (warm-up: binary loaded, data touched, caches filled), each
         captured as a CUDA graph, the graphs replayed once, then replayed in rotation, each
-        replay timed with CUDA events. `flush` (None: nothing flushed, for work far larger
-        than L2) is zeroed before each timed replay on the current stream, the stream the
+        replay timed with CUDA events. `flush` (None: nothing flushed, --l2 warm, or work far
+        larger than L2) is zeroed before each timed replay on the current stream, the stream the
         start event is recorded on and the graph replayed on: the event is taken once the
         flush has finished, so the flush is never in the timed region and the replay never
-        overlaps it."""
+        overlaps it. graph=False (--timing eager): the runs launched as they are, launch
+        overhead included, as an engine runs prefill."""
         torch = self.torch
         self.warm_clocks()
         for run in runs:
             run()
         torch.cuda.synchronize()
-        graphs = [self.capture(run) for run in runs]
-        for g in graphs:
-            g.replay()
-        torch.cuda.synchronize()
+        runners: list = list(runs)
+        if graph:
+            graphs = [self.capture(run) for run in runs]
+            runners = [g.replay for g in graphs]
+            for replay in runners:
+                replay()
+            torch.cuda.synchronize()
         stream = torch.cuda.current_stream()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -201,7 +207,7 @@ class CudaDevice(_ClockWarmup):
             if flush is not None:
                 flush.zero_()                 # queued on `stream` ahead of the start event
             starts[r].record(stream)
-            graphs[r % len(graphs)].replay()  # launched on the current stream: `stream`
+            runners[r % len(runners)]()       # launched on the current stream: `stream`
             ends[r].record(stream)
         torch.cuda.synchronize()
         self._timed()
@@ -261,14 +267,18 @@ class CpuDevice(_ClockWarmup):
     def _ramp(self, seconds: float) -> None:
         """A CPU has no clocks to ramp for us: the idle rule runs, the ramp costs nothing."""
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
         """Per-call wall-clock times (us) of `runs`, as the GPU times them: each run once
         outside the rules (the warm-up, as on the GPU before its capture: caches filled,
         kernels compiled), then calls in rotation, at least one per run, each under CUDA-graph
         capture's rules (tuner/measure/capture_rules.py: what the GPU's capture of that run
         would refuse raises here, with the GPU's words), `flush` zeroed before each, outside
-        the timed region."""
+        the timed region (None: --l2 warm). graph=False (--timing eager): no capture on the
+        GPU, so no capture rules here either."""
+        import contextlib
+
         from tuner.measure.capture_rules import capture_rules
+        rules = capture_rules if graph else contextlib.nullcontext
         self.warm_clocks()
         for run in runs:
             run()
@@ -276,7 +286,7 @@ class CpuDevice(_ClockWarmup):
         for r in range(max(reps, len(runs))):
             if flush is not None:
                 flush.zero_()
-            with capture_rules():
+            with rules():
                 t0 = time.perf_counter()
                 runs[r % len(runs)]()
                 times.append((time.perf_counter() - t0) * 1e6)

@@ -5,7 +5,8 @@ Per batch of configs: compile workers (separate processes) build every config in
 parallel into Triton's on-disk cache while this process times them one by one:
 a warm-up launch, then the device's timing of several input sets in rotation (CUDA graphs
 replayed and timed with events on a GPU), the L2 cache flushed before each, the median
-kept and the spread recorded. This runs inside the isolated measuring child
+kept and the spread recorded. The measurement policy (tuner/measure/policy.py: CUDA graphs or
+eager launches, L2 flushed or warm) says how, and goes with every result. This runs inside the isolated measuring child
 (tuner/measure/isolation.py), never in the process that holds the search.
 """
 
@@ -25,6 +26,8 @@ from tuner.measure.environment import software_versions
 from tuner.measure.failures import exception_kind
 from tuner.measure.measurers import Measurement, NumericsCheck, valid
 from tuner.measure.numerics import check_config
+from tuner.measure.policy import DEFAULT as DEFAULT_POLICY
+from tuner.measure.policy import MeasurementPolicy
 from tuner.measure.timing import summarize
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec
@@ -65,14 +68,14 @@ _poisons_context = poisons_context            # the name older callers used
 
 
 def make_gpu_measurer(kernel: dict, gpu: str, compile_workers: int = 8, device: str = "cuda",
-                      compile_timeout_s: float = 60.0) -> "DeviceMeasurer":
+                      compile_timeout_s: float = 60.0, policy: dict | None = None) -> "DeviceMeasurer":
     """Factory run inside the isolated measuring worker (tuner.measure.isolation); `kernel` is a
     KernelSpec.ref (our kernel, or an engine's and where its code is)."""
     prepare_process(device)                   # before the kernels are imported
     from tuner.plan.gpus import get_gpu
     from tuner.plan.kernel_registry import get_kernel
     return DeviceMeasurer(get_kernel(**kernel), get_gpu(gpu), compile_workers=compile_workers, device=device,
-                          compile_timeout_s=compile_timeout_s)
+                          compile_timeout_s=compile_timeout_s, policy=MeasurementPolicy.from_dict(policy))
 
 
 def _short_error(e: BaseException) -> str:
@@ -85,7 +88,7 @@ class DeviceMeasurer:
 
     def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8, device: str = "cuda",
                  input_sets: int | None = None, reps: int | None = None, compile_timeout_s: float = 60.0,
-                 max_retakes: int = 1, cooldown_s: float = 1.0):
+                 max_retakes: int = 1, cooldown_s: float = 1.0, policy: MeasurementPolicy = DEFAULT_POLICY):
         import torch
         self.torch = torch
         self.device = make_device(device, gpu)
@@ -103,7 +106,9 @@ class DeviceMeasurer:
         self.input_sets = input_sets or self.device.input_sets
         self.reps = reps or self.device.reps
         props = self.device.properties()
-        self.flush = self.device.flush_buffer(props["l2_bytes"])     # zeroed before each timed run
+        self.policy = policy
+        # zeroed before each timed run (an L2 left warm: nothing flushed)
+        self.flush = self.device.flush_buffer(props["l2_bytes"]) if policy.flush_l2 else None
         self._inputs_key: tuple[str, int] | None = None
         self._inputs: list[dict] = []
         self._pool: ProcessPoolExecutor | None = None
@@ -112,7 +117,8 @@ class DeviceMeasurer:
         self._env = {"device": self.device.name, "device_kind": self.device.kind, "timing": self.device.timing,
                      "kernel": kernel.source_label,
                      "code_version": kernel.code_version, **software_versions(), **self.device.nvml_snapshot(),
-                     **props, "compile_workers": compile_workers if self._pool is not None else 0}
+                     **props, "compile_workers": compile_workers if self._pool is not None else 0,
+                     "policy": policy.as_dict()}
 
     def _new_pool(self) -> ProcessPoolExecutor:
         from tuner.measure.device import init_compile_worker
@@ -227,7 +233,7 @@ class DeviceMeasurer:
         try:
             sets = self._input_sets(problem, M)      # out of memory here is this config's failure too
             runs = [functools.partial(self.kernel.run, inp, cfg) for inp in sets]
-            times = self.device.time_runs(runs, self.flush, self.reps)
+            times = self.device.time_runs(runs, self.flush, self.reps, graph=self.policy.graph)
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
             return Measurement(None, None, _short_error(e), exception_kind(e))
         t = summarize(times)

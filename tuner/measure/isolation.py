@@ -320,7 +320,7 @@ class IsolatedMeasurer:
 
 def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int = 8,
                           timeout_s: float = DEFAULT_TIMEOUT_S, recycle_after: int = 256,
-                          device: str = "cuda") -> "IsolatedMeasurer":
+                          device: str = "cuda", policy: dict | None = None) -> "IsolatedMeasurer":
     """The device measurer (tuner.measure.device_measurer) in a replaceable child process, on a CUDA GPU
     or the CPU device. Its compile workers are waited for at most half the timeout, so that a
     slow compile is never taken for a hung config."""
@@ -328,5 +328,6 @@ def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int
     label = (CpuDevice if check_kind(device) == "cpu" else CudaDevice).label
     return IsolatedMeasurer(kernel, "tuner.measure.device_measurer:make_gpu_measurer",
                             {"kernel": kernel.ref, "gpu": gpu_key, "compile_workers": compile_workers,
-                             "device": device, "compile_timeout_s": COMPILE_SHARE * timeout_s},
+                             "device": device, "compile_timeout_s": COMPILE_SHARE * timeout_s,
+                             **({"policy": policy} if policy else {})},
                             timeout_s=timeout_s, recycle_after=recycle_after, label=label)

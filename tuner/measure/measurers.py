@@ -117,6 +117,8 @@ class ReplayMeasurer:
             env["device_kind"] = h["device_kind"]
         if h.get("synthetic"):
             env["synthetic"] = True
+        if h.get("policy"):
+            env["policy"] = h["policy"]          # how it was timed (tuner/measure/policy.py)
         return env
 
     def candidates(self, problem: Problem, M: int) -> set[tuple] | None:

@@ -7,7 +7,9 @@ branches on a kernel's name.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -161,6 +163,31 @@ def config_from_entry(spec: KernelSpec, entry: dict) -> Config:
     filled with their defaults, booleans as 0/1, keys the kernel does not take dropped."""
     merged = {**spec.optional_keys, **entry}
     return {k: int(merged[k]) for k in spec.config_keys}
+
+
+# Recorded routing (tuner/plan/routing.py): a MoE problem's "routing" param names the ids as
+# "recorded:<stem>@<hash>"; the ids are in <$TUNER_ROUTING_DIR>/<hash>.npy, int32 [layers, tokens, topk].
+ROUTING_PREFIX = "recorded:"
+ROUTING_DIR_ENV = "TUNER_ROUTING_DIR"
+
+
+def recorded_routing_ids(routing: str):
+    """The recorded top-k ids a routing name stands for (a numpy array), for a kernel's inputs."""
+    return _load_routing(os.environ.get(ROUTING_DIR_ENV, ""), routing.rsplit("@", 1)[-1])
+
+
+def _load_routing_uncached(folder: str, digest: str):
+    import numpy as np
+
+    from tuner.errors import TunerError
+    path = os.path.join(folder, f"{digest}.npy") if folder else ""
+    if not folder or not os.path.isfile(path):
+        raise TunerError(f"the recorded routing {digest} is not in {folder or '$' + ROUTING_DIR_ENV + ' (not set)'}: "
+                         "give --routing FILE again")
+    return np.load(path, allow_pickle=False)
+
+
+_load_routing = functools.lru_cache(maxsize=4)(_load_routing_uncached)
 
 
 MAX_TABLE_M = 1 << 20            # a table's batch size, as the command line's --batch-sizes

@@ -17,7 +17,6 @@ is tuner/search/stopping.py's.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 import warnings
@@ -34,11 +33,13 @@ from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
+from tuner.search.choice import choose_row
 from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.samplers import make_sampler
 from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
+from tuner.search.warm_start import is_warm, seeds_by_source
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
@@ -64,7 +65,8 @@ class StudyRunner:
     """Runs the study of one (problem, M) against a measurer and returns its result."""
 
     def __init__(self, kernel: KernelSpec, space: SearchSpace, gpu: GpuSpec, measurer: Measurer,
-                 storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = ""):
+                 storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = "",
+                 policy: dict | None = None):
         self.kernel = kernel
         self.space = space
         self.gpu = gpu
@@ -74,9 +76,11 @@ class StudyRunner:
         self.on_trial = on_trial or (lambda **kw: None)
         self.poll_s = 2.0          # how often to look again while other workers hold the last trials
         self.prefix = prefix
+        self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
-             fixed: Config | None = None, default: Config | None = None) -> StudyResult:
+             fixed: Config | None = None, default: Config | None = None,
+             incumbents: list[tuple[str, Config]] | None = None) -> StudyResult:
         """The study's result: from the storage when a run already finished it, else
         searched now (continuing what the storage holds). `fixed` pins some config keys
         (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
@@ -96,9 +100,13 @@ class StudyRunner:
         stopped, measured = self._search(study, target)
         self._fail_stale(study, target)      # leave no dead worker's trial RUNNING behind
         result = self._finish(problem, M, measured, target.default, stopped)
+        # the row changes only for a real gain over what the engine runs today (an installed row, else the default)
+        result = choose_row(self.kernel, self.measurer, result, [*(incumbents or []), ("default", target.default)],
+                            self.settings.row_gain)
         result.failures = self._failures(study, result)
         result.first_failure = self._first_failure(study)
-        result.search = self.searched_with(problem, M)
+        seeded = seeds_by_source(label for label, _ in target.seeds)
+        result.search = {**self.searched_with(problem, M), **({"seeds": seeded} if seeded else {})}
         study.set_user_attr("result", result.as_dict())
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
@@ -165,13 +173,17 @@ class StudyRunner:
             target.allowed = {t for t in target.allowed if all(v in choices[k] for k, v in zip(keys, t))}
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
-        study.sampler = make_sampler(self.settings, keys, choices, target.allowed)
+        study.sampler = make_sampler(self.settings, keys, choices, target.allowed,
+                                     warm=sum(is_warm(label) for label, _ in target.seeds))
         return study
 
     def identity(self) -> dict:
         """What a study's timings are of (tuner/search/identity.py): the device, whose kernel
-        code, the search space, the Triton that compiled it, and where the times come from."""
-        return study_identity(self.kernel, self.space, self.measurer)
+        code, the search space, the Triton that compiled it, where the times come from, and the
+        measurement policy (a replay's: the landscape's) with this run's routing."""
+        env = self.measurer.environment() or {}
+        policy = {"routing": self.policy.get("routing"), **(env.get("policy") or {})}
+        return study_identity(self.kernel, self.space, self.measurer, policy)
 
     def _check_identity(self, study: optuna.Study) -> None:
         """A stored study timed on another device, kernel code, space or Triton, or whose times
@@ -208,7 +220,7 @@ class StudyRunner:
         s = self.settings
         budget = s.budget_for(target.problem, target.M)
         rule = StoppingRule(budget, s.patience_for(target.problem, target.M), s.min_gain, seeds=len(target.seeds))
-        rng = random.Random(f"{s.seed}:{study_name(target.problem, target.M, source=self.kernel.source)}:{os.getpid()}")
+        name = study_name(target.problem, target.M, source=self.kernel.source)
         idle = 0
         while True:
             # Other workers may share this study: read its state from the storage every round.
@@ -229,7 +241,10 @@ class StudyRunner:
                 continue
             if not batch:                     # the sampler keeps proposing what is done or excluded
                 idle += 1
-                self._fill(study, target, measured, running, want, rng)
+                # seeded by --seed, the study and its state (never the process id): the same seed
+                # gives the same search in any process; workers at other states fill others
+                self._fill(study, target, measured, running, want,
+                           random.Random(f"{s.seed}:{name}:{len(trials)}"))
                 continue
             idle = 0
             results = self._measure(study, target, batch)
@@ -385,7 +400,8 @@ class StudyRunner:
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
                            d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
                            kept_default=d.get("kept_default"), tied=d.get("tied") or {},
-                           search=d.get("search") or {}, first_failure=d.get("first_failure"))
+                           search=d.get("search") or {}, choice=d.get("choice") or {},
+                           first_failure=d.get("first_failure"))
 
     # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:

@@ -24,6 +24,8 @@ class SearchSettings:
     # Budgets of single batch sizes, as {"M": trials} (JSON-safe: stored plans carry them);
     # a batch size not named here gets `budget`. Set from a traffic profile (tuner/plan/traffic.py).
     budgets: dict[str, int] = field(default_factory=dict)
+    # a table's row changes only for a paired gain above this (--min-gain; tuner/search/choice.py)
+    row_gain: float = 0.02
 
     def budget_for(self, problem: Problem, M: int) -> int:
         """The budget of the study of (problem, M)."""
@@ -72,6 +74,9 @@ class StudyResult:
     search: dict = field(default_factory=dict)
     # the first failed measurement's error in one line ("Type: message"): why a study that
     # timed nothing timed nothing (tuner/measure/failures.py)
+    # which config the row holds (the tuned one, the installed row or the default) and why,
+    # from paired re-timing against the incumbent (tuner/search/choice.py)
+    choice: dict = field(default_factory=dict)
     first_failure: str | None = None
 
     @property
@@ -95,6 +100,7 @@ class StudyResult:
                 **({"kept_default": self.kept_default} if self.kept_default else {}),
                 **({"tied": self.tied} if self.tied else {}),
                 **({"search": self.search} if self.search else {}),
+                **({"choice": self.choice} if self.choice else {}),
                 **({"first_failure": self.first_failure} if self.first_failure else {})}
 
 
