@@ -4,7 +4,7 @@
 #   bash scripts/gpu_proof.sh --call 1|2 [--minutes 8] [--gpu H100|H200] [--out DIR] [tuner proof options...]
 #
 # Expects, beside the repository (made here by scripts/prepare_gpu_proof.sh and carried):
-#   .whl/         Optuna, cmaes and their dependencies as wheels (the machine's Python has neither)
+#   .whl/         Optuna, threadpoolctl and their dependencies as wheels (the machine's Python lacks them)
 #   .engine-src/  the engines' kernel files (`tuner engine-source extract`), one folder per engine
 #   .baselines/   the engines' shipped tables (a copy of ../shared/baselines)
 # Results go to bench/results/<gpu>-<date>/ (call 2 continues the newest such folder, unpacked
@@ -27,13 +27,13 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
-if ! python3 -c "import optuna, cmaes" 2>/dev/null; then
+if ! python3 -c "import optuna, threadpoolctl" 2>/dev/null; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || { echo "gpu_proof: installing the carried wheels failed" >&2; exit 2; }
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   else
-    echo "gpu_proof: optuna or cmaes is missing and no wheels are in .whl/ (run scripts/prepare_gpu_proof.sh and carry .whl)" >&2
+    echo "gpu_proof: optuna or threadpoolctl is missing and no wheels are in .whl/ (run scripts/prepare_gpu_proof.sh and carry .whl)" >&2
     exit 2
   fi
 fi

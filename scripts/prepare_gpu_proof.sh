@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run here (with network, beside ../shared) before the GPU calls: gathers what the bare GPU
 # machine lacks into ignored folders of the repository, small enough to carry (< 64 MiB):
-#   .whl/         Optuna, cmaes and the dependencies the device image lacks (alembic, colorlog,
+#   .whl/         Optuna, threadpoolctl and the dependencies the device image lacks (alembic, colorlog,
 #                 sqlalchemy, mako, greenlet; it has torch, triton, numpy, pandas, pyyaml,
 #                 nvidia-ml-py, matplotlib, tqdm, packaging, markupsafe), via ../shared/device/wheels.sh
 #   .engine-src/  the engines' kernel files, extracted from their wheels ($TUNER_ENGINE_WHEELS)
@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 for d in /.whl/ /.engine-src/ /.baselines/; do
   grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude
 done
-bash ../shared/device/wheels.sh "cmaes==0.13.1" >/dev/null
+bash ../shared/device/wheels.sh "threadpoolctl" >/dev/null
 missing=()
-for dist in optuna cmaes alembic colorlog sqlalchemy mako; do
+for dist in optuna threadpoolctl alembic colorlog sqlalchemy mako; do
   ls .whl | grep -qi "^${dist}-" || missing+=("$dist")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -198,7 +198,7 @@ def test_the_device_calls_in_bench_readme_fit_the_device_tool():
         assert call["carry"] == [".whl", ".engine-src", ".baselines"]
     assert "nvidia-h100-x1" in text and "tar xzf" in text
     prepare = (REPO / "scripts" / "prepare_gpu_proof.sh").read_text()
-    assert all(c in prepare for c in (".whl", ".engine-src", ".baselines", "cmaes"))
+    assert all(c in prepare for c in (".whl", ".engine-src", ".baselines", "threadpoolctl"))
 
 
 def test_bad_proof_options_are_one_line(tmp_path, capsys):
