@@ -7,6 +7,7 @@ the other, and the options are checked here, where both enter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -398,30 +399,43 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
-    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge)
-    extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
-    findings = inst.audit_install(copies, engine)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors and not force:
-        raise TunerError(f"refusing the install: the audit of what it would leave finds {len(errors)} error(s), first "
-                         f"{Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
-    for note in notes:
-        log.warning("%s", note)
-    for f in findings:
-        say(f"audit: {f.severity}: {f.kind}: {Path(f.table).name}: {f.reason}")
-    if not findings:
-        say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
-    if extra:
-        say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
-            f"into {config_dir} (the variable hides the package's own)")
-    for c in copies:
-        say(f"{'would install' if dry_run else 'install'} {c.dest}"
-            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else ""))
-    for line in inst.engine_log_lines(copies, engine, site, config_dir):
-        say(line)
-    if dry_run:
-        return None
-    backup = inst.install(copies, engine, extra)
+
+    def plan() -> tuple[list, list, list, list]:
+        copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge)
+        extra = inst.plan_config_dir(site, engine, config_dir) if config_dir else []
+        inst.check_destinations([*extra, *copies])
+        findings = inst.audit_install(copies, engine)
+        errors = [f for f in findings if f.severity == "error"]
+        if errors and not force:
+            raise TunerError(f"refusing the install: the audit of what it would leave finds {len(errors)} error(s), "
+                             f"first {Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
+        return copies, notes, extra, findings
+
+    # Everything that refuses is checked before anything is written (the lock files included);
+    # then the plan is made again under the install lock of every folder it may write, so that
+    # what a --merge keeps is the table as it is when this install writes, not as it was
+    # before another install finished.
+    planned = plan()
+    roots = list(inst.config_roots(site, engine, config_dir).values())
+    with contextlib.nullcontext() if dry_run else inst.locked(roots, inst.BACKUP_ROOT):
+        copies, notes, extra, findings = planned if dry_run else plan()
+        for note in notes:
+            log.warning("%s", note)
+        for f in findings:
+            say(f"audit: {f.severity}: {f.kind}: {Path(f.table).name}: {f.reason}")
+        if not findings:
+            say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
+        if extra:
+            say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
+                f"into {config_dir} (the variable hides the package's own)")
+        for c in copies:
+            say(f"{'would install' if dry_run else 'install'} {c.dest}"
+                + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else ""))
+        for line in inst.engine_log_lines(copies, engine, site, config_dir):
+            say(line)
+        if dry_run:
+            return None
+        backup = inst.install(copies, engine, extra, lock=False)
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
         say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")

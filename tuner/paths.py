@@ -44,6 +44,15 @@ def read_json(path: Path, what: str = "", then: str = ""):
     return read_json_file(path, what, then)
 
 
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, resolved (symbolic links and `..` followed), lies under `root`."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
+
+
 def _refuse(path: Path, e: OSError, doing: str = "write") -> TunerError:
     return TunerError(f"cannot {doing} {path}: {os_error_words(e)}")
 
