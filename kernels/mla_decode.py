@@ -16,7 +16,6 @@ per (batch, context) and looked up at run time from a table (nearest bucket).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -26,7 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.plan.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, Config, KernelSpec, Params, read_table_file
 from tuner.plan.space import rule
 
 LATENT, ROPE = 512, 64
@@ -194,7 +193,8 @@ def find_table(heads: int, page_size: int, dev_name: str | None) -> dict | None:
     roots.append(str(Path(__file__).resolve().parents[1] / "tuned" / dev_name.replace(" ", "_") / "tuner" / "mla_decode"))
     for root in roots:
         if root and (Path(root) / name).is_file():
-            return json.loads((Path(root) / name).read_text())
+            table = read_table_file(Path(root) / name)
+            return table if isinstance(table, dict) else None
     return None
 
 

@@ -78,7 +78,7 @@ class TuneRequest:
         if self.command not in COMMANDS:
             raise TunerError(f"unknown tuning command {self.command!r}; choose from {', '.join(COMMANDS)}")
 
-        def whole(name: str, value, least: int = 1) -> int:
+        def whole(name: str, value, least: int = 1, most: int | None = None) -> int:
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise TunerError(f"--{name.replace('_', '-')} must be an integer, not {value!r}")
             try:
@@ -87,6 +87,8 @@ class TuneRequest:
                 raise TunerError(f"--{name.replace('_', '-')} must be an integer, not {value!r}") from None
             if v < least:
                 raise TunerError(f"--{name.replace('_', '-')} must be at least {least}, not {v}")
+            if most is not None and v > most:
+                raise TunerError(f"--{name.replace('_', '-')} must be at most {most}, not {v}")
             return v
 
         for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
@@ -111,7 +113,8 @@ class TuneRequest:
         for name in ("tp", "ep", "measure_timeout", "recycle_after", "page_size"):
             changes[name] = whole(name, getattr(self, name))
         changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
-        changes["seed"] = whole("seed", self.seed, -(1 << 63))
+        # what every sampler's generator takes (numpy's RandomState: 0 to 2^32-1)
+        changes["seed"] = whole("seed", self.seed, 0, (1 << 32) - 1)
         for name in ("trials", "patience"):
             if getattr(self, name) is not None:
                 changes[name] = whole(name, getattr(self, name))
@@ -332,12 +335,12 @@ def check_out_dir(out: Path) -> None:
     if not ok:
         raise TunerError(f"cannot write to {existing} (--out {out}): permission denied or not a folder")
     manifest = out / MANIFEST
-    if manifest.is_file():
-        import json
+    if os.path.lexists(manifest):
+        from tuner.reading import read_json_file
         try:
-            problem = manifest_problem(json.loads(manifest.read_text()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            problem = f"unreadable ({e})"
+            problem = manifest_problem(read_json_file(manifest))
+        except TunerError as e:
+            problem = f"unreadable: {e}"
         if problem:
             raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
 

@@ -200,6 +200,26 @@ def first_line(path: str | Path, what: str = "", max_line: int = MAX_LINE_BYTES)
     return ""
 
 
+def last_line(path: str | Path, tail: int = 64 << 10) -> str | None:
+    """The last non-empty line of a text file (a step's log), read from its last `tail`
+    bytes only, whatever its length; None when it cannot be read or is no regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        data = os.pread(fd, tail, max(0, st.st_size - tail))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
 def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMBER_BYTES) -> bytes:
     """One file of a zip archive (a wheel), at most `limit` bytes once decompressed: the size
     its header claims is checked first, and the reading stops at the limit whatever the header

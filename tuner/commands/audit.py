@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel
+from tuner.commands.options import batch, parallel, seed
 from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
 
@@ -46,7 +46,8 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--numerics-model", default=None, metavar="MODEL",
                      help="without a GPU, the (small) model whose shapes the rows run on in Triton's interpreter "
                      "(default configs/examples/small-moe.json); on a GPU the deployment's own shapes")
-    aud.add_argument("--seed", type=int, default=None, help="--numerics input seed (default: fresh random inputs)")
+    aud.add_argument("--seed", type=seed, default=None,
+                     help="--numerics input seed, 0 to 2^32-1 (default: fresh random inputs)")
     aud.add_argument("--out", default=None, metavar="DIR", help="also write audit.json and audit.md there")
     aud.add_argument("--traffic", default=None, metavar="FILE",
                      help="a traffic profile (an engine's /metrics dump, or CSV/JSON of M,weight): weigh each table's "

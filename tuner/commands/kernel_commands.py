@@ -8,7 +8,18 @@ from __future__ import annotations
 import os
 
 from tuner.api import SAMPLERS
-from tuner.commands.options import Parser, batch, context, device_option, page, parallel, positive, trust_option, workers
+from tuner.commands.options import (
+    Parser,
+    batch,
+    context,
+    device_option,
+    page,
+    parallel,
+    positive,
+    seed,
+    trust_option,
+    workers,
+)
 from tuner.plan.engines import ENGINE_NAMES
 
 
@@ -37,7 +48,7 @@ def common_options() -> Parser:
                    "is measured (default trials/2)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
                    help="gp (default): a Gaussian process over the study's own candidates; tpe, random, cmaes: Optuna's")
-    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--seed", type=seed, default=0, help="sampler seed (0 to 2^32-1)")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",
                    help="folder of shipped tables: seeds each study with the shipped config")

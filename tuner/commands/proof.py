@@ -526,11 +526,8 @@ def _no_temporaries(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    except OSError:
-        return "-"
-    return lines[-1][:200] if lines else "-"
+    from tuner.reading import last_line
+    return (last_line(path) or "-")[:200]
 
 
 def default_out(gpu: GpuSpec, device: str) -> Path:

@@ -768,7 +768,8 @@ def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], wa
     batches = Batches(max(opts.batch_sizes))
     for engine, rel in files.items():
         family = table_family(engine, opts.kernel.table_kind)
-        table, crash = load_table(family, (opts.out_dir / rel).read_bytes())
+        from tuner.reading import read_bytes
+        table, crash = load_table(family, read_bytes(opts.out_dir / rel, "table "))
         findings = named_table_findings(family, Path(rel).name, table, rel, batches) if warn and table is not None else []
         for f in findings:
             log.warning("%s: %s: %s (tuned M=%s)", rel, f.kind, f.reason, ",".join(map(str, sorted(table or {}))))

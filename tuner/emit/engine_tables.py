@@ -34,6 +34,9 @@ class TableFiles:
         raise NotImplementedError
 
     def read(self, rel: str) -> bytes:
+        """The file's bytes, read within the bounds of tuner/reading.py: one `TunerError`
+        line for a file over them or one that is no regular file (a FIFO, a device, a
+        zip member that inflates past them); KeyError or OSError when it is not there."""
         raise NotImplementedError
 
     def display(self, rel: str) -> str:
@@ -61,7 +64,8 @@ class FolderFiles(TableFiles):
         return sorted(x.name for x in p.iterdir()) if p.is_dir() else None
 
     def read(self, rel: str) -> bytes:
-        return self._p(rel).read_bytes()
+        from tuner.reading import read_bytes
+        return read_bytes(self._p(rel))
 
     def display(self, rel: str) -> str:
         return str(self._p(rel))
@@ -70,7 +74,8 @@ class FolderFiles(TableFiles):
         base = self._p(rel)
         if not base.is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file())
+        # everything but folders: a FIFO or a device named like a table is a finding, not skipped
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if not p.is_dir())
 
 
 class WheelFiles(TableFiles):
@@ -100,7 +105,8 @@ class WheelFiles(TableFiles):
                        if n.startswith(prefix) and len(n) > len(prefix)})
 
     def read(self, rel: str) -> bytes:
-        return self._zip.read(rel)
+        from tuner.reading import zip_member
+        return zip_member(self._zip, rel, str(self.wheel))
 
     def display(self, rel: str) -> str:
         return f"{self.wheel.name}:{rel}"
@@ -261,7 +267,7 @@ def loader_changes(inst: Installation) -> tuple[str, list[str]]:
         if rel not in texts:
             try:
                 texts[rel] = inst.files.read(rel).decode()
-            except (KeyError, OSError, UnicodeDecodeError):
+            except (KeyError, OSError, UnicodeDecodeError, TunerError):
                 texts[rel] = None
         text = texts[rel]
         if text is None:
@@ -311,7 +317,7 @@ def log_lines(inst: Installation, family: TableFamily, values: dict) -> dict[str
     if key not in _LOG_CALLS:
         try:
             src = _function_source(inst.files.read(rel).decode(), name)
-        except (KeyError, OSError, UnicodeDecodeError):
+        except (KeyError, OSError, UnicodeDecodeError, TunerError):
             src = None
         _LOG_CALLS[key] = _log_calls(src) if src is not None else None
     calls = _LOG_CALLS[key]

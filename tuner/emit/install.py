@@ -247,9 +247,13 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
     old, crash = load_table(family, read_bytes(old_path, "installed table "))
     if old is None:
         return [f"{rel} replaces {old_path}, which {engine}'s loader cannot read ({crash})"]
-    new_raw = json.loads(copy.source.read_text())
+    new_raw = read_json(copy.source, "table ")
     new = {int(k): v for k, v in new_raw.items() if k not in family.dropped_keys}
-    lost = sorted(set(old) - set(new))
+    # Keys below 1 are no batch size (every table we install is refused with one): a merge
+    # drops them rather than keep them, and says so. Their entries ran only where no batch
+    # size key was nearer, which the merged table's keys now are.
+    not_sizes = sorted(m for m in old if m < 1)
+    lost = sorted(set(old) - set(new) - set(not_sizes))
     if not lost:
         return []
     what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
@@ -258,8 +262,13 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
         merged = {**{m: old[m] for m in lost}, **new}
         copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
         copy.merged = {"new": sorted(new), "kept": lost, "from": str(old_path)}
-        return [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
-                "(recorded in the backup record)"]
+        notes = [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
+                 "(recorded in the backup record)"]
+        if not_sizes:
+            copy.merged["dropped"] = not_sizes
+            notes.append(f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are "
+                         "dropped: no batch size (recorded in the backup record)")
+        return notes
     if force:
         return [f"forced {what}: those batch sizes now run the entry tuned for the nearest M"]
     raise TunerError(f"refusing {what}: those batch sizes would run an entry tuned for another M (--merge keeps the "

@@ -6,6 +6,7 @@ see ../shared/ENGINES.md), so that the rest of the tool never branches on an eng
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -506,6 +507,9 @@ def far_ranges(ranges: list[tuple[int, int, int]], factor: int = FAR_KEY_FACTOR)
     [(key, first M, last M, worst ratio)]."""
     out = []
     for key, first, last in ranges:
+        if key < 1:             # no batch size (a loader takes "0" or "-8" all the same): every M is far
+            out.append((key, first, last, math.inf))
+            continue
         below = (first, min(last, -(-key // factor) - 1))          # key > factor * M
         if below[0] <= below[1]:
             out.append((key, below[0], below[1], key / below[0]))
@@ -641,6 +645,8 @@ def load_table(family: TableFamily, raw: bytes) -> tuple[dict[int, object] | Non
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
         return None, f"not valid JSON ({str(e).splitlines()[0]}): json.load raises"
+    except RecursionError:
+        return None, "nested too deeply for Python's JSON reader: json.load raises RecursionError"
     try:
         return parse_table_keys(obj, family), None
     except ValueError:
