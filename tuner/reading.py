@@ -67,6 +67,24 @@ def read_bytes(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) ->
         os.close(fd)
 
 
+def read_head(path: str | Path, n: int, what: str = "") -> bytes:
+    """The first `n` bytes of a regular file (a header to recognize it by), whatever its
+    length; one clear line when it cannot be read or is no regular file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TunerError(f"{what}{path} is not a regular file")
+        return os.pread(fd, n, 0)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> str:
     data = read_bytes(path, what, limit)
     try:

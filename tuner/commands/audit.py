@@ -8,7 +8,11 @@ from pathlib import Path
 
 from tuner.commands.options import batch, parallel, seed
 from tuner.errors import TunerError
+from tuner.paths import CONFIGS_DIR
 from tuner.plan.engines import ENGINE_NAMES
+
+# the small model --numerics runs rows on without a GPU: the repository's, wherever the user stands
+NUMERICS_MODEL = CONFIGS_DIR / "examples" / "small-moe.json"
 
 
 def add_parser(sub, common) -> None:
@@ -79,6 +83,11 @@ def run(args) -> int:
     env_var = table_family(args.engine, "fused_moe").env_var or ""
     override = args.moe_config_dir if args.moe_config_dir is not None else os.environ.get(env_var)
     override_dir = Path(override) if override else None
+    if args.moe_config_dir and override_dir is not None and not override_dir.is_dir():
+        # named on the command line: a typo is said, not audited as an empty folder (the
+        # variable's folder, from the engine's environment, is a note of the audit instead)
+        raise TunerError(f"--moe-config-dir {override_dir} " + ("is not a folder" if override_dir.exists()
+                                                                else "not found") + " ('' audits no override folder)")
     batches = Batches(args.max_batch, tuple(sorted(set(args.batch_sizes))) if args.batch_sizes else None)
     profile = None
     if args.traffic:
@@ -94,7 +103,7 @@ def run(args) -> int:
         model = load_model(args.model)
         check_parallel(model, args.tp, args.ep)
         dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
-        numerics_model = load_model(args.numerics_model or "configs/examples/small-moe.json") if args.numerics else None
+        numerics_model = load_model(args.numerics_model or str(NUMERICS_MODEL)) if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))
         if args.numerics:
             seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")

@@ -116,9 +116,20 @@ def add_mla_parser(sub, common) -> None:
 
 
 def run(args) -> int:
-    """tuner gemm, moe and mla."""
+    """tuner gemm, moe and mla: 0, or 1 when every config of a study failed (timed out,
+    crashed...): its batch size is in no table, said in one line on stderr."""
+    import sys
+
     from tuner import api
-    api.tune(api.TuneRequest.from_args(args))
+    done = api.tune(api.TuneRequest.from_args(args))
+    failed = [r for _, results in done for rs in results.values() for r in rs
+              if r.config is None and r.numerics.get("detail") == "every config failed"]
+    if failed:
+        r = failed[0]
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failures.items())) or "no time"
+        print(f"tuner: every config failed in {len(failed)} studies (M={r.M} of {r.problem.key}: {kinds}); their "
+              "batch sizes are in no table", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -111,6 +111,28 @@ def job_request(job: dict, out: Path, baseline: Path | None = None):
                        quiet=True, baseline=str(baseline) if baseline is not None else None, **options)
 
 
+def check_jobs(cfg: dict, path: Path) -> None:
+    """Every job's inputs, before the night writes anything: its options as a tuning run
+    takes them, its GPU and model, its landscape and traffic profile. A bad one is one line
+    naming the job (a night half written and then refused is what this prevents)."""
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+    from tuner.plan.traffic import load_profile
+    for job in cfg["jobs"]:
+        try:
+            req = job_request(job, Path(".")).checked()
+            get_gpu(req.gpu)
+            load_model(req.model)
+            if req.replay and not Path(req.replay).is_file():
+                raise TunerError(f"landscape {req.replay} not found")
+            if req.traffic:
+                load_profile(req.traffic, tp=req.tp)
+        except TunerError as e:
+            raise TunerError(f"{path}: job {job['name']!r}: {e} (nothing was run)") from None
+        except TypeError as e:          # a key of the job that no tuning run takes
+            raise TunerError(f"{path}: job {job['name']!r}: {e} (nothing was run)") from None
+
+
 def environment_now(job: dict) -> dict:
     """What the timings of this job would be taken on: the landscape's header when it
     replays, this machine otherwise."""
@@ -282,6 +304,7 @@ def run_night(config_path: Path, night: str | None = None, log=print) -> int:
     night_dir = runs_dir / night
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
+    check_jobs(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
     results = []
