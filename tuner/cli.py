@@ -41,7 +41,7 @@ from tuner.commands import (
     worker,
 )
 from tuner.commands.options import Parser
-from tuner.errors import TunerError
+from tuner.errors import Terminated, TunerError
 
 
 # Each command's options and run live in its module under tuner/commands/; this list says the
@@ -94,9 +94,7 @@ class _StderrLines(logging.Handler):
 COMMANDS = {name: run for name, _add, run in _commands()}
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping us, kill): handled like Ctrl-C, so atomic writes clean
-    up and the storage is left resumable."""
+_Terminated = Terminated       # the name tests and older callers know
 
 
 def _on_sigterm(signum, frame):
