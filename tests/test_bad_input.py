@@ -222,6 +222,20 @@ def nightly_job(root: Path, **fields) -> Path:
     return path
 
 
+_HELD: list = []          # lock files held open by a case's "other process", for the test's length
+
+
+def night_running(root: Path) -> Path:
+    """A nightly config whose runs_dir another night holds (its lock, flocked here)."""
+    import fcntl
+    config = nightly_job(root)
+    (root / "runs").mkdir(exist_ok=True)
+    f = open(root / "runs" / ".nightly.lock", "a")
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    _HELD.append(f)
+    return config
+
+
 def traffic_file(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -524,6 +538,8 @@ CASES = [
     ("nightly job of an unknown model", lambda t: ["nightly", str(nightly_job(t, model="no-such-model"))],
      "unknown model"),
     ("nightly job with a negative trial count", lambda t: ["nightly", str(nightly_job(t, trials=-3))], "--trials"),
+    ("nightly while another night holds its runs_dir", lambda t: ["nightly", str(night_running(t))],
+     "another tuner nightly is running"),
     ("audit --moe-config-dir missing", lambda t: [
         "audit", "--engine", "vllm", "--engine-version", "0.33.0", "--model", "deepseek-v3", "--gpu", "H200",
         "--moe-config-dir", str(t / "nowhere")], "not found"),

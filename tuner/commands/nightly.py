@@ -293,7 +293,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
 
 
 def run_night(config_path: Path, night: str | None = None, log=print) -> int:
-    from tuner.paths import check_writable, make_folder
+    from tuner.paths import check_writable
     cfg = load_config(config_path)
     runs_dir = Path(cfg.get("runs_dir") or "runs/nightly")
     noise = float(cfg.get("noise", 0.02))
@@ -306,6 +306,37 @@ def run_night(config_path: Path, night: str | None = None, log=print) -> int:
     state = read_state(state_path)
     check_jobs(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
+    with one_night_at_a_time(runs_dir):
+        state = read_state(state_path)        # as the night that held the lock left it
+        return _run_jobs(cfg, runs_dir, night, night_dir, state_path, state, noise, log)
+
+
+def one_night_at_a_time(runs_dir: Path):
+    """Hold runs_dir/.nightly.lock (an flock the kernel drops when the night ends, kill -9
+    included) for the night: a second night on the same runs_dir would read the state before
+    the first writes it and write its own over it, losing the first's jobs. It is refused in
+    one line instead, with nothing written (the lock file is there already)."""
+    import contextlib
+    import fcntl
+
+    from tuner.paths import make_folder, open_for_append
+
+    @contextlib.contextmanager
+    def held():
+        make_folder(runs_dir)
+        with open_for_append(runs_dir / ".nightly.lock", runs_dir) as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise TunerError(f"another tuner nightly is running on {runs_dir} (it holds "
+                                 f"{runs_dir / '.nightly.lock'}); run this one when it is done") from None
+            yield
+    return held()
+
+
+def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path: Path, state: dict, noise: float,
+              log) -> int:
+    from tuner.paths import make_folder
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
     results = []
     for job in cfg["jobs"]:
