@@ -204,3 +204,17 @@ def test_every_reader_goes_through_the_bounded_ones():
                     rel == f and text in line for f, text in STREAMED):
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "reads around tuner/reading.py:\n" + "\n".join(found)
+
+
+def test_a_fifo_named_like_a_wheel_is_refused_not_waited_on(tmp_path, capsys, monkeypatch):
+    """$TUNER_ENGINE_WHEELS holding a FIFO named as vLLM 0.33.0's wheel (the audit takes the
+    newest wheel there): one line, exit 2, in seconds (opening it waited for a writer)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    os.mkfifo(wheels / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    monkeypatch.setenv("TUNER_ENGINE_WHEELS", str(wheels))
+    with deadline(30):
+        rc = main(["audit", "--engine", "vllm", "--triton", "3.6.0", "--model", "deepseek-v3", "--gpu", "H200",
+                   "--tp", "8", "--moe-config-dir", ""])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "is not a regular file" in err, err

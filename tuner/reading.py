@@ -238,6 +238,36 @@ def last_line(path: str | Path, tail: int = 64 << 10) -> str | None:
     return lines[-1] if lines else ""
 
 
+MAX_ZIP_MEMBERS = 200_000          # files in one wheel (vLLM's: ~3,000)
+
+
+def open_zip(path: str | Path, what: str = "the wheel ") -> zipfile.ZipFile:
+    """A zip archive (a wheel) to read members from with zip_member: a regular file (a FIFO or
+    a device named like a wheel is refused, never waited on), whose directory lists at most
+    MAX_ZIP_MEMBERS files; one clear line otherwise."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TunerError(f"{what}{path} is not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        zf = zipfile.ZipFile(f)
+    except (OSError, zipfile.BadZipFile, zlib.error, EOFError, ValueError) as e:
+        f.close()
+        raise TunerError(f"cannot read {what}{path}: {e}") from None
+    if len(zf.infolist()) > MAX_ZIP_MEMBERS:
+        zf.close()
+        raise TunerError(f"{what}{path} lists more than {MAX_ZIP_MEMBERS} files: not a wheel of an engine")
+    return zf
+
+
 def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMBER_BYTES) -> bytes:
     """One file of a zip archive (a wheel), at most `limit` bytes once decompressed: the size
     its header claims is checked first, and the reading stops at the limit whatever the header

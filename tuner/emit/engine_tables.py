@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,10 +82,8 @@ class WheelFiles(TableFiles):
 
     def __init__(self, wheel: Path):
         self.wheel = Path(wheel)
-        try:
-            self._zip = zipfile.ZipFile(self.wheel)
-        except (OSError, zipfile.BadZipFile) as e:
-            raise TunerError(f"cannot read the wheel {wheel}: {e}") from None
+        from tuner.reading import open_zip
+        self._zip = open_zip(self.wheel)
         self._names = set(self._zip.namelist())
         self._dirs: set[str] = set()
         for n in self._names:

@@ -108,10 +108,8 @@ def _from_wheel(path: Path, engine: str) -> EngineCode:
     version = _wheel_version(path, engine)
     if version is None:
         raise TunerError(f"{path} is not a {engine} wheel (expected {engine}-<version>-....whl)")
-    try:
-        zf = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise TunerError(f"cannot read the wheel {path}: {e}") from None
+    from tuner.reading import open_zip
+    zf = open_zip(path)
     return EngineCode(engine, version, str(path.resolve()), "wheel", _zip=zf)
 
 
