@@ -100,20 +100,36 @@ def test_audit_numerics_finds_its_default_model_from_anywhere(tmp_path, monkeypa
     assert rc == 0 and "unknown model" not in err, err
 
 
+def timeouts(lines: list[str]) -> list[str]:
+    """A landscape's lines with every point a timeout."""
+    out = [lines[0]]
+    for line in lines[1:]:
+        rec = json.loads(line)
+        rec.pop("time_us", None), rec.pop("spread", None)
+        rec["error"], rec["failure"] = "hang: no result within 120s", "timeout"
+        out.append(json.dumps(rec))
+    return out
+
+
 def test_a_run_whose_every_config_timed_out_exits_1(tmp_path, capsys):
     """Every config of the study timed out (a landscape of timeouts): no table entry, one
     line on stderr saying so, exit 1 (it was 0)."""
-    def timeouts(lines):
-        out = [lines[0]]
-        for line in lines[1:]:
-            rec = json.loads(line)
-            rec.pop("time_us", None), rec.pop("spread", None)
-            rec["error"], rec["failure"] = "hang: no result within 120s", "timeout"
-            out.append(json.dumps(rec))
-        return out
     land = landscape(tmp_path / "l.jsonl", timeouts)
     rc = main([*GEMM_ARGS, "--replay", str(land), "--trials", "4", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 1, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("tuner: every config failed in 1 studies (M=1 of N=7168,K=2048") and "timeout" in last
+
+
+def test_a_nightly_job_whose_every_config_timed_out_fails(tmp_path, capsys):
+    """The same in a night: the job fails with that line (its status was "fresh", exit 0)."""
+    land = landscape(tmp_path / "l.jsonl", timeouts)
+    job = {"name": "a", "kernel": "gemm", "model": "deepseek-v3", "gpu": "H200", "tp": 8, "batch_sizes": [1],
+           "trials": 4, "replay": str(land), "kernel_source": "ours"}
+    config = tmp_path / "n.yaml"
+    config.write_text(f"runs_dir: {tmp_path / 'runs'}\njobs:\n- {json.dumps(job)}\n")
+    assert main(["nightly", str(config), "--night", "n1"]) == 1
+    [result] = json.loads((tmp_path / "runs" / "n1" / "summary.json").read_text())
+    assert result["status"] == "failed" and "every config failed in" in result["error"]
+    capsys.readouterr()

@@ -214,6 +214,20 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
     return done
 
 
+def failed_studies(done: list) -> list:
+    """The studies of a run (tune's [(options, {problem key: [StudyResult]})]) in which every
+    config failed (timed out, crashed...): their batch sizes are in no table."""
+    return [r for _, results in done for rs in results.values() for r in rs
+            if r.config is None and r.numerics.get("detail") == "every config failed"]
+
+
+def failed_studies_line(failed: list) -> str:
+    r = failed[0]
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failures.items())) or "no time"
+    return (f"every config failed in {len(failed)} studies (M={r.M} of {r.problem.key}: {kinds}); their batch sizes "
+            "are in no table")
+
+
 def _load_common(req: TuneRequest):
     """Everything the kernel commands share: model, GPU, search settings (and the
     command's defaults filled into the request)."""

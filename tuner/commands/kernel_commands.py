@@ -121,14 +121,9 @@ def run(args) -> int:
     import sys
 
     from tuner import api
-    done = api.tune(api.TuneRequest.from_args(args))
-    failed = [r for _, results in done for rs in results.values() for r in rs
-              if r.config is None and r.numerics.get("detail") == "every config failed"]
+    failed = api.failed_studies(api.tune(api.TuneRequest.from_args(args)))
     if failed:
-        r = failed[0]
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failures.items())) or "no time"
-        print(f"tuner: every config failed in {len(failed)} studies (M={r.M} of {r.problem.key}: {kinds}); their "
-              "batch sizes are in no table", file=sys.stderr)
+        print(f"tuner: {api.failed_studies_line(failed)}", file=sys.stderr)
         return 1
     return 0
 

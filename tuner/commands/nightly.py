@@ -261,13 +261,15 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     out = night_dir / name
     log(f"{name}: retuning ({why}) into {out}")
     try:
-        api.tune(job_request(job, out, prev_run))
+        failed = api.failed_studies(api.tune(job_request(job, out, prev_run)))
     except TunerError as e:
         raise TunerError(f"{name}: the tuning run failed: {e}") from None
     except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
         if os.environ.get("TUNER_DEBUG"):
             raise
         raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None
+    if failed:                  # its tables lack those batch sizes: not a night that went fine
+        raise TunerError(f"{name}: {api.failed_studies_line(failed)}")
     result = {"job": name, "run": str(out), "why": why}
     if prev_run is None:
         result["status"] = "fresh"
