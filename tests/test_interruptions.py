@@ -205,3 +205,17 @@ def test_temporaries_are_written_locked(tmp_path):
     atomic_write_file(tmp_path / "f.json", fill, root=tmp_path)
     assert seen == ["locked"] and (tmp_path / "f.json").read_text() == "x"
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_ctrl_c_while_the_command_exits_changes_nothing(tmp_path):
+    """A Ctrl-C landing after the command's work, while its exit cleans up (here an exit
+    hook standing in for ending a measuring child): no "Exception ignored" traceback, and the
+    exit status is the command's (a death by SIGINT, -2, had no line at all)."""
+    code = ("import atexit, os, runpy, signal, sys, time\n"
+            "def late():\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.3)\n"
+            "atexit.register(late)\n"
+            "sys.argv = ['tuner', 'landscape', 'info', sys.argv[1]]\n"
+            "runpy.run_module('tuner', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none.jsonl")], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -197,3 +197,18 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.pop(TRUST_ENV, None)
             else:
                 os.environ[TRUST_ENV] = trust_before
+
+
+def entry() -> int:
+    """The `tuner` command (and `python -m tuner`): main(), after which the exit's cleanup
+    (ending measuring children, Python's resource tracker) runs with SIGINT and SIGTERM
+    ignored: the command's work is done and said, and a Ctrl-C landing then must neither
+    print a traceback nor turn its exit status into a death by signal."""
+    import signal
+    code = main()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:
+            pass                       # not the main thread
+    return code
