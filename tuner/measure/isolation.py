@@ -16,6 +16,7 @@ behind. The child and its workers also die when their parent does, kill -9 inclu
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import math
 import multiprocessing.util  # noqa: F401 - imported before our atexit hook, so that ours runs first
@@ -53,10 +54,9 @@ def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int |
     (killed, interrupted: the pipe breaks) ends it quietly, never with a traceback."""
     become_group_leader()
     # Interrupted from outside (SIGINT, as SIGTERM already does): a quiet death the parent
-    # reads as its run being stopped, not a config's crash. SIGINT was held back by the parent
-    # while this process started in its group (a Ctrl-C then is delivered now).
+    # reads as its run being stopped, not a config's crash. (This process started with SIGINT
+    # ignored, while it was still in its parent's process group: see IsolatedMeasurer._start.)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if pdeathsig:
         die_with_parent()
     watch_parent(kill_group=True, parent=parent)
@@ -134,6 +134,33 @@ def _stopped_from_outside(exitcode) -> None:
         raise Terminated("the measuring worker was terminated (SIGTERM)")
 
 
+@contextlib.contextmanager
+def _quiet_start():
+    """Around starting a child (fork, exec, handing it what it runs: milliseconds). The child
+    starts in our process group and leaves it only when it runs our code: a Ctrl-C meanwhile,
+    while Python starts in it (seconds), would print its KeyboardInterrupt traceback. So it
+    starts with SIGINT ignored, the one disposition exec keeps (the spawn resets a signal
+    mask), and takes SIGINT again when it is on its own; a Ctrl-C landing here in those
+    milliseconds is lost. A SIGTERM here waits until the child has all it needs (a start cut
+    short leaves it a half-read pipe and a traceback), then stops us as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    deferred: list[int] = []
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: deferred.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        signal.signal(signal.SIGTERM, sigterm)
+        if deferred:
+            if callable(sigterm):
+                sigterm(signal.SIGTERM, None)
+            elif sigterm != signal.SIG_IGN:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _death_reason(exitcode) -> str:
     if exitcode is None:
         return "worker died"
@@ -192,15 +219,9 @@ class IsolatedMeasurer:
         pdeathsig = threading.current_thread() is threading.main_thread()
         self.proc = ctx.Process(target=_child_main, args=(child_end, self.factory, self.kwargs, pdeathsig, os.getpid()),
                                 daemon=False)
-        # The child starts in our process group (it leaves it first thing): a Ctrl-C meanwhile
-        # would print its traceback from Python's start-up. It starts with SIGINT held back
-        # (the mask is inherited) and takes it when it is on its own.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        with _quiet_start():
             self.proc.start()
             _LIVE.add(self)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         child_end.close()
         self.process_groups.append(self.proc.pid)
         self.starts += 1
