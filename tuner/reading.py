@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import stat
 import zipfile
 import zlib
@@ -93,8 +94,35 @@ def read_text(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> 
         raise TunerError(f"{what}{path} is not UTF-8 text") from None
 
 
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def nests_deeper(text: str | bytes, limit: int) -> bool:
+    """Whether JSON `text` nests arrays and objects more than `limit` deep (strings skipped).
+    Said without parsing it: Python's JSON reader recurses once per level, so how deep it may
+    go would otherwise depend on the process's recursion limit (which libraries and tests
+    raise), and deep enough, on the C stack."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _JSON_NESTING.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
 def parse_json(text: str, where: str, then: str = ""):
-    """The JSON value of `text`; one line naming `where` when it is not JSON or nests too deep."""
+    """The JSON value of `text`; one line naming `where` when it is not JSON or nests more
+    than MAX_NESTING deep (no file of ours nests more than a few levels)."""
+    if nests_deeper(text, MAX_NESTING):
+        raise TunerError(f"{where} is nested too deeply to be a file of ours{then}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -638,9 +638,20 @@ def resolve_table(family: TableFamily, name: str, package, override, triton_vers
     return res
 
 
+# The nesting at which an engine's json.load raises RecursionError: Python's default recursion
+# limit (1000) less the frames of the engine's loader (a few dozen).
+ENGINE_JSON_DEPTH = 950
+
+
 def load_table(family: TableFamily, raw: bytes) -> tuple[dict[int, object] | None, str | None]:
     """({M: entry} as the loader returns it, None) or (None, why the loader raises on it)."""
     import json
+
+    from tuner.reading import nests_deeper
+    # what the engine's json.load does under Python's default recursion limit (1000), whatever
+    # this process's limit is
+    if nests_deeper(raw, ENGINE_JSON_DEPTH):
+        return None, "nested too deeply for Python's JSON reader: json.load raises RecursionError"
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:

@@ -15,7 +15,8 @@ from pathlib import Path
 from optuna.storages import BaseStorage
 
 from tuner.errors import TunerError
-from tuner.search.storage import is_journal, journal_path, open_storage
+from tuner.search.journal_lines import is_journal
+from tuner.search.storage import journal_path, open_storage
 
 log = logging.getLogger("tuner")
 
