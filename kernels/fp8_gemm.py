@@ -19,8 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fp8_gemm_spec import (  # noqa: F401 - the spec's facts, used here and imported from here
+    SPEC,
+    bytes_moved,
+    default_config,
+    flops,
+    sglang_default,
+    shared_memory,
+)
 from kernels.interpreter_fixes import cast_for_store, interpreting, round_to_grid
-from tuner.plan.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, Config, Params
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448.0
@@ -162,13 +170,6 @@ def _w8a8_block_fp8_matmul_kernel(
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
-def default_config(params: Params, M: int) -> Config:
-    """vLLM 0.33's launch when it finds no table for a shape (block [bn, bk])."""
-    bn, bk = params.get("block_shape", (128, 128))
-    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
-            "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 2}
-
-
 def _check_shapes(A, B, As, Bs, block_size):
     bn, bk = block_size
     assert A.dim() == 2 and B.dim() == 2 and A.shape[1] == B.shape[1], "A [M,K] and B [N,K] expected"
@@ -262,42 +263,4 @@ def compile_only(params: Params, M: int, config: Config) -> None:
     _launch(A, B, As, Bs, C, (bn, bk), config, warmup=True)
 
 
-def flops(params: Params, M: int) -> float:
-    return 2.0 * M * params["N"] * params["K"]
-
-
-def bytes_moved(params: Params, M: int) -> float:
-    N, K = params["N"], params["K"]
-    bn, bk = params["block_shape"]
-    scales = 4 * (M * triton.cdiv(K, bk) + triton.cdiv(N, bn) * triton.cdiv(K, bk))
-    return M * K + N * K + 2 * M * N + scales
-
-
-def shared_memory(params: Params, config: Config) -> int:
-    # Each pipeline stage buffers one FP8 tile of A and one of B.
-    return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"]
-
-
-def sglang_default(params: Params, M: int) -> list[Config]:
-    return [default_config(params, M) | {"num_stages": 3}]
-
-
-KERNEL = KernelSpec(
-    name="fp8_gemm",
-    table_kind="fp8_gemm",
-    problem_keys=("N", "K", "block_shape"),
-    config_keys=MATMUL_CONFIG_KEYS,
-    make_inputs=make_inputs,
-    run=run,
-    reference=reference,
-    # Both sides compute from the same FP8 values; what differs is the order of fp32
-    # sums and the final bf16 rounding (about 2^-9 per element).
-    tolerance=1e-2,
-    flops=flops,
-    bytes_moved=bytes_moved,
-    default_config=default_config,
-    shared_memory=shared_memory,
-    extra_seeds=sglang_default,
-    compile_only=compile_only,
-    description="block-scaled FP8 GEMM (w8a8, 1x128 activation groups, 128x128 weight blocks)",
-)
+KERNEL = SPEC      # one spec (kernels/fp8_gemm_spec.py): its code is this module's

@@ -29,22 +29,31 @@ from kernels.fp8_gemm import (
     per_token_group_quant_fp8,
     per_token_group_quant_fp8_reference,
 )
+from kernels.fused_moe_spec import (  # noqa: F401 - the spec's facts, used here and imported from here
+    PARTS,
+    SPEC,
+    bytes_moved,
+    default_config,
+    expected_experts_touched,
+    expert_parallel,
+    flops,
+    local_pairs,
+    m_tiles,
+    max_padded_rows,
+    measurement_note,
+    pairs_per_token,
+    routing_note,
+    shared_memory,
+)
 from kernels.interpreter_fixes import cast_for_store, dot, interpreting
-from tuner.plan.kernel_api import COMPILE_DEVICE, MATMUL_CONFIG_KEYS, Config, KernelSpec, Params
+from tuner.plan.kernel_api import COMPILE_DEVICE, ROUTING_PREFIX, Config, Params, recorded_routing_ids
 
 QUANT_NONE, QUANT_PER_TENSOR, QUANT_BLOCK = 0, 1, 2
-# the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with
-# the up table's config (params["up_config"]) and the _down table's (SGLang's two, timed together)
-PARTS = ("op", "up", "down", "pair")
 
 
 # ---------------------------------------------------------------------------
 # Alignment: sort (token, k) pairs by expert, pad each expert's run to BLOCK_SIZE_M.
 # ---------------------------------------------------------------------------
-def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """An upper bound on the aligned length: each expert adds at most block_m - 1 padding
-    rows, and no more than one block per pair."""
-    return min(num_pairs + num_experts * (block_m - 1), num_pairs * block_m)
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int, rows: int | None = None,
@@ -77,7 +86,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int,
     counts = torch.zeros(buckets, dtype=torch.long, device=dev).scatter_add_(0, ids, torch.ones_like(ids))
     padded = (counts + block_m - 1) // block_m * block_m
     if invalid == "drop":
-        padded[-1] = 0
+        # a device fill: `padded[-1] = 0` would copy a host scalar into device memory, which
+        # CUDA-graph capture refuses (tuner/measure/capture_rules.py)
+        padded[-1].zero_()
     ends = torch.cumsum(padded, 0)
     order = torch.sort(ids, stable=True).indices
     experts_sorted = ids[order]
@@ -262,18 +273,6 @@ def fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, *, use_fp8_w8a8=Fal
 # part "op" times the whole layer with one config (how vLLM applies its table); "up" and
 # "down" time one projection each (SGLang's table and its `_down` table).
 # ---------------------------------------------------------------------------
-def default_config(params: Params, M: int) -> Config:
-    """vLLM 0.33's launch without a table. Block FP8: as in ../shared/ENGINES.md. Other
-    precisions: vLLM's small/large-batch split (an approximation of its heuristic)."""
-    if params.get("block_shape"):
-        return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": 64 if M <= 8 else 128,
-                "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1 if M <= 16 else 32,
-                "num_warps": 4, "num_stages": 4 if M <= 4 else 3}
-    if M <= params.get("E", 8):
-        return {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
-                "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8,
-            "num_warps": 4, "num_stages": 3}
 
 
 _weight_cache: dict = {}
@@ -319,7 +318,10 @@ def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device:
     the last expert) are drawn by no router: every token also goes to each of them, so the
     launch is top-(k + shared) with those experts always full."""
     routed = E - shared
-    if routing == "uniform":
+    if routing.startswith(ROUTING_PREFIX):
+        ids = _recorded(routing, M, topk, routed, gen).to(device)
+        scores = None
+    elif routing == "uniform":
         scores = torch.rand((M, routed), generator=gen, device=device)
     elif routing == "zipf":
         rank = torch.randperm(routed, generator=gen, device=device).float() + 1.0
@@ -328,7 +330,8 @@ def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device:
         scores = probs.log() - torch.log(-torch.log(torch.rand((M, routed), generator=gen, device=device)))
     else:
         raise ValueError(f"unknown routing {routing!r}")
-    ids = scores.topk(topk, dim=1).indices.to(torch.int32)
+    if scores is not None:
+        ids = scores.topk(topk, dim=1).indices.to(torch.int32)
     weights = torch.softmax(torch.randn((M, topk), generator=gen, device=device), dim=1)
     if shared:
         always = torch.arange(routed, E, dtype=torch.int32, device=device).expand(M, shared)
@@ -337,14 +340,18 @@ def route(M: int, E: int, topk: int, routing: str, gen: torch.Generator, device:
     return weights.float(), ids
 
 
-def pairs_per_token(params: Params) -> int:
-    """Experts each token runs through: its top-k plus any fused shared experts."""
-    return params["topk"] + params.get("shared_experts", 0)
-
-
-def expert_parallel(params: Params) -> int:
-    """How many GPUs the experts are spread over (1: tensor parallelism only)."""
-    return int(params.get("ep", 1))
+def _recorded(routing: str, M: int, topk: int, experts: int, gen: torch.Generator) -> torch.Tensor:
+    """M tokens of a recorded routing (tuner/plan/routing.py): one layer and M consecutive
+    tokens (a batch as it was served; wrapping round a short recording), drawn from `gen`."""
+    table = recorded_routing_ids(routing)                 # int32 [layers, tokens, topk]
+    layers, tokens, width = table.shape
+    if width != topk or int(table.max()) >= experts:
+        raise ValueError(f"the recorded routing {routing} is top-{width} over {int(table.max()) + 1}+ experts, "
+                         f"not top-{topk} over {experts}")
+    pick = torch.randint(0, layers * tokens, (1,), generator=gen, device=gen.device).item()
+    layer, start = divmod(int(pick), tokens)
+    rows = (torch.arange(M) + start) % tokens
+    return torch.from_numpy(table[layer]).index_select(0, rows).to(torch.int32)
 
 
 def local_ids(params: Params, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -354,13 +361,6 @@ def local_ids(params: Params, topk_ids: torch.Tensor) -> torch.Tensor:
     if expert_parallel(params) == 1:
         return topk_ids
     return torch.where(topk_ids < params["E"], topk_ids, -1).to(torch.int32)
-
-
-def m_tiles(params: Params, M: int, config: Config) -> int:
-    """Programs along M of both grouped GEMMs: the aligned rows (one sort serves both) over
-    BLOCK_SIZE_M."""
-    rows = max_padded_rows(M * pairs_per_token(params), params["E"], config["BLOCK_SIZE_M"])
-    return -(-rows // config["BLOCK_SIZE_M"])
 
 
 def make_inputs(params: Params, M: int, device: str = "cuda", seed: int = 0) -> dict:
@@ -513,85 +513,4 @@ def compile_only(params: Params, M: int, config: Config) -> None:
         _grouped_gemm(a, a_s, b, b_s, c, align, weights, top_k, mul, quant, block_shape, config, warmup=True)
 
 
-def expected_experts_touched(params: Params, M: int) -> float:
-    """Expected number of distinct experts M tokens route to (uniform routing; a Zipf
-    skew touches fewer, so this stays an upper bound on the weight bytes read)."""
-    shared = params.get("shared_experts", 0)
-    routed = params["E"] - shared
-    drawn_from = routed * expert_parallel(params)          # every GPU's experts under EP
-    return routed * (1.0 - (1.0 - params["topk"] / drawn_from) ** M) + shared
-
-
-def local_pairs(params: Params, M: int) -> float:
-    """Expected (token, expert) pairs this GPU runs: all of them, or under expert
-    parallelism the ~1/ep of the routed ones whose expert it holds."""
-    return M * (params["topk"] / expert_parallel(params) + params.get("shared_experts", 0))
-
-
-def flops(params: Params, M: int) -> float:
-    per_pair = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
-    return 2.0 * local_pairs(params, M) * per_pair
-
-
-def bytes_moved(params: Params, M: int) -> float:
-    part = params.get("part", "op")
-    wbytes = 2 if params["dtype"] == "bf16" else 1
-    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[part]
-    weights = expected_experts_touched(params, M) * mats * params["N"] * params["K"] * wbytes
-    pairs = local_pairs(params, M)
-    io = {"op": 2 * M * params["K"] * 2, "pair": 2 * M * params["K"] * 2,
-          "up": M * params["K"] * 2 + pairs * 2 * params["N"] * 2,
-          "down": pairs * (params["N"] + params["K"]) * 2}[part]
-    return weights + io
-
-
-def shared_memory(params: Params, config: Config) -> int:
-    elt = 2 if params["dtype"] == "bf16" else 1
-    return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"] * elt
-
-
-def routing_note(params: Params) -> str:
-    """How tokens were routed for timing, in words."""
-    ep = expert_parallel(params)
-    text = f"{params.get('routing', 'uniform')} top-{params['topk']} routing"
-    if ep > 1:
-        text += (f" over all {params['E'] * ep} experts of {ep} GPUs, of which this GPU holds {params['E']} and "
-                 f"runs only those pairs (~1/{ep})")
-    return text
-
-
-def measurement_note(params: Params) -> str:
-    return {
-        "op": "the whole MoE layer (alignment, activation quantization, both grouped GEMMs, "
-              "activation, top-k sum) timed with one config, as vLLM applies its table",
-        "up": "the first grouped GEMM (w1: gate and up) with its alignment and activation quantization",
-        "down": "the second grouped GEMM (w2) with its alignment and activation quantization, "
-                "BLOCK_SIZE_M shared with the up table's at each M",
-        "pair": "the whole MoE layer with the up table's config for the first GEMM and the _down table's for "
-                "the second",
-    }[params.get("part", "op")] + f"; {routing_note(params)}" + (
-        f" plus {params['shared_experts']} fused shared expert(s) every token goes to"
-        if params.get("shared_experts") else "")
-
-
-KERNEL = KernelSpec(
-    name="fused_moe",
-    table_kind="fused_moe",
-    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing",
-                  "up_config"),
-    config_keys=MATMUL_CONFIG_KEYS,
-    make_inputs=make_inputs,
-    run=run,
-    reference=reference,
-    # Same FP8 inputs on both sides; fp32-vs-fp64 sums can flip a bf16 rounding of the
-    # intermediate, which the second quantization can turn into one FP8 step.
-    tolerance=2e-2,
-    flops=flops,
-    bytes_moved=bytes_moved,
-    default_config=default_config,
-    shared_memory=shared_memory,
-    compile_only=compile_only,
-    m_tiles=m_tiles,
-    measurement_note=measurement_note,
-    description="fused MoE (sorted tokens, grouped GEMMs)",
-)
+KERNEL = SPEC      # one spec (kernels/fused_moe_spec.py): its code is this module's

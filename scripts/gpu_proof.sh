@@ -51,7 +51,13 @@ if [ -z "$out" ]; then
   if [ "$call" != "1" ]; then
     # call 2 continues the proof call 1 left (its tarball unpacked here), whatever its date
     last=$(ls -d bench/results/"${gpu}"-*/steps.json 2>/dev/null | sort | tail -n 1)
-    [ -n "$last" ] && out=$(dirname "$last")
+    if [ -n "$last" ]; then
+      out=$(dirname "$last")
+    else
+      echo "gpu_proof: no call-1 folder here (bench/results/${gpu}-*/steps.json): call 1's tarball was not unpacked" \
+           "in the repository root before this call (tar xzf proof-${gpu}-<date>.tar.gz); going on in $out," \
+           "without call 1's tuned tables (bench-moe has no tuned contender)" >&2
+    fi
   fi
 fi
 echo "gpu_proof: GPU key $gpu, results in $out" >&2

@@ -33,7 +33,8 @@ cat <<'MSG'
 Device calls (each ends within about 8.5 minutes; see bench/README.md for the time plan):
   run(command="bash scripts/gpu_proof.sh --call 1 --minutes 8",
       carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=600)
-  then here: tar xzf <files_at>/proof-H200-<date>.tar.gz   (puts back bench/results/H200-<date>/)
+  then here: tar xzf <files_at>/proof-H200-<date>.tar.gz   (puts back bench/results/H200-<date>/;
+             call 2 continues that folder only if it is unpacked BEFORE call 2: the working tree travels)
   run(command="bash scripts/gpu_proof.sh --call 2 --minutes 8",
       carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=600)
   then here: tar xzf <files_at>/proof-H200-<date>.tar.gz

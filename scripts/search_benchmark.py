@@ -101,6 +101,17 @@ SOURCES = {
         "CLBlast Xgemm, 4096^3 fp32, kernel_tuner brute force", sl, XGEMM_DEFAULT, HUB_LICENSE)
     for gpu in ("RTX_2080_Ti", "RTX_3090", "RTX_Titan") for sl in (None, XGEMM_SLICE)
 }
+# The same 2D convolution (6 parameters, 6768 configs) brute-forced on three more GPUs by
+# kernel_tuner, beside the RTX 2080 Ti one: pairs of one kernel on two GPUs, for warm starts.
+for _gpu in ("RTX_2080_Ti", "RTX_3090", "RTX_Titan"):
+    SOURCES[f"convolution-kt-{_gpu.lower().replace('_', '')}"] = Source(
+        HUB, HUB_COMMIT, f"cachefiles/KernelTuner data/convolution/{_gpu}.json.gz",
+        "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None, CONVOLUTION_DEFAULT, HUB_LICENSE)
+# The 7-parameter convolution of the A100 one on another NVIDIA GPU (same grid, 4362 configs).
+SOURCES["convolution-a4000"] = Source(HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A4000.json.gz",
+                                      "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
+                                      {**CONVOLUTION_DEFAULT, "block_size_x": 32, "block_size_y": 8, "use_shmem": 1},
+                                      HUB_LICENSE)
 SOURCES["convolution-a100"] = Source(HUB, HUB_A100_COMMIT, "cachefiles/convolution_milo/A100.json.gz",
                                      "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
                                      {**CONVOLUTION_DEFAULT, "block_size_x": 32, "block_size_y": 8, "use_shmem": 1},
@@ -318,6 +329,65 @@ def run(args) -> int:
     return 0
 
 
+# Pairs of one kernel recorded on two GPUs (target=source): the warm start seeds the target's
+# studies from a cold run's best configs on the source, as `--warm-start` does from that GPU's
+# results folder (scripts/search_benchmark.py warm).
+WARM_PAIRS = ["xgemm-rtx2080ti-6p=xgemm-rtx3090-6p", "xgemm-rtx3090-6p=xgemm-rtxtitan-6p",
+              "xgemm-rtxtitan-6p=xgemm-rtx2080ti-6p", "convolution-kt-rtx2080ti=convolution-kt-rtx3090",
+              "convolution-kt-rtx3090=convolution-kt-rtxtitan", "convolution-kt-rtxtitan=convolution-kt-rtx2080ti",
+              "convolution-a100=convolution-a4000", "convolution-a4000=convolution-a100"]
+
+
+def warm(args) -> int:
+    """Cold against warm-started search at each budget, per pair of landscapes."""
+    import statistics
+
+    import pandas as pd
+
+    from tuner.search.offline import warm_traces
+    dirs = [Path(d) for d in args.landscapes] if args.landscapes else DEFAULT_LANDSCAPES
+    rows, t00 = [], time.monotonic()
+    for pair in args.pairs:
+        target_name, source_name = pair.split("=")
+        (target_path,), (source_path,) = find_landscapes(dirs, [target_name]), find_landscapes(dirs, [source_name])
+        header, src_header = read_header(target_path), read_header(source_path)
+        kernel = landscape_kernel(header)
+        target, source = read_landscape(target_path, kernel), read_landscape(source_path, landscape_kernel(src_header))
+        source.kernel = kernel            # one kernel recorded on two GPUs: the target's name for both
+        space, gpu = landscape_space(kernel, header), landscape_gpu(header)
+        cache: dict = {}
+        for budget in args.budgets:
+            for share in [None, *args.shares]:
+                t0 = time.monotonic()
+                traces = warm_traces(target, source, space, gpu, range(args.seeds), budget, share, cache)
+                ratios = [t.ratio_at(budget) for t in traces]
+                rows.append({"target": target_name, "target GPU": header["device"], "seeds from": src_header["device"],
+                             "budget": budget, "start": "cold" if share is None else f"warm, share {share:g}",
+                             "runs": len(traces), "mean": statistics.fmean(ratios),
+                             "ci95": 1.96 * statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else 0.0,
+                             "median": statistics.median(ratios), "within 1%": sum(r <= 1.01 for r in ratios) / len(ratios),
+                             "within 5%": sum(r <= 1.05 for r in ratios) / len(ratios)})
+                print(f"{pair} budget {budget} {rows[-1]['start']}: {rows[-1]['mean']:.3f} "
+                      f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+    text = ["# Warm starts on pairs of real landscapes (one kernel, two GPUs)", "",
+            f"Command: `python scripts/search_benchmark.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}, "
+            f"{os.cpu_count()} CPU cores shared with other work; {time.monotonic() - t00:.0f} s)", "",
+            "Times replayed from landscapes that Kernel Tuner recorded (brute force) on the GPUs named, published in "
+            f"{HUB} ({HUB_LICENSE}); nothing here was measured on this machine. Per pair and seed: a cold run of the "
+            "default search (--trials 48, the same seed) on the source GPU's landscape, then on the target's "
+            "landscape the default search cold (the default config as its only seed) and warm (seeded, as "
+            "`--warm-start` seeds from the source GPU's results folder, with that run's best configs, ranked and "
+            "capped by tuner/search/warm_start.py at the share of the budget given). Ratio of the best time found "
+            "within the budget (seeds included) to the target landscape's best.", "",
+            markdown_table(pd.DataFrame(rows), ".3f")]
+    report = "\n".join(text) + "\n"
+    print(report)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report)
+    return 0
+
+
 def targets(summary: list[dict]) -> list[str]:
     """The issue's targets, met or not, for the default search."""
     lines = ["", "## Targets (default search)", ""]
@@ -360,6 +430,13 @@ def main() -> int:
     r.add_argument("--seeds", type=int, default=40)
     r.add_argument("--variants", nargs="*", default=["ours", "plain-tpe", "random"], choices=list(VARIANTS))
     r.add_argument("--out", help="also write the report here (Markdown)")
+    w = sub.add_parser("warm", help="cold against warm-started search on pairs of one kernel's landscapes")
+    w.add_argument("--landscapes", nargs="*", help="folders of converted landscapes (as for run)")
+    w.add_argument("--pairs", nargs="+", default=WARM_PAIRS, metavar="TARGET=SOURCE")
+    w.add_argument("--seeds", type=int, default=20)
+    w.add_argument("--budgets", type=int, nargs="+", default=[24, 48])
+    w.add_argument("--shares", type=float, nargs="+", default=[0.25], help="warm seeds' share of the budget")
+    w.add_argument("--out", help="also write the report here (Markdown)")
     args = ap.parse_args()
     try:
         if args.cmd == "convert":
@@ -369,7 +446,7 @@ def main() -> int:
             for name in args.only or SOURCES:
                 print(convert_one(name, Path(args.mirror_root) if args.mirror_root else None, Path(args.out)))
             return 0
-        return run(args)
+        return warm(args) if args.cmd == "warm" else run(args)
     except TunerError as e:
         print(f"search_benchmark: error: {e}", file=sys.stderr)
         return 2

@@ -7,8 +7,7 @@ Prints a Markdown table. The study searches the landscape's own kernel (ours, or
 it was recorded on: a vLLM-kernel landscape has vLLM's keys and BLOCK_SIZE_M 8) over that
 kernel's space (or --space, the one it was recorded with). Run it on landscapes recorded on
 a GPU; on a synthetic one (header "synthetic": true) the figures describe the cost model,
-and on one recorded on the CPU device the interpreter, not a GPU. CMA-ES needs the cmaes
-package; without it that sampler is left out with one line.
+and on one recorded on the CPU device the interpreter, not a GPU.
 """
 
 import argparse
@@ -47,13 +46,7 @@ def main() -> int:
         if header.get("space") and header["space"] != space.version:
             notes.append(f"the landscape was recorded with another search space than {space.source}: the study "
                          "runs over the points both hold")
-        variants = VARIANTS
-        try:
-            import cmaes  # noqa: F401
-        except ImportError:
-            variants = [v for v in VARIANTS if v[1] != "cmaes"]
-            notes.append("CMA-ES left out: the cmaes package is not installed (pip install cmaes)")
-        runs = search_efficiency(land, space, get_gpu(args.gpu), args.budget, args.seeds, variants)
+        runs = search_efficiency(land, space, get_gpu(args.gpu), args.budget, args.seeds, VARIANTS)
     except TunerError as e:
         print(f"search_efficiency: error: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@ misbehaves for chosen configs while the real measuring stack runs it: the isolat
 compile workers (which compile our block-FP8 GEMM for sm_90 as usual), the CPU device.
 
 It is our fp8_gemm in every respect but `run`, which for BLOCK_SIZE_N 32 and num_stages:
-  4   hangs (sleeps an hour),
+  4   hangs (sleeps an hour), having first written its pid into the file named by
+      $FAULTY_KERNEL_HANG_FILE when that is set (so a test can time the hang from its start),
   5   kills its process with SIGSEGV,
   3   raises the error CUDA gives after an illegal memory access (the context is lost),
 and otherwise runs the real kernel.
@@ -17,6 +18,7 @@ import time
 from tuner.plan.kernel_registry import get_kernel
 
 _BASE = get_kernel("fp8_gemm")
+HANG_FILE = "FAULTY_KERNEL_HANG_FILE"
 
 
 def fault(config: dict) -> str | None:
@@ -28,6 +30,9 @@ def fault(config: dict) -> str | None:
 def run(inputs: dict, config: dict):
     kind = fault(config)
     if kind == "hang":
+        if os.environ.get(HANG_FILE):
+            with open(os.environ[HANG_FILE], "w") as f:
+                f.write(str(os.getpid()))
         time.sleep(3600)
     elif kind == "segfault":
         os.kill(os.getpid(), signal.SIGSEGV)

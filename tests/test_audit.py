@@ -326,3 +326,16 @@ def test_traffic_weighs_each_tables_keys(tmp_path, capsys):
     assert main([*args, "--moe-config-dir", str(dense)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "decode.csv" in err
+
+
+def test_a_deployment_audit_without_tp_audits_the_serving_tp(sglang_site, capsys):
+    """No --tp: the deployment that serves the model (TP8 for DeepSeek-V3 on H200s), said first;
+    an explicit --tp that cannot hold the weights is refused in one line."""
+    args = ["audit", "--engine", "sglang", "--site-packages", str(sglang_site), "--triton", "3.6.0",
+            "--model", "deepseek-v3", "--gpu", "H200", "--max-batch", "64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tp=8: the smallest that holds deepseek-v3's") and "fused_moe up E=257,N=256,K=7168" in out
+    assert main([*args, "--tp", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert "--tp 1 cannot serve deepseek-v3" in err and err.count("\n") == 1 and out == ""

@@ -122,7 +122,7 @@ RELEASES = [(e, v) for e in VERSIONS for v in VERSIONS[e]]
 @pytest.mark.parametrize("engine,version", RELEASES)
 def test_all_on_shipped_tables(engine, version):
     """Every class the shipped tables hold is found, with the counts read independently
-    (the README lists them per release)."""
+    (docs/install-and-audit.md lists them per release)."""
     if wheel(engine, version) is None:
         pytest.skip(f"no {engine} {version} wheel")
     inst = locate_installation(engine, engine_source=[str(wheel(engine, version))], triton="3.6.0")

@@ -209,7 +209,7 @@ def wal_header_without_a_database(path: Path) -> Path:
 def run_of_another_gpu(t: Path) -> Path:
     """--out holding a finished run timed on an H100 (a replay of an H100 landscape)."""
     land = landscape(t / "h100.jsonl", gpu="H100", device="NVIDIA H100 80GB HBM3")
-    assert main([*GEMM_ARGS, "--gpu", "H100", "--replay", str(land), "--trials", "4", "--out", str(t / "o"),
+    assert main([*GEMM_ARGS, "--gpu", "H100", "--per-rank", "--replay", str(land), "--trials", "4", "--out", str(t / "o"),
                  "--quiet"]) == 0
     return t / "o"
 

@@ -1,6 +1,7 @@
 """tuner bench, tuner ceilings and tuner landscape synth/info, on CPU: benches over SYNTHETIC
 landscapes (labelled so), the ceilings file's checks and fallbacks, the timing statistics."""
 
+import gzip
 import json
 
 import pytest
@@ -22,15 +23,28 @@ def gemm_landscape(tmp_path_factory):
     return path
 
 
-def test_landscape_synth_and_info(gemm_landscape, capsys):
+def test_landscape_synth_and_info(gemm_landscape, tmp_path, capsys):
     assert main(["landscape", "info", str(gemm_landscape)]) == 0
     out = capsys.readouterr().out
     assert "SYNTHETIC" in out and "kernel fp8_gemm" in out and "device NVIDIA H200" in out
     assert "problem N=7168,K=2048,block_shape=[128,128]: M=1,64" in out
-    # never over an existing file
-    assert main(["landscape", "synth", "--kernel", "gemm", *COMMON, "--out", str(gemm_landscape)]) == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "exists" in err
+    # run again as written: its own earlier file is replaced (here with other batch sizes)...
+    mine = tmp_path / "mine.jsonl.gz"
+    mine.write_bytes(gemm_landscape.read_bytes())
+    assert main(["landscape", "synth", "--kernel", "gemm", *COMMON, "--batch-sizes", "16", "--out", str(mine)]) == 0
+    assert f"replaced {mine} (an earlier SYNTHETIC landscape)" in capsys.readouterr().out
+    assert main(["landscape", "info", str(mine)]) == 0
+    assert "block_shape=[128,128]: M=16;" in capsys.readouterr().out
+    # ...never a landscape recorded on a GPU, nor any other file
+    recorded = tmp_path / "recorded.jsonl"
+    lines = gzip.decompress(gemm_landscape.read_bytes()).decode().splitlines(keepends=True)
+    recorded.write_text(json.dumps({k: v for k, v in json.loads(lines[0]).items() if k != "synthetic"}) + "\n"
+                        + "".join(lines[1:]))
+    for path, kind in ((recorded, "a landscape recorded on a GPU"), (tmp_path, "a folder")):
+        before = recorded.read_text()
+        assert main(["landscape", "synth", "--kernel", "gemm", *COMMON, "--out", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"exists and is {kind}" in err and recorded.read_text() == before
 
 
 def test_bench_over_a_landscape(gemm_landscape, tmp_path, capsys, shared_dir):

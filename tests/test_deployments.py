@@ -128,7 +128,7 @@ def sglang_land(tmp_path_factory):
 
 
 def _tables(out):
-    folder = next((out / "sglang" / "fused_moe").glob("triton_*"))
+    folder = next((out / "sglang" / "fused_moe" / "configs").glob("triton_*"))
     name = "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     return (json.loads((folder / f"{name}.json").read_text()), json.loads((folder / f"{name}_down.json").read_text()),
             json.loads((out / "manifest.json").read_text()))
@@ -223,14 +223,75 @@ def test_without_a_gpu_the_gpu_error_comes_first(tmp_path, capsys, monkeypatch):
     assert rc == 2 and err.count("\n") == 1 and "no CUDA GPU is visible" in err
 
 
-def test_a_model_that_cannot_fit_gets_a_hint(capsys):
-    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--batch-sizes", "1", "--dry-run",
+# -- the deployment a plan is for: the tensor-parallel size --------------------------------------
+def test_the_missions_command_as_typed_plans_tp8(capsys):
+    """`tuner moe --model deepseek-v3 --gpu H200 --dtype fp8_w8a8`, no --tp: the plan is for the
+    deployment that serves the model (8 H200s), said in its first line, with TP8's shapes."""
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == ("tp=8: the smallest that holds deepseek-v3's 669 GB of fp8 weights on H200s "
+                                   "with room for the KV cache; --tp to choose")
+    assert "E=256,N=256,K=7168" in out and "E=257,N=256,K=7168" in out and "N=2048" not in out
+    assert "deepseek-v3  tp=8  ep=1" in out and "runs/moe-deepseek-v3-H200-tp8/" in out
+    assert "do not fit" not in err and "cannot serve" not in err
+
+
+@pytest.mark.parametrize("command", ["gemm", "mla"])
+def test_every_kernel_command_defaults_to_the_serving_tp(command, capsys):
+    assert main([command, "--model", "deepseek-v3", "--gpu", "H200", "--batch-sizes", "1", "--dry-run",
                  "--kernel-source", "ours"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tp=8: the smallest that holds deepseek-v3's") and "tp=8  ep=1" in out
+
+
+def test_a_tp_that_cannot_hold_the_weights_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """An explicit --tp whose GPUs cannot hold the weights: one line naming the TP that can and
+    --per-rank, exit 2, before the missing GPU is said, nothing written."""
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    out = tmp_path / "out"
+    rc = main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "2", "--out", str(out)])
     err = capsys.readouterr().err
-    assert "do not fit one H200 (141 GB) at --tp 1" in err and "e.g. --tp 8" in err and err.count("\n") == 1
-    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--dry-run",
-                 "--kernel-source", "ours"]) == 0
-    assert capsys.readouterr().err == ""
+    assert rc == 2 and err.count("\n") == 1 and "--tp 2 cannot serve deepseek-v3" in err
+    assert "give --tp 8" in err and "--per-rank" in err and not out.exists()
+    # no TP of one node holds it on H100s: the default is refused too, naming two nodes
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H100", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "do not fit one node of 8 H100s" in err and "--tp 16" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags,why", [(["--tp", "2", "--per-rank"], "--per-rank"),
+                                       (["--tp", "2", "--ep", "2"], "--ep 2")])
+def test_one_ranks_shapes_on_purpose_are_planned(flags, why, capsys):
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--batch-sizes", "1", "--dry-run",
+                 "--kernel-source", "ours", *flags]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith(f"tp=2 ({why}): one rank's shapes, on purpose")
+    assert "tp=2  ep=" in out
+
+
+def test_the_kv_cache_rule_picks_the_smallest_tp_that_leaves_a_quarter():
+    """The rule of tuner/plan/deployment.py: weights at most 3/4 of 90% of each GPU."""
+    from tuner.plan.deployment import WEIGHT_ROOM, WEIGHT_SHARE, serving_tp, weight_bytes
+    assert (WEIGHT_ROOM, WEIGHT_SHARE) == (0.9, 0.75)
+    mixtral = load_model("mixtral-8x7b")                       # 93 GB of bf16 weights
+    assert serving_tp(mixtral, get_gpu("H200"), None).tp == 1  # 93 <= 95 GB
+    assert serving_tp(mixtral, get_gpu("H100"), None).tp == 2  # 93 > 54; 47 <= 54 GB
+    qwen = load_model("qwen3-235b-a22b-fp8")
+    gb = weight_bytes(qwen, "fp8_w8a8") / 1e9
+    assert 2 * 95 < gb <= 4 * 95 and serving_tp(qwen, get_gpu("H200"), "fp8_w8a8").tp == 4
+    with pytest.raises(TunerError, match="do not fit one node of 8 H200s.*--tp 16"):
+        serving_tp(load_model("kimi-k2"), get_gpu("H200"), "fp8_w8a8")
+
+
+def test_a_nightly_job_without_tp_plans_the_serving_tp(capsys, tmp_path):
+    from tuner import api
+    from tuner.commands.nightly import job_request
+    req = job_request({"name": "j", "kernel": "moe", "model": "deepseek-v3", "gpu": "H200", "batch_sizes": [1],
+                       "kernel_source": "ours"}, tmp_path / "o")
+    assert req.tp is None
+    req.dry_run = True
+    api.tune(req)
+    assert capsys.readouterr().out.startswith("tp=8: the smallest") and req.tp is None
 
 
 def test_install_says_how_to_confirm_the_tables_were_read(tmp_path, capsys):

@@ -291,7 +291,7 @@ def test_replay_writes_sglang_use_tma(tmp_path):
     assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(land),
                  "--engines", "sglang", "--batch-sizes", "1", "64", "--trials", "24", "--out", str(out),
                  "--quiet"]) == 0
-    folder = next((out / "sglang" / "fused_moe").glob("triton_*"))
+    folder = next((out / "sglang" / "fused_moe" / "configs").glob("triton_*"))
     name = "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     down = json.loads((folder / f"{name}_down.json").read_text())
     up = json.loads((folder / f"{name}.json").read_text())

@@ -105,8 +105,8 @@ def test_sglang_reads_what_we_install(results, tmp_path, monkeypatch, capsys):
     printed = printed_log_lines(capsys.readouterr().out)
     monkeypatch.delenv("SGLANG_MOE_CONFIG_DIR", raising=False)
     f = load_loaders("sglang", s, H200, TRITON)
-    measured_by = next((results / "sglang/fused_moe").glob("triton_*")).name     # the Triton running the tests
-    base = f"sglang/fused_moe/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    measured_by = next((results / "sglang/fused_moe/configs").glob("triton_*")).name     # the Triton running the tests
+    base = f"sglang/fused_moe/configs/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
     LOG.clear()
     up = f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128)
     assert ("info", printed["E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"]) in LOG
@@ -134,10 +134,59 @@ def test_h200_nvl_names_are_the_ones_vllm_and_sglang_look_for(tmp_path):
         eng = ENGINES[engine]
         for kind, params, folder in (("fp8_gemm", gemm, eng.gemm_folder), ("fused_moe", moe, eng.moe_folder)):
             rel = eng.table_relpath(kind, params, nvl, "3.6.0")
-            sub = rel.split("/", 2)[2]                      # <engine>/<kind>/[triton_x/]name
+            sub = rel.split("/", 2)[2]                      # <engine>/<kind>/[configs/triton_x/]name
+            if kind == "fused_moe" and eng.moe_env_subfolder:
+                sub = sub.removeprefix(eng.moe_env_subfolder + "/")      # the package folder is configs/ itself
             path = s / folder / sub
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(entry))
         f = load_loaders(engine, s, nvl, "3.6.0")
         assert f["get_w8a8_block_fp8_configs"](7168, 2048, 128, 128) == {1: entry["1"]}, engine
         assert f["get_moe_configs"](256, 256, "fp8_w8a8", 128, 128) == {1: entry["1"]}, engine
+
+
+def test_sglang_reads_a_results_folder_as_its_config_dir(results, tmp_path, monkeypatch, capsys):
+    """SGLANG_MOE_CONFIG_DIR=<results>/sglang/fused_moe: SGLang 0.5.23's own loader reads our
+    tables there, under the Triton that measured them and (its fallback listing configs/) under
+    another one. A folder without configs/ is what it raises on: the audit says what to do."""
+    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(results / "sglang/fused_moe"))
+    measured_by = next((results / "sglang/fused_moe/configs").glob("triton_*")).name
+    base = f"sglang/fused_moe/configs/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]"
+    for triton_version in (TRITON, NEWER):
+        f = load_loaders("sglang", tmp_path / "nowhere", H200, triton_version)
+        assert f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128) == ours(results, base + ".json")
+        assert f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128, down_moe=True) == ours(results, base + "_down.json")
+    # the folder above it has no configs/: SGLang's fallback raises there, the audit says so and what to do
+    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(results / "sglang"))
+    f = load_loaders("sglang", tmp_path / "nowhere", H200, NEWER)
+    with pytest.raises(FileNotFoundError):
+        f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128)
+    capsys.readouterr()
+    assert main(["audit", "--engine", "sglang", "--engine-version", "0.5.23", "--moe-config-dir", str(results / "sglang"),
+                 "--model", "deepseek-v3", "--gpu", "H200", "--triton", NEWER, "--batch-sizes", "64"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "crashes_loader" in out and "point SGLANG_MOE_CONFIG_DIR at a folder holding configs/" in out
+    assert main(["audit", "--engine", "sglang", "--engine-version", "0.5.23", "--moe-config-dir",
+                 str(results / "sglang/fused_moe"), "--model", "deepseek-v3", "--gpu", "H200", "--triton", NEWER,
+                 "--batch-sizes", "64"]) == 0
+    assert "crashes_loader" not in capsys.readouterr().out
+
+
+def test_install_without_sglang_writes_a_folder_its_loader_reads(results, tmp_path, monkeypatch, capsys):
+    """No sglang here: a config folder for 0.5.23 (its wheel at hand gives the shipped tables the
+    variable would hide), read by SGLang 0.5.23's own loader: our table and a shipped one."""
+    cfg = tmp_path / "cfg"
+    monkeypatch.setenv("TUNER_BACKUP_DIR", str(tmp_path / "backups"))
+    assert main(["install", str(results), "--engine", "sglang", "--engine-version", "0.5.23", "--moe-config-dir",
+                 str(cfg), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "shipped sglang MoE tables" in out and "E=257,N=256" in out
+    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(cfg))
+    f = load_loaders("sglang", tmp_path / "nowhere", H200, TRITON)
+    measured_by = next((results / "sglang/fused_moe/configs").glob("triton_*")).name
+    ours_up = ours(results, f"sglang/fused_moe/configs/{measured_by}/E=257,N=256,device_name=NVIDIA_H200,"
+                            "dtype=fp8_w8a8,block_shape=[128, 128].json")
+    assert f["get_moe_configs"](257, 256, "fp8_w8a8", 128, 128) == ours_up
+    f = load_loaders("sglang", tmp_path / "nowhere", H200, "3.6.0")
+    shipped = f["get_moe_configs"](128, 768, None)             # shipped in 0.5.23's triton_3_6_0/
+    assert shipped and all(isinstance(k, int) for k in shipped)

@@ -220,3 +220,31 @@ def test_clearing_a_dead_workers_trial_is_logged_at_info(caplog):
     assert requeued == [{"BLOCK_SIZE_M": 16}]
     assert [r.levelname for r in caplog.records] == ["INFO"]
     assert "failed as interrupted, its config queued again" in caplog.records[0].getMessage()
+
+
+def test_a_run_that_times_nothing_at_a_batch_size_says_why_and_exits_1(replayed_run, tmp_path, capsys):
+    """Every config at M=16 fails (here from a landscape; on a device, as a capture rule would
+    make them): the table keeps M=1, the closing table is followed by the first failure's
+    text, the manifest has it, and the command ends with one line on stderr and exit 1."""
+    _, land = replayed_run
+    lines = land.read_text().splitlines()
+    header, recs = lines[0], [json.loads(x) for x in lines[1:]]
+    first = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture (planted)"
+    for rec in recs:
+        if rec["M"] == 16:
+            rec.pop("time_us", None), rec.pop("spread", None)
+            rec["error"], rec["failure"] = first, "runtime"
+    (tmp_path / "l16.jsonl").write_text("\n".join([header, *map(json.dumps, recs)]) + "\n")
+    capsys.readouterr()
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(tmp_path / "l16.jsonl"),
+                 "--batch-sizes", "1", "16", "--trials", "6", "--only", "N=7168,K=2048", "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    assert f"no config timed at M=16 of {PROBLEM.key}: first failure: {first}" in out.splitlines()
+    [line] = [ln for ln in err.splitlines() if "no config was timed" in ln]
+    assert line == err.splitlines()[-1]
+    assert line.startswith("tuner: no config was timed for 1 of 2 studies (M=16 of ")
+    assert line.endswith(f"; first failure: {first}")
+    entries = json.loads((tmp_path / "out" / "manifest.json").read_text())["tables"][0]["entries"]
+    assert entries["16"]["time_us"] is None and entries["16"]["first_failure"] == first
+    assert entries["1"]["time_us"] > 0

@@ -119,7 +119,7 @@ def test_a_run_whose_every_config_timed_out_exits_1(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 1, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("tuner: every config failed in 1 studies (M=1 of N=7168,K=2048") and "timeout" in last
+    assert last.startswith("tuner: no config was timed for 1 of 1 studies (M=1 of N=7168,K=2048") and "timeout" in last
 
 
 def test_a_nightly_job_whose_every_config_timed_out_fails(tmp_path, capsys):
@@ -131,5 +131,5 @@ def test_a_nightly_job_whose_every_config_timed_out_fails(tmp_path, capsys):
     config.write_text(f"runs_dir: {tmp_path / 'runs'}\njobs:\n- {json.dumps(job)}\n")
     assert main(["nightly", str(config), "--night", "n1"]) == 1
     [result] = json.loads((tmp_path / "runs" / "n1" / "summary.json").read_text())
-    assert result["status"] == "failed" and "every config failed in" in result["error"]
+    assert result["status"] == "failed" and "no config was timed for 1 of 1 studies" in result["error"]
     capsys.readouterr()

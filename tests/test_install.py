@@ -176,3 +176,103 @@ def test_install_audits_what_it_leaves(tmp_path, capsys):
     assert _tree(site) == before
     assert main(["install", str(res), "--engine", "sglang", "--site-packages", str(site), "--force"]) == 0
     capsys.readouterr()
+
+
+def _timed_results(root: Path, row: dict, time_us: float, timing: str = "graph") -> Path:
+    """A results folder with one vLLM MoE table whose M=1 row has a time, taken on the H200 under
+    a measurement policy (tuner/measure/policy.py), as a run's manifest records it."""
+    (root / "vllm/fused_moe").mkdir(parents=True)
+    (root / "vllm/fused_moe" / MOE).write_text(json.dumps({"1": row}))
+    table = {"kernel": "fused_moe", "problem": {"i": 0}, "files": {"vllm": "vllm/fused_moe/" + MOE},
+             "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "numerics_passed": True,
+             "measurement": {"timing": timing, "l2": "cold", "clocks": "unlocked"},
+             "entries": {"1": {"config": row, "time_us": time_us}}}
+    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": [table]}))
+    return root
+
+
+@pytest.mark.parametrize("new_time,timing,kept", [
+    (9.9, "graph", True),        # 1 % faster than the installed row: under --min-gain 2 %, the row stays
+    (9.0, "graph", False),       # 11 % faster: replaced
+    (9.9, "eager", False),       # timed under another policy: not comparable, the new row goes in
+])
+def test_merge_replaces_an_installed_row_only_for_a_real_gain(tmp_path, capsys, new_time, timing, kept):
+    site = site_packages(tmp_path / "site")
+    moe = site / "vllm/model_executor/layers/fused_moe/configs" / MOE
+    first = _timed_results(tmp_path / "first", TABLE["1"], 10.0)
+    assert main(["install", str(first), "--engine", "vllm", "--site-packages", str(site)]) == 0
+    other = {**TABLE["1"], "BLOCK_SIZE_N": 128}
+    second = _timed_results(tmp_path / "second", other, new_time, timing)
+    capsys.readouterr()
+    assert main(["install", str(second), "--engine", "vllm", "--site-packages", str(site), "--merge"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(moe.read_text())["1"] == (TABLE["1"] if kept else other)
+    said = "the installed row (10.00 us) is kept: the new one (9.90 us) gains +1.0%, not above --min-gain 2%"
+    assert (said in err) is kept
+    records = sorted((tmp_path / "backups").glob("vllm-*/record.json"))
+    entry = next(e for e in json.loads(records[-1].read_text())["files"] if e["dest"] == str(moe))
+    assert ("kept_installed" in (entry.get("merged") or {})) is kept
+    # a lower threshold lets the 1 % through
+    if kept:
+        assert main(["install", str(second), "--engine", "vllm", "--site-packages", str(site), "--merge",
+                     "--min-gain", "0.005"]) == 0
+        assert json.loads(moe.read_text())["1"] == other
+
+
+# -- an engine that is not here: a config folder for a named version -----------------------------
+def test_a_config_folder_for_an_engine_that_is_not_here(tmp_path, monkeypatch, capsys):
+    """No sglang in this Python: `--moe-config-dir DIR --engine-version V` writes DIR as that
+    version reads it (configs/triton_X_Y_Z/), leaves the GEMM tables out (only the package reads
+    them) and says so; without a wheel at hand, that the shipped tables are hidden."""
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TUNER_BACKUP_DIR", str(tmp_path / "backups"))
+    res, cfg = results_folder(tmp_path / "res"), tmp_path / "sglang-moe"
+    argv = ["install", str(res), "--engine", "sglang", "--moe-config-dir", str(cfg)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "name the version that will read the tables with --engine-version V (one of 0.5.21, 0.5.22, 0.5.23)" in err
+    assert main([*argv, "--engine-version", "0.5.23"]) == 0
+    out, err = capsys.readouterr()
+    assert (cfg / "configs/triton_3_6_0" / SG_MOE).is_file() and len(list(cfg.rglob("*.json"))) == 1
+    assert "sglang 0.5.23 is not installed here: a config folder for it" in out
+    assert f"export SGLANG_MOE_CONFIG_DIR={cfg.resolve()}" in out
+    assert "hides sglang 0.5.23's shipped MoE tables" in err and "tuner engine-source fetch sglang==0.5.23" in err
+    # vLLM's folder is flat; its GEMM tables have no variable: left out, said
+    vcfg = tmp_path / "vllm-moe"
+    assert main(["install", str(res), "--engine", "vllm", "--engine-version", "0.33.0", "--moe-config-dir",
+                 str(vcfg)]) == 0
+    err = capsys.readouterr().err
+    assert [p.name for p in vcfg.rglob("*.json")] == [MOE] and "1 fp8_gemm table(s) left out" in err
+    # neither the engine nor a config folder: one line naming both ways
+    capsys.readouterr()
+    assert main(["install", str(res), "--engine", "sglang"]) == 2
+    err = capsys.readouterr().err
+    assert "--moe-config-dir DIR --engine-version V" in err and err.count("\n") == 1
+
+
+def test_a_dry_run_for_an_engine_that_is_not_here_writes_nothing(tmp_path, capsys):
+    res = results_folder(tmp_path / "res")
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["install", str(res), "--engine", "vllm", "--engine-version", "0.33.0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm 0.33.0 is not installed here: what an install into it would write" in out
+    assert f"would install <vllm site-packages>/vllm/model_executor/layers/fused_moe/configs/{MOE}" in out
+    assert f"would install <vllm site-packages>/vllm/model_executor/layers/quantization/utils/configs/{GEMM}" in out
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_results_folder_in_the_engines_layout_installs(tmp_path, capsys):
+    """A run writes SGLang's MoE tables under sglang/fused_moe/configs/triton_X_Y_Z/ (the folder
+    is an SGLANG_MOE_CONFIG_DIR as it is); install maps them into the package's folders."""
+    res = results_folder(tmp_path / "res")
+    manifest = json.loads((res / "manifest.json").read_text())
+    old, new = "sglang/fused_moe/triton_3_6_0/" + SG_MOE, "sglang/fused_moe/configs/triton_3_6_0/" + SG_MOE
+    (res / new).parent.mkdir(parents=True)
+    (res / old).rename(res / new)
+    for t in manifest["tables"]:
+        t["files"] = {k: new if v == old else v for k, v in t["files"].items()}
+    (res / "manifest.json").write_text(json.dumps(manifest))
+    site = site_packages(tmp_path / "site")
+    assert main(["install", str(res), "--engine", "sglang", "--site-packages", str(site)]) == 0
+    assert (site / "sglang/srt/layers/moe/moe_runner/triton_utils/configs/triton_3_6_0" / SG_MOE).is_file()

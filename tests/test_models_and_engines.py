@@ -97,7 +97,7 @@ def test_gemm_file_names_per_engine():
 def test_moe_file_names_per_engine():
     p = {"E": 257, "N": 256, "dtype": "fp8_w8a8", "block_shape": [128, 128]}
     assert ENGINES["sglang"].table_relpath("fused_moe", p, H200, "3.6.0+git") == \
-        "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+        "sglang/fused_moe/configs/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
     assert ENGINES["sglang"].moe_filename(257, 256, H200, "fp8_w8a8", [128, 128], down=True).endswith(
         "block_shape=[128, 128]_down.json")
     assert ENGINES["vllm"].moe_filename(8, 14336, H100, None) == "E=8,N=14336,device_name=NVIDIA_H100_80GB_HBM3.json"

@@ -30,8 +30,8 @@ def test_deepseek_v3_experts_per_engine(tp, ep, vllm, sglang):
     got = files(moe_problems(load_model("deepseek-v3"), tp, ep, "fp8_w8a8"))
     assert got == {
         f"vllm/fused_moe/{vllm},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
-        f"sglang/fused_moe/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json",
-        f"sglang/fused_moe/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json",
+        f"sglang/fused_moe/configs/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json",
+        f"sglang/fused_moe/configs/triton_3_6_0/{sglang},device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json",
     }
 
 
@@ -80,7 +80,7 @@ def test_replay_writes_both_engines_and_ties_block_m(moe_landscape, tmp_path, ca
     base = "device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape="
     vllm = json.loads((out / f"vllm/fused_moe/E=256,N=256,{base}[128,128].json").read_text())
     import triton
-    folder = out / "sglang/fused_moe" / ("triton_" + triton.__version__.replace(".", "_"))   # the running Triton
+    folder = out / "sglang/fused_moe/configs" / ("triton_" + triton.__version__.replace(".", "_"))   # the running Triton
     up = json.loads((folder / f"E=257,N=256,{base}[128, 128].json").read_text())
     down = json.loads((folder / f"E=257,N=256,{base}[128, 128]_down.json").read_text())
     for table in (vllm, up, down):
@@ -99,3 +99,20 @@ def test_replay_writes_both_engines_and_ties_block_m(moe_landscape, tmp_path, ca
                 assert e["time_us"] <= e["default_time_us"]
                 compared += 1
     assert compared >= 7
+
+
+def test_tied_tables_choose_among_equal_times(moe_landscape, tmp_path, capsys):
+    """Configs of the same time (a flat landscape) are ranked by time alone: the choice of
+    SGLang's shared BLOCK_SIZE_M never compares two configs (it raised TypeError on dicts)."""
+    from synthetic import scaled_landscape
+    flat = tmp_path / "flat.jsonl"
+    scaled_landscape(moe_landscape, flat, KERNEL, 1.0)
+    lines = flat.read_text().splitlines()
+    flat.write_text("\n".join([lines[0], *(json.dumps({**rec, "time_us": 10.0} if "time_us" in rec else rec)
+                                           for rec in map(json.loads, lines[1:]))]) + "\n")
+    out = tmp_path / "out"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--engines", "sglang",
+                 "--replay", str(flat), "--out", str(out), "--trials", "6", "--batch-sizes", "16", "--quiet"]) == 0, \
+        capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {t["problem"]["part"] for t in manifest["tables"]} == {"up", "down"}

@@ -78,7 +78,7 @@ def test_replay_emits_both_engines_tables_near_the_best(landscape, tmp_path, cap
 
 
 def test_replay_refuses_another_device(landscape, tmp_path, capsys):
-    argv = ["gemm", "--model", "deepseek-v3", "--gpu", "H100", "--tp", "8", "--replay", str(landscape),
+    argv = ["gemm", "--model", "deepseek-v3", "--gpu", "H100", "--tp", "8", "--per-rank", "--replay", str(landscape),
             "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -116,3 +116,24 @@ def test_synth_writes_each_point_once_under_the_running_triton(tmp_path, capsys)
     keys = [json.dumps([json.loads(x)["problem"], json.loads(x)["M"], json.loads(x)["config"]], sort_keys=True)
             for x in lines]
     assert len(keys) == len(set(keys)) == wrote
+
+
+def test_pruning_once_per_problem_keeps_every_batch_sizes_answer():
+    """configs() works out the rules that do not read M once per problem (a plan counts 18
+    batch sizes): for every kernel, engine space and M its configs are the ones no rule
+    rejects, checked rule by rule at that M."""
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.models import gemm_problems, load_model, mla_problems, moe_problems
+    model, gpu = load_model("deepseek-v3"), get_gpu("H200")
+    cases = [(get_kernel("fp8_gemm"), [p.params for p in gemm_problems(model, 8)][:3]),
+             (get_kernel("fp8_gemm", "sglang", load_code=False), [p.params for p in gemm_problems(model, 8)][:2]),
+             (get_kernel("fused_moe", "vllm", load_code=False), [moe_problems(model, 8, 1, "fp8_w8a8")[0].params]),
+             (get_kernel("fused_moe", "sglang", load_code=False), [p.params for p in moe_problems(model, 8, 1, "fp8_w8a8",
+                                                                                               engines=["sglang"])]),
+             (get_kernel("mla_decode"), [p.params for p in mla_problems(model, 8, [1024, 65536], 64)[0]])]
+    for kernel, problems in cases:
+        space = load_space(kernel)
+        for params in problems:
+            for M in (1, 16, 64, 1024):
+                every = [c for c in space.all_configs() if space.rejected_by(params, M, gpu, c) is None]
+                assert space.configs(params, M, gpu) == every, (kernel.source_label, params, M)

@@ -1,6 +1,7 @@
-"""The house by stage (issue 25): no import cycle anywhere, kernels/ imports only the kernel
-contract from tuner/, every package and module says what it is for, the old flat module names
-still import (for users' scripts) while the repository itself uses the new ones."""
+"""The house by stage (issue 25): no import cycle anywhere, a stage imports only the stages
+below it (docs/architecture.md), kernels/ imports only the kernel contract from tuner/, every
+package and module says what it is for, the old flat module names still import (for users'
+scripts) while the repository itself uses the new ones."""
 
 import ast
 import importlib
@@ -116,6 +117,78 @@ def test_kernels_import_only_the_contract_from_tuner():
     used = {t for name, targets in g.items() if name.startswith("kernels") for t in targets if t.startswith("tuner")}
     assert "tuner.plan.kernel_api" in used
     assert used <= KERNEL_CONTRACT, f"kernels/ imports {sorted(used - KERNEL_CONTRACT)} from tuner/"
+
+
+# The stages of tuner/, bottom first (docs/architecture.md draws them): a module imports only
+# modules of its own stage and of the stages below it. kernels/ is no stage: it keeps the
+# contract rule above, and only the kernel registry imports it.
+STAGES = ("base", "plan", "measure", "search", "emit", "api", "commands", "cli")
+BASE = {"errors", "paths", "reading", "progress", "moved"}
+
+# The imports that break the rule today, each with its reason. The test fails on any other
+# upward import, and on an entry here that is no longer imported: fix one, remove its entry.
+KNOWN_UPWARD = {
+    ("tuner.api", "tuner.commands.tune"): "issue 34 moves the pipeline out of commands",
+    ("tuner.api", "tuner.commands.report"): "issue 34 moves the pipeline out of commands",
+    ("tuner.api", "tuner.commands.run_plan"): "issue 34 moves the pipeline out of commands",
+    ("tuner.api", "tuner.commands.warm_sources"): "issue 34 moves the pipeline out of commands",
+    ("tuner.measure.synthetic", "tuner.commands.tune"): "issue 34 moves the pipeline out of commands",
+    ("tuner.plan.kernel_registry", "tuner.measure.landscape"):
+        "issue 34: the registry reads a landscape's header (measure/) to resolve the kernel it was recorded on",
+}
+
+
+def stage_of(module: str) -> str | None:
+    """The stage of a module of tuner/ (None for kernels/)."""
+    parts = module.split(".")
+    if parts[0] != "tuner":
+        return None
+    if len(parts) == 1 or parts[1] in BASE:
+        return "base"
+    if parts[1] in ("plan", "measure", "search", "emit", "commands", "api"):
+        return parts[1]
+    if parts[1] in ("cli", "__main__"):
+        return "cli"
+    raise AssertionError(f"{module} is in no stage: place it in STAGES (tests/test_structure.py) and in "
+                         "docs/architecture.md")
+
+
+def upward_imports(g: dict[str, dict[str, int]]) -> dict[tuple[str, str], int]:
+    """{(module, what it imports): line} of the imports of a higher stage."""
+    found = {}
+    for name, targets in g.items():
+        mine = stage_of(name)
+        for target, line in targets.items():
+            theirs = stage_of(target)
+            if mine is not None and theirs is not None and STAGES.index(theirs) > STAGES.index(mine):
+                found[(name, target)] = line
+    return found
+
+
+def test_every_module_of_tuner_is_in_a_stage():
+    stages = {stage_of(name) for name in modules()}
+    assert stages == {*STAGES, None}
+
+
+def test_a_stage_imports_only_the_stages_below_it():
+    found = upward_imports(graph())
+    unknown = [f"{a} ({stage_of(a)}) imports {b} ({stage_of(b)}), line {line}"
+               for (a, b), line in sorted(found.items()) if (a, b) not in KNOWN_UPWARD]
+    assert not unknown, f"imports of a higher stage: {unknown}"
+    fixed = sorted(set(KNOWN_UPWARD) - set(found))
+    assert not fixed, f"no longer imported: remove from KNOWN_UPWARD in tests/test_structure.py: {fixed}"
+
+
+def test_the_layering_check_finds_an_upward_import():
+    g = {"tuner.plan.models": {"tuner.search.runner": 3, "tuner.errors": 1},
+         "tuner.search.runner": {"tuner.plan.models": 7}, "tuner.cli": {"tuner.api": 2}, "kernels.x": {"tuner.cli": 1}}
+    assert upward_imports(g) == {("tuner.plan.models", "tuner.search.runner"): 3}
+
+
+def test_only_the_kernel_registry_imports_kernels():
+    importers = {name for name, targets in graph().items() if name.startswith("tuner")
+                 for target in targets if target.split(".")[0] == "kernels"}
+    assert importers == {"tuner.plan.kernel_registry"}
 
 
 def test_every_package_and_module_says_what_it_is_for():

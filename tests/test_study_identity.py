@@ -33,8 +33,8 @@ class FakeMeasurer:
     """Times configs by the synthetic cost model; says what a GPU measurer says of itself."""
     label = "gpu"
 
-    def __init__(self, kernel=KERNEL, triton="3.6.0", device="NVIDIA H200"):
-        self.kernel, self.env = kernel, {"device": device, "triton": triton}
+    def __init__(self, kernel=KERNEL, triton="3.6.0", device="NVIDIA H200", policy=None):
+        self.kernel, self.env = kernel, {"device": device, "triton": triton, **({"policy": policy} if policy else {})}
 
     def environment(self):
         return dict(self.env)
@@ -68,20 +68,33 @@ def test_a_study_records_what_it_was_timed_on():
     space = load_space(KERNEL)
     tune_once(storage, FakeMeasurer(), space)
     assert stored_identity(storage) == {"device": "NVIDIA H200", "kernel": "ours", "code_version": KERNEL.code_version,
-                                        "space": space.version, "triton": "3.6.0"}
+                                        "space": space.version, "triton": "3.6.0", "times": "GPU",
+                                        "timing": None, "l2": None, "routing": None, "clocks": None}
+    # a measurer that says how it times (every device measurer does: tuner/measure/policy.py)
+    storage = optuna.storages.InMemoryStorage()
+    tune_once(storage, FakeMeasurer(policy={"timing": "eager", "l2": "warm", "clocks": "unlocked"}), space)
+    assert {k: stored_identity(storage)[k] for k in ("timing", "l2", "clocks")} == \
+        {"timing": "eager", "l2": "warm", "clocks": "unlocked"}
 
 
 @pytest.mark.parametrize("change,needle", [
     (lambda: {"kernel": dataclasses.replace(KERNEL, code_version="0123456789abcdef")}, "code_version"),
     (lambda: {"measurer": FakeMeasurer(triton="3.7.0")}, "triton 3.6.0 (now 3.7.0)"),
     (lambda: {"measurer": FakeMeasurer(device="NVIDIA H100 80GB HBM3")}, "device NVIDIA H200 (now NVIDIA H100"),
+    # results taken under another measurement policy are never resumed into this one
+    (lambda: {"first": {"timing": "graph", "l2": "cold"}, "measurer": FakeMeasurer(policy={"timing": "eager",
+                                                                                          "l2": "cold"})},
+     "timing graph (now eager)"),
+    (lambda: {"first": {"timing": "graph", "l2": "cold"}, "measurer": FakeMeasurer(policy={"timing": "graph",
+                                                                                          "l2": "warm"})},
+     "l2 cold (now warm)"),
     (lambda: {"space": SearchSpace(KERNEL, {**load_space(KERNEL).choices, "num_stages": [3, 4]},
                                    load_space(KERNEL).constraints)}, "space "),
 ])
 def test_a_study_timed_on_something_else_is_refused(change, needle):
     storage = optuna.storages.InMemoryStorage()
-    first = tune_once(storage, FakeMeasurer())
     kw = change()
+    first = tune_once(storage, FakeMeasurer(policy=kw.get("first")))
     kernel = kw.get("kernel", KERNEL)
     measurer = kw.get("measurer", FakeMeasurer(kernel))
     with pytest.raises(TunerError, match="already holds study") as e:
@@ -119,8 +132,8 @@ def test_another_gpus_results_in_the_same_out_are_refused(tmp_path, capsys):
     for gpu, device in (("H200", "NVIDIA H200"), ("H100", "NVIDIA H100 80GB HBM3")):
         write_synthetic_landscape(tmp_path / f"{gpu}.jsonl", KERNEL, load_space(KERNEL), get_gpu(gpu), [P], [1],
                                   device=device)
-    args = ["gemm", "--model", "deepseek-v3", "--tp", "8", "--batch-sizes", "1", "--trials", "6",
-            "--out", str(tmp_path / "out"), "--quiet"]
+    args = ["gemm", "--model", "deepseek-v3", "--tp", "8", "--per-rank", "--batch-sizes", "1", "--trials", "6",
+            "--out", str(tmp_path / "out"), "--quiet"]         # --per-rank: TP8 does not hold it on H100s
     assert main([*args, "--gpu", "H200", "--replay", str(tmp_path / "H200.jsonl")]) == 0
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     identity = manifest["tables"][0]["identity"]
@@ -220,3 +233,84 @@ def test_the_space_version_is_the_content_not_the_path(tmp_path):
     assert rebuilt.version == space.version                              # as a worker rebuilds it from a plan
     fewer = SearchSpace(KERNEL, {**space.choices, "num_warps": [4]}, space.constraints)
     assert fewer.version != space.version
+
+
+# -- where the times came from: never reuse synthetic results -------------------------------------
+def _landscapes(tmp_path):
+    """A SYNTHETIC landscape, and two 'recorded' ones (the same points, header not synthetic;
+    the second with one time changed): what the study identity must tell apart."""
+    synth = tmp_path / "synth.jsonl"
+    write_synthetic_landscape(synth, KERNEL, load_space(KERNEL), GPU, [P], [1, 16])
+    lines = synth.read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["synthetic"]
+    header.update(torch="2.13.0", cuda="12.8", driver="570.1", code_version=KERNEL.code_version)
+    recorded = tmp_path / "recorded.jsonl"
+    recorded.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    point = json.loads(lines[1])
+    point["time_us"] = (point.get("time_us") or 10.0) * 1.5
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join([json.dumps(header), json.dumps(point), *lines[2:]]) + "\n")
+    return synth, recorded, other
+
+
+def test_studies_timed_on_a_synthetic_landscape_are_never_resumed_by_real_times(tmp_path, capsys):
+    """A folder of studies timed on a SYNTHETIC landscape, given a recorded landscape of the
+    same device, code and Triton: refused in one line, the SYNTHETIC results untouched; two
+    recorded landscapes of other content are told apart by their hash."""
+    synth, recorded, other = _landscapes(tmp_path)
+    args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--trials", "6",
+            "--only", "N=7168,K=2048", "--kernel-source", "ours", "--quiet"]
+    out = tmp_path / "out"
+    assert main([*args, "--replay", str(synth), "--out", str(out)]) == 0
+    manifest = (out / "manifest.json").read_text()
+    assert json.loads(manifest)["tables"][0]["identity"]["times"] == "SYNTHETIC"
+    capsys.readouterr()
+    assert main([*args, "--replay", str(recorded), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "source of times SYNTHETIC (now landscape sha256:" in err
+    assert (out / "manifest.json").read_text() == manifest
+    # a recorded landscape's studies are resumed by the same landscape, refused by another one
+    out2 = tmp_path / "out2"
+    assert main([*args, "--replay", str(recorded), "--out", str(out2)]) == 0
+    assert main([*args, "--replay", str(recorded), "--out", str(out2)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--replay", str(other), "--out", str(out2)]) == 2
+    assert "source of times landscape sha256:" in capsys.readouterr().err
+
+
+def test_a_gpu_run_never_resumes_synthetic_studies_old_or_new(tmp_path):
+    """On the GPU (a FAKE measurer that says what a GPU measurer says): a study timed on a
+    SYNTHETIC landscape is refused, and so is one stored before identities named the source
+    (its environment says synthetic)."""
+    synth, _, _ = _landscapes(tmp_path)
+    storage = optuna.storages.InMemoryStorage()
+    tune_once(storage, ReplayMeasurer.from_file(str(synth), KERNEL, "NVIDIA H200"))
+    assert stored_identity(storage)["times"] == "SYNTHETIC"
+    with pytest.raises(TunerError, match=r"source of times SYNTHETIC \(now GPU\)"):
+        tune_once(storage, FakeMeasurer(triton=triton.__version__))
+    study = optuna.load_study(study_name=study_name(PROBLEM, 16), storage=storage)
+    old = {k: v for k, v in study.user_attrs["identity"].items() if k != "times"}
+    study.set_user_attr("identity", old)                      # as an older tuner stored it
+    with pytest.raises(TunerError, match=r"source of times SYNTHETIC \(now GPU\)"):
+        tune_once(storage, FakeMeasurer(triton=triton.__version__))
+
+
+def test_install_of_synthetic_tables_says_so_forced_or_not(tmp_path, capsys):
+    synth, _, _ = _landscapes(tmp_path)
+    out = tmp_path / "out"
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--batch-sizes", "1", "--trials", "4",
+                 "--only", "N=7168,K=2048", "--kernel-source", "ours", "--engines", "vllm", "--quiet",
+                 "--replay", str(synth), "--out", str(out)]) == 0
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    capsys.readouterr()
+    assert main(["install", str(out), "--engine", "vllm", "--site-packages", str(site), "--gpu", "H200"]) == 2
+    err = capsys.readouterr().err
+    assert "SYNTHETIC" in err and "never timed on a GPU" in err and len(err.splitlines()) == 1
+    assert main(["install", str(out), "--engine", "vllm", "--site-packages", str(site), "--gpu", "H200",
+                 "--force"]) == 0
+    printed = capsys.readouterr().out
+    assert "*** SYNTHETIC: 1 of these 1 tables was chosen on times that never came from a GPU" in printed
+    assert "[SYNTHETIC: never timed on a GPU]" in printed

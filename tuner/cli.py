@@ -45,37 +45,44 @@ from tuner.errors import Terminated, TunerError
 
 
 # Each command's options and run live in its module under tuner/commands/; this list says the
-# order `tuner --help` shows them in: (name, add its parser(s) to `sub`, run it).
+# order `tuner --help` shows them in, the order of the work: tune (moe, gemm, mla), install,
+# audit, then the rest: (name, add its parser(s) to `sub`, run it).
 def _commands() -> list[tuple[str, Callable[..., None], Callable[[argparse.Namespace], int]]]:
     return [
+        ("moe", kernel_commands.add_moe_parser, kernel_commands.run),
         ("gemm", kernel_commands.add_gemm_parser, kernel_commands.run),
-        ("worker", worker.add_worker_parser, worker.run_worker),
-        ("collect", worker.add_collect_parser, worker.run_collect),
+        ("mla", kernel_commands.add_mla_parser, kernel_commands.run),
         ("install", install.add_parser, install.run),
+        ("audit", audit.add_parser, audit.run),
         ("report", report.add_report_parser, report.run_report),
         ("diff", report.add_diff_parser, report.run_diff),
         ("drift", drift.add_parser, drift.run),
         ("nightly", nightly.add_parser, nightly.run),
-        ("landscape", landscape.add_parser, landscape.run),
-        ("bench", bench.add_parser, bench.run),
-        ("proof", proof.add_parser, proof.run),
-        ("ceilings", ceilings.add_parser, ceilings.run),
         ("check", check.add_parser, check.run),
+        ("bench", bench.add_parser, bench.run),
+        ("ceilings", ceilings.add_parser, ceilings.run),
+        ("landscape", landscape.add_parser, landscape.run),
         ("engine-source", engine_source.add_parser, engine_source.run),
-        ("audit", audit.add_parser, audit.run),
-        ("moe", kernel_commands.add_moe_parser, kernel_commands.run),
-        ("mla", kernel_commands.add_mla_parser, kernel_commands.run),
+        ("proof", proof.add_parser, proof.run),
+        ("worker", worker.add_worker_parser, worker.run_worker),
+        ("collect", worker.add_collect_parser, worker.run_collect),
     ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tuner", description="Autotune Triton kernel launch configs for Hopper GPUs "
-                    "and write the tables vLLM and SGLang read.")
+                    "and write the tables vLLM and SGLang read.",
+                    epilog="examples:\n  tuner moe --model deepseek-v3 --gpu H200 --dtype fp8_w8a8   # the MoE tables of "
+                    "8 H200s\n  tuner moe --model deepseek-v3 --gpu H200 --synthetic           # no GPU: the same, on "
+                    "SYNTHETIC times\n(`tuner COMMAND --help` for each command)")
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     common = kernel_commands.common_options()        # gemm, moe and mla's shared options
     for _name, add_parser, _run in _commands():
         add_parser(sub, common)
+    from tuner.commands.examples import epilog
+    for name, command in sub.choices.items():
+        command.epilog = command.epilog or epilog(name)        # each command's help ends with examples
     return parser
 
 

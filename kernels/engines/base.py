@@ -1,6 +1,7 @@
 """What the engines' launchers share: loading their jit functions once per process, the
 check that the wrappers they mirror are the ones they were written against, the code
-version of what runs, and the device facts the engines' launch decisions depend on."""
+version of what runs, and the device facts the engines' launch decisions depend on. Torch and
+Triton load only in the functions that launch (a plan builds specs without them)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from kernels.interpreter_fixes import interpreting, patch_interpreter
 from tuner.errors import TunerError
 from tuner.plan.kernel_api import COMPILE_DEVICE, KernelSpec
 from tuner.plan.kernel_sources import version_key
@@ -21,14 +19,20 @@ from tuner.plan.kernel_sources import version_key
 def target_capability() -> tuple[int, int]:
     """The compute capability the engine's launch decisions are taken for: the GPU in use,
     or, without one (Triton's interpreter), sm_90, the Hopper GPUs the tables are for."""
-    if not interpreting() and torch.cuda.is_available():
-        return torch.cuda.get_device_capability()
+    from kernels.interpreter_fixes import interpreting
+    if not interpreting():
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_capability()
     return (9, 0)
 
 
 def on_cuda_device() -> bool:
     """Launching (or compiling) for a CUDA GPU: one is present, or this is a compile worker of
     the CPU device, which compiles for sm_90 without one (tuner/measure/device.py)."""
+    import torch
+
+    from kernels.interpreter_fixes import interpreting
     from tuner.measure.device import compiling_for_sm90
     return not interpreting() and (torch.cuda.is_available() or compiling_for_sm90())
 
@@ -47,6 +51,7 @@ def jit_functions(code, relpath: str, names: list[str]):
     if code is None:
         raise TunerError("this kernel was set up without the engine's code (a replay or a plan); "
                          "running it needs the engine: give --engine-source PATH")
+    from kernels.interpreter_fixes import patch_interpreter
     patch_interpreter()          # engine kernels carry no interpreter work-arounds of their own
     key = (code.engine, code.version, code.origin)
     _CODES[key] = code
@@ -88,8 +93,8 @@ def signature_hash(text: str, name: str) -> str:
     has no such function): what a launch must pass."""
     import ast
 
-    from tuner.plan.kernel_sources import source_hash
-    for node in ast.parse(text).body:
+    from tuner.plan.kernel_sources import parse_source, source_hash
+    for node in parse_source(text).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             args = node.args
             return source_hash(",".join(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs))
@@ -150,10 +155,13 @@ def resolve_release(code, engine: str, kernel: str, releases: list[Release],
         f"--engine-source a wheel of it), or time our kernels with --kernel-source ours")
 
 
-def code_version(code, kernel_files: dict[str, list[str]], launcher_file: str) -> str:
-    """A hash of the engine's kernel functions as read now and of our launcher module."""
+def code_version(code, kernel_files: dict[str, list[str]], launcher_files: tuple[str, ...]) -> str:
+    """A hash of the engine's kernel functions as read now and of our launcher's modules (its
+    launch code and its spec)."""
     from tuner.plan.kernel_sources import function_source
-    digest = hashlib.sha256(Path(launcher_file).read_bytes())
+    digest = hashlib.sha256()
+    for path in launcher_files:
+        digest.update(Path(path).read_bytes())
     digest.update(Path(__file__).read_bytes())
     for rel in sorted(kernel_files):
         text = code.read(rel)
@@ -167,7 +175,7 @@ def code_version(code, kernel_files: dict[str, list[str]], launcher_file: str) -
 
 
 def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, releases: list[Release],
-                launcher_file: str, build, **changes) -> KernelSpec:
+                launcher_files: tuple[str, ...], build, **changes) -> KernelSpec:
     """Our kernel's spec (problems, inputs, reference, cost model) with the engine's launch,
     defaults and keys. `build(release)` gives the version-dependent parts (run,
     compile_only, ...) for the release the engine's code is (the newest without code: a
@@ -186,21 +194,23 @@ def engine_spec(base: KernelSpec, code, engine: str, kernel_files: dict, release
         from tuner.plan.kernel_sources import vet_imported_file
         notes["engine_files"] = {rel: vet_imported_file(code, rel, code.read(rel)) for rel in sorted(kernel_files)}
         changes.update(source_version=code.version, origin=code.origin,
-                       code_version=code_version(code, kernel_files, launcher_file))
+                       code_version=code_version(code, kernel_files, launcher_files))
     changes.update(build(release))
     return dataclasses.replace(base, source=engine, **changes, notes=notes)
 
 
-def phantom(shape, dtype, device: str = COMPILE_DEVICE) -> torch.Tensor:
+def phantom(shape, dtype, device: str = COMPILE_DEVICE):
     """A contiguous tensor of `shape` that owns no memory (a meta tensor): for compiling a
     launch, which looks only at dtype, strides and alignment, without the gigabytes a full
     expert weight would take in every compile worker. (A view of a few real bytes would fail
     torch's storage bounds check, on a GPU as here.)"""
+    import torch
     return torch.empty(tuple(shape), dtype=dtype, device=device)
 
 
 def gemm_phantoms(params, M: int, device: str = COMPILE_DEVICE):
     """(A, B, As, Bs, C) of a block-FP8 GEMM problem for compiling, B a phantom."""
+    import torch
     N, K = params["N"], params["K"]
     bn, bk = params["block_shape"]
     fp8 = torch.float8_e4m3fn

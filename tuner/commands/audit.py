@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel, seed
+from tuner.commands.options import batch, parallel_options, resolve_tp, seed
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
 from tuner.plan.engines import ENGINE_NAMES
@@ -27,8 +27,7 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--all", action="store_true", help="audit every table the engine ships instead of a deployment")
     aud.add_argument("--model", default=None, help="name in configs/models/ or a Hugging Face config.json")
     aud.add_argument("--gpu", default=None, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
-    aud.add_argument("--tp", type=parallel, default=1)
-    aud.add_argument("--ep", type=parallel, default=1)
+    parallel_options(aud)
     aud.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
                      help="default: the checkpoint's (fp8_w8a8 when its quantization_config is fp8, else bf16)")
     aud.add_argument("--engine-version", default=None, metavar="V",
@@ -56,6 +55,25 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--traffic", default=None, metavar="FILE",
                      help="a traffic profile (an engine's /metrics dump, or CSV/JSON of M,weight): weigh each table's "
                           "keys by the forward passes they serve")
+
+
+def policy_lines(report, engine: str) -> list[str]:
+    """How each table read was timed, where `tuner install` recorded it (the measurement
+    policy: tuner/measure/policy.py); shipped tables say nothing of it."""
+    from tuner.emit.install import BACKUP_ROOT
+    from tuner.emit.merge_rule import installed_times
+    from tuner.measure.policy import policy_text
+    lines = []
+    for ka in getattr(report, "kernels", []):
+        if not ka.resolved.found:
+            continue
+        found = installed_times(Path(ka.where), engine, BACKUP_ROOT)
+        timed = found[1] if found else None
+        lines.append(f"measurement of {Path(ka.where).name}: " + (
+            f"{policy_text({k: v for k, v in timed.items() if k != 'device'})} on {timed.get('device')} "
+            "(installed by tuner)" if timed else "not recorded (a shipped table, or installed before tuner recorded "
+            "it)"))
+    return lines
 
 
 def run(args) -> int:
@@ -89,19 +107,22 @@ def run(args) -> int:
         raise TunerError(f"--moe-config-dir {override_dir} " + ("is not a folder" if override_dir.exists()
                                                                 else "not found") + " ('' audits no override folder)")
     batches = Batches(args.max_batch, tuple(sorted(set(args.batch_sizes))) if args.batch_sizes else None)
+    model = gpu = None
+    if not args.all:
+        from tuner.plan.gpus import get_gpu
+        from tuner.plan.models import load_model
+        gpu = get_gpu(args.gpu)
+        model = load_model(args.model)
+        resolve_tp(args, model, gpu)            # the deployment audited: --tp, or the one that serves the model
     profile = None
     if args.traffic:
         from tuner.plan.traffic import load_profile
-        profile = load_profile(args.traffic, args.tp)
+        profile = load_profile(args.traffic, args.tp or 1)
     inst = locate_installation(args.engine, args.site_packages, args.engine_source, args.engine_version, args.triton)
-    if args.all:
+    if model is None or gpu is None:
         report = audit_all(inst, batches, override_dir)
     else:
-        from tuner.plan.gpus import get_gpu
-        from tuner.plan.models import check_parallel, load_model, resolve_dtype
-        gpu = get_gpu(args.gpu)
-        model = load_model(args.model)
-        check_parallel(model, args.tp, args.ep)
+        from tuner.plan.models import load_model, resolve_dtype
         dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
         numerics_model = load_model(args.numerics_model or str(NUMERICS_MODEL)) if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))
@@ -111,6 +132,8 @@ def run(args) -> int:
     if profile is not None:
         traffic_audit(report, profile)
     for line in terminal_lines(report):
+        print(line)
+    for line in policy_lines(report, args.engine):
         print(line)
     if out is not None:
         json_path, md_path = write_outputs(report, out)

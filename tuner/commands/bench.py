@@ -26,7 +26,17 @@ from typing import Callable
 from tuner.api import DTYPES, command_dtype, kernel_runs, only_problems
 from tuner.commands.ceilings import Ceilings
 from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import batch, context, device_option, page, parallel, positive, trust_option, workers
+from tuner.commands.options import (
+    batch,
+    context,
+    device_option,
+    page,
+    parallel_options,
+    positive,
+    resolve_tp,
+    trust_option,
+    workers,
+)
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
@@ -406,8 +416,7 @@ def add_parser(sub, common) -> None:
     bench.add_argument("--model", required=True)
     bench.add_argument("--gpu", required=True)
     bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
-    bench.add_argument("--tp", type=parallel, default=1)
-    bench.add_argument("--ep", type=parallel, default=1)
+    parallel_options(bench)
     bench.add_argument("--dtype", default=None, help="moe: fp8_w8a8 or bf16 (default: the checkpoint's own); "
                        "gemm: fp8_w8a8")
     bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
@@ -451,6 +460,9 @@ def run(args) -> int:
         raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
     if args.kernel == "mla":
         args.contexts = args.contexts or [4096, 8192, 32768]
+    gpu = get_gpu(args.gpu)
+    model = load_model(args.model)
+    resolve_tp(args, model, gpu, say=(lambda line: None) if args.quiet else print)
     profile = None
     if args.traffic:
         from tuner.plan.traffic import choose_keys, load_profile
@@ -470,8 +482,6 @@ def run(args) -> int:
     tuned = Path(args.tuned) if args.tuned else None
     if tuned is not None and not (tuned / "manifest.json").is_file():
         raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
-    gpu = get_gpu(args.gpu)
-    model = load_model(args.model)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
     from tuner.measure.device import device_name
     ceilings = ceilings_mod.load(gpu, args.ceilings, device_name(args.device, gpu) if not args.replay else None)
@@ -524,17 +534,27 @@ def run(args) -> int:
     if not rows:
         raise TunerError("nothing was benched: no problem and batch size is covered")
     print(header["banner"])
-    import pandas as pd
-    df = pd.DataFrame([r.as_dict() for r in rows])
-    df["time_us"] = [f"{t:.3g}" if t == t and t is not None else "-" for t in df["time_us"]]
-    df["of_roofline"] = [f"{f:.0%}" if f == f and f is not None else "-" for f in df["roofline_fraction"]]
-    df["note"] = [e[:60] if isinstance(e, str) else "" for e in df["error"]]
-    show = df[["kernel_source", "problem", "M", "contender", "time_us", "of_roofline", "note"]]
-    print(show.to_string(index=False))
+    for line in bench_table([r.as_dict() for r in rows]):
+        print(line)
     for line in header.get("traffic_lines") or []:
         print(line)
     print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
     return 0
+
+
+def bench_table(rows: list[dict]) -> list[str]:
+    """The bench rows for a terminal, within 120 columns: each problem by what tells it from the
+    others (what all share said above)."""
+    from tuner.emit.run_table import distinguishing, fixed_width
+    short, common = distinguishing(list(dict.fromkeys(r["problem"] for r in rows)))
+    table = [[r["kernel_source"], short[r["problem"]], str(r["M"]), str(r["contender"]),
+              f"{r['time_us']:.3g}" if isinstance(r["time_us"], float) and r["time_us"] == r["time_us"] else "-",
+              f"{r['roofline_fraction']:.0%}" if isinstance(r["roofline_fraction"], float)
+              and r["roofline_fraction"] == r["roofline_fraction"] else "-",
+              r["error"][:40] if isinstance(r["error"], str) else ""] for r in rows]
+    head = [f"problem: {common} and" if common else "problem:"]
+    return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
+                              left=(0, 1, 3, 6))
 
 
 def bench_measurer(args, kernel, gpu):

@@ -171,12 +171,33 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     return pd.DataFrame(rows)
 
 
+def policy_lines(measurers: "Measurers", paths: list[str]) -> str:
+    """How this drift timed (the measurer's policy, or the replayed landscape's) and how the
+    tables' own results were timed, where a results folder's manifest says."""
+    from tuner.measure.policy import policy_text
+    env = measurers.environment()
+    lines = [f"timed: {policy_text(env.get('policy')) if env.get('policy') else 'as the landscape was recorded'}"]
+    for p in paths:
+        manifest = Path(p) / "manifest.json"
+        if manifest.is_file():
+            from tuner.errors import TunerError
+            from tuner.reading import read_json_file
+            try:
+                data = read_json_file(manifest, "manifest")
+            except TunerError:
+                continue
+            tuned = data.get("measurement") if isinstance(data, dict) else None
+            lines += [f"tables of {p}", f"  were tuned: {policy_text(tuned if isinstance(tuned, dict) else None)}"]
+    return "\n".join(lines)
+
+
 class Measurers:
     """The kernel that times each engine's tables (the engine's own by default, as tuning
     does) and one measurer per kernel, made on first use: a replayed landscape or the GPU."""
 
     def __init__(self, gpu, replay: str | None = None, compile_workers: int = 8,
-                 kernel_source: str | None = None, engine_source: list[str] | None = None, device: str = "cuda"):
+                 kernel_source: str | None = None, engine_source: list[str] | None = None, device: str = "cuda",
+                 policy: dict | None = None):
         from tuner.measure.device import CpuDevice, CudaDevice, check_kind
         from tuner.plan.kernel_registry import source_mode
         self.gpu, self.replay, self.compile_workers = gpu, replay, compile_workers
@@ -184,6 +205,7 @@ class Measurers:
         self.label = (CpuDevice if device == "cpu" else CudaDevice).label
         self.mode = source_mode(kernel_source, replay)
         self.engine_source = engine_source
+        self.policy = policy                 # how to time: --timing, --l2 (tuner/measure/policy.py)
         self._made: dict = {}
 
     def kernel(self, name: str, engine: str) -> KernelSpec:
@@ -204,7 +226,7 @@ class Measurers:
                 require(self.device, self.gpu, "re-timing tables", "--replay FILE re-times them from a "
                         "recorded landscape")
                 self._made[key] = isolated_gpu_measurer(kernel, self.gpu.key, self.compile_workers,
-                                                        device=self.device)
+                                                        device=self.device, policy=self.policy)
         return self._made[key]
 
     def environment(self) -> dict:
@@ -263,6 +285,9 @@ def add_parser(sub, common) -> None:
                        help="fused MoE: how tokens are routed to experts while timing: uniformly at random like "
                        "the engines' tuners (default, as the tables were tuned), or Zipf-skewed like real traffic")
     drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
+    drift.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                       help="time CUDA-graph replays (default) or eager launches, as the tables were tuned")
+    drift.add_argument("--l2", choices=("cold", "warm"), default="cold", help="L2 flushed before each run, or warm")
     drift.add_argument("--noise", type=fraction, default=0.02,
                        help="a difference smaller than this fraction (or the measured spread, if larger) is a tie, "
                        "`same` (default 0.02 = 2%%)")
@@ -298,14 +323,16 @@ def run(args) -> int:
         profile = load_profile(args.traffic, args.tp)
     tables = find_tables(args.tables, model, args.routing)
     measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source,
-                          device=args.device)
+                          device=args.device, policy={"timing": args.timing, "l2": args.l2})
     try:
         df = measure_drift(tables, measurers, args.noise)
     finally:
         measurers.close()
     from tuner.measure.provenance import banner
     print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
-    print(drift_table(df).to_string(index=False))
+    print(policy_lines(measurers, args.tables))
+    for line in drift_table(df):
+        print(line)
     losing = df[df["verdict"].isin(["loses", "fails"])]
     print(f"{len(losing)} of {len(df)} entries no longer beat the default" if len(losing)
           else f"all {len(df)} entries still win or tie")
@@ -322,16 +349,22 @@ def run(args) -> int:
     return 0
 
 
-def drift_table(df):
-    """Drift rows for a terminal: times to two decimals, a failed time as '-' with its reason."""
+def drift_table(df) -> list[str]:
+    """Drift rows for a terminal, within 120 columns: the table file each row re-times (the
+    engine and the name's shape, the rest of the name said above), times to two decimals, a
+    failed time as '-' with its reason."""
+    from tuner.emit.run_table import fixed_width, name_rest, short_file
+
     def num(v):
         return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
-    out = df[["engine", "kernel_source", "problem", "M"]].copy()
-    out["table_us"] = [num(v) for v in df["table_us"]]
-    out["default_us"] = [num(v) for v in df["default_us"]]
-    out["speedup"] = [num(v) for v in df["speedup"]]
-    out["verdict"] = df["verdict"]
-    out["note"] = [(f"table: {e}" if isinstance(e, str) else "") + ("; " if isinstance(e, str) and isinstance(d, str)
-                   else "") + (f"default: {d}" if isinstance(d, str) else "")
-                   for e, d in zip(df["error"], df["default_error"])]
-    return out
+    rows = []
+    for r in df.to_dict("records"):
+        note = "; ".join(x for x in ((f"table: {r['error']}" if isinstance(r["error"], str) else ""),
+                                     (f"default: {r['default_error']}" if isinstance(r["default_error"], str) else ""))
+                         if x)
+        rows.append([short_file({r["engine"]: r["table"]}), str(r["M"]), r["kernel_source"], num(r["table_us"]),
+                     num(r["default_us"]), num(r["speedup"]), r["verdict"], note[:40]])
+    rest = name_rest(list(df["table"]))
+    head = ["file: the table each row re-times" + (f", named <shape>{rest}.json" if rest else "")]
+    return head + fixed_width(["file", "M", "kernel", "table_us", "default_us", "speedup", "verdict", "note"], rows,
+                              left=(0, 2, 6, 7))

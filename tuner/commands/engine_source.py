@@ -1,8 +1,16 @@
-"""`tuner engine-source extract`: copy the few engine files the launchers import out of a wheel
-(or the installed engine), to carry to a GPU machine without network."""
+"""`tuner engine-source fetch` and `extract`: get an engine's code without installing the engine.
+
+`fetch vllm==0.33.0` downloads the engine's released wheel with pip (never installing it) into a
+per-user cache (~/.cache/tuner/engine-wheels, `$TUNER_CACHE_DIR`) where every command then finds
+it by itself, and checks that the files whose kernels tuner times are the release's. `extract`
+copies those few files out of a wheel (or the installed engine), to carry to a GPU machine
+without network."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tuner.commands.options import Parser
@@ -11,25 +19,43 @@ from tuner.plan.engines import ENGINE_NAMES
 
 
 def add_parser(sub, common) -> None:
-    """`tuner engine-source` and its action."""
-    src = sub.add_parser("engine-source", help="copy the engine files the launchers need out of a wheel",
-                         description="Extract, from an engine's wheel (or the installed engine), the few source "
-                         "files whose kernels tuner times, into a folder small enough to carry to a GPU machine "
-                         "without network; give that folder as --engine-source.")
+    """`tuner engine-source` and its actions."""
+    src = sub.add_parser("engine-source", help="get an engine's kernel code: fetch its wheel, or extract its files",
+                         description="Get the engine code whose kernels tuner times, without installing the engine: "
+                         "`fetch` downloads its released wheel with pip into a cache every command then reads; "
+                         "`extract` copies the few source files out of a wheel into a folder small enough to carry "
+                         "to a GPU machine without network (give it as --engine-source).")
     src_sub = src.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
-    ext = src_sub.add_parser("extract", help="extract the kernel files of an engine")
+    fetch = src_sub.add_parser(
+        "fetch", help="download an engine's wheel into the cache tuner reads by itself",
+        description="Download ENGINE==VERSION's released wheel with `pip download --no-deps --only-binary=:all:` "
+        "(nothing is installed) into ~/.cache/tuner/engine-wheels ($TUNER_CACHE_DIR/engine-wheels), checked "
+        "against the files of the releases tuner knows. Every command that needs the engine's code finds it there "
+        "(after --engine-source, the installed engine and $TUNER_ENGINE_WHEELS).",
+        epilog="examples:\n  tuner engine-source fetch vllm==0.33.0\n"
+               "  tuner engine-source fetch sglang --find-links /mnt/wheels --no-index   # offline, from a folder")
+    fetch.add_argument("spec", metavar="ENGINE[==VERSION]",
+                       help=f"{' or '.join(ENGINE_NAMES)}, with a version (default: the newest release tuner knows)")
+    fetch.add_argument("--find-links", default=None, metavar="DIR|URL", help="pip's --find-links: also look there")
+    fetch.add_argument("--index-url", default=None, metavar="URL", help="pip's --index-url (default: pip's own)")
+    fetch.add_argument("--no-index", action="store_true", help="pip's --no-index: only --find-links")
+    ext = src_sub.add_parser("extract", help="extract the kernel files of an engine",
+                             epilog="example:\n  tuner engine-source extract --engine vllm --out vllm-kernels")
     ext.add_argument("--engine", required=True, choices=ENGINE_NAMES)
     ext.add_argument("--from", dest="source", default=None, metavar="PATH",
                      help="the engine's wheel or a folder holding it (default: the installed engine, then "
-                     "$TUNER_ENGINE_WHEELS)")
+                     "$TUNER_ENGINE_WHEELS and the wheels fetched)")
     ext.add_argument("--out", required=True, metavar="DIR")
 
 
 def run(args) -> int:
+    if args.action == "fetch":
+        return run_fetch(args)
+    if args.action != "extract":
+        raise TunerError("say what to do: `tuner engine-source fetch vllm==0.33.0` or "
+                         "`tuner engine-source extract --engine vllm --out DIR`")
     from tuner.plan.kernel_registry import launcher
     from tuner.plan.kernel_sources import extract
-    if args.action != "extract":
-        raise TunerError("say what to do: `tuner engine-source extract --engine vllm --out DIR`")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file")
@@ -38,3 +64,92 @@ def run(args) -> int:
     size = sum(p.stat().st_size for p in files)
     print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) in {folder}/; use it as --engine-source {folder}")
     return 0
+
+
+SPEC = re.compile(r"(?P<engine>[a-z]+)(==(?P<version>[0-9][0-9A-Za-z.+-]*))?")
+
+
+def parse_spec(text: str) -> tuple[str, str]:
+    """'vllm==0.33.0' -> ('vllm', '0.33.0'); 'vllm' -> the newest release tuner knows."""
+    from tuner.plan.kernel_sources import newest_known
+    m = SPEC.fullmatch(text.strip())
+    if not m or m["engine"] not in ENGINE_NAMES:
+        raise TunerError(f"fetch takes ENGINE or ENGINE==VERSION with ENGINE one of {', '.join(ENGINE_NAMES)}, "
+                         f"not {text[:60]!r}")
+    version = m["version"] or newest_known(m["engine"])
+    if not version:
+        raise TunerError(f"name the version: `tuner engine-source fetch {m['engine']}==VERSION`")
+    return m["engine"], version
+
+
+def pip_command(engine: str, version: str, dest: Path, find_links: str | None = None, index_url: str | None = None,
+                no_index: bool = False) -> list[str]:
+    """The pip download of one engine wheel, nothing else (no dependencies, never a source build)."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+            "--dest", str(dest), *(["--find-links", find_links] if find_links else []),
+            *(["--index-url", index_url] if index_url else []), *(["--no-index"] if no_index else []),
+            f"{engine}=={version}"]
+
+
+def run_fetch(args) -> int:
+    engine, version = parse_spec(args.spec)
+    wheel = fetch(engine, version, args.find_links, args.index_url, args.no_index)
+    print(f"{engine} {version}: {wheel} ({wheel.stat().st_size / 1e6:.0f} MB); every command finds it there by "
+          f"itself (after --engine-source, an installed {engine} and $TUNER_ENGINE_WHEELS)")
+    return 0
+
+
+def fetch(engine: str, version: str, find_links: str | None = None, index_url: str | None = None,
+          no_index: bool = False, runner=subprocess.run) -> Path:
+    """The engine's wheel in the cache (tuner/plan/kernel_sources.py fetched_wheels_dir),
+    downloaded by pip into a temporary folder there and moved into place only once its files
+    are checked: nothing half-downloaded or foreign is ever left where the tool looks."""
+    import os
+    import shutil
+    import tempfile
+
+    from tuner.paths import make_folder
+    from tuner.plan.kernel_sources import _wheel_version, fetched_wheels_dir
+    cache = fetched_wheels_dir()
+    have = [w for w in cache.glob(f"{engine}-{version}-*.whl") if _wheel_version(w, engine) == version] \
+        if cache.is_dir() else []
+    if have:
+        check_wheel(have[0], engine, version)
+        return have[0]
+    make_folder(cache)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{engine}-{version}.", suffix=".tmp"))
+    try:
+        cmd = pip_command(engine, version, tmp, find_links, index_url, no_index)
+        print(f"fetching {engine}=={version} with pip (its wheel only, not installed) ...", file=sys.stderr, flush=True)
+        try:
+            done = runner(cmd, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise TunerError(f"cannot run pip ({' '.join(cmd[:3])}): {e.strerror}") from None
+        if done.returncode != 0:
+            raise TunerError(f"pip could not download {engine}=={version} (exit {done.returncode}; its output is "
+                             "above): check the version and the network, or give --find-links DIR with the wheel")
+        wheels = [w for w in tmp.glob(f"{engine}-*.whl") if _wheel_version(w, engine) == version]
+        if len(wheels) != 1:
+            raise TunerError(f"pip left no {engine} {version} wheel (it found {sorted(p.name for p in tmp.iterdir())})")
+        check_wheel(wheels[0], engine, version)
+        final = cache / wheels[0].name
+        os.replace(wheels[0], final)
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_wheel(wheel: Path, engine: str, version: str) -> None:
+    """The wheel's files whose kernels tuner times are those of the release (when tuner knows
+    it): one line naming the first that differs, before it is ever used."""
+    from tuner.plan.kernel_sources import file_digest, known_release_files, locate
+    code = locate(engine, str(wheel))
+    known = known_release_files().get(engine, {}).get(version)
+    if not known:
+        print(f"tuner: note: {engine} {version} is not a release tuner knows: timing its kernels will need "
+              "--trust-engine-source", file=sys.stderr)
+        return
+    for rel, digest in sorted(known.items()):
+        if file_digest(code.read(rel)) != digest:
+            raise TunerError(f"{wheel}: its {rel} is not {engine} {version}'s as released (sha256 differs); "
+                             "not kept")

@@ -3,6 +3,7 @@ last install (tuner/emit/install.py does the writing)."""
 
 from __future__ import annotations
 
+from tuner.commands.options import fraction
 from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
 
@@ -18,6 +19,10 @@ def add_parser(sub, common) -> None:
                       help="the site-packages of the environment that runs the engine (default: this Python's)")
     inst.add_argument("--moe-config-dir", default=None, metavar="DIR",
                       help="put MoE tables in DIR for VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR instead")
+    inst.add_argument("--engine-version", default=None, metavar="V",
+                      help="the engine's version; needed where the engine is not installed (a container built "
+                      "elsewhere): with --moe-config-dir, writes that version's config folder; with --dry-run, says "
+                      "what an install would write")
     inst.add_argument("--gpu", default=None, help="the GPU the engine runs on (default: this machine's, if any)")
     inst.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
     inst.add_argument("--force", action="store_true",
@@ -25,6 +30,9 @@ def add_parser(sub, common) -> None:
     inst.add_argument("--merge", action="store_true",
                       help="where a table would replace one covering batch sizes it lacks, keep the old entries for "
                       "those (recorded in the backup record); without it (or --force) such an install is refused")
+    inst.add_argument("--min-gain", type=fraction, default=0.02, metavar="FRACTION",
+                      help="with --merge: an installed row stays unless the new one, timed on the same device under "
+                      "the same measurement policy, is faster by more than this (default 0.02: 2%%)")
     inst.add_argument("--restore", action="store_true", help="undo the last install for --engine")
 
 
@@ -39,5 +47,5 @@ def run(args) -> int:
     if not args.results:
         raise TunerError("give a results folder to install (or --restore)")
     api.install_results(args.results, args.engine, args.site_packages, args.moe_config_dir, args.gpu, args.force,
-                        args.dry_run, merge=args.merge)
+                        args.dry_run, merge=args.merge, min_gain=args.min_gain, engine_version=args.engine_version)
     return 0

@@ -13,8 +13,9 @@ from tuner.commands.options import (
     batch,
     context,
     device_option,
+    fraction,
     page,
-    parallel,
+    parallel_options,
     positive,
     seed,
     trust_option,
@@ -31,8 +32,7 @@ def common_options() -> Parser:
     g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
     g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
                    "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
-    g.add_argument("--tp", type=parallel, default=1, help="tensor-parallel size (default 1)")
-    g.add_argument("--ep", type=parallel, default=1, help="expert-parallel size (default 1)")
+    parallel_options(g)
     g.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
     g.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES),
@@ -47,11 +47,21 @@ def common_options() -> Parser:
                    help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
                    "is measured (default trials/2)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
-                   help="gp (default): a Gaussian process over the study's own candidates; tpe, random, cmaes: Optuna's")
+                   help="gp (default): a Gaussian process over the study's own candidates; tpe, random: Optuna's")
     s.add_argument("--seed", type=seed, default=0, help="sampler seed (0 to 2^32-1)")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",
                    help="folder of shipped tables: seeds each study with the shipped config")
+    s.add_argument("--warm-start", nargs="+", default=None, metavar="PATH",
+                   help="seed every study from earlier results folders, table files or folders of tables (any GPU, "
+                   "M or nearby shape); each seed is measured again; the engines' shipped tables of this shape on "
+                   "sibling Hopper GPUs and of the nearest shapes seed it by default")
+    s.add_argument("--no-warm-start", action="store_true",
+                   help="no seeds from the engines' shipped tables (--warm-start and the batch sizes already done "
+                   "still seed)")
+    s.add_argument("--min-gain", type=fraction, default=0.02, metavar="FRACTION",
+                   help="a row changes only where the tuned config beats the installed row (or the default) by more "
+                   "than this in paired, interleaved re-timing (default 0.02: 2%%)")
     s.add_argument("--traffic", default=None, metavar="FILE",
                    help="gemm, moe: a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): "
                    "the table's keys, the trial budget and kept defaults follow the batch sizes served")
@@ -68,11 +78,16 @@ def common_options() -> Parser:
                    "its tables only; ours: on our kernels in kernels/ (with --replay: the landscape's)")
     k.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
                    help="the engines' released wheels, folders holding them, or folders made by "
-                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS)")
+                   "`tuner engine-source extract` (default: the installed engines, then $TUNER_ENGINE_WHEELS, "
+                   "then the wheels `tuner engine-source fetch` got)")
     trust_option(k)
     o = p.add_argument_group("measuring and output")
     o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
+    o.add_argument("--synthetic", action="store_true",
+                   help="no GPU: make a SYNTHETIC landscape (a cost model) for this plan on the fly and replay it, "
+                   "the whole run labelled SYNTHETIC (default --out runs/...-synthetic); to try the tool, never "
+                   "to choose configs")
     o.add_argument("--record", default=None, metavar="FILE", help="time the whole pruned grid on the GPU into a landscape")
     o.add_argument("--gpus", default=None, metavar="LIST",
                    help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU); more than one runs a "
@@ -83,6 +98,10 @@ def common_options() -> Parser:
                    help="seconds one config may take (compile included) before it counts as hung (default 120; "
                    "compile workers are waited for at most half of it)")
     device_option(o)
+    o.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                   help="time CUDA-graph replays (default; how engines run decode) or eager launches (prefill)")
+    o.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                   help="flush the L2 cache before each timed run (cold, default) or leave it warm")
     o.add_argument("--recycle-after", type=positive, default=256, metavar="N",
                    help="configs a measuring worker serves before it is replaced (default 256)")
     o.add_argument("--dry-run", action="store_true", help="print the plan and stop (no GPU needed)")
@@ -101,9 +120,10 @@ def add_moe_parser(sub, common) -> None:
     moe = sub.add_parser("moe", parents=[common], help="tune the fused MoE layer",
                          description="Tune the fused MoE layer: vLLM's table (whole layer, one config) and "
                          "SGLang's up and _down tables.")
-    moe.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
-                     help="top-k routing used for timing: uniformly random like the engines' tuners "
-                     "(default), or Zipf-skewed like real traffic")
+    moe.add_argument("--routing", default="uniform", metavar="uniform|zipf|FILE",
+                     help="top-k routing used for timing: uniformly random like the engines' tuners (default), "
+                     "Zipf-skewed, or recorded from a served model: SGLang's per-token expert-distribution dump, "
+                     "or a .npy/.pt of expert ids [tokens, topk] (sampled per M; named in the table's identity)")
 
 
 def add_mla_parser(sub, common) -> None:
@@ -116,14 +136,16 @@ def add_mla_parser(sub, common) -> None:
 
 
 def run(args) -> int:
-    """tuner gemm, moe and mla: 0, or 1 when every config of a study failed (timed out,
-    crashed...): its batch size is in no table, said in one line on stderr."""
+    """tuner gemm, moe and mla: 0, or 1 when a study of a requested batch size timed no config
+    (said in one line on stderr, with the first failure's text)."""
     import sys
 
     from tuner import api
-    failed = api.failed_studies(api.tune(api.TuneRequest.from_args(args)))
-    if failed:
-        print(f"tuner: {api.failed_studies_line(failed)}", file=sys.stderr)
+    from tuner.search.outcomes import untimed_line
+    done = api.tune(api.TuneRequest.from_args(args))
+    line = untimed_line(done)
+    if line:
+        print(f"tuner: {line}", file=sys.stderr)
         return 1
     return 0
 

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tuner.api import DTYPES, command_dtype
 from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import Parser, batch, context, page, parallel
+from tuner.commands.options import Parser, batch, context, page, parallel_options, resolve_tp
 from tuner.errors import TunerError
 from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
 
@@ -23,8 +22,7 @@ def add_parser(sub, common) -> None:
     synth.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
     synth.add_argument("--model", required=True)
     synth.add_argument("--gpu", required=True)
-    synth.add_argument("--tp", type=parallel, default=1)
-    synth.add_argument("--ep", type=parallel, default=1)
+    parallel_options(synth)
     synth.add_argument("--dtype", default=None)
     synth.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     synth.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
@@ -65,8 +63,8 @@ def run(args) -> int:
     if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
         raise TunerError(f"--dtype {args.dtype} is not supported for --kernel {args.kernel}")
     out = Path(args.out)
-    if os.path.lexists(out):
-        raise TunerError(f"{out} exists; remove it or give another --out")
+    from tuner.measure.synthetic import check_replaceable
+    replacing = check_replaceable(out)         # an earlier synth's file is replaced; anything else refused
     from tuner.paths import check_writable, remove_stale_temporaries_of
     check_writable(out, "--out", folder=False)
     gpu = get_gpu(args.gpu)
@@ -74,6 +72,7 @@ def run(args) -> int:
     kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
         else get_kernel(kernel_name)
     model = load_model(args.model)
+    resolve_tp(args, model, gpu)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
     problems = make(model)
     if args.kernel_source != "ours":
@@ -84,6 +83,7 @@ def run(args) -> int:
                                          else DEFAULT_BATCH_SIZES)))
     remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
     n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
-    print(f"wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: a cost model, "
-          "not a GPU; replay it with --replay to try the tool, never to choose configs")
+    again = f"replaced {out} (an earlier SYNTHETIC landscape): " if replacing else ""
+    print(f"{again}wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: "
+          "a cost model, not a GPU; replay it with --replay to try the tool, never to choose configs")
     return 0

@@ -93,7 +93,7 @@ def read_state(path: Path) -> dict:
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
-JOB_OPTIONS = ("tp", "ep", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
+JOB_OPTIONS = ("tp", "ep", "per_rank", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
 JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
 
 
@@ -261,15 +261,17 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     out = night_dir / name
     log(f"{name}: retuning ({why}) into {out}")
     try:
-        failed = api.failed_studies(api.tune(job_request(job, out, prev_run)))
+        done = api.tune(job_request(job, out, prev_run))
     except TunerError as e:
         raise TunerError(f"{name}: the tuning run failed: {e}") from None
     except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
         if os.environ.get("TUNER_DEBUG"):
             raise
         raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None
-    if failed:                  # its tables lack those batch sizes: not a night that went fine
-        raise TunerError(f"{name}: {api.failed_studies_line(failed)}")
+    from tuner.search.outcomes import untimed_line
+    untimed = untimed_line(done)
+    if untimed:                 # its tables lack those batch sizes: not a night that went fine
+        raise TunerError(f"{name}: {untimed}")
     result = {"job": name, "run": str(out), "why": why}
     if prev_run is None:
         result["status"] = "fresh"

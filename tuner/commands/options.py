@@ -13,6 +13,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not argparse's usage block
         raise TunerError(f"{message} (see `{self.prog} --help`)")
 
+    def format_help(self) -> str:
+        # the description wrapped as usual; the epilog (the examples) kept line by line
+        epilog, self.epilog = self.epilog, None
+        try:
+            text = super().format_help()
+        finally:
+            self.epilog = epilog
+        return text + (f"\n{epilog}\n" if epilog else "")
+
 
 def integer(lo: int, hi: int, power_of_two: bool = False, why: str = ""):
     """An argparse type: an integer in [lo, hi] (and a power of two where asked)."""
@@ -64,3 +73,27 @@ def trust_option(p) -> None:
                    help="timing an engine's kernel imports code from the engine's files (--engine-source, the "
                    "installed engine, $TUNER_ENGINE_WHEELS): files that match none of the releases tuner knows "
                    "are refused unless you trust their source and say so with this flag")
+
+
+TP_HELP = ("tensor-parallel size (default: the smallest power of two up to 8 whose GPUs hold the weights with room "
+           "for the KV cache, said in the first line); a --tp whose GPUs cannot hold them is refused")
+PER_RANK_HELP = ("--tp (and --ep) describe one rank's shapes of a deployment you size yourself (several nodes, "
+                 "data-parallel attention): take them even where --tp GPUs alone cannot hold the weights")
+
+
+def parallel_options(group) -> None:
+    """--tp (default: the deployment that serves the model, tuner/plan/deployment.py), --ep, --per-rank."""
+    group.add_argument("--tp", type=parallel, default=None, help=TP_HELP)
+    group.add_argument("--ep", type=parallel, default=1, help="expert-parallel size (default 1)")
+    group.add_argument("--per-rank", action="store_true", help=PER_RANK_HELP)
+
+
+def resolve_tp(args, model, gpu, say=print):
+    """args.tp set to the deployment's (tuner/plan/deployment.py check_tp), its line said."""
+    from tuner.plan.deployment import check_tp
+    from tuner.plan.models import checkpoint_dtype
+    chosen = check_tp(model, gpu, args.tp, args.ep, checkpoint_dtype(model), getattr(args, "per_rank", False))
+    args.tp = chosen.tp
+    if chosen.line:
+        say(chosen.line)
+    return chosen

@@ -5,10 +5,11 @@ minutes, a machine start 1-2 minutes), so the proof is cut into two calls that e
 well inside 9 minutes, ordered by value, and everything that needs no GPU runs here after:
 
   call 1   environment   GPU, driver, clocks, versions; `tuner ceilings`
-           smoke         one MoE config through the isolated measurer with compile workers
-                         (`tuner moe --trials 1`); when nothing is timed the call stops there
-           validate      scripts/validate_kernels.py (ours and the engines' kernels against
-                         the float64 reference), `tuner check` of the shipped MoE tables
+           smoke         one MoE config (vLLM's, M=16) through the isolated measurer with compile
+                         workers (`tuner moe --trials 1`); when nothing is timed the call stops
+                         there, saying the first failure
+           validate      scripts/validate_kernels.py: the engines' kernels, each engine's shipped
+                         MoE tables on its kernel, then ours, against the float64 reference
            tune-vllm     the vLLM MoE table for DeepSeek-V3 TP8 fp8_w8a8 128x128 at M = 1, 16,
                          64, 256, 1024, on vLLM's own kernel
   call 2   tune-sglang   the SGLang MoE tables (up and _down) at the same M, on SGLang's kernel
@@ -19,13 +20,15 @@ well inside 9 minutes, ordered by value, and everything that needs no GPU runs h
                          for the sampler study
   local    report        `tuner report` of the tuned tables
            sampler       the sampler study over the recorded landscapes
-Every step runs as child processes with its share of `--minutes`, is stopped when out of
-time (keeping what it measured), and writes into the output folder before the next starts;
+Every step runs as child processes with its time box (tuner/commands/proof_plan.py), is stopped
+when out of time (keeping what it measured), says what it timed and the first failure when it
+timed nothing (tuner/commands/proof_outcomes.py), and writes into the output folder before the next starts;
 with `--bundle DIR` (the device tool's $OUT) a tarball of the folder and summary.md are
 rewritten after every step and whenever a table or landscape lands, so a call that is cut
 still returns what it measured. With `--device cpu` the same steps run on the CPU device
-(tuner/measure/device.py) with a tiny model: the rehearsal CI runs, so that the first GPU call runs
-code CI ran; its times are labelled CPU DEVICE everywhere.
+(tuner/measure/device.py, every timed run held to CUDA-graph capture's rules) with a tiny model:
+the rehearsal CI runs, so that the first GPU call runs code CI ran; its times are labelled CPU
+DEVICE everywhere.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.commands.options import device_option, trust_option
+from tuner.commands.proof_outcomes import step_outcome
+from tuner.commands.proof_plan import CALLS, SHARES, STEPS, time_box  # noqa: F401 - SHARES: where it was
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.process_tree import child_of_this_process, stop_group
@@ -50,14 +55,6 @@ from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_
 from tuner.plan.gpus import GpuSpec
 
 GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
-CALLS = {"1": ("environment", "smoke", "validate", "tune-vllm"),
-         "2": ("tune-sglang", "bench-moe", "bench-gemm", "landscapes"),
-         "local": ("report", "sampler")}
-STEPS = tuple(s for steps in CALLS.values() for s in steps)
-# Share of its call's budget per step (what one step leaves, the next ones get).
-SHARES = {"environment": 0.06, "smoke": 0.12, "validate": 0.22, "tune-vllm": 0.60,
-          "tune-sglang": 0.56, "bench-moe": 0.16, "bench-gemm": 0.16, "landscapes": 0.12,
-          "report": 0.3, "sampler": 0.7}
 BUNDLE_EVERY_S = 10.0        # while a step runs: look this often for a new table to bundle
 STOPPED_BY_SMOKE = "not run: the smoke test timed no config"
 
@@ -83,8 +80,13 @@ class Profile:
 
 GPU_PROFILE = Profile("deepseek-v3", 8, (1, 16, 64, 256, 1024), 16, (1, 256), tuple(GEMM_SHAPES),
                       (1, 16, 128, 1024), (1, 16), None, min(16, os.cpu_count() or 1), 90, 48, 2)
-# configs/examples/small-moe.json: its GEMM shapes are (768, 256), (256, 256), (512, 256)
-REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 1, (1,), ("N=256,K=256",), (1,), (1,),
+# configs/examples/small-moe.json: its GEMM shapes are (768, 256), (256, 256), (512, 256); 8 experts,
+# top-2. Every launch path a GPU call takes, at least once, under the capture rules: vLLM's
+# small-batch path (M * topk * 4 <= E) at M=1 (tune-vllm), its alignment at M=16 (the smoke, as on
+# the GPU) and with fewer pairs than BLOCK_SIZE_M at M=5 (validate); SGLang's short sorted length
+# (pairs < E + 1) at M=1 (tune-sglang) and its long one at M=5 (validate, with the shipped tables'
+# entries, USE_TMA ones among them, where ../shared/baselines is there).
+REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 16, (5,), ("N=256,K=256",), (1,), (1,),
                             2, 2, 60, 6, 1, landscape_space=(
                                 "kernel: fp8_gemm\nparams:\n  BLOCK_SIZE_M: [16]\n  BLOCK_SIZE_N: [64, 128]\n"
                                 "  BLOCK_SIZE_K: [128]\n  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [3]\n"
@@ -168,7 +170,9 @@ class Proof:
                 detail.append(f"{c.label}: out of time after {took:.0f}s (kept what it wrote; log {c.log})")
                 status = "out of time" if status == "ok" else status
             elif rc != 0:
-                detail.append(f"{c.label}: failed, exit {rc} after {took:.0f}s (log {c.log})")
+                # its last line says why (a tuning command's: the studies that timed nothing, the first failure)
+                detail.append(f"{c.label}: failed, exit {rc} after {took:.0f}s (log {c.log}): "
+                              f"{_last_line(self.out / c.log)}")
                 status = "failed"
             else:
                 detail.append(f"{c.label}: ok in {took:.0f}s")
@@ -228,11 +232,15 @@ class Proof:
     def tuned(self) -> Path:
         return self.out / "tuned" / "moe"
 
+    def parallel_args(self) -> list[str]:
+        # the proof times TP8's shapes on whichever Hopper it gets (an H100 node cannot hold
+        # DeepSeek-V3's weights at TP8): one rank's shapes, on purpose
+        return ["--tp", str(self.profile.tp), "--per-rank"]
+
     def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str) -> Command:
-        p = self.profile
         baseline = self.baseline_dirs(engine)
         return Command(label, self.tuner(
-            "moe", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--dtype", "fp8_w8a8",
+            "moe", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--dtype", "fp8_w8a8",
             "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
             "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
             *(["--patience", str(trials)] if trials else []),
@@ -278,7 +286,9 @@ class Proof:
             return None
         failures = {k: v for e in entries for k, v in (e.get("failures") or {}).items()}
         errors = data.get("environment", {}).get("worker_failures") or []
-        return f"no config was timed (failures {failures or '-'}; {'; '.join(errors[:2]) or 'no worker failure'})"
+        first = next((e["first_failure"] for e in entries if e.get("first_failure")), None)
+        return (f"no config was timed (failures {failures or '-'}; {'; '.join(errors[:2]) or 'no worker failure'}"
+                + (f"; first failure: {first})" if first else ")"))
 
     def shipped_moe_tables(self) -> list[tuple[str, Path]]:
         """(engine, table) of the engines' shipped DeepSeek-V3 TP8 MoE tables for this GPU."""
@@ -293,25 +303,22 @@ class Proof:
         return out
 
     def step_validate(self) -> list[Command]:
+        """One validate_kernels run: the engines' kernels first (the MoE layer, then the GEMM
+        shapes benched), each engine's shipped MoE tables at the validate batch sizes on its
+        own kernel right after its default cases (same measuring child), ours last: what a cut
+        step loses is the least valuable."""
         p = self.profile
-        sources = ["ours", *self.available_engines()]
+        engines = self.available_engines()
         # the MoE layer of the model (and on a GPU the GEMM shapes benched): E=256 and SGLang's E=257
         only = ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes]
-        cmds = [Command("validate_kernels", [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key,
-                                             "--model", self.model(), "--tp", str(p.tp), "--kernel-source", *sources,
-                                             *self.engine_args(), "--only", *only,
+        tables = [str(path) for engine, path in self.shipped_moe_tables() if engine in engines]
+        return [Command("validate_kernels", [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key,
+                                             "--model", self.model(), "--tp", str(p.tp), "--kernel-source",
+                                             *engines, "ours", *self.engine_args(), "--only", *only,
                                              "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
+                                             *(["--tables", *tables] if tables else []),
                                              "--out", str(self.out / "validate" / "kernels.json")],
                         "logs/validate-kernels.txt")]
-        for engine, path in self.shipped_moe_tables():
-            if engine not in self.available_engines():
-                continue
-            cmds.append(Command(f"check {engine} {path.name}", self.tuner(
-                "check", "--model", self.model(), "--tp", str(p.tp), "--kernel", "moe", "--table", str(path),
-                "--kernel-source", engine, *self.engine_args(), "--batch-sizes", *map(str, p.validate_ms),
-                "--seed", "1", "--gpu", self.gpu.key, *self.device_args()),
-                f"validate/check-{engine}-{path.stem.replace(' ', '')[:80]}.txt"))
-        return cmds
 
     def step_tune(self, engine: str) -> list[Command]:
         p = self.profile
@@ -321,7 +328,7 @@ class Proof:
     def step_bench(self, kernel: str) -> list[Command]:
         p = self.profile
         engines = self.available_engines()
-        common = ["--gpu", self.gpu.key, "--tp", str(p.tp), "--model", self.model(), "--quiet",
+        common = ["--gpu", self.gpu.key, *self.parallel_args(), "--model", self.model(), "--quiet",
                   "--kernel-source", "engine" if engines else "ours", *self.engine_args(), *self.measuring_args()]
         shipped = ["--baseline", *map(str, self.baseline_dirs())] if self.baseline_dirs() else []
         ceil = ["--ceilings", str(self.out / "ceilings.json")] if (self.out / "ceilings.json").is_file() else []
@@ -342,7 +349,7 @@ class Proof:
             atomic_write_text(path, p.landscape_space, root=self.out)
             space = ["--space", str(path)]
         return [Command("record gemm", self.tuner(
-            "gemm", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp), "--only", p.gemm_shapes[0],
+            "gemm", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--only", p.gemm_shapes[0],
             "--batch-sizes", *map(str, p.landscape_ms), "--trials", "8", "--engines", "vllm",
             "--kernel-source", self.source_for("vllm"), *self.engine_args(), *space, *self.measuring_args(),
             "--record", str(self.out / "landscapes" / "gemm.jsonl.gz"),
@@ -411,13 +418,18 @@ class Proof:
         budget = self.minutes * 60.0
         t0 = time.monotonic()
         order = [s for s in STEPS if s in steps]
-        self.results = [r for r in self.previous_results() if r.name not in order]
+        previous = self.previous_results()
+        self.results = [r for r in previous if r.name not in order]
+        if set(order) & set(CALLS["2"]) and not set(order) & set(CALLS["1"]) \
+                and not any(r.name in CALLS["1"] for r in previous):
+            log(f"[proof] note: {self.out} holds no call-1 results (steps.json): unpack call 1's tarball in the "
+                "repository root before call 2 (tar xzf proof-<name>.tar.gz); without it, bench-moe has no tuned "
+                "tables and call 2's results land beside none of call 1's")
         builders = self.builders()
         stopped = None
         for i, name in enumerate(order):
             left = budget - (time.monotonic() - t0)
-            later = sum(SHARES[n] for n in order[i:])
-            seconds = max(0.0, left * SHARES[name] / later) if later else left
+            seconds = time_box(order, i, left)           # tuner/commands/proof_plan.py
             if stopped:
                 result = StepResult(name, "skipped", 0.0, [stopped])
             else:
@@ -440,6 +452,11 @@ class Proof:
             result.name = name
             if name == "landscapes":
                 result.detail += [f"kept the partial landscape {k}" for k in self.keep_partial_landscapes()]
+            outcome = step_outcome(self.out, name) if result.status not in ("skipped",) else None
+            if outcome is not None and outcome.line():
+                result.detail.append(outcome.line() or "")
+                if not outcome.timed and result.status == "ok":
+                    result.status = "failed"        # a step that timed nothing failed, whatever its exit status
             if name == "smoke" and result.status != "skipped":
                 why = self.smoke_timed()
                 if why:
@@ -453,6 +470,9 @@ class Proof:
             self.write_summary(time.monotonic() - t0)            # after every step: nothing is lost
             self.write_bundle(log)
         log(f"[proof] summary: {self.out / 'summary.md'}")
+        if self.bundle is not None and set(order) & set(CALLS["1"]) and not set(order) & set(CALLS["2"]):
+            log(f"[proof] next: unpack {self.bundle / self.bundle_name()} in the repository root (tar xzf "
+                f"{self.bundle_name()}: it puts back {self.arcname()}/) before call 2, which continues that folder")
         return 1 if any(r.status == "failed" for r in self.results if r.name in order) else 0
 
     def write_summary(self, elapsed: float) -> None:
@@ -592,6 +612,9 @@ def add_parser(sub, common) -> None:
     proof.add_argument("--steps", nargs="+", default=None, metavar="STEP",
                        help="run only these steps (of: environment smoke validate tune-vllm tune-sglang bench-moe "
                        "bench-gemm landscapes report sampler); the summary keeps earlier calls' steps")
+    proof.add_argument("--plan", action="store_true",
+                       help="print the steps' time boxes within --minutes (estimates from the plan's shares) and "
+                       "stop (no GPU needed)")
     proof.add_argument("--bundle", default=None, metavar="DIR",
                        help="after every step, write the folder as one tarball (top folder bench/results/<name>) "
                        "and summary.md into DIR (the device tool's $OUT)")
@@ -608,6 +631,13 @@ def run(args) -> int:
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(STEPS)}")
+    if args.plan:
+        from tuner.commands.proof_plan import plan_lines
+        for call in ("1", "2", "local"):
+            chosen = [s for s in CALLS[call] if s in steps]
+            if chosen:
+                print("\n".join(plan_lines(chosen, args.minutes, args.device)))
+        return 0
     if any(s not in CALLS["local"] for s in steps):
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
     # absolute before anything runs: the steps run from the repository root, where a relative

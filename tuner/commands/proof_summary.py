@@ -66,12 +66,17 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
         lines += ["## Kernels against the float64 reference", ""]
         if val:
             cases = val.get("cases", [])
-            bad = [c for c in cases if c["numerics"]["status"] != "passed"]
+            # a case fails its numerics or its timing: either is a failure of the kernel on this device
+            bad = [c for c in cases if c["numerics"]["status"] != "passed" or not c.get("time_us")]
             where = next((c.get("time_source") for c in cases if c.get("time_source")), "-")
+            shipped = sorted({c["case"] for c in cases if str(c.get("case", "")).startswith("shipped ")})
             lines.append(f"- validate_kernels: {len(cases) - len(bad)} passed, {len(bad)} failed "
-                         f"(default configs; times: {where})")
-            lines += [f"  - FAILED [{c['kernel_source']}] {c['kernel']} {c['problem']} M={c['M']}: "
-                      f"{c['numerics'].get('detail')}" for c in bad]
+                         f"({sum(not c.get('time_us') for c in cases)} not timed; default configs"
+                         + (f" and {len(shipped)} shipped tables" if shipped else "") + f"; times: {where})")
+            lines += [f"  - FAILED [{c['kernel_source']}] {c['kernel']} {c['problem']} M={c['M']} "
+                      f"({c.get('case', 'default')}): "
+                      + (f"not timed: {c.get('error')}" if not c.get("time_us") else str(c["numerics"].get("detail")))
+                      for c in bad]
         lines += [f"- tuner check {p.stem[len('check-'):]}: {_last_line(p)}" for p in checks]
         lines.append("")
     lands = sorted((out / "landscapes").glob("*.gz")) if (out / "landscapes").is_dir() else []
@@ -94,7 +99,8 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
         entries = [(t, m, e) for t in smoke.get("tables", []) for m, e in (t.get("entries") or {}).items()]
         lines += ["## Smoke test", "", run_source(out / "runs" / "smoke"), ""]
         lines += [f"- {(t.get('kernel_source') or {}).get('source')} M={m}: "
-                  + (f"{x['time_us']:.2f} us" if x.get("time_us") else f"no time ({x.get('failures')})")
+                  + (f"{x['time_us']:.2f} us" if x.get("time_us") else
+                     f"no time ({x.get('failures')}; first failure: {x.get('first_failure') or '-'})")
                   for t, m, x in entries] + [""]
     tuned = _load(out / "tuned" / "moe" / "manifest.json")
     if tuned:
@@ -111,7 +117,9 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
                 speed = f", {entry['speedup']:.2f}x the default" if entry.get("speedup") else ""
                 lines.append(f"- [{who}] {', '.join(t.get('files', {}).values()) or t['problem']} M={m}: "
                              + (f"{entry['time_us']:.2f} us{speed}, numerics "
-                                f"{entry.get('numerics', {}).get('status')}" if entry.get("time_us") else "no config"))
+                                f"{entry.get('numerics', {}).get('status')}" if entry.get("time_us") else
+                                "no config" + (f" (first failure: {entry['first_failure']})"
+                                               if entry.get("first_failure") else "")))
         lines.append("")
     for bench in sorted((out / "bench").glob("*/bench-*.json")) if (out / "bench").is_dir() else []:
         data = _load(bench) or {}

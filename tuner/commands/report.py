@@ -70,6 +70,8 @@ def manifest_frame(run: Path) -> pd.DataFrame:
                 "default_us": _number(e.get("default_time_us")), "speedup": _number(e.get("speedup")),
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
                 "failures": failures.summary(e.get("failures") or {}),
+                # which config the row holds and why (tuner/search/choice.py): tuned, installed or default
+                "row": choice_text(e.get("choice")) if e.get("choice") else "",
             })
     if not rows:
         raise TunerError(f"{run}/manifest.json lists no tuned entries")
@@ -170,6 +172,16 @@ def _geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
+def choice_text(choice: dict) -> str:
+    from tuner.search.choice import choice_text as text
+    return text(choice)
+
+
+def policy_text(policy) -> str:
+    from tuner.measure.policy import policy_text as text
+    return text(policy if isinstance(policy, dict) else None)
+
+
 def run_source(run: Path) -> str:
     """Where a results folder's times came from, in one line (loud when SYNTHETIC or from the
     CPU device)."""
@@ -189,7 +201,11 @@ def write_report(run: Path, out: Path | None = None,
     given = out is not None
     out, root = (Path(out), Path(out).parent) if out else (run / "report" / "report.md", run)
     check_writable(out, "--out" if given else "", folder=False)
-    lines = [f"# Tuning report: {run}", "", source, ""]
+    manifest = read_manifest(run)
+    lines = [f"# Tuning report: {run}", "", source, "",
+             f"Measurement: {policy_text(manifest.get('measurement'))}."
+             + (f" Routing recorded from {manifest['routing'].get('file')} ({manifest['routing'].get('what')})."
+                if isinstance(manifest.get("routing"), dict) else ""), ""]
     g = _geomean(df["speedup"])
     if g:
         where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else \

@@ -12,180 +12,45 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
 from optuna.storages import BaseStorage
 
-from tuner.commands import ceilings
+from tuner.commands import ceilings  # noqa: F401
+from tuner.commands.run_plan import (  # noqa: F401 - a run's options and plan, imported from here too
+    RunOptions,
+    default_storage,
+    engine_reading_notes,
+    kernel_origin_text,
+    plan_text,
+    planned_files,
+    traffic_plan_lines,
+)
 from tuner.emit.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.landscape import Landscape, LandscapeWriter
 from tuner.measure.measurers import Measurer, RecordingMeasurer, ReplayMeasurer
+from tuner.measure.policy import check_replay_policy, replay_policy
 from tuner.paths import atomic_write_json, remove_stale_temporaries
 from tuner.plan.engines import ENGINES, lookup_nearest
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import KernelSpec, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
-from tuner.plan.traffic import TrafficProfile
 from tuner.progress import Progress
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
-from tuner.search.storage import JOURNAL, journal_path, sync_storage
+from tuner.search.storage import journal_path, sync_storage
 from tuner.search.storage_checks import (  # noqa: F401 (the names callers know from here)
     check_journal_file,
     check_sqlite_file,
     check_storage_url,
     open_checked_storage,
 )
+from tuner.search.warm_start import WarmPool, incumbent, installed_rows, study_seeds
 
 log = logging.getLogger("tuner")
-
-
-@dataclass
-class RunOptions:
-    kernel: KernelSpec
-    space: SearchSpace
-    gpu: GpuSpec
-    problems: list[Problem]
-    batch_sizes: list[int]
-    settings: SearchSettings
-    out_dir: Path
-    storage: str | None = None
-    engines: list[str] = field(default_factory=lambda: ["vllm", "sglang"])
-    replay: str | None = None
-    record: str | None = None
-    baseline: str | None = None
-    compile_workers: int = 8
-    measure_timeout: float = 120.0   # seconds one config may take before its worker is replaced
-    recycle_after: int = 256         # configs a measuring worker serves before a fresh one
-    run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
-    quiet: bool = False
-    prefix: str = ""                 # study-name prefix: several runs can share one storage
-    gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
-    plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
-    traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
-    device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
-
-    @property
-    def device_name(self) -> str:
-        """The device as studies, landscapes and manifests name it."""
-        from tuner.measure.device import device_name
-        return device_name(self.device, self.gpu)
-
-    def ms_for(self, problem: Problem) -> list[int]:
-        if self.plan_ms is not None:
-            return list(self.plan_ms.get(problem.key, []))
-        return list(self.batch_sizes)
-
-
-def default_storage(out_dir: Path) -> str:
-    """A run's storage when --storage is not given: the journal file OUT/studies.journal
-    (tuner/search/storage.py); a folder an older tuner left with OUT/studies.db (SQLite) and
-    no journal keeps its database, so its run resumes where it stopped."""
-    older = out_dir / "studies.db"
-    journal = out_dir / "studies.journal"
-    if older.is_file() and not journal.exists():
-        return f"sqlite:///{older.resolve()}"
-    return f"{JOURNAL}{journal.resolve()}"
-
-
-# -- the plan ---------------------------------------------------------------------------
-def plan_text(opts: RunOptions) -> str:
-    k, gpu = opts.kernel, opts.gpu
-    lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
-             f"  {opts.run_info.get('model', '')}  " + "  ".join(
-                 f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
-             f"  kernel: {kernel_origin_text(k)}",
-             f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
-             f"keys {', '.join(k.config_keys)}",
-             (f"  budget {opts.settings.budget} trials per batch size" if not opts.settings.budgets else
-              f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
-              f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
-             + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
-             f"  storage {opts.storage or default_storage(opts.out_dir)}",
-             f"  output {opts.out_dir}/"]
-    triton_version = software_versions()["triton"]
-    roof = ceilings.load(gpu)
-    lines.append(f"  roofline floor: the larger of (fewest bytes moved / copy bandwidth) and (FLOPs / FP8 matmul "
-                 f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
-                 "runs much faster")
-    if opts.traffic is not None:
-        lines += traffic_plan_lines(opts)
-    for p in opts.problems:
-        lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
-                     + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
-        for name, path in planned_files(opts, p, triton_version):
-            lines.append(f"  {name:7s} {path}")
-        sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
-        lines.append("  configs after pruning, per M: " + " ".join(sizes))
-        floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.batch_sizes]
-        lines.append("  roofline floor, us per M: " + " ".join(floor))
-    total = len(opts.problems) * len(opts.batch_sizes)
-    most = sum(opts.settings.budget_for(p, m) for p in opts.problems for m in opts.batch_sizes)
-    lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
-                 f"at most {most} measured configs")
-    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
-    return "\n".join(lines)
-
-
-def traffic_plan_lines(opts: RunOptions) -> list[str]:
-    """The keys a traffic profile chose, what each serves, and its budget (the plan)."""
-    from tuner.plan.traffic import key_coverage
-    profile = opts.traffic
-    if profile is None:
-        return []
-    lines = [f"  {line}" for line in profile.describe()]
-    lines.append("  keys (by the engines' nearest-key rule: the served M each key's entry runs, their share of the "
-                 "forward passes, trials):")
-    for c in key_coverage(opts.batch_sizes, profile):
-        budget = opts.settings.budget_for(opts.problems[0], c.key) if opts.problems else opts.settings.budget
-        lines.append(f"    {c.text()}; {budget} trials")
-    lines.append("  where a tuned config does not beat the default beyond noise (2% or its spread), the table gets "
-                 "the default")
-    return lines
-
-
-def engine_reading_notes(table_kind: str, engines) -> list[str]:
-    """What makes each engine read tables of this kind on Hopper (tuner/plan/engines.py)."""
-    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
-            for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
-
-
-def kernel_origin_text(kernel: KernelSpec) -> str:
-    """Whose code times the tables, its version and where it was read from, in words."""
-    if kernel.source == "ours":
-        return f"ours (kernels/, tuner {kernel.source_version}, code {kernel.code_version})"
-    if not kernel.origin:
-        return (f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken; the "
-                f"launcher supports {kernel.source} {', '.join(kernel.notes.get('launcher_supports', []))})")
-    supported = ", ".join(kernel.notes.get("launcher_supports", []))
-    launched = kernel.notes.get("launched_as")
-    how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
-           if launched else "not checked")
-    files = kernel.notes.get("engine_files")
-    if files:
-        from tuner.plan.kernel_sources import imported_files_text
-        imports = "; " + imported_files_text(files)
-    else:
-        imports = ""
-    return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
-            f"{kernel.origin} (code {kernel.code_version}){imports}")
-
-
-def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
-    """(who reads it, relative path) of each file a problem's results go to."""
-    k = opts.kernel
-    if k.emit_table is not None:
-        m = opts.batch_sizes[0]
-        stand_in = StudyResult(p, m, k.default_config(p.params, m), None, None, {}, None, 0, "plan")
-        _, file_of = k.emit_table([(p, [stand_in])], opts.gpu.cuda_name)
-        return [("tuner", file_of[p.key])]
-    return [(name, ENGINES[name].table_relpath(k.table_kind, p.params, opts.gpu.cuda_name, triton_version))
-            for name in opts.engines if name in p.engines]
 
 
 # -- seeds from shipped tables ----------------------------------------------------------
@@ -232,18 +97,24 @@ def landscape_source(kernel: KernelSpec) -> dict:
 # -- the run ----------------------------------------------------------------------------
 def make_measurer(opts: RunOptions, progress: Progress) -> Measurer:
     if opts.replay:
-        return ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
+        replay = ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
+        recorded = replay.landscape.header.get("policy")
+        check_replay_policy(opts.replay, recorded, opts.policy)
+        opts.run_info["measurement"] = replay_policy(recorded, opts.policy)     # the times are the landscape's
+        return replay
     from tuner.measure import isolation
     # Every compile and timing happens in a replaceable child process (tuner/measure/isolation.py).
     gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
-                                            opts.measure_timeout, opts.recycle_after, opts.device)
+                                            opts.measure_timeout, opts.recycle_after, opts.device,
+                                            policy=opts.policy or None)
     if not opts.record:
         return gpu_m
     env = gpu_m.environment()
     header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
               "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
               "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
-              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso()}
+              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso(),
+              **({"policy": env["policy"]} if env.get("policy") else {})}
     writer = LandscapeWriter(opts.record, opts.kernel, header)
     land = Landscape(header, opts.kernel, str(opts.record))
     grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
@@ -269,17 +140,23 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     if storage is not None:
         check_plan(storage, opts)
     if len(opts.gpus) > 1 and not opts.replay:
+        from tuner.search.identity import CPU_DEVICE, GPU
+        opts.times = CPU_DEVICE if opts.device == "cpu" else GPU
         storage = storage or open_run_storage(opts)
         save_plan(storage, opts)
+        _say_notes(opts, progress)
         run_gpu_workers(opts, progress)
     else:
         measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+        from tuner.search.identity import times_of
+        opts.times = times_of(measurer)
         try:
             if isinstance(measurer, ReplayMeasurer):
                 opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
                 progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
             storage = storage or open_run_storage(opts)
             save_plan(storage, opts)
+            _say_notes(opts, progress)
             tune_all(opts, storage, measurer, progress,
                      after_study=lambda: collect(opts, storage, quiet=True))
         finally:
@@ -289,13 +166,20 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     return results
 
 
+def _say_notes(opts: RunOptions, progress: Progress) -> None:
+    """The run's own lines (the deployment its --tp is for), said once it has passed every check:
+    a refusal stays one line."""
+    for line in opts.notes:
+        progress.note(f"tuner: {line}")
+
+
 def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progress: Progress,
              after_study: Callable[[], object] | None = None) -> None:
     """Run every study of the plan against one measurer. Several processes may do this at
     once on one storage (workers): they share the studies."""
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
-                         prefix=opts.prefix)
+                         prefix=opts.prefix, policy=opts.policy)
     # A run started again shows the studies it finished before as stored, and says so.
     finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
                 if stored_result(storage, opts, p, M) is not None}
@@ -305,7 +189,10 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
                       "studies finished before; their stored results are shown, not run again")
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
-        neighbour = None
+        # the row a tuned config must beat: --baseline's, else the table the engine reads today
+        installed = baseline or installed_rows(opts.warm, opts.kernel.name, problem.params, opts.gpu,
+                                               problem.engines[0] if len(problem.engines) == 1 else "")
+        done: list[int] = []
         for M in sorted(opts.ms_for(problem)):
             tied_config = None
             if problem.tied_to:
@@ -319,13 +206,14 @@ def tune_all(opts: RunOptions, storage: BaseStorage, measurer: Measurer, progres
             seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
             if baseline:
                 seeds.append(("baseline", lookup_nearest(baseline, M)))
-            if neighbour:
-                seeds.append(("neighbour", neighbour))
+            # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
+            seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
+                                 opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
             # a tied table searches its shared keys freely too: both tables choose them together below
-            r = runner.tune(problem, M, seeds, None, default)
+            r = runner.tune(problem, M, seeds, None, default, incumbent(opts.kernel, installed, M))
             if problem.tied_to and not r.tied:
                 r = choose_tied(opts, runner, measurer, problem, M) or r
-            neighbour = r.config or neighbour
+            done.append(M)
             progress.end_study(_summary(r, time_unit(opts)))
             sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
             if after_study:
@@ -351,12 +239,15 @@ def choose_tied(opts: RunOptions, runner: StudyRunner, measurer: Measurer, probl
         return tuple(cfg[k] for k in keys)
 
     def timed(p: Problem) -> list[tuple[float, dict]]:
-        return sorted((t, config_dict(kernel, c)) for c, t in runner.measured(p, M).items() if t is not None)
+        # by time alone: two configs of the same time must not be compared (dicts do not order)
+        return sorted(((t, config_dict(kernel, c)) for c, t in runner.measured(p, M).items() if t is not None),
+                      key=lambda tc: tc[0])
     best_up: dict[tuple, tuple[float, dict]] = {}
     ups = timed(up)
     for t, c in ups:
         best_up.setdefault(shared(c), (t, c))
-    pairs = [(best_up[shared(d)][0] + t, best_up[shared(d)][1], d) for t, d in timed(problem) if shared(d) in best_up]
+    pairs = sorted(((best_up[shared(d)][0] + t, best_up[shared(d)][1], d) for t, d in timed(problem)
+                    if shared(d) in best_up), key=lambda p: p[0])          # ranked by the sum
     if not pairs:
         return None
     candidates = pairs[: max(1, opts.settings.top_k)]
@@ -449,6 +340,8 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
                 "search": {"sampler": opts.settings.sampler, "budget": opts.settings.budget,
                            "patience": opts.settings.patience, "space": opts.space.source,
                            **({"budgets": opts.settings.budgets} if opts.settings.budgets else {})}}
+    from tuner.search.warm_start import summary
+    run_info["warm_start"] = summary(opts.warm, ((r.search or {}).get("seeds") or {} for rs in results.values() for r in rs))
     earlier = _searched_otherwise(opts, results)
     if earlier:
         run_info["search"]["earlier_runs"] = earlier
@@ -464,7 +357,9 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
         if done:
             _emit_own_format(opts, done, results, run_info)
     else:
+        from tuner.emit.run_findings import RunFindings
         keys = by_key(opts)
+        findings = None if quiet else RunFindings({m for p in opts.problems for m in opts.ms_for(p)})
         for problem in done:
             # Tables tied together are written together, over the batch sizes both have.
             if problem.tied_to or any(q.tied_to == problem.key for q in opts.problems):
@@ -473,7 +368,9 @@ def collect(opts: RunOptions, storage: BaseStorage, quiet: bool = False, wait: b
                 group = [keys[problem.tied_to], problem]
             else:
                 group = [problem]
-            _emit(opts, group, [results[p.key] for p in group], env, run_info, warn=not quiet)
+            _emit(opts, group, [results[p.key] for p in group], env, run_info, findings)
+        for line in findings.lines() if findings is not None else []:
+            log.warning("%s", line)
     if missing and not quiet:
         log.warning("%d studies have no result yet; their batch sizes are left out", missing)
     return results
@@ -534,6 +431,7 @@ def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
         "space": {"choices": opts.space.choices, "constraints": opts.space.constraints,
                   "source": opts.space.source},
         "engines": opts.engines, "baseline": opts.baseline, "run_info": opts.run_info,
+        **({"warm": opts.warm.as_dict()} if opts.warm else {}),
     })
 
 
@@ -562,9 +460,10 @@ def check_plan(storage: BaseStorage, opts: RunOptions) -> None:
 
 def plan_identity(opts: RunOptions) -> dict:
     """What a plan's studies will be timed on, as far as it is known before measuring
-    (each study adds the Triton and, for a replay, the landscape's code; search.identity)."""
-    return {"device": opts.device_name, "kernel": opts.kernel.source_label,
-            "code_version": opts.kernel.code_version or None, "space": opts.space.version}
+    (tuner/search/identity.py); a replay's policy is the landscape's, so only its routing is known."""
+    from tuner.search.identity import plan_identity as identity
+    policy = opts.policy if not opts.replay else {"routing": opts.policy.get("routing")}
+    return identity(opts.device_name, opts.kernel, opts.space, opts.times, policy)
 
 
 def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, load_code: bool = False,
@@ -598,12 +497,16 @@ def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, loa
                           batch_sizes=sorted({m for ms in plan["batch_sizes"].values() for m in ms}),
                           settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
                           engines=plan["engines"], baseline=plan["baseline"], run_info=plan["run_info"],
-                          prefix=prefix, plan_ms=plan["batch_sizes"])
+                          prefix=prefix, plan_ms=plan["batch_sizes"],
+                          warm=WarmPool.from_dict(plan["warm"]) if plan.get("warm") else None)
         if (plan.get("run_info") or {}).get("traffic"):
             from tuner.plan.traffic import TrafficProfile
             opts.traffic = TrafficProfile.from_manifest(plan["run_info"]["traffic"], "the stored plan")
         for k, v in overrides.items():
             setattr(opts, k, v)
+        if (plan.get("run_info") or {}).get("routing"):
+            from tuner.plan.routing import use_stored
+            use_stored(opts.out_dir / "routing")       # the recorded routing's ids (tuner/plan/routing.py)
         plans.append(opts)
     if not plans:
         raise TunerError(f"the storage holds no tuning plan under the study prefix {prefix!r}; "
@@ -649,7 +552,7 @@ def _emit_own_format(opts: RunOptions, done: list[Problem], all_results: dict, r
 
 
 def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
-          run_info: dict, warn: bool = True) -> None:
+          run_info: dict, findings=None) -> None:
     if len(group) > 1:
         common = set.intersection(*({r.M for r in rs if r.config} for rs in group_results))
         # tied tables are written together where they agree on the keys they share (a tied
@@ -668,7 +571,7 @@ def _emit(opts: RunOptions, group: list[Problem], group_results: list[list[Study
         if problem.key in copies:
             entry["not_written"] = copies[problem.key]
         entries.append(entry)
-        _audit_emitted(opts, problem, files, warn)
+        _audit_emitted(opts, problem, files, findings)
     update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
 
 
@@ -683,12 +586,13 @@ def _copied_tied_tables(kernel: KernelSpec, group: list[Problem], group_results:
             for p in group if p.tied_to and tables.get(p.key) and tables[p.key] == tables.get(p.tied_to)}
 
 
-def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], warn: bool = True) -> None:
+def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], findings=None) -> None:
     """`tuner audit`'s table checks on each table just written, over the batch sizes up to the
     largest tuned: a tuned table should pass them; where it cannot (too few batch sizes tuned,
     studies without a result) the run says so, naming the batch sizes that snap far. Tables
     written while the run goes on (warn=False) are partial by design: only the loader's
-    reading of them is checked, and the findings are said once, for the final tables."""
+    reading of them is checked, and the findings are said once, for the final tables (gathered
+    into `findings`, a tuner.emit.run_findings.RunFindings)."""
     from tuner.emit.audit import Batches, named_table_findings
     from tuner.plan.engines import load_table, table_family
     batches = Batches(max(opts.batch_sizes))
@@ -696,9 +600,9 @@ def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], wa
         family = table_family(engine, opts.kernel.table_kind)
         from tuner.reading import read_bytes
         table, crash = load_table(family, read_bytes(opts.out_dir / rel, "table "))
-        findings = named_table_findings(family, Path(rel).name, table, rel, batches) if warn and table is not None else []
-        for f in findings:
-            log.warning("%s: %s: %s (tuned M=%s)", rel, f.kind, f.reason, ",".join(map(str, sorted(table or {}))))
+        if findings is not None and table is not None:
+            for f in named_table_findings(family, Path(rel).name, table, rel, batches):
+                findings.add(rel, f, table)
         if crash:
             raise TunerError(f"{rel} was written but {engine}'s loader would not read it ({crash}): a bug, please report")
 
@@ -768,7 +672,13 @@ def check_baselines(opts: RunOptions) -> None:
 def time_unit(opts: RunOptions) -> str:
     """How a time of this run is shown: microseconds, and where they were not taken on a GPU, so."""
     if opts.replay:
-        return "us"
+        from tuner.measure.landscape import read_header
+        from tuner.measure.provenance import is_cpu_device
+        try:
+            header = read_header(opts.replay)
+        except TunerError:
+            return "us"
+        return "us (SYNTHETIC)" if header.get("synthetic") else "us (CPU device)" if is_cpu_device(header) else "us"
     return "us (CPU device)" if opts.device == "cpu" else "us"
 
 
@@ -776,33 +686,8 @@ def _summary(r: StudyResult, unit: str = "us") -> str:
     if r.resumed:
         return "stored: " + _summary(dataclasses.replace(r, resumed=False), unit)
     if r.config is None:
-        return f"no config ({r.numerics.get('detail', r.stopped)})"
+        why = r.numerics.get('detail', r.stopped)
+        return f"no config ({why}; first failure: {r.first_failure})" if r.timed_nothing and r.first_failure \
+            else f"no config ({why})"
     sp = f", {r.speedup:.2f}x default" if r.speedup else ""
     return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
-
-
-def results_table(results: dict[str, list[StudyResult]], keys: tuple[str, ...]) -> pd.DataFrame:
-    """The closing table: times to two decimals, a default without a time shown with why."""
-    rows = []
-    for pkey, rs in results.items():
-        for r in rs:
-            rows.append({
-                "problem": pkey, "M": r.M,
-                "config": " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
-                "time_us": f"{r.time_us:.2f}" if r.time_us else "-",
-                "default_us": f"{r.default_time_us:.2f}" if r.default_time_us else
-                              f"- ({r.default_error or 'not timed'})",
-                "speedup": f"{r.speedup:.2f}x" if r.speedup else "-",
-                "trials": r.trials,
-                "numerics": r.numerics.get("status", "-"),
-                **({"table": _kept_text(r)} if any(x.kept_default for xs in results.values() for x in xs) else {}),
-            })
-    return pd.DataFrame(rows)
-
-
-def _kept_text(r: StudyResult) -> str:
-    """What a traffic-keyed table holds at M: the tuned config, or the default and why."""
-    if not r.kept_default:
-        return "tuned"
-    t = r.kept_default.get("time_us")
-    return f"default (tuned {t:.2f} us: within noise)" if t else "default"

@@ -72,17 +72,18 @@ def add_collect_parser(sub, common) -> None:
 
 
 def run_collect(args) -> int:
-    from tuner.commands.tune import collect, load_plans, open_checked_storage, results_table
+    from tuner.commands.tune import collect, load_plans, open_checked_storage
+    from tuner.emit.run_table import run_table_lines, written_files
 
     out = Path(args.out)
     check_out_dir(out)
     storage = open_checked_storage(args.storage, existing=True)
     for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
-        table = results_table(results, opts.kernel.config_keys)
-        if not table.empty:
+        if results:
             from tuner.commands.report import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
-            print(table.to_string(index=False))
+            for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out):
+                print(line)
     print(f"tables and manifest in {args.out}/")
     return 0

@@ -221,8 +221,8 @@ def key_findings(keys: list[int], where: str, batches: Batches) -> list[Finding]
         ks = sorted(keys)
         out.append(Finding("warning", "truncated",
                            f"{len(ks)} of the engines' {len(DEFAULT_BATCH_SIZES)} batch sizes ({ks[0]}..{ks[-1]}), a "
-                           f"contiguous slice under {TRUNCATED_BELOW} keys: what an overwritten multi-GPU tuning "
-                           "run leaves", where))
+                           f"contiguous slice under {TRUNCATED_BELOW} keys (tuned at a few batch sizes only, or "
+                           "the part of a multi-GPU tuning run that overwrote the rest)", where))
     far = batches.far(keys)
     if far:
         parts = [f"{m_range(a, b)} run the entry for {k} " + ("(a key that is no batch size)" if math.isinf(ratio)
@@ -681,6 +681,11 @@ def audit_all(inst: Installation, batches: Batches, override_dir: Path | None, k
         if override_dir is not None and fam.env_var:
             report.header["override"] = f"{fam.env_var}={override_dir}"
             places.append((fam, FolderFiles(override_dir), "configs" if fam.env_replaces_root else ""))
+            if fam.per_triton and fam.env_replaces_root:
+                # a folder without configs/: the loader's fallback lists it and raises (say what to do)
+                crash = resolve_table(fam, "", None, FolderFiles(override_dir), inst.triton or "0.0.0").crash
+                if crash:
+                    report.findings.append(Finding("error", "crashes_loader", crash, str(override_dir)))
     for fam, files, folder in places:
         _audit_folder(report, stats, fam, files, folder, inst, batches)
     report.stats = stats
@@ -733,7 +738,8 @@ def _audit_folder(report: AuditReport, stats: dict, fam: TableFamily, files: Tab
         report.findings.append(Finding("error", "crashes_loader",
                                        f"{sub} is not a version folder: the loader's Triton fallback sorts the "
                                        "triton_* names as integers and raises ValueError whenever a table is not in "
-                                       "the running Triton's folder", files.display(base + sub)))
+                                       "the running Triton's folder; rename it triton_X_Y_Z (digits only) or move it "
+                                       "out", files.display(base + sub)))
     tables: dict[str, dict] = {}
     for rel, (name, g) in loadable.items():
         where = files.display(rel)

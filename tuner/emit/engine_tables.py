@@ -164,7 +164,6 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
     installed in this Python (found without importing it); $TUNER_ENGINE_WHEELS. The
     Triton version: --triton, else the site-packages' Triton, else this Python's."""
     import importlib.util
-    import os
     files: TableFiles | None = None
     found_version: str | None = None
     origin = ""
@@ -212,18 +211,21 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
             if version is None or _dist_version(site, engine) == version:
                 files, origin, found_version = FolderFiles(site), f"installed in {site}", _dist_version(site, engine)
                 triton_found = (_dist_version(site, "triton"), f"installed in {site}")
-        if files is None and os.environ.get("TUNER_ENGINE_WHEELS") and Path(os.environ["TUNER_ENGINE_WHEELS"]).is_dir():
-            wheel = _wheel_in(Path(os.environ["TUNER_ENGINE_WHEELS"]), engine, version)
+        from tuner.plan.kernel_sources import wheel_folders
+        for folder in wheel_folders() if files is None else []:      # $TUNER_ENGINE_WHEELS, the wheels fetched
+            wheel = _wheel_in(folder, engine, version)
             if wheel is not None:
                 files, origin, found_version = WheelFiles(wheel), f"wheel {wheel}", _wheel_version(wheel, engine)
+                break
     notes: list[str] = []
     if version and found_version and version != found_version:
         raise TunerError(f"--engine-version {version}, but {origin} is {engine} {found_version}")
     if files is None:
         if not version:
-            raise TunerError(f"{engine} is not installed in this Python and no wheel was given: give --site-packages "
-                             f"DIR, --engine-source WHEEL (or set TUNER_ENGINE_WHEELS), or --engine-version to audit "
-                             "override folders only")
+            from tuner.plan.kernel_sources import fetch_hint
+            raise TunerError(f"{engine} is not installed in this Python and no wheel was given: fetch one with "
+                             f"{fetch_hint(engine)}, or give --site-packages DIR or --engine-source WHEEL, or "
+                             "--engine-version to audit override folders only")
         notes.append(f"no {engine} package was found: only override folders are looked at, with the loader rules "
                      f"of {engine} {version}")
         origin = "no package"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tuner.emit import backups
+from tuner.emit import backups, merge_rule
 from tuner.emit.backups import (  # noqa: F401 (RECORD, read_record: the names users of this module know)
     RECORD,
     check_writable_folders,
@@ -60,6 +60,9 @@ class Copy:
     kind: str = ""  # the table family ("fused_moe", "fp8_gemm"); "" for shipped tables copied along
     text: str | None = None       # what to write when not the source as it is (a --merge)
     merged: dict | None = None    # {"new": [M...], "kept": [M...]} of a --merge, recorded in the backup
+    times: dict | None = None     # {M: time_us} of its rows and what they were timed on (merge_rule.py)
+    timed_on: dict | None = None
+    not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
 
     def content(self) -> str:
         from tuner.reading import read_text
@@ -150,10 +153,13 @@ def _engine_has(kind: str, engine: str) -> bool:
 
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None,
-                 merge: bool = False) -> tuple[list[Copy], list[str]]:
+                 merge: bool = False, engine_version: str | None = None,
+                 package_present: bool = True, min_gain: float = 0.02) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
     among others when a table would replace one that covers batch sizes it lacks (unless
-    `merge`: the old entries for those are kept, or `force`)."""
+    `merge`: the old entries for those are kept, or `force`). Without the engine's package
+    (`package_present` False: a config folder for `engine_version`), the tables no config-folder
+    variable covers are left out, with a note."""
     manifest = read_manifest(results)
     tables = [t for t in manifest["tables"] if (t.get("files") or {}).get(engine)]
     if not tables:
@@ -161,11 +167,13 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     eng = ENGINES[engine]
     roots = config_roots(site, engine, moe_config_dir)
     target_triton = installed_version(site, "triton")
-    target_engine = installed_version(site, engine)
+    target_engine = installed_version(site, engine) or engine_version
     gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
     copies: list[Copy] = []
     notes: list[str] = []
     timed_on_ours: list[str] = []
+    left_out: list[str] = []
+    forced: dict[str, list[str]] = {}          # why -> the tables forced for it (said once per reason)
     seen: dict[str, str] = {}
     where = f"{results / 'manifest.json'}"
     for t in tables:
@@ -173,6 +181,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         owner, kind, tail = _relative_table_path(rel, where)
         if owner != engine or kind not in roots:
             raise TunerError(f"{where}: file entry {rel!r} is not a {engine} table of a kind it reads")
+        if not package_present and moe_config_dir is not None and kind != "fused_moe":
+            left_out.append(kind)           # only the engine's package folder holds these: not here
+            continue
         source = results / rel
         if not inside(source, results):
             raise TunerError(f"{where}: {rel!r} leads out of {results}; refusing it")
@@ -183,8 +194,12 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         problems = []
         if not t.get("numerics_passed"):
             problems.append("its numerics check did not pass (or was not run: replayed timings)")
-        from tuner.measure.provenance import is_cpu_device
-        if is_cpu_device(env):
+        from tuner.measure.provenance import CPU_DEVICE, is_cpu_device, is_synthetic
+        not_a_gpu = "SYNTHETIC" if is_synthetic(env) else CPU_DEVICE if is_cpu_device(env) else ""
+        if is_synthetic(env):
+            problems.append("its times are SYNTHETIC (a cost model, `tuner landscape synth`): its configs were "
+                            "never timed on a GPU")
+        elif is_cpu_device(env):
             problems.append("it was timed on the CPU device (Triton's interpreter on a CPU, standing in for a "
                             "GPU in CI): its configs were never timed on a GPU")
         if env.get("triton") and target_triton and _base(env["triton"]) != _base(target_triton):
@@ -201,8 +216,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
-            notes.append(f"forced {rel}: {'; '.join(problems)}")
+            forced.setdefault("; ".join(problems), []).append(rel)
         root = roots[kind]
+        if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
+            tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
         if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
             tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
         dest = root / tail
@@ -211,9 +228,18 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
-        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind)
-        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest))
+        copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu,
+                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
+        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest),
+                           min_gain)
         copies.append(copy)
+    for why, rels in forced.items():
+        names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
+        notes.append(f"forced {len(rels)} table(s) ({names}): {why}")
+    if left_out:
+        notes.append(f"{len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) left out: {engine} reads them from "
+                     f"its package folder only (no variable names another), which is not here; install them where "
+                     f"{engine} is installed")
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")
@@ -236,7 +262,8 @@ def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Pa
     return None
 
 
-def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None) -> list[str]:
+def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None,
+              min_gain: float = 0.02) -> list[str]:
     """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace one
     covering batch sizes it lacks: those batch sizes would run an entry tuned for another M."""
     from tuner.plan.engines import load_table, table_family
@@ -254,6 +281,20 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
     # size key was nearer, which the merged table's keys now are.
     not_sizes = sorted(m for m in old if m < 1)
     lost = sorted(set(old) - set(new) - set(not_sizes))
+    installed = merge_rule.installed_times(copy.dest, engine, BACKUP_ROOT) if merge else None
+    kept = merge_rule.keep_installed(old, new, installed[0], copy.times or {}, installed[1] == copy.timed_on,
+                                     min_gain) if installed else {}
+    if kept:                     # --merge: the installed rows the new ones do not beat by --min-gain stay
+        merged = {**new, **{m: old[m] for m in [*lost, *kept]}}
+        copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
+        copy.merged = {"new": sorted(set(new) - set(kept)), "kept": sorted([*lost, *kept]), "from": str(old_path),
+                       "kept_installed": {str(m): why for m, why in kept.items()},
+                       **({"dropped": not_sizes} if not_sizes else {})}
+        copy.times = {**(copy.times or {}), **{m: (installed or ({}, {}))[0][m] for m in kept}}   # the rows it holds
+        return [f"merged {rel}: {why}" for why in kept.values()] + (
+            [f"merged {rel}: the entries of {old_path} for M={','.join(map(str, lost))} are kept"] if lost else []) + (
+            [f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are dropped: no batch "
+             "size (recorded in the backup record)"] if not_sizes else [])
     if not lost:
         return []
     what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
@@ -319,6 +360,11 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                            "sha256": final[str(c.dest)]}
             if c.merged:
                 entry["merged"] = c.merged
+            if c.times is not None:          # what a later --merge compares against (merge_rule.py)
+                entry["times"] = {str(m): t for m, t in c.times.items()
+                                  if not c.merged or m not in c.merged.get("kept", []) or str(m) in
+                                  c.merged.get("kept_installed", {})}
+                entry["timed_on"] = c.timed_on
             entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
         atomic_write_json(backup / RECORD, {"engine": engine, "sequence": seq, "installed": now_iso(),
@@ -343,15 +389,7 @@ def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:
     return [(p, str(p.relative_to(root))) for p in sorted(root.rglob("*.json"))]
 
 
-def plan_config_dir(site: Path, engine: str, config_dir: Path) -> list[Copy]:
-    """SGLang's variable hides the shipped tables, so they are copied in first."""
-    if engine != "sglang":
-        return []
-    root = config_roots(site, engine, config_dir)["fused_moe"]
-    return [Copy(p, root / rel, "shipped", root) for p, rel in shipped_moe_tables(site, engine)]
-
-
-# -- what the install leaves in place, as `tuner audit` sees it, and the engine's own lines --------
+# -- what the install leaves in place, as `tuner audit` sees it (the engine's own lines: install_target.py) --
 def audit_install(copies: list[Copy], engine: str) -> list:
     """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
     every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
@@ -387,40 +425,3 @@ def audit_install(copies: list[Copy], engine: str) -> list:
                 if up_t is not None and down_t is not None:
                     findings += pair_findings(up_t, down_t, str(down_path), batches, family)
     return findings
-
-
-def engine_log_lines(copies: list[Copy], engine: str, site: Path, moe_config_dir: Path | None) -> list[str]:
-    """For each table installed, the line the engine logs when it loads it and the one it logs
-    when it finds no table there, quoted from the engine's loader source (the target's own
-    package, else the same version's wheel in $TUNER_ENGINE_WHEELS)."""
-    from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, loader_source_readable, log_lines
-    from tuner.plan.engines import table_family
-    version = installed_version(site, engine) or ""
-    inst = Installation(engine, version, FolderFiles(site), f"installed in {site}", "", "")
-    kinds = sorted({c.kind for c in copies if c.kind})
-    if kinds and not loader_source_readable(inst, table_family(engine, kinds[0])):
-        wheels = Path(os.environ.get("TUNER_ENGINE_WHEELS", "")) if os.environ.get("TUNER_ENGINE_WHEELS") else None
-        match = sorted(wheels.glob(f"{engine}-{version}-*.whl")) if wheels and version and wheels.is_dir() else []
-        if not match:
-            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site})"]
-        inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
-    out = []
-    for c in copies:
-        if not c.kind:
-            continue
-        family = table_family(engine, c.kind)
-        if c.kind == "fused_moe" and moe_config_dir is not None:
-            path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
-                else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
-        else:
-            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
-        tried = [path]
-        if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
-            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
-        lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
-        label = f"{engine} {version}".strip()
-        if "loaded" in lines:
-            out.append(f"{label} logs when it loads {c.dest.name}: {lines['loaded']}")
-        if "not loaded" in lines and not c.dest.name.endswith("_down.json"):
-            out.append(f"  and when it finds no table there: {lines['not loaded']}")
-    return out

@@ -123,7 +123,7 @@ def manifest_problem(manifest) -> str | None:
     tables = manifest.get("tables")
     if not isinstance(tables, list):
         return "'tables' is not a list"
-    for key in ("traffic", "search", "environment"):
+    for key in ("traffic", "search", "environment", "measurement", "warm_start"):
         if manifest.get(key) is not None and not isinstance(manifest[key], dict):
             return f"'{key}' is not an object"
     for key in ("model", "model_source", "gpu", "measured_by"):
@@ -139,7 +139,7 @@ def manifest_problem(manifest) -> str | None:
             return f"table {i}: 'files' must map engines to paths"
         if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
             return f"table {i}: 'entries' must map batch sizes to entries"
-        for key in ("kernel_source", "environment", "identity"):
+        for key in ("kernel_source", "environment", "identity", "measurement"):
             if t.get(key) is not None and not isinstance(t[key], dict):
                 return f"table {i}: '{key}' is not an object"
         source = t.get("kernel_source") or {}
@@ -192,6 +192,8 @@ def manifest_entry(kernel: KernelSpec, problem: Problem, results: list[StudyResu
         "environment": run_info.get("environment"),
         # what the studies were timed on: device, kernel code, space, Triton (search.identity)
         "identity": run_info.get("identity"),
+        # how every time of it was taken: graph or eager, L2 cold or warm, routing, clocks (tuner/measure/policy.py)
+        "measurement": run_info.get("measurement"),
         # an explicit default (traffic profiles) is what the engine runs anyway: it does not fail this
         "numerics_passed": all(r.numerics.get("status") in ("passed", "default") for r in results if r.config),
         "entries": {str(r.M): r.as_dict() for r in sorted(results, key=lambda r: r.M)},

@@ -9,10 +9,17 @@ primitives differ:
                     CudaDevice ("cuda")                    CpuDevice ("cpu")
   tensors           on the GPU                             in memory
   kernels run       compiled                               in Triton's interpreter (TRITON_INTERPRET=1)
-  timing            warm-up, one CUDA graph per callable,  one warm-up call, then each call
-                    replays timed with CUDA events         timed with the wall clock
+  timing            warm-up, one CUDA graph per callable,  one warm-up call per callable, then
+                    replays timed with CUDA events         calls timed with the wall clock, each
+                    (--timing eager: the launches timed,   under CUDA-graph capture's rules
+                    no graph)                              (tuner/measure/capture_rules.py;
+                                                           --timing eager: no rules, as no capture)
+  clocks            after 1 s idle, 0.2 s of matmuls       the same idle rule, nothing to ramp
+                    ramp the clocks before timing
   L2 flush          2 x L2 bytes on the GPU, zeroed        a plain buffer in memory, zeroed
-                    before each replay                     likewise
+                    before each replay, on the stream      likewise, before the clock starts
+                    the timing events are recorded on      (--l2 warm: none)
+                    (--l2 warm: none)
   properties        read off the device (L2, SMs)          the GPU's row of tuner/plan/gpus.py
   NVML              clocks, temperature, throttling        none
   compile workers   compile on the GPU                     compile for sm_90 with Triton's own
@@ -79,10 +86,39 @@ def make_device(kind: str, gpu: GpuSpec) -> "CudaDevice | CpuDevice":
     return CudaDevice(gpu) if kind == "cuda" else CpuDevice(gpu)
 
 
-class CudaDevice:
+IDLE_S = 1.0          # idle this long, a GPU has let its clocks fall
+RAMP_S = 0.2          # this long of back-to-back work brings them up again
+
+
+class _ClockWarmup:
+    """A GPU lowers its clocks within about a second of idle and takes tens of milliseconds of
+    load to raise them: longer than the whole timed region of a small-M run (40 replays of a
+    few microseconds). So timing that starts after an idle spell (the first config of a run,
+    one after a compile wait, a study after the numerics check) is preceded by RAMP_S of work
+    on the device (`_ramp`); the idle rule is the same on either device."""
+    clock_warmups = 0
+    _last_timed: float | None = None
+
+    def warm_clocks(self) -> bool:
+        """Ramp the clocks when the device has been idle; True when it did."""
+        if self._last_timed is not None and time.monotonic() - self._last_timed < IDLE_S:
+            return False
+        self._ramp(RAMP_S)
+        self.clock_warmups += 1
+        return True
+
+    def _timed(self) -> None:
+        self._last_timed = time.monotonic()
+
+    def _ramp(self, seconds: float) -> None:
+        raise NotImplementedError
+
+
+class CudaDevice(_ClockWarmup):
     kind = "cuda"
     tensor_device = "cuda"
     label = "gpu"                     # how a measurer on it is labelled (manifests, studies)
+    timing = "each run captured in a CUDA graph, its replays timed with CUDA events"   # said in manifests
     input_sets, reps = 4, 40          # per config: input sets rotated, timed replays
     ceiling_sizes = {"size": 8192, "copy_bytes": 1 << 30, "reps": 20}
 
@@ -95,6 +131,7 @@ class CudaDevice:
         self.name = torch.cuda.get_device_name()
         self._nvml_index = nvml_index(torch.cuda.current_device())
         self._nvml = self._nvml_handle = None
+        self._ramp_operands: tuple[Any, Any] | None = None
         try:
             import pynvml
             pynvml.nvmlInit()
@@ -115,33 +152,65 @@ class CudaDevice:
         """Writing twice the L2's size evicts whatever the last run left in it."""
         return self.torch.empty(2 * l2_bytes, dtype=self.torch.int8, device="cuda")
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
-        """Per-replay times (us) of `runs` (one callable per input set): each run once
-        (warm-up: binary loaded, data touched), captured as a CUDA graph, the graphs
-        replayed in rotation, each replay timed with CUDA events, `flush` zeroed (outside
-        the timed region) before each; flush=None flushes nothing (work far larger than L2)."""
+    def _ramp(self, seconds: float) -> None:
+        """Back-to-back bf16 matmuls (4096^3, ~0.2 ms each) until `seconds` have passed."""
         torch = self.torch
+        if self._ramp_operands is None:
+            a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+            self._ramp_operands = (a, torch.empty_like(a))
+        a, c = self._ramp_operands
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(8):
+                torch.matmul(a, a, out=c)
+            torch.cuda.synchronize()
+
+    def capture(self, run: Callable[[], object]):
+        """`run` captured in a CUDA graph. When the capture fails, the error raised is the
+        first one (with the global capture mode, a refused call invalidates the capture and
+        ending it raises "operation failed due to a previous error during capture", which
+        would hide what was refused)."""
+        g = self.torch.cuda.CUDAGraph()
+        try:
+            with self.torch.cuda.graph(g):
+                run()
+        except Exception as e:  # noqa: BLE001 - re-raised: the first error of the capture
+            raise first_capture_error(e) from None
+        return g
+
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
+        """Per-replay times (us) of `runs` (one callable per input set): the clocks ramped after
+        idle, each run once (warm-up: binary loaded, data touched, caches filled), each
+        captured as a CUDA graph, the graphs replayed once, then replayed in rotation, each
+        replay timed with CUDA events. `flush` (None: nothing flushed, --l2 warm, or work far
+        larger than L2) is zeroed before each timed replay on the current stream, the stream the
+        start event is recorded on and the graph replayed on: the event is taken once the
+        flush has finished, so the flush is never in the timed region and the replay never
+        overlaps it. graph=False (--timing eager): the runs launched as they are, launch
+        overhead included, as an engine runs prefill."""
+        torch = self.torch
+        self.warm_clocks()
         for run in runs:
             run()
         torch.cuda.synchronize()
-        graphs = []
-        for run in runs:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                run()
-            graphs.append(g)
-        for g in graphs:
-            g.replay()
-        torch.cuda.synchronize()
+        runners: list = list(runs)
+        if graph:
+            graphs = [self.capture(run) for run in runs]
+            runners = [g.replay for g in graphs]
+            for replay in runners:
+                replay()
+            torch.cuda.synchronize()
+        stream = torch.cuda.current_stream()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for r in range(reps):
             if flush is not None:
-                flush.zero_()                 # queued ahead of the timed replay, so it does not count
-            starts[r].record()
-            graphs[r % len(graphs)].replay()
-            ends[r].record()
+                flush.zero_()                 # queued on `stream` ahead of the start event
+            starts[r].record(stream)
+            runners[r % len(runners)]()       # launched on the current stream: `stream`
+            ends[r].record(stream)
         torch.cuda.synchronize()
+        self._timed()
         return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
 
     def nvml_snapshot(self) -> dict:
@@ -160,11 +229,23 @@ class CudaDevice:
         self.torch.cuda.empty_cache()
 
 
-class CpuDevice:
+def first_capture_error(e: BaseException) -> BaseException:
+    """The error a failed capture began with: past "operation failed due to a previous error
+    during capture" (raised when the invalidated capture ends) to the one it followed."""
+    seen: BaseException = e
+    while "due to a previous error during capture" in str(seen) and seen.__context__ is not None:
+        seen = seen.__context__
+    return seen
+
+
+class CpuDevice(_ClockWarmup):
     kind = "cpu"
     tensor_device = "cpu"
     label = "cpu-device"
-    input_sets, reps = 2, 2           # the interpreter is slow: few of each keeps CI quick
+    timing = "wall clock, each timed call held to CUDA-graph capture's rules (tuner/measure/capture_rules.py)"
+    # The interpreter is slow: one input set (warmed up, then timed under the rules) and two
+    # timed calls take every code path the GPU's four sets and forty replays do, per set included.
+    input_sets, reps = 1, 2
     ceiling_sizes = {"size": 256, "copy_bytes": 16 << 20, "reps": 3}
 
     def __init__(self, gpu: GpuSpec):
@@ -183,18 +264,33 @@ class CpuDevice:
     def flush_buffer(self, l2_bytes: int):
         return self.torch.empty(2 * l2_bytes, dtype=self.torch.int8)
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int) -> list[float]:
-        """Per-call wall-clock times (us) of `runs` in rotation after one warm-up call (the
-        interpreter has no binary to load and no graph to capture), `flush` zeroed before
-        each timed call."""
-        runs[0]()
+    def _ramp(self, seconds: float) -> None:
+        """A CPU has no clocks to ramp for us: the idle rule runs, the ramp costs nothing."""
+
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
+        """Per-call wall-clock times (us) of `runs`, as the GPU times them: each run once
+        outside the rules (the warm-up, as on the GPU before its capture: caches filled,
+        kernels compiled), then calls in rotation, at least one per run, each under CUDA-graph
+        capture's rules (tuner/measure/capture_rules.py: what the GPU's capture of that run
+        would refuse raises here, with the GPU's words), `flush` zeroed before each, outside
+        the timed region (None: --l2 warm). graph=False (--timing eager): no capture on the
+        GPU, so no capture rules here either."""
+        import contextlib
+
+        from tuner.measure.capture_rules import capture_rules
+        rules = capture_rules if graph else contextlib.nullcontext
+        self.warm_clocks()
+        for run in runs:
+            run()
         times = []
-        for r in range(reps):
+        for r in range(max(reps, len(runs))):
             if flush is not None:
                 flush.zero_()
-            t0 = time.perf_counter()
-            runs[r % len(runs)]()
-            times.append((time.perf_counter() - t0) * 1e6)
+            with rules():
+                t0 = time.perf_counter()
+                runs[r % len(runs)]()
+                times.append((time.perf_counter() - t0) * 1e6)
+        self._timed()
         return times
 
     def nvml_snapshot(self) -> dict:

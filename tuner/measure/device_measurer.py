@@ -5,7 +5,8 @@ Per batch of configs: compile workers (separate processes) build every config in
 parallel into Triton's on-disk cache while this process times them one by one:
 a warm-up launch, then the device's timing of several input sets in rotation (CUDA graphs
 replayed and timed with events on a GPU), the L2 cache flushed before each, the median
-kept and the spread recorded. This runs inside the isolated measuring child
+kept and the spread recorded. The measurement policy (tuner/measure/policy.py: CUDA graphs or
+eager launches, L2 flushed or warm) says how, and goes with every result. This runs inside the isolated measuring child
 (tuner/measure/isolation.py), never in the process that holds the search.
 """
 
@@ -25,6 +26,8 @@ from tuner.measure.environment import software_versions
 from tuner.measure.failures import exception_kind
 from tuner.measure.measurers import Measurement, NumericsCheck, valid
 from tuner.measure.numerics import check_config
+from tuner.measure.policy import DEFAULT as DEFAULT_POLICY
+from tuner.measure.policy import MeasurementPolicy
 from tuner.measure.timing import summarize
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec
@@ -47,9 +50,16 @@ def _compile_in_worker(kernel_ref: dict, params: dict, M: int, config: Config) -
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
+# What a refused call inside a CUDA-graph capture raises: the capture is invalidated and ended,
+# nothing sticky is left (the next capture in the same process works), unlike a kernel fault.
+CAPTURE_REFUSALS = ("when stream is capturing", "during capture", "during cuda graph capture")
+
+
 def poisons_context(error: str | None) -> bool:
     """Errors after which CUDA refuses every further call in this process."""
     text = (error or "").lower()
+    if any(s in text for s in CAPTURE_REFUSALS):
+        return False
     return any(s in text for s in ("illegal memory access", "illegal instruction", "misaligned address",
                                    "unspecified launch failure", "device-side assert", "cuda error"))
 
@@ -58,19 +68,19 @@ _poisons_context = poisons_context            # the name older callers used
 
 
 def make_gpu_measurer(kernel: dict, gpu: str, compile_workers: int = 8, device: str = "cuda",
-                      compile_timeout_s: float = 60.0) -> "DeviceMeasurer":
+                      compile_timeout_s: float = 60.0, policy: dict | None = None) -> "DeviceMeasurer":
     """Factory run inside the isolated measuring worker (tuner.measure.isolation); `kernel` is a
     KernelSpec.ref (our kernel, or an engine's and where its code is)."""
     prepare_process(device)                   # before the kernels are imported
     from tuner.plan.gpus import get_gpu
     from tuner.plan.kernel_registry import get_kernel
     return DeviceMeasurer(get_kernel(**kernel), get_gpu(gpu), compile_workers=compile_workers, device=device,
-                          compile_timeout_s=compile_timeout_s)
+                          compile_timeout_s=compile_timeout_s, policy=MeasurementPolicy.from_dict(policy))
 
 
 def _short_error(e: BaseException) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
 
 
 class DeviceMeasurer:
@@ -78,7 +88,7 @@ class DeviceMeasurer:
 
     def __init__(self, kernel: KernelSpec, gpu: GpuSpec, compile_workers: int = 8, device: str = "cuda",
                  input_sets: int | None = None, reps: int | None = None, compile_timeout_s: float = 60.0,
-                 max_retakes: int = 3, cooldown_s: float = 2.0):
+                 max_retakes: int = 1, cooldown_s: float = 1.0, policy: MeasurementPolicy = DEFAULT_POLICY):
         import torch
         self.torch = torch
         self.device = make_device(device, gpu)
@@ -96,15 +106,19 @@ class DeviceMeasurer:
         self.input_sets = input_sets or self.device.input_sets
         self.reps = reps or self.device.reps
         props = self.device.properties()
-        self.flush = self.device.flush_buffer(props["l2_bytes"])     # zeroed before each timed run
+        self.policy = policy
+        # zeroed before each timed run (an L2 left warm: nothing flushed)
+        self.flush = self.device.flush_buffer(props["l2_bytes"]) if policy.flush_l2 else None
         self._inputs_key: tuple[str, int] | None = None
         self._inputs: list[dict] = []
         self._pool: ProcessPoolExecutor | None = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = self._new_pool()
-        self._env = {"device": self.device.name, "device_kind": self.device.kind, "kernel": kernel.source_label,
+        self._env = {"device": self.device.name, "device_kind": self.device.kind, "timing": self.device.timing,
+                     "kernel": kernel.source_label,
                      "code_version": kernel.code_version, **software_versions(), **self.device.nvml_snapshot(),
-                     **props, "compile_workers": compile_workers if self._pool is not None else 0}
+                     **props, "compile_workers": compile_workers if self._pool is not None else 0,
+                     "policy": policy.as_dict()}
 
     def _new_pool(self) -> ProcessPoolExecutor:
         from tuner.measure.device import init_compile_worker
@@ -112,9 +126,14 @@ class DeviceMeasurer:
                                    initializer=init_compile_worker, initargs=(self.device.kind, os.getpid()))
 
     def environment(self) -> dict:
-        return {**self._env, "clocks_now": self.device.nvml_snapshot(),
-                "throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept,
+        return {**self._env, "clocks_now": self.device.nvml_snapshot(), **self.counters(),
                 "compiles": self.compile_stats()}
+
+    def counters(self) -> dict:
+        """What the retake rule and the clock warm-up did so far (the isolated child sends
+        them with every result, so the parent's environment is never the one at start)."""
+        return {"throttled_retakes": self.throttled_retakes, "throttled_kept": self.throttled_kept,
+                "clock_warmups": self.device.clock_warmups}
 
     def compile_stats(self) -> dict:
         return {**self.compiles, "errors": list(self.compiles["errors"])}
@@ -192,7 +211,9 @@ class DeviceMeasurer:
         self._pool = self._new_pool()
 
     def _time(self, problem: Problem, M: int, cfg: Config) -> Measurement:
-        """Time one config; a run during which NVML saw the clocks throttled is taken again."""
+        """Time one config; a run during which NVML saw the clocks throttled is taken again,
+        at most `max_retakes` times (one by default: a GPU that throttles on and on would
+        otherwise cost every config several timings and cool-downs of a time-boxed call)."""
         for attempt in range(self.max_retakes + 1):
             before = self._throttle_reasons()
             m = self._time_once(problem, M, cfg)
@@ -212,7 +233,7 @@ class DeviceMeasurer:
         try:
             sets = self._input_sets(problem, M)      # out of memory here is this config's failure too
             runs = [functools.partial(self.kernel.run, inp, cfg) for inp in sets]
-            times = self.device.time_runs(runs, self.flush, self.reps)
+            times = self.device.time_runs(runs, self.flush, self.reps, graph=self.policy.graph)
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
             return Measurement(None, None, _short_error(e), exception_kind(e))
         t = summarize(times)

@@ -10,6 +10,15 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def installed_version(dist: str) -> str:
+    """A distribution's version as installed, without importing it ("" when it is not)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return ""
+
+
 def software_versions() -> dict:
     import optuna
     import torch

@@ -61,3 +61,13 @@ def count_by_kind(kinds: Iterable[str | None]) -> dict[str, int]:
 def summary(counts: dict[str, int]) -> str:
     """'compile 2, timeout 1' ('' for none)."""
     return ", ".join(f"{k} {n}" for k, n in counts.items() if n)
+
+
+def one_line(error: str | None, limit: int = 400) -> str | None:
+    """A failure's text as one line, cut to `limit` characters: what a summary, a manifest
+    and the closing line of a run say about why something was not timed."""
+    if not error:
+        return None
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -79,7 +79,15 @@ def _serve(conn, factory: str, kwargs: dict) -> None:
     except Exception as e:  # noqa: BLE001
         conn.send(("fatal", f"{type(e).__name__}: {e}"))
         return
-    stats = getattr(inner, "compile_stats", lambda: None)
+    compile_stats, counters = getattr(inner, "compile_stats", None), getattr(inner, "counters", None)
+
+    def stats() -> dict | None:
+        """Sent with every result: the compile counts and the measurer's counters so far."""
+        out = dict(compile_stats()) if compile_stats else {}
+        if counters:
+            out["counters"] = counters()
+        return out or None
+
     try:
         _requests(conn, inner, stats)
     finally:
@@ -173,10 +181,14 @@ def _death_reason(exitcode) -> str:
 
 
 def _add_counts(a: dict, b: dict | None) -> dict:
+    """Compile counts (and the measurers' counters) of two children added up."""
     if not b:
         return a
-    out = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost")}
+    out: dict = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost")}
     out["errors"] = (list(a.get("errors", [])) + list(b.get("errors", [])))[:5]
+    if a.get("counters") or b.get("counters"):
+        ca, cb = a.get("counters") or {}, b.get("counters") or {}
+        out["counters"] = {k: ca.get(k, 0) + cb.get(k, 0) for k in {*ca, *cb}}
     return out
 
 
@@ -290,6 +302,7 @@ class IsolatedMeasurer:
         if self.failures:
             env["worker_failures"] = list(self.failures)
         compiles = _add_counts(self._compiles_before, self._compiles_now)
+        env.update(compiles.pop("counters", None) or {})      # retakes, clock warm-ups: live, not as at start
         if compiles.get("built") or compiles.get("failed") or compiles.get("lost"):
             env["compiles"] = compiles
         return env
@@ -387,7 +400,7 @@ class IsolatedMeasurer:
 
 def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int = 8,
                           timeout_s: float = DEFAULT_TIMEOUT_S, recycle_after: int = 256,
-                          device: str = "cuda") -> "IsolatedMeasurer":
+                          device: str = "cuda", policy: dict | None = None) -> "IsolatedMeasurer":
     """The device measurer (tuner.measure.device_measurer) in a replaceable child process, on a CUDA GPU
     or the CPU device. Its compile workers are waited for at most half the timeout, so that a
     slow compile is never taken for a hung config."""
@@ -395,5 +408,6 @@ def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int
     label = (CpuDevice if check_kind(device) == "cpu" else CudaDevice).label
     return IsolatedMeasurer(kernel, "tuner.measure.device_measurer:make_gpu_measurer",
                             {"kernel": kernel.ref, "gpu": gpu_key, "compile_workers": compile_workers,
-                             "device": device, "compile_timeout_s": COMPILE_SHARE * timeout_s},
+                             "device": device, "compile_timeout_s": COMPILE_SHARE * timeout_s,
+                             **({"policy": policy} if policy else {})},
                             timeout_s=timeout_s, recycle_after=recycle_after, label=label)

@@ -16,6 +16,7 @@ or the same with "error": "..." (and "failure": its kind, tuner/measure/failures
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -61,6 +62,7 @@ class Landscape:
     # (problem key, M) -> {config tuple: Point}
     points: dict[tuple[str, int], dict[tuple, Point]] = field(default_factory=dict)
     problems: dict[str, dict] = field(default_factory=dict)   # problem key -> params
+    digest: str = ""              # sha256 of the lines read (decompressed): which landscape, for identities
 
     def add(self, params: dict, M: int, config: dict, point: Point) -> None:
         key = problem_key(self.kernel, params)
@@ -116,7 +118,9 @@ def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
     if not path.is_file():
         raise TunerError(f"landscape {path} not found")
     land: Landscape | None = None
+    digest = hashlib.sha256()
     for n, line in text_lines(path, "landscape "):
+        digest.update(line.encode() + b"\n")
         if land is None:
             header = _header(path, line)
             if header["kernel"] != kernel.name:
@@ -132,6 +136,7 @@ def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
             raise TunerError(f"landscape {path}: line {n} is malformed ({type(e).__name__}: {e})") from None
     if land is None:
         raise TunerError(f"landscape {path} is empty")
+    land.digest = digest.hexdigest()
     return land
 
 

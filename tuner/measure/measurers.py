@@ -81,6 +81,12 @@ class ReplayMeasurer:
         self.label = f"replay:{landscape.path}" if landscape.path else "replay"
         self.validator = validator   # a GPU measurer that can still check numerics
 
+    @property
+    def times(self) -> str:
+        """Where its times come from, for study identities (tuner/search/identity.py)."""
+        from tuner.measure.provenance import landscape_times
+        return landscape_times(self.landscape.header, self.landscape.digest)
+
     @classmethod
     def from_file(cls, path: str, kernel: KernelSpec, cuda_name: str) -> "ReplayMeasurer":
         """Replay a landscape file, refusing one recorded on another device."""
@@ -111,6 +117,8 @@ class ReplayMeasurer:
             env["device_kind"] = h["device_kind"]
         if h.get("synthetic"):
             env["synthetic"] = True
+        if h.get("policy"):
+            env["policy"] = h["policy"]          # how it was timed (tuner/measure/policy.py)
         return env
 
     def candidates(self, problem: Problem, M: int) -> set[tuple] | None:
@@ -158,6 +166,11 @@ class RecordingMeasurer:
 
     def environment(self) -> dict:
         return self.gpu.environment()
+
+    @property
+    def times(self) -> str:
+        from tuner.measure.provenance import times_of
+        return times_of(self.gpu)           # measured, the grid recorded on the way
 
     def _ensure_recorded(self, problem: Problem, M: int) -> None:
         if (problem.key, M) in self._recorded:

@@ -12,6 +12,39 @@ from tuner.measure.device import is_cpu_device_name
 
 CPU_DEVICE = "CPU DEVICE"
 
+# Where a study's times came from, as its identity names it (tuner/search/identity.py).
+TIMES_GPU = "GPU"
+TIMES_CPU_DEVICE = "CPU device"
+TIMES_SYNTHETIC = "SYNTHETIC"
+
+
+def landscape_times(header: dict, digest: str) -> str:
+    """Where a replay's times come from: 'SYNTHETIC', or the landscape, by the hash of what it
+    holds (a CPU device's landscape says so too)."""
+    if header.get("synthetic"):
+        return TIMES_SYNTHETIC
+    what = "CPU device landscape" if is_cpu_device(header) else "landscape"
+    return f"{what} sha256:{digest[:16]}" if digest else what
+
+
+def measured_times(environment: dict | None) -> str:
+    """Where a measurer that times kernels itself takes its times: the GPU or the CPU device."""
+    return TIMES_CPU_DEVICE if is_cpu_device(environment) else TIMES_GPU
+
+
+def times_of(measurer) -> str:
+    """The `times` of a measurer: its own `times` where it says, else from its environment (a
+    replay without a landscape to hash is 'landscape')."""
+    times = getattr(measurer, "times", None)
+    if isinstance(times, str) and times:
+        return times
+    env = measurer.environment() or {}
+    if env.get("synthetic"):
+        return TIMES_SYNTHETIC
+    if str(getattr(measurer, "label", "")).startswith("replay"):
+        return landscape_times(env, "")
+    return measured_times(env)
+
 
 def is_cpu_device(environment: dict | None) -> bool:
     """Times taken on the CPU device (tuner/measure/device.py), measured or replayed from its landscape."""

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+from pathlib import Path
 
+from tuner.errors import TunerError
 from tuner.measure.landscape import LandscapeWriter, Point
 
 
@@ -98,3 +101,47 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
         raise
     w.close()
     return written
+
+
+def check_replaceable(path: Path, what: str = "--out") -> bool:
+    """Whether a new SYNTHETIC landscape may be written at `path`: True when a SYNTHETIC
+    landscape is there (this cost model's, made by an earlier run: replaced, so that a command
+    runs again as written), False when nothing is; anything else there (a recorded landscape,
+    another file, a folder, a link) is refused in one line, never overwritten."""
+    if not os.path.lexists(path):
+        return False
+    from tuner.measure.landscape import read_header
+    header: object = None
+    if path.is_file() and not path.is_symlink():
+        try:
+            header = read_header(path)
+        except TunerError:
+            header = None
+    if isinstance(header, dict) and header.get("format") == "tuner-landscape/1" and header.get("synthetic") is True:
+        return True
+    kind = ("a landscape recorded on a GPU" if isinstance(header, dict) and header.get("format") == "tuner-landscape/1"
+            else "a link" if path.is_symlink() else "a folder" if path.is_dir() else "not a SYNTHETIC landscape")
+    raise TunerError(f"{what} {path} exists and is {kind}: only a SYNTHETIC landscape is replaced; "
+                     "remove it or give another path")
+
+
+SYNTHETIC_RUN_LINE = ("*** SYNTHETIC: times from a cost model (tuner/measure/synthetic.py), not a GPU: "
+                      "to try the tool, never to install ***")
+
+
+def landscape_for_run(out: Path, kernel_name: str, source: str, gpu, problems: list, batch_sizes: list[int],
+                      space_path: str | None = None, say=print) -> Path:
+    """`tuner gemm|moe|mla --synthetic`: the SYNTHETIC landscape of the run's problems and batch
+    sizes, written into its results folder (an earlier run's replaced), to replay."""
+    from tuner.paths import make_folder
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.space import load_space
+    kernel = get_kernel(kernel_name, source, load_code=False) if source != "ours" else get_kernel(kernel_name)
+    path = out / f"synthetic-{kernel_name}.jsonl.gz"
+    check_replaceable(path, "the run's landscape")
+    make_folder(out)
+    params = [p.params for p in problems if source == "ours" or source in p.engines]
+    n = write_synthetic_landscape(path, kernel, load_space(kernel, space_path), gpu, params, sorted(set(batch_sizes)))
+    say(f"made {path}: {n} SYNTHETIC points ({len(params)} problems x {len(set(batch_sizes))} batch sizes); "
+        "replaying it")
+    return path

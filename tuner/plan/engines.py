@@ -31,6 +31,10 @@ class Engine:
     gemm_folder: str                # where the package reads block-FP8 GEMM tables
     moe_folder: str                 # where the package reads fused-MoE tables
     moe_folder_per_triton: bool     # SGLang keys its MoE folder by Triton version
+    # The folder, under the one its MoE config-folder variable names, that holds the tables
+    # (SGLang: SGLANG_MOE_CONFIG_DIR/configs/triton_X_Y_Z/); a results folder's <engine>/fused_moe/
+    # has it too, so that it serves as the variable's folder as it is.
+    moe_env_subfolder: str = ""
     # What makes this engine read each table family on Hopper (H100/H200), read from the
     # source of the version named in `facts_for`; printed by the plan and by tuner install.
     reads_on_hopper: dict = field(default_factory=dict)
@@ -87,8 +91,9 @@ class Engine:
 
     def table_relpath(self, kind: str, params: dict, cuda_name: str, triton_version: str,
                       down: bool = False) -> str:
-        """Where a table goes under a results folder: <engine>/<kind>/[<triton>/]<file>,
-        mirroring the layout the engine reads (see tuner install)."""
+        """Where a table goes under a results folder: <engine>/<kind>/[configs/<triton>/]<file>,
+        mirroring the layout the engine reads (see tuner install): <engine>/fused_moe/ is a folder
+        its MoE config-folder variable takes as it is."""
         if kind == "fp8_gemm":
             name = self.gemm_filename(params["N"], params["K"], cuda_name, params["block_shape"])
             return f"{self.name}/{kind}/{name}"
@@ -96,7 +101,7 @@ class Engine:
             dtype = None if params.get("dtype") in (None, "bf16", "fp16") else params["dtype"]
             down = down or params.get("part") == "down"
             name = self.moe_filename(params["E"], params["N"], cuda_name, dtype, params.get("block_shape"), down)
-            sub = self.moe_subfolder(triton_version)
+            sub = "/".join(p for p in (self.moe_env_subfolder, self.moe_subfolder(triton_version)) if p)
             return f"{self.name}/{kind}/{sub + '/' if sub else ''}{name}"
         raise ValueError(f"no {self.name} table family {kind!r}")
 
@@ -128,6 +133,7 @@ ENGINES: dict[str, Engine] = {
         gemm_folder="sglang/kernels/ops/gemm/configs",
         moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
         moe_folder_per_triton=True,
+        moe_env_subfolder="configs",
         facts_for="SGLang 0.5.23",
         down_table_tied_keys={"fused_moe": ("BLOCK_SIZE_M",)},
         reads_on_hopper={
@@ -602,7 +608,11 @@ def resolve_table(family: TableFamily, name: str, package, override, triton_vers
         listing = files.listdir(configs)
         if listing is None:
             res.crash = (f"{files.display(configs)} does not exist: the loader's fallback lists it and raises "
-                         "FileNotFoundError")
+                         "FileNotFoundError; " + (
+                             f"point {family.env_var} at a folder holding configs/{family.triton_folder(triton_version)}/"
+                             f" (a results folder's {family.engine}/{family.kind}/, or the DIR of `tuner install "
+                             f"RESULTS --engine {family.engine} --moe-config-dir DIR`), or unset it"
+                             if override is not None else f"reinstall {family.engine}: its package lacks the folder"))
             return res
         versions = [d.removeprefix("triton_").replace("_", ".") for d in listing if d.startswith("triton_")]
         try:
@@ -610,7 +620,8 @@ def resolve_table(family: TableFamily, name: str, package, override, triton_vers
         except ValueError:
             bad = next(v for v in versions if not all(x.isdigit() for x in v.split(".")))
             res.crash = (f"{files.display(configs)}/triton_{bad.replace('.', '_')} is not a version folder: the "
-                         "loader's fallback sorts the folder names as integers and raises ValueError")
+                         "loader's fallback sorts the folder names as integers and raises ValueError; rename it "
+                         "triton_X_Y_Z (digits only) or move it out of configs/")
             return res
         for v in ordered:
             if v == triton_version:

@@ -7,6 +7,9 @@ branches on a kernel's name.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -132,11 +135,59 @@ class KernelSpec:
         return {**ref, "module": self.module} if self.module else ref
 
 
+def from_code(module: str, name: str) -> Callable:
+    """A callable that imports `module` on its first call and calls its function `name`: a
+    spec's code (Triton, torch) is loaded only when something runs it, so that planning, which
+    reads a spec's facts (keys, defaults, cost model), imports neither."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def from_factory(module: str, factory: str, *args) -> Callable:
+    """A callable that, on its first call, imports `module`, calls its `factory(*args)` (a
+    launcher's `moe_run(code, launch)`, say) once and from then on calls what it returned."""
+    made: list[Callable] = []
+
+    def call(*a, **kw):
+        if not made:
+            made.append(getattr(importlib.import_module(module), factory)(*args))
+        return made[0](*a, **kw)
+    call.__name__ = call.__qualname__ = factory
+    return call
+
+
 def config_from_entry(spec: KernelSpec, entry: dict) -> Config:
     """A table entry (or any config-like dict) as this kernel's config: optional keys
     filled with their defaults, booleans as 0/1, keys the kernel does not take dropped."""
     merged = {**spec.optional_keys, **entry}
     return {k: int(merged[k]) for k in spec.config_keys}
+
+
+# Recorded routing (tuner/plan/routing.py): a MoE problem's "routing" param names the ids as
+# "recorded:<stem>@<hash>"; the ids are in <$TUNER_ROUTING_DIR>/<hash>.npy, int32 [layers, tokens, topk].
+ROUTING_PREFIX = "recorded:"
+ROUTING_DIR_ENV = "TUNER_ROUTING_DIR"
+
+
+def recorded_routing_ids(routing: str):
+    """The recorded top-k ids a routing name stands for (a numpy array), for a kernel's inputs."""
+    return _load_routing(os.environ.get(ROUTING_DIR_ENV, ""), routing.rsplit("@", 1)[-1])
+
+
+def _load_routing_uncached(folder: str, digest: str):
+    import numpy as np
+
+    from tuner.errors import TunerError
+    path = os.path.join(folder, f"{digest}.npy") if folder else ""
+    if not folder or not os.path.isfile(path):
+        raise TunerError(f"the recorded routing {digest} is not in {folder or '$' + ROUTING_DIR_ENV + ' (not set)'}: "
+                         "give --routing FILE again")
+    return np.load(path, allow_pickle=False)
+
+
+_load_routing = functools.lru_cache(maxsize=4)(_load_routing_uncached)
 
 
 MAX_TABLE_M = 1 << 20            # a table's batch size, as the command line's --batch-sizes

@@ -42,7 +42,9 @@ def _own_files(module: str) -> list[Path]:
 
 @functools.lru_cache(maxsize=None)
 def ours(name: str):
-    spec = importlib.import_module(f"kernels.{name}").KERNEL
+    # the spec without its code (kernels/<name>_spec.py): a plan imports neither Triton nor
+    # torch; the code (kernels/<name>.py, hashed below) loads when something runs it
+    spec = importlib.import_module(f"kernels.{name}_spec").SPEC
     digest = hashlib.sha256()
     for path in _own_files(name):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -73,8 +75,10 @@ def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_
 
 @functools.lru_cache(maxsize=None)
 def launcher(engine: str):
+    """An engine's launcher as a plan reads it (kernels/engines/<engine>_spec.py: its files,
+    releases, defaults and specs, without the launch code, which loads when a kernel runs)."""
     try:
-        return importlib.import_module(f"kernels.engines.{engine}")
+        return importlib.import_module(f"kernels.engines.{engine}_spec")
     except ModuleNotFoundError:
         raise TunerError(f"no launcher for {engine}'s kernels") from None
 
@@ -145,8 +149,8 @@ def imported_files_of() -> dict[str, list[str]]:
     """{engine: the files whose jit code its launcher imports}, from the launchers."""
     import kernels.engines as engines_pkg
     out = {}
-    for info in sorted(p.stem for p in Path(engines_pkg.__file__ or "").parent.glob("*.py")):
-        module = importlib.import_module(f"kernels.engines.{info}")
+    for info in sorted(p.stem.removesuffix("_spec") for p in Path(engines_pkg.__file__ or "").parent.glob("*_spec.py")):
+        module = importlib.import_module(f"kernels.engines.{info}_spec")
         functions = getattr(module, "KERNEL_FUNCTIONS", None)
         if isinstance(functions, dict):
             out[info] = sorted({rel for files in functions.values() for rel in files})

@@ -7,7 +7,8 @@ The code is read at run time, never copied into this repository, from (first mat
      carry to a GPU machine that has no network);
   2. the engine installed in this Python (its files are read; the package is not imported,
      so no CUDA extension has to load);
-  3. `$TUNER_ENGINE_WHEELS`: a folder of wheels or extracted folders.
+  3. `$TUNER_ENGINE_WHEELS`: a folder of wheels or extracted folders;
+  4. the wheels `tuner engine-source fetch` downloaded (~/.cache/tuner/engine-wheels).
 Nothing here knows a particular engine: what to read, and how to launch it, is declared
 by each engine's launcher module (kernels/engines/<engine>.py).
 
@@ -42,6 +43,33 @@ ENV_WHEELS = "TUNER_ENGINE_WHEELS"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "tuner")) / "engine-kernels"
+
+
+def fetched_wheels_dir() -> Path:
+    """Where `tuner engine-source fetch` puts the engines' wheels (per user), and where the
+    tool looks for them by itself."""
+    return Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "tuner")) / "engine-wheels"
+
+
+def wheel_folders() -> list[Path]:
+    """The folders searched for an engine's wheel when no --engine-source is given and the
+    engine is not installed: $TUNER_ENGINE_WHEELS, then the wheels fetched."""
+    env = os.environ.get(ENV_WHEELS)
+    folders = [Path(env)] if env and Path(env).is_dir() else []
+    fetched = fetched_wheels_dir()
+    return folders + ([fetched] if fetched.is_dir() and fetched not in folders else [])
+
+
+def newest_known(engine: str) -> str | None:
+    """The newest release of `engine` whose files tuner knows (kernels/engines/release_files.json)."""
+    versions = sorted(known_release_files().get(engine, {}), key=version_key)
+    return versions[-1] if versions else None
+
+
+def fetch_hint(engine: str) -> str:
+    """How to get an engine's wheel, for the lines that say it is missing."""
+    version = newest_known(engine)
+    return f"`tuner engine-source fetch {engine}" + (f"=={version}`" if version else "`")
 
 
 def version_key(version: str) -> tuple:
@@ -96,7 +124,7 @@ class EngineCode:
             text = data.decode()
             if "\x00" in text:
                 raise ValueError("a NUL byte")
-            ast.parse(text, relpath)
+            parse_source(text)
         except (UnicodeDecodeError, ValueError, SyntaxError, RecursionError, MemoryError) as e:
             raise TunerError(f"{self.engine} {self.version} ({self.where}): {relpath} is not Python source "
                              f"({type(e).__name__}); not a file of a released {self.engine}") from None
@@ -105,6 +133,23 @@ class EngineCode:
 
 
 def _from_wheel(path: Path, engine: str) -> EngineCode:
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    if st is None:
+        return _open_wheel(path, engine)
+    return _open_wheel_once(str(path.resolve()), engine, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _open_wheel_once(path: str, engine: str, size: int, mtime_ns: int) -> EngineCode:
+    """A wheel opened (its zip directory read: thousands of entries) once per process and
+    version of the file."""
+    return _open_wheel(Path(path), engine)
+
+
+def _open_wheel(path: Path, engine: str) -> EngineCode:
     version = _wheel_version(path, engine)
     if version is None:
         raise TunerError(f"{path} is not a {engine} wheel (expected {engine}-<version>-....whl)")
@@ -169,14 +214,13 @@ def locate(engine: str, origin: str | None = None, dist: str | None = None) -> E
     found = _installed(engine, dist)
     if found is not None:
         return found
-    env = os.environ.get(ENV_WHEELS)
-    if env and Path(env).is_dir():
-        found = _from_folder(Path(env), engine)
+    for folder in wheel_folders():
+        found = _from_folder(folder, engine)
         if found is not None:
             return found
-    raise TunerError(f"{engine}'s kernels are needed but {engine} is not installed in this Python; give its "
-                     f"wheel with --engine-source PATH (or set {ENV_WHEELS}), or time our own kernels "
-                     "with --kernel-source ours")
+    raise TunerError(f"{engine}'s kernels are needed but {engine} is not installed in this Python: fetch its wheel "
+                     f"with {fetch_hint(engine)} (found by itself from then on), or give it with --engine-source "
+                     "PATH, or time our own kernels with --kernel-source ours")
 
 
 def _installed_at(package_dir: Path, engine: str, dist: str) -> EngineCode:
@@ -205,9 +249,16 @@ def _is_jit(node: ast.stmt) -> bool:
         "jit" in ast.unparse(d) for d in node.decorator_list)
 
 
+@functools.lru_cache(maxsize=64)
+def parse_source(text: str) -> ast.Module:
+    """An engine file's syntax tree, parsed once per process (a plan asks the same files for
+    several functions: the wrappers' hashes, the kernels' signatures and code version)."""
+    return ast.parse(text)
+
+
 def function_source(text: str, name: str) -> str:
     """The exact source of a top-level function (decorators included)."""
-    tree = ast.parse(text)
+    tree = parse_source(text)
     node = _top_level(tree).get(name)
     if not isinstance(node, ast.FunctionDef):
         raise KeyError(name)
@@ -218,7 +269,7 @@ def function_source(text: str, name: str) -> str:
 def cut_jit_functions(text: str, names: list[str]) -> str:
     """Module source holding the jit functions `names`, every module-level jit function and
     plain constant they use (recursively), each verbatim, after plain triton imports."""
-    tree = ast.parse(text)
+    tree = parse_source(text)
     defs = _top_level(tree)
     wanted, todo = [], list(names)
     while todo:
@@ -366,14 +417,15 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     import tempfile
 
     from tuner.paths import make_folder
-    code = locate(engine, source)
-    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
+    # --out first: a folder it must not replace is refused whether or not the engine is at hand
     out = Path(os.path.abspath(out))
     if os.path.lexists(out):
         if out.is_symlink() or not out.is_dir():
             raise TunerError(f"--out {out} is not a folder")
         if any(out.iterdir()) and not (out / EXTRACT_MANIFEST).is_file():
             raise TunerError(f"--out {out} holds other files (no {EXTRACT_MANIFEST}); give a new or empty folder")
+    code = locate(engine, source)
+    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
     make_folder(out.parent)
     try:
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.", suffix=".tmp"))

@@ -308,43 +308,6 @@ def resolve_dtype(model: Model, given: str | None, allowed: tuple[str, ...], com
     return given
 
 
-# -- does it fit one GPU? ----------------------------------------------------------------------
-_BYTES_PER_WEIGHT = {"fp8_w8a8": 1.0, "int8_w8a8": 1.0, "int8_w8a16": 1.0, "int4_w4a16": 0.5, "fp32": 4.0}
-
-
-def weight_bytes(model: Model, dtype: str | None) -> float:
-    """About how many bytes the model's weights take (linear layers, experts and embeddings;
-    norms and biases are too small to matter)."""
-    h = model.hidden_size
-    attention = sum(lin.N * lin.K for lin in sharded_linears(model, 1)
-                    if not lin.name.startswith(("mlp.", "shared_experts.")))
-    moe_layers = max(model.num_hidden_layers - model.first_k_dense_replace, 0) if model.is_moe else 0
-    dense_layers = model.num_hidden_layers - moe_layers
-    dense = 3 * h * (model.intermediate_size or 0) if model.has_dense_mlp or not model.is_moe else 0
-    experts = (model.n_routed_experts or 0) * 3 * h * (model.moe_intermediate_size or 0) \
-        + 3 * h * model.shared_intermediate
-    vocab = model.raw.get("vocab_size") or 0
-    embeddings = vocab * h * (1 if model.raw.get("tie_word_embeddings") else 2)
-    params = model.num_hidden_layers * attention + dense_layers * dense + moe_layers * experts
-    return params * _BYTES_PER_WEIGHT.get(dtype or "", 2.0) + embeddings * 2.0
-
-
-def fit_hint(model: Model, gpu, tp: int, dtype: str | None) -> str | None:
-    """A hint when the model's weights cannot fit the GPUs at this --tp (a table for a shape
-    nobody runs), naming the smallest TP that would; None when they fit."""
-    need = weight_bytes(model, dtype) / tp
-    room = gpu.memory_gb * 1e9 * 0.9            # leave room for the KV cache and activations
-    if need <= room:
-        return None
-    fits = next((t for t in (2, 4, 8, 16, 32, 64) if t > tp and weight_bytes(model, dtype) / t <= room
-                 and model.num_attention_heads % t == 0), None)
-    return (f"{model.name}'s weights (about {weight_bytes(model, dtype) / 1e9:.0f} GB as {dtype or 'bf16'}) do not "
-            f"fit {'one ' + gpu.key if tp == 1 else f'{tp} {gpu.key}s'} ({gpu.memory_gb:g} GB"
-            f"{'' if tp == 1 else ' each'}) at --tp {tp}: "
-            "the tables are for the shapes of the parallelism you serve with; give its --tp (and --ep)"
-            + (f", e.g. --tp {fits}" if fits else ", across more GPUs than one node has"))
-
-
 def check_parallel(model: Model, tp: int, ep: int) -> None:
     """Refuse TP/EP sizes the engines would refuse for this model."""
     if tp < 1 or ep < 1:

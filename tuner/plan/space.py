@@ -10,7 +10,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -27,27 +27,34 @@ class RuleContext:
     M: int
     gpu: GpuSpec
     choices: dict[str, list[int]]
+    memo: dict = field(default_factory=dict)     # what a rule works out once per (problem, M), not per config
 
 
 # A rule gets the context, its YAML options and a config; it returns True to keep it.
 Rule = Callable[[RuleContext, dict, Config], bool]
 RULES: dict[str, Rule] = {}
+# The rules that never read the batch size (ctx.M): the configs that pass them are worked out
+# once per problem, not once per M (a plan counts the pruned configs of 18 batch sizes). A rule
+# registered without saying so is taken to read M.
+M_FREE: set[str] = set()
 
 
-def rule(name: str):
+def rule(name: str, reads_m: bool = True):
     def register(fn: Rule) -> Rule:
         RULES[name] = fn
+        if not reads_m:
+            M_FREE.add(name)
         return fn
     return register
 
 
-@rule("block_k_divides_group")
+@rule("block_k_divides_group", reads_m=False)
 def _block_k_divides_group(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     block_shape = ctx.params.get("block_shape")
     return not block_shape or block_shape[1] % cfg["BLOCK_SIZE_K"] == 0
 
 
-@rule("block_k_clamped")
+@rule("block_k_clamped", reads_m=False)
 def _block_k_clamped(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     # An engine that clamps K tiles to the weight block runs a wider one as the block-wide
     # one: keep that form only (seeds are folded onto it, see CANONICALIZERS).
@@ -55,24 +62,24 @@ def _block_k_clamped(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return not block_shape or cfg["BLOCK_SIZE_K"] <= min(block_shape)
 
 
-@rule("tiny_block_m_fp8_only")
+@rule("tiny_block_m_fp8_only", reads_m=False)
 def _tiny_block_m_fp8_only(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     # Tiles under 16 rows: Triton takes them in FP8 dots (vLLM ships BLOCK_SIZE_M 8 for its
     # small-batch path), not in 16-bit ones.
     return cfg["BLOCK_SIZE_M"] >= 16 or ctx.params.get("dtype") == "fp8_w8a8"
 
 
-@rule("tma_needs_block_fp8")
+@rule("tma_needs_block_fp8", reads_m=False)
 def _tma_needs_block_fp8(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return not cfg.get("USE_TMA") or (ctx.params.get("dtype") == "fp8_w8a8" and bool(ctx.params.get("block_shape")))
 
 
-@rule("split_k_within_k_steps")
+@rule("split_k_within_k_steps", reads_m=False)
 def _split_k_within_k_steps(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return cfg.get("SPLIT_K", 1) <= math.ceil(ctx.params["K"] / cfg["BLOCK_SIZE_K"])
 
 
-@rule("shared_memory")
+@rule("shared_memory", reads_m=False)
 def _shared_memory(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     limit = opts.get("limit_bytes", ctx.gpu.max_smem_per_block)
     return ctx.kernel.shared_memory(ctx.params, cfg) <= limit
@@ -83,7 +90,7 @@ def _dim(cfg: Config, value) -> int:
     return cfg[value] if isinstance(value, str) else int(value)
 
 
-@rule("accumulator_registers")
+@rule("accumulator_registers", reads_m=False)
 def _accumulator_registers(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     # fp32 accumulator tile (rows x cols) spread over the program's threads
     tile = _dim(cfg, opts.get("rows", "BLOCK_SIZE_M")) * _dim(cfg, opts.get("cols", "BLOCK_SIZE_N"))
@@ -91,8 +98,11 @@ def _accumulator_registers(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
 
 
 def _useful_block_m(ctx: RuleContext, opts: dict) -> int:
-    rows = ctx.kernel.rows(ctx.params, ctx.M)
-    return max(opts.get("min", 16), 1 << max(0, math.ceil(math.log2(max(rows, 1)))))
+    key = ("useful_block_m", opts.get("min", 16))
+    if key not in ctx.memo:
+        rows = ctx.kernel.rows(ctx.params, ctx.M)
+        ctx.memo[key] = max(opts.get("min", 16), 1 << max(0, math.ceil(math.log2(max(rows, 1)))))
+    return ctx.memo[key]
 
 
 @rule("block_m_within_rows")
@@ -134,6 +144,8 @@ class SearchSpace:
     choices: dict[str, list[int]]
     constraints: dict[str, dict]
     source: str = ""
+    # (problem, GPU) -> the configs that pass the rules that do not read M (see M_FREE)
+    _m_free: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -166,9 +178,16 @@ class SearchSpace:
         return self._first_rule_against(self._ctx(params, M, gpu), cfg)
 
     def configs(self, params: Params, M: int, gpu: GpuSpec) -> list[Config]:
-        """Every config that survives pruning for this problem and batch size."""
+        """Every config that survives pruning for this problem and batch size (in the space's
+        order): those that pass the rules that do not read M, worked out once per problem,
+        then the rules that do."""
         ctx = self._ctx(params, M, gpu)
-        return [c for c in self.all_configs() if self._first_rule_against(ctx, c) is None]
+        key = (json.dumps(params, sort_keys=True, default=str), gpu.key)
+        if key not in self._m_free:
+            free = [(n, o) for n, o in self.constraints.items() if n in M_FREE]
+            self._m_free[key] = [c for c in self.all_configs() if all(RULES[n](ctx, o, c) for n, o in free)]
+        per_m = [(n, o) for n, o in self.constraints.items() if n not in M_FREE]
+        return [c for c in self._m_free[key] if all(RULES[n](ctx, o, c) for n, o in per_m)]
 
     def canonical(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> Config:
         """An equivalent config in the space's canonical form (e.g. GROUP_SIZE_M folded),

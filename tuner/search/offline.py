@@ -22,7 +22,7 @@ from tuner.search.runner import SearchSettings, StudyRunner
 
 # (label, Optuna sampler, seed the study with the engines' defaults?)
 VARIANTS = [("gp+seeds (default)", "gp", True), ("gp", "gp", False), ("tpe", "tpe", False),
-            ("cmaes", "cmaes", False), ("random", "random", False), ("tpe+seeds (shipped)", "tpe", True)]
+            ("random", "random", False), ("tpe+seeds (shipped)", "tpe", True)]
 
 
 class _LoggingReplay(ReplayMeasurer):
@@ -212,3 +212,58 @@ def benchmark_rows(traces: list[Trace], checkpoints=CHECKPOINTS) -> list[dict]:
             row[f"median trials to {name}"] = statistics.median(hits) if hits else None
         rows.append(row)
     return rows
+
+
+# -- warm starts across GPUs (scripts/search_benchmark.py warm) ------------------------------------
+def _search(landscape: Landscape, space: SearchSpace, gpu: GpuSpec, params: dict, M: int,
+            settings: SearchSettings, seeds: list) -> tuple[list, dict]:
+    """Our search over one (problem, M) of a landscape: the times it measured in order, and
+    every config it measured with its time."""
+    kernel = landscape.kernel
+    measurer = _LoggingReplay(landscape)
+    runner = StudyRunner(kernel, space, gpu, measurer, optuna.storages.InMemoryStorage(), settings)
+    problem = Problem(kernel.name, params)
+    result = runner.tune(problem, M, seeds)
+    return measurer.log[:result.trials], runner.measured(problem, M)
+
+
+SOURCE_BUDGET = 48          # the source GPU's run: a results folder tuned with the default --trials
+
+
+def warm_traces(target: Landscape, source: Landscape, space: SearchSpace, gpu: GpuSpec, seeds: range,
+                budget: int, share: float | None, cache: dict | None = None) -> list[Trace]:
+    """Per seed, a cold run of our default search on `target` (share None), or a warm one:
+    seeded (tuner/search/warm_start.py, the CLI's ranking and cap) with the best configs a cold
+    run of SOURCE_BUDGET trials (same seed) measured on `source`, the same kernel recorded on
+    another GPU, as `--warm-start` seeds a study from that GPU's results folder. Both
+    landscapes must hold the same (problem, M) grid; times are the target's. `cache` keeps
+    the source runs between calls."""
+    from tuner.search.runner import default_settings
+    from tuner.search.warm_start import PER_SOURCE_M, Known, WarmPool, study_seeds
+    kernel = target.kernel
+    out = []
+    for key, params in target.problems.items():
+        for M in target.batch_sizes(params):
+            best = target.best(params, M)
+            src_params = source.problems.get(key)
+            if best is None or src_params is None:
+                continue
+            default = [("default", kernel.default_config(params, M))]
+            for seed in seeds:
+                settings = default_settings(budget, seed=seed)
+                seeded = default
+                if share is not None:
+                    cache = {} if cache is None else cache
+                    if (key, M, seed) not in cache:
+                        cache[(key, M, seed)] = _search(source, space, gpu, src_params, M,
+                                                        default_settings(SOURCE_BUDGET, seed=seed), default)[1]
+                    measured = cache[(key, M, seed)]
+                    timed = sorted((v, t) for t, v in measured.items() if v is not None)[:PER_SOURCE_M]
+                    pool = WarmPool([Known(dict(zip(kernel.config_keys, t)), kernel.name, params, M,
+                                           source.header.get("device", ""), "source", i, v)
+                                     for i, (v, t) in enumerate(timed)])
+                    seeded = default + study_seeds(pool, kernel, params, M, gpu, budget, {}, share)
+                times, _ = _search(target, space, gpu, params, M, settings, seeded)
+                pts = target.lookup(params, M) or {}
+                out.append(Trace("warm" if share is not None else "cold", target.path, seed, times, best[1], len(pts)))
+    return out

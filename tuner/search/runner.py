@@ -17,7 +17,6 @@ is tuner/search/stopping.py's.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 import warnings
@@ -28,15 +27,19 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from tuner.errors import TunerError
-from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of
+from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of, one_line
 from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
+from tuner.search.choice import choose_row
+from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.samplers import make_sampler
+from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
+from tuner.search.warm_start import is_warm, seeds_by_source
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
@@ -45,89 +48,6 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 # How trial parameters encode a config: each key a categorical parameter over its values.
 # Studies stored before this attribute existed encoded each key as an index (an int).
 ENCODING = "categorical-values/2"
-
-@dataclass
-class SearchSettings:
-    budget: int = 48                # distinct configs measured per (problem, M)
-    patience: int = 16              # stop after this many measured trials without a gain
-    min_gain: float = 0.005         # what counts as a gain (0.5 %)
-    top_k: int = 3                  # finalists re-timed before choosing
-    batch: int = 1                  # trials asked at once (the configs compiled in parallel on a GPU)
-    sampler: str = "gp"
-    seed: int = 0
-    # Budgets of single batch sizes, as {"M": trials} (JSON-safe: stored plans carry them);
-    # a batch size not named here gets `budget`. Set from a traffic profile (tuner/plan/traffic.py).
-    budgets: dict[str, int] = field(default_factory=dict)
-
-    def budget_for(self, problem: Problem, M: int) -> int:
-        """The budget of the study of (problem, M)."""
-        return int(self.budgets.get(str(M), self.budget))
-
-    def patience_for(self, problem: Problem, M: int) -> int:
-        """Patience grows with a study's share of the budget, so that a batch size given more
-        trials is not stopped as early as one given the average."""
-        own = self.budget_for(problem, M)
-        return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
-
-
-def default_settings(trials: int, *, sampler: str = "gp", seed: int = 0, patience: int | None = None,
-                     parallel: int = 1) -> SearchSettings:
-    """The search a tuning command runs: `trials` distinct configs per study, patience
-    (default: half the trials, at least 8; tuner/search/stopping.py waits for 3/4 of the budget), and
-    batches as large as the configs compiled in parallel (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
-    return SearchSettings(budget=trials, patience=patience or max(8, trials // 2), sampler=sampler, seed=seed,
-                          batch=max(1, min(8, parallel)))
-
-
-@dataclass
-class StudyResult:
-    problem: Problem
-    M: int
-    config: Config | None
-    time_us: float | None
-    spread: float | None
-    default_config: Config
-    default_time_us: float | None
-    trials: int
-    stopped: str                        # "budget", "converged", "exhausted", "no config"
-    numerics: dict = field(default_factory=dict)
-    rejected: list = field(default_factory=list)   # finalists that failed the numerics check
-    failures: dict = field(default_factory=dict)   # failed configs by kind (tuner/measure/failures.py)
-    default_error: str | None = None    # why the default config has no time (failed, not in a landscape)
-    resumed: bool = False               # read back from the storage, finished by an earlier run
-    # With a traffic profile, where the tuned config did not beat the default beyond noise and
-    # the default was written instead: the tuned config, its time and why (tuner/emit/results.py).
-    kept_default: dict | None = None
-    # for a table tied to another (SGLang's _down): how the shared keys were chosen for both
-    # (tuner.commands.tune.choose_tied): the candidate pairs, their times, which won
-    tied: dict = field(default_factory=dict)
-    # what the study was searched with (budget, patience, sampler, seed): a later run with
-    # other settings that finds it finished reuses it, and the manifest says so
-    search: dict = field(default_factory=dict)
-
-    @property
-    def speedup(self) -> float | None:
-        if self.time_us and self.default_time_us:
-            return self.default_time_us / self.time_us
-        return None
-
-    def as_dict(self) -> dict:
-        return {"M": self.M, "config": self.config, "time_us": self.time_us, "spread": self.spread,
-                "default_config": self.default_config, "default_time_us": self.default_time_us,
-                "speedup": self.speedup, "trials": self.trials, "stopped": self.stopped,
-                "numerics": self.numerics, "rejected": self.rejected, "failures": self.failures,
-                "default_error": self.default_error,
-                **({"kept_default": self.kept_default} if self.kept_default else {}),
-                **({"tied": self.tied} if self.tied else {}),
-                **({"search": self.search} if self.search else {})}
-
-
-def study_name(problem: Problem, M: int, prefix: str = "", source: str = "ours") -> str:
-    """One study per (kernel source, problem, M): a problem timed on our kernel and on an
-    engine's is two studies ('fused_moe@vllm:E=..:M=16')."""
-    kernel = problem.kernel if source == "ours" else f"{problem.kernel}@{source}"
-    return f"{prefix}{kernel}:{problem.key}:M={M}"
-
 
 @dataclass
 class _Target:
@@ -141,18 +61,12 @@ class _Target:
     choices: dict[str, list[int]] = field(default_factory=dict)
 
 
-def identity_differences(stored: dict, mine: dict) -> str:
-    """'device A (now B), ...' over the keys both identities name that differ; '' when
-    none do (a key one side does not know, e.g. an old landscape's code, is no difference)."""
-    return ", ".join(f"{k} {stored[k]} (now {mine[k]})" for k in mine
-                     if stored.get(k) and mine[k] and stored[k] != mine[k])
-
-
 class StudyRunner:
     """Runs the study of one (problem, M) against a measurer and returns its result."""
 
     def __init__(self, kernel: KernelSpec, space: SearchSpace, gpu: GpuSpec, measurer: Measurer,
-                 storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = ""):
+                 storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = "",
+                 policy: dict | None = None):
         self.kernel = kernel
         self.space = space
         self.gpu = gpu
@@ -162,9 +76,11 @@ class StudyRunner:
         self.on_trial = on_trial or (lambda **kw: None)
         self.poll_s = 2.0          # how often to look again while other workers hold the last trials
         self.prefix = prefix
+        self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
-             fixed: Config | None = None, default: Config | None = None) -> StudyResult:
+             fixed: Config | None = None, default: Config | None = None,
+             incumbents: list[tuple[str, Config]] | None = None) -> StudyResult:
         """The study's result: from the storage when a run already finished it, else
         searched now (continuing what the storage holds). `fixed` pins some config keys
         (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
@@ -184,8 +100,13 @@ class StudyRunner:
         stopped, measured = self._search(study, target)
         self._fail_stale(study, target)      # leave no dead worker's trial RUNNING behind
         result = self._finish(problem, M, measured, target.default, stopped)
+        # the row changes only for a real gain over what the engine runs today (an installed row, else the default)
+        result = choose_row(self.kernel, self.measurer, result, [*(incumbents or []), ("default", target.default)],
+                            self.settings.row_gain)
         result.failures = self._failures(study, result)
-        result.search = self.searched_with(problem, M)
+        result.first_failure = self._first_failure(study)
+        seeded = seeds_by_source(label for label, _ in target.seeds)
+        result.search = {**self.searched_with(problem, M), **({"seeds": seeded} if seeded else {})}
         study.set_user_attr("result", result.as_dict())
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
@@ -252,37 +173,32 @@ class StudyRunner:
             target.allowed = {t for t in target.allowed if all(v in choices[k] for k, v in zip(keys, t))}
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
-        study.sampler = make_sampler(self.settings, keys, choices, target.allowed)
+        study.sampler = make_sampler(self.settings, keys, choices, target.allowed,
+                                     warm=sum(is_warm(label) for label, _ in target.seeds))
         return study
 
     def identity(self) -> dict:
-        """What a study's timings are of: the device, whose kernel code (source and version,
-        a hash of the code), the search space and the Triton that compiled it. A replay
-        takes the device, code and Triton from the landscape (None where an old one does
-        not say)."""
+        """What a study's timings are of (tuner/search/identity.py): the device, whose kernel
+        code, the search space, the Triton that compiled it, where the times come from, and the
+        measurement policy (a replay's: the landscape's) with this run's routing."""
         env = self.measurer.environment() or {}
-        return {"device": env.get("device"), "kernel": self.kernel.source_label,
-                "code_version": env["code_version"] if "code_version" in env else (self.kernel.code_version or None),
-                "space": self.space.version, "triton": env.get("triton")}
+        policy = {"routing": self.policy.get("routing"), **(env.get("policy") or {})}
+        return study_identity(self.kernel, self.space, self.measurer, policy)
 
     def _check_identity(self, study: optuna.Study) -> None:
-        """A stored study timed on another device, kernel code, space or Triton is refused
-        (one line): its results are not this run's and must never be reused. Studies from
-        before identities were recorded are taken as they are, unless their environment
-        names another device."""
+        """A stored study timed on another device, kernel code, space or Triton, or whose times
+        came from elsewhere (a SYNTHETIC landscape, another landscape, the CPU device), is
+        refused (one line): its results are not this run's and must never be reused. Studies
+        from before identities were recorded are taken as they are, unless their environment
+        says otherwise."""
         mine = self.identity()
-        stored = study.user_attrs.get("identity")
-        if stored is None:
-            before = study.user_attrs.get("environment") or {}
-            if before.get("device") not in (None, mine["device"]):
-                stored = {"device": before["device"]}
-            else:
-                study.set_user_attr("identity", mine)
-                return
-        what = identity_differences(stored, mine)
+        stored = stored_identity(study.user_attrs)
+        what = identity_differences(stored, mine) if stored else ""
         if what:
             raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
                              "its results are not this run's: give another --out (or --storage, or --study-prefix)")
+        if study.user_attrs.get("identity") is None:
+            study.set_user_attr("identity", mine)
 
     def _encode(self, choices: dict, cfg: Config) -> dict:
         return {k: int(cfg[k]) for k in self.kernel.config_keys}
@@ -304,7 +220,7 @@ class StudyRunner:
         s = self.settings
         budget = s.budget_for(target.problem, target.M)
         rule = StoppingRule(budget, s.patience_for(target.problem, target.M), s.min_gain, seeds=len(target.seeds))
-        rng = random.Random(f"{s.seed}:{study_name(target.problem, target.M, source=self.kernel.source)}:{os.getpid()}")
+        name = study_name(target.problem, target.M, source=self.kernel.source)
         idle = 0
         while True:
             # Other workers may share this study: read its state from the storage every round.
@@ -325,7 +241,10 @@ class StudyRunner:
                 continue
             if not batch:                     # the sampler keeps proposing what is done or excluded
                 idle += 1
-                self._fill(study, target, measured, running, want, rng)
+                # seeded by --seed, the study and its state (never the process id): the same seed
+                # gives the same search in any process; workers at other states fill others
+                self._fill(study, target, measured, running, want,
+                           random.Random(f"{s.seed}:{name}:{len(trials)}"))
                 continue
             idle = 0
             results = self._measure(study, target, batch)
@@ -422,6 +341,13 @@ class StudyRunner:
                  for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if counts(tr)]
         return count_by_kind(kinds + [NUMERICS] * len(result.rejected))
 
+    @staticmethod
+    def _first_failure(study: optuna.Study) -> str | None:
+        """The error of the study's first failed measurement, in one line (None: none failed)."""
+        failed = sorted((tr for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                         if counts(tr) and tr.user_attrs.get("error")), key=lambda tr: tr.number)
+        return one_line(failed[0].user_attrs["error"]) if failed else None
+
     def _state(self, trials) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
         """(configs measured: time or None, configs being measured now: trial number)."""
         measured, running = {}, {}
@@ -474,7 +400,8 @@ class StudyRunner:
                            d["default_time_us"], d["trials"], d["stopped"], d.get("numerics", {}),
                            d.get("rejected", []), d.get("failures") or {}, d.get("default_error"),
                            kept_default=d.get("kept_default"), tied=d.get("tied") or {},
-                           search=d.get("search") or {})
+                           search=d.get("search") or {}, choice=d.get("choice") or {},
+                           first_failure=d.get("first_failure"))
 
     # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
@@ -532,5 +459,6 @@ class StudyRunner:
         if result.config is None:
             result.stopped = "no config"
         result.failures = self._failures(study, result)
+        result.first_failure = before.get("first_failure") or self._first_failure(study)
         study.set_user_attr("result", result.as_dict())
         return result

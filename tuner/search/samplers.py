@@ -14,16 +14,24 @@ if TYPE_CHECKING:
 
     from tuner.search.runner import SearchSettings
 
-# gp (ours, tuner/search/surrogate.py) first, the default; then Optuna's
-SAMPLERS = ("gp", "tpe", "random", "cmaes")
+# gp (ours, tuner/search/surrogate.py) first, the default; then Optuna's. CMA-ES is not one:
+# every key is a categorical parameter (tuner/search/runner.py), which Optuna's CMA-ES does not
+# search (it samples them at random, independently), so `--sampler cmaes` was random search.
+SAMPLERS = ("gp", "tpe", "random")
+REMOVED = {"cmaes": "--sampler cmaes was removed: Optuna's CMA-ES leaves categorical parameters (every launch-config "
+                    "key here) to random sampling, so it searched nothing; use gp (default), tpe or random"}
 
 
 def make_sampler(settings: SearchSettings, keys: tuple[str, ...] = (), choices: dict | None = None,
-                 candidates=()) -> BaseSampler:
+                 candidates=(), warm: int = 0) -> BaseSampler:
     """The study's sampler. `gp` scores the study's own candidates (tuner/search/surrogate.py); the
     others propose within the parameters' values. A constant liar only where trials run
-    in parallel (a batch of more than one)."""
+    in parallel (a batch of more than one). `warm`: the study's warm seeds
+    (tuner/search/warm_start.py), which shorten gp's random start. Every sampler is seeded
+    with --seed alone, so the same seed gives the same search in any process."""
     import optuna
+
+    from tuner.search.warm_start import startup
 
     s = settings
     if s.sampler == "tpe":
@@ -33,14 +41,9 @@ def make_sampler(settings: SearchSettings, keys: tuple[str, ...] = (), choices: 
     if s.sampler == "gp":
         from tuner.search.surrogate import CandidateGPSampler
         return CandidateGPSampler(keys, choices or {}, candidates, seed=s.seed,
-                                  n_startup=max(4, min(8, s.budget // 6)))
+                                  n_startup=startup(max(4, min(8, s.budget // 6)), warm))
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
-    if s.sampler == "cmaes":
-        try:
-            import cmaes  # noqa: F401 - Optuna's CMA-ES sampler imports it only when it first samples
-        except ImportError:
-            raise TunerError("--sampler cmaes needs the cmaes package (pip install cmaes); "
-                             "tpe and random need nothing more") from None
-        return optuna.samplers.CmaEsSampler(seed=s.seed, warn_independent_sampling=False)
+    if s.sampler in REMOVED:
+        raise TunerError(REMOVED[s.sampler])
     raise TunerError(f"unknown sampler {s.sampler!r}; choose from {', '.join(SAMPLERS)}")

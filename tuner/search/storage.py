@@ -56,6 +56,7 @@ from tuner.search.journal_lines import (  # noqa: F401 (is_journal: the name cal
     looks_like_operation,
     torn_tail_start,
 )
+from tuner.search.settings import JOURNAL
 
 log = logging.getLogger("tuner")
 
@@ -306,7 +307,8 @@ def _sqlite_pragmas(dbapi_connection, connection_record) -> None:
 
 
 # -- the journal file: the default storage of a local run ------------------------------------
-JOURNAL = "journal:///"      # journal:///FILE (FILE as in sqlite:///FILE: relative, or /absolute)
+# JOURNAL (journal:///FILE) is defined in tuner/search/settings.py, where a plan reads it
+
 JOURNAL_SYNC_S = 1.0         # the journal is synced to the disk at most this long after a write
 JOURNAL_MAX_LINE = 64 << 20  # a line longer than this is no operation of ours (the longest, a plan: ~100 KiB)
 

@@ -1,0 +1,136 @@
+"""The fused MoE layer's spec without its code: problem and config keys, vLLM's default
+launch, the cost model (expected experts touched, FLOPs, bytes, shared memory), the programs
+along M and how a timing was taken, all a plan reads; the Triton code (kernels/fused_moe.py) is
+imported only when something runs it (tuner.plan.kernel_api from_code)."""
+
+from __future__ import annotations
+
+from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_code
+
+CODE = "kernels.fused_moe"
+
+
+# the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with
+# the up table's config (params["up_config"]) and the _down table's (SGLang's two, timed together)
+PARTS = ("op", "up", "down", "pair")
+
+
+def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """An upper bound on the aligned length: each expert adds at most block_m - 1 padding
+    rows, and no more than one block per pair."""
+    return min(num_pairs + num_experts * (block_m - 1), num_pairs * block_m)
+
+
+def default_config(params: Params, M: int) -> Config:
+    """vLLM 0.33's launch without a table. Block FP8: as in ../shared/ENGINES.md. Other
+    precisions: vLLM's small/large-batch split (an approximation of its heuristic)."""
+    if params.get("block_shape"):
+        return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": 64 if M <= 8 else 128,
+                "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1 if M <= 16 else 32,
+                "num_warps": 4, "num_stages": 4 if M <= 4 else 3}
+    if M <= params.get("E", 8):
+        return {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8,
+            "num_warps": 4, "num_stages": 3}
+
+
+def pairs_per_token(params: Params) -> int:
+    """Experts each token runs through: its top-k plus any fused shared experts."""
+    return params["topk"] + params.get("shared_experts", 0)
+
+
+def expert_parallel(params: Params) -> int:
+    """How many GPUs the experts are spread over (1: tensor parallelism only)."""
+    return int(params.get("ep", 1))
+
+
+def m_tiles(params: Params, M: int, config: Config) -> int:
+    """Programs along M of both grouped GEMMs: the aligned rows (one sort serves both) over
+    BLOCK_SIZE_M."""
+    rows = max_padded_rows(M * pairs_per_token(params), params["E"], config["BLOCK_SIZE_M"])
+    return -(-rows // config["BLOCK_SIZE_M"])
+
+
+def expected_experts_touched(params: Params, M: int) -> float:
+    """Expected number of distinct experts M tokens route to (uniform routing; a Zipf
+    skew touches fewer, so this stays an upper bound on the weight bytes read)."""
+    shared = params.get("shared_experts", 0)
+    routed = params["E"] - shared
+    drawn_from = routed * expert_parallel(params)          # every GPU's experts under EP
+    return routed * (1.0 - (1.0 - params["topk"] / drawn_from) ** M) + shared
+
+
+def local_pairs(params: Params, M: int) -> float:
+    """Expected (token, expert) pairs this GPU runs: all of them, or under expert
+    parallelism the ~1/ep of the routed ones whose expert it holds."""
+    return M * (params["topk"] / expert_parallel(params) + params.get("shared_experts", 0))
+
+
+def flops(params: Params, M: int) -> float:
+    per_pair = {"op": 3, "pair": 3, "up": 2, "down": 1}[params.get("part", "op")] * params["N"] * params["K"]
+    return 2.0 * local_pairs(params, M) * per_pair
+
+
+def bytes_moved(params: Params, M: int) -> float:
+    part = params.get("part", "op")
+    wbytes = 2 if params["dtype"] == "bf16" else 1
+    mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[part]
+    weights = expected_experts_touched(params, M) * mats * params["N"] * params["K"] * wbytes
+    pairs = local_pairs(params, M)
+    io = {"op": 2 * M * params["K"] * 2, "pair": 2 * M * params["K"] * 2,
+          "up": M * params["K"] * 2 + pairs * 2 * params["N"] * 2,
+          "down": pairs * (params["N"] + params["K"]) * 2}[part]
+    return weights + io
+
+
+def shared_memory(params: Params, config: Config) -> int:
+    elt = 2 if params["dtype"] == "bf16" else 1
+    return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"] * elt
+
+
+def routing_note(params: Params) -> str:
+    """How tokens were routed for timing, in words."""
+    ep = expert_parallel(params)
+    text = f"{params.get('routing', 'uniform')} top-{params['topk']} routing"
+    if ep > 1:
+        text += (f" over all {params['E'] * ep} experts of {ep} GPUs, of which this GPU holds {params['E']} and "
+                 f"runs only those pairs (~1/{ep})")
+    return text
+
+
+def measurement_note(params: Params) -> str:
+    return {
+        "op": "the whole MoE layer (alignment, activation quantization, both grouped GEMMs, "
+              "activation, top-k sum) timed with one config, as vLLM applies its table",
+        "up": "the first grouped GEMM (w1: gate and up) with its alignment and activation quantization",
+        "down": "the second grouped GEMM (w2) with its alignment and activation quantization, "
+                "BLOCK_SIZE_M shared with the up table's at each M",
+        "pair": "the whole MoE layer with the up table's config for the first GEMM and the _down table's for "
+                "the second",
+    }[params.get("part", "op")] + f"; {routing_note(params)}" + (
+        f" plus {params['shared_experts']} fused shared expert(s) every token goes to"
+        if params.get("shared_experts") else "")
+
+
+SPEC = KernelSpec(
+    name="fused_moe",
+    table_kind="fused_moe",
+    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing",
+                  "up_config"),
+    config_keys=MATMUL_CONFIG_KEYS,
+    make_inputs=from_code(CODE, "make_inputs"),
+    run=from_code(CODE, "run"),
+    reference=from_code(CODE, "reference"),
+    # Same FP8 inputs on both sides; fp32-vs-fp64 sums can flip a bf16 rounding of the
+    # intermediate, which the second quantization can turn into one FP8 step.
+    tolerance=2e-2,
+    flops=flops,
+    bytes_moved=bytes_moved,
+    default_config=default_config,
+    shared_memory=shared_memory,
+    compile_only=from_code(CODE, "compile_only"),
+    m_tiles=m_tiles,
+    measurement_note=measurement_note,
+    description="fused MoE (sorted tokens, grouped GEMMs)",
+)

@@ -1,0 +1,96 @@
+"""`tuner engine-source fetch`: the engines' wheels downloaded with pip (really run, from a local
+folder: no network) into the per-user cache the tool then reads by itself; checked against the
+releases tuner knows; and the one-line error that names a missing engine says the command."""
+
+import shutil
+import zipfile
+
+import pytest
+from engine_loaders import wheel_dir
+
+from tuner.cli import main
+from tuner.errors import TunerError
+from tuner.plan.kernel_sources import known_release_files, locate
+
+WHEELS = wheel_dir()          # read before a test takes $TUNER_ENGINE_WHEELS away
+
+
+@pytest.fixture
+def clean_env(tmp_path, monkeypatch):
+    """No engine installed, no $TUNER_ENGINE_WHEELS, a cache of its own."""
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "engine-wheels"
+
+
+def fake_wheel(folder, engine, version, files):
+    """A wheel pip takes (its metadata) holding `files` ({path in the wheel: text})."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{engine}-{version}-py3-none-any.whl"
+    info = f"{engine}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        for rel, text in files.items():
+            z.writestr(rel, text)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {engine}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_a_missing_engine_is_said_with_the_command_that_fetches_it(clean_env):
+    newest = sorted(known_release_files()["vllm"], key=lambda v: tuple(map(int, v.split("."))))[-1]
+    with pytest.raises(TunerError) as e:
+        locate("vllm")
+    assert f"`tuner engine-source fetch vllm=={newest}`" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fetch_runs_pip_into_the_cache_the_tool_then_reads(clean_env, tmp_path, capsys):
+    """pip downloads (from a local folder) a version tuner does not know: kept with a note,
+    found afterwards without any option; asking again downloads nothing."""
+    source = fake_wheel(tmp_path / "index", "sglang", "9.9.9", {"sglang/__init__.py": ""})
+    argv = ["engine-source", "fetch", "sglang==9.9.9", "--no-index", "--find-links", str(source.parent)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    cached = clean_env / source.name
+    assert cached.read_bytes() == source.read_bytes() and f"sglang 9.9.9: {cached}" in out
+    assert "not a release tuner knows" in err
+    assert not [p for p in clean_env.iterdir() if p.name.startswith(".")]          # no temporary left
+    code = locate("sglang")
+    assert (code.version, code.kind, code.origin) == ("9.9.9", "wheel", str(cached.resolve()))
+    source.unlink()                                       # in the cache already: pip is not asked again
+    assert main(argv) == 0
+
+
+def test_a_fetched_wheel_whose_kernel_files_are_not_the_release_is_not_kept(clean_env, tmp_path, capsys):
+    version = sorted(known_release_files()["sglang"])[0]
+    files = {rel: "# not the released file\n" for rel in known_release_files()["sglang"][version]}
+    source = fake_wheel(tmp_path / "index", "sglang", version, files)
+    rc = main(["engine-source", "fetch", f"sglang=={version}", "--no-index", "--find-links", str(source.parent)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"is not sglang {version}'s as released" in err.strip().splitlines()[-1]
+    assert not clean_env.exists() or not list(clean_env.iterdir())
+
+
+@pytest.mark.parametrize("spec,needle", [("vllm==", "ENGINE==VERSION"), ("torch==2.0", "ENGINE==VERSION"),
+                                         ("sglang==9.9.9", "pip could not download sglang==9.9.9")])
+def test_fetch_refusals_are_one_line(clean_env, tmp_path, capsys, spec, needle):
+    (tmp_path / "empty").mkdir()
+    assert main(["engine-source", "fetch", spec, "--no-index", "--find-links", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+@pytest.mark.skipif(WHEELS is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+def test_fetch_a_released_wheel_and_plan_on_it(clean_env, tmp_path, monkeypatch, capsys):
+    """SGLang 0.5.21's released wheel, fetched by pip from the CI's wheel folder (no network),
+    its kernel files checked; a plan of SGLang's own kernel then reads it from the cache."""
+    local = tmp_path / "index"
+    local.mkdir()
+    for w in WHEELS.glob("sglang-0.5.21-*.whl"):
+        shutil.copy(w, local)
+    assert main(["engine-source", "fetch", "sglang==0.5.21", "--no-index", "--find-links", str(local)]) == 0
+    capsys.readouterr()
+    assert main(["moe", "--model", "configs/examples/small-moe.json", "--gpu", "H200", "--kernel-source", "sglang",
+                 "--batch-sizes", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"read from {clean_env.resolve()}/sglang-0.5.21-" in out and "sglang 0.5.21" in out

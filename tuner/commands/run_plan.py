@@ -1,0 +1,179 @@
+"""One tuning run's options (`RunOptions`: kernel, space, GPU, problems, batch sizes, search,
+output) and the plan a dry run prints: what is tuned, on whose kernel, into which files, how
+many configs survive pruning and the roofline floor per batch size. Light on purpose: a plan
+loads neither Optuna, pandas, torch nor Triton (tests/test_api.py checks); the run itself is
+tuner/commands/tune.py's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner.commands import ceilings
+from tuner.measure.environment import installed_version
+from tuner.measure.policy import policy_text
+from tuner.plan.engines import ENGINES
+from tuner.plan.gpus import GpuSpec
+from tuner.plan.kernel_api import KernelSpec
+from tuner.plan.problems import Problem
+from tuner.plan.space import SearchSpace
+from tuner.search.settings import JOURNAL, SearchSettings, StudyResult
+
+if TYPE_CHECKING:
+    from tuner.plan.traffic import TrafficProfile
+    from tuner.search.warm_start import WarmPool
+
+
+@dataclass
+class RunOptions:
+    kernel: KernelSpec
+    space: SearchSpace
+    gpu: GpuSpec
+    problems: list[Problem]
+    batch_sizes: list[int]
+    settings: SearchSettings
+    out_dir: Path
+    storage: str | None = None
+    engines: list[str] = field(default_factory=lambda: ["vllm", "sglang"])
+    replay: str | None = None
+    record: str | None = None
+    baseline: str | None = None
+    compile_workers: int = 8
+    measure_timeout: float = 120.0   # seconds one config may take before its worker is replaced
+    recycle_after: int = 256         # configs a measuring worker serves before a fresh one
+    run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
+    quiet: bool = False
+    prefix: str = ""                 # study-name prefix: several runs can share one storage
+    gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
+    plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
+    traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
+    device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
+    times: str | None = None         # where the times come from (tuner/search/identity.py), once known
+    notes: list[str] = field(default_factory=list)   # lines the run says once it starts (its default --tp)
+    warm: WarmPool | None = None     # known configs to seed studies from (tuner/search/warm_start.py)
+
+    @property
+    def policy(self) -> dict:
+        """The measurement policy (tuner/measure/policy.py), as run_info carries it to plans and manifests."""
+        return dict(self.run_info.get("measurement") or {})
+
+    @property
+    def device_name(self) -> str:
+        """The device as studies, landscapes and manifests name it."""
+        from tuner.measure.device import device_name
+        return device_name(self.device, self.gpu)
+
+    def ms_for(self, problem: Problem) -> list[int]:
+        if self.plan_ms is not None:
+            return list(self.plan_ms.get(problem.key, []))
+        return list(self.batch_sizes)
+
+
+def default_storage(out_dir: Path) -> str:
+    """A run's storage when --storage is not given: the journal file OUT/studies.journal
+    (tuner/search/storage.py); a folder an older tuner left with OUT/studies.db (SQLite) and
+    no journal keeps its database, so its run resumes where it stopped."""
+    older = out_dir / "studies.db"
+    journal = out_dir / "studies.journal"
+    if older.is_file() and not journal.exists():
+        return f"sqlite:///{older.resolve()}"
+    return f"{JOURNAL}{journal.resolve()}"
+
+
+# -- the plan ---------------------------------------------------------------------------
+def plan_text(opts: RunOptions) -> str:
+    k, gpu = opts.kernel, opts.gpu
+    lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
+             f"  {opts.run_info.get('model', '')}  " + "  ".join(
+                 f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
+             f"  kernel: {kernel_origin_text(k)}",
+             f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
+             f"keys {', '.join(k.config_keys)}",
+             (f"  budget {opts.settings.budget} trials per batch size" if not opts.settings.budgets else
+              f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
+              f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
+             + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
+             f"  timing: {policy_text(opts.policy or None) if not opts.replay else 'replayed: as the landscape was recorded'}",
+             f"  storage {opts.storage or default_storage(opts.out_dir)}",
+             f"  output {opts.out_dir}/"]
+    triton_version = installed_version("triton")
+    roof = ceilings.load(gpu)
+    lines.append(f"  roofline floor: the larger of (fewest bytes moved / copy bandwidth) and (FLOPs / FP8 matmul "
+                 f"rate), from {roof.source} ({roof.copy_tb_s:g} TB/s, {roof.fp8_tflops:g} TFLOP/s); no config "
+                 "runs much faster")
+    if opts.warm is not None:
+        lines += [f"  {line}" for line in opts.warm.describe(opts.settings.row_gain)]
+    if opts.traffic is not None:
+        lines += traffic_plan_lines(opts)
+    for p in opts.problems:
+        lines.append(f"problem {p.key}  ({', '.join(p.layers)})"
+                     + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
+        for name, path in planned_files(opts, p, triton_version):
+            lines.append(f"  {name:7s} {path}")
+        sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
+        lines.append("  configs after pruning, per M: " + " ".join(sizes))
+        floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.batch_sizes]
+        lines.append("  roofline floor, us per M: " + " ".join(floor))
+    total = len(opts.problems) * len(opts.batch_sizes)
+    most = sum(opts.settings.budget_for(p, m) for p in opts.problems for m in opts.batch_sizes)
+    lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
+                 f"at most {most} measured configs")
+    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
+    return "\n".join(lines)
+
+
+def traffic_plan_lines(opts: RunOptions) -> list[str]:
+    """The keys a traffic profile chose, what each serves, and its budget (the plan)."""
+    from tuner.plan.traffic import key_coverage
+    profile = opts.traffic
+    if profile is None:
+        return []
+    lines = [f"  {line}" for line in profile.describe()]
+    lines.append("  keys (by the engines' nearest-key rule: the served M each key's entry runs, their share of the "
+                 "forward passes, trials):")
+    for c in key_coverage(opts.batch_sizes, profile):
+        budget = opts.settings.budget_for(opts.problems[0], c.key) if opts.problems else opts.settings.budget
+        lines.append(f"    {c.text()}; {budget} trials")
+    lines.append("  where a tuned config does not beat the default beyond noise (2% or its spread), the table gets "
+                 "the default")
+    return lines
+
+
+def engine_reading_notes(table_kind: str, engines) -> list[str]:
+    """What makes each engine read tables of this kind on Hopper (tuner/plan/engines.py)."""
+    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
+            for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
+
+
+def kernel_origin_text(kernel: KernelSpec) -> str:
+    """Whose code times the tables, its version and where it was read from, in words."""
+    if kernel.source == "ours":
+        return f"ours (kernels/, tuner {kernel.source_version}, code {kernel.code_version})"
+    if not kernel.origin:
+        return (f"{kernel.source_label} (code not loaded: timings come from a landscape, or none were taken; the "
+                f"launcher supports {kernel.source} {', '.join(kernel.notes.get('launcher_supports', []))})")
+    supported = ", ".join(kernel.notes.get("launcher_supports", []))
+    launched = kernel.notes.get("launched_as")
+    how = (f"supported: launched as {launched}" + (" (same wrappers)" if launched != kernel.source_version else "")
+           if launched else "not checked")
+    files = kernel.notes.get("engine_files")
+    if files:
+        from tuner.plan.kernel_sources import imported_files_text
+        imports = "; " + imported_files_text(files)
+    else:
+        imports = ""
+    return (f"{kernel.source_label} ({how}; the launcher supports {kernel.source} {supported}), read from "
+            f"{kernel.origin} (code {kernel.code_version}){imports}")
+
+
+def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
+    """(who reads it, relative path) of each file a problem's results go to."""
+    k = opts.kernel
+    if k.emit_table is not None:
+        m = opts.batch_sizes[0]
+        stand_in = StudyResult(p, m, k.default_config(p.params, m), None, None, {}, None, 0, "plan")
+        _, file_of = k.emit_table([(p, [stand_in])], opts.gpu.cuda_name)
+        return [("tuner", file_of[p.key])]
+    return [(name, ENGINES[name].table_relpath(k.table_kind, p.params, opts.gpu.cuda_name, triton_version))
+            for name in opts.engines if name in p.engines]

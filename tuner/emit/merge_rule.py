@@ -1,0 +1,72 @@
+"""`tuner install --merge`: an installed row is replaced only for a real gain (issue 32, item 3).
+
+The rule of tuner/search/choice.py, applied where the paired re-time cannot be made again: an
+install records each row's time and what it was timed on (device and measurement policy) in
+its backup record; a later `--merge` install of the same file keeps an installed row wherever
+both rows have times taken on the same device under the same policy and the new row's gain over
+the installed one (installed / new - 1) is not above --min-gain. Where either time is missing
+or they were taken on something else, the new row goes in as before (nothing to compare). What
+was kept, and why, goes in the new backup record and is said.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+RECORD = "record.json"
+
+
+def row_times(table_entry: dict) -> dict[int, float]:
+    """{M: time_us} of a manifest table entry's rows that have a time."""
+    out = {}
+    for m, e in (table_entry.get("entries") or {}).items():
+        t = e.get("time_us")
+        if str(m).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+            out[int(m)] = float(t)
+    return out
+
+
+def timed_on(table_entry: dict) -> dict:
+    """What a table's times were taken on: the device and the measurement policy."""
+    env = table_entry.get("environment") or {}
+    policy = table_entry.get("measurement") or {}
+    return {"device": env.get("device"), "timing": policy.get("timing"), "l2": policy.get("l2"),
+            "routing": policy.get("routing")}
+
+
+def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[int, float], dict] | None:
+    """The times and identity the newest install of `dest` recorded (None: none recorded), the
+    installs taken newest first by their sequence (tuner/emit/backups.py), never by name."""
+    from tuner.emit.backups import order_key
+    from tuner.errors import TunerError
+    from tuner.reading import read_json_file
+    records = [(k, r) for r in backup_root.glob(f"{engine}-*/{RECORD}")
+               if (k := order_key(r.parent, engine)) is not None and not r.parent.is_symlink()]
+    for _, record in sorted(records, reverse=True):
+        try:
+            data = read_json_file(record, "backup record ")
+        except TunerError:
+            continue
+        for entry in data.get("files", []) if isinstance(data, dict) else []:
+            if isinstance(entry, dict) and entry.get("dest") == str(dest) and isinstance(entry.get("times"), dict):
+                times = {int(m): float(t) for m, t in entry["times"].items() if str(m).isdigit()}
+                return times, entry.get("timed_on") or {}
+    return None
+
+
+def keep_installed(old: dict[int, Any], new: dict[int, Any], old_times: dict[int, float],
+                   new_times: dict[int, float], same: bool, min_gain: float) -> dict[int, str]:
+    """{M: why} of the installed rows to keep: where both rows differ, both have times taken
+    on the same device and policy (`same`), and the new row gains no more than `min_gain`."""
+    if not same:
+        return {}
+    kept = {}
+    for m in sorted(set(old) & set(new)):
+        if old[m] == new[m] or m not in old_times or m not in new_times:
+            continue
+        gain = old_times[m] / new_times[m] - 1
+        if gain <= min_gain:
+            kept[m] = (f"M={m}: the installed row ({old_times[m]:.2f} us) is kept: the new one ({new_times[m]:.2f} us) "
+                       f"gains {gain:+.1%}, not above --min-gain {min_gain:.0%}")
+    return kept

@@ -1,0 +1,109 @@
+"""A run's closing table as a person reads it: within 120 columns, each row naming the table
+file it goes to (by what tells the files apart: the engine and the shape; the rest of the name,
+the same for every file, said once above), times to two decimals, a default without a time
+shown with why. Also the plain fixed-width formatter the other tables of times use."""
+
+from __future__ import annotations
+
+import re
+
+WIDTH = 120
+
+
+def _shape(rel: str) -> str:
+    name = rel.rsplit("/", 1)[-1].removesuffix(".json")
+    return name.removesuffix("_down").partition(",device_name=")[0] + (" _down" if name.endswith("_down") else "")
+
+
+def short_file(files: dict[str, str]) -> str:
+    """'sglang E=257,N=256 _down' for {sglang: sglang/fused_moe/configs/triton_3_6_0/E=257,N=256,
+    device_name=..._down.json}: the engines and the file name's shape part ('vllm+sglang
+    N=7168,K=2048' for one shape in both engines' tables)."""
+    by_shape: dict[str, list[str]] = {}
+    for engine, rel in files.items():
+        by_shape.setdefault(_shape(rel), []).append(engine)
+    return ", ".join(f"{'+'.join(engines)} {shape}" for shape, engines in by_shape.items())
+
+
+def name_rest(rels: list[str]) -> str:
+    """What every file name holds after its shape (',device_name=NVIDIA_H200,dtype=...'), when
+    it is one text for all (else '')."""
+    rests = {re.sub(r"_down$", "", r.rsplit("/", 1)[-1].removesuffix(".json")).partition(",device_name=")[2]
+             .replace(" ", "") for r in rels}      # SGLang writes block_shape=[128, 128], vLLM [128,128]
+    return f",device_name={rests.pop()}" if len(rests) == 1 and "" not in rests else ""
+
+
+def fixed_width(headers: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> list[str]:
+    """Columns two spaces apart, the `left` ones left-aligned, the others right-aligned."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[str, str]], out_dir) -> list[str]:
+    """The closing table of a run: `results` {problem key: [StudyResult]}, `files` {problem key:
+    {engine: relative path}} (from the manifest; a problem without files: not written)."""
+    kept = any(r.kept_default for rs in results.values() for r in rs)
+    # the row kept (tuned, installed, default) and why, where any row is not the tuned config
+    chosen = any((r.choice or {}).get("kept", "tuned") != "tuned" for rs in results.values() for r in rs)
+    if chosen:
+        from tuner.search.choice import choice_text
+    rows = []
+    for pkey, rs in results.items():
+        label = short_file(files.get(pkey) or {}) or "(not written: same as its up table)"
+        for r in sorted(rs, key=lambda r: r.M):
+            rows.append([
+                label, str(r.M), " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
+                f"{r.time_us:.2f}" if r.time_us else "-",
+                f"{r.default_time_us:.2f}" if r.default_time_us else f"- ({r.default_error or 'not timed'})"[:24],
+                f"{r.speedup:.2f}x" if r.speedup else "-", str(r.trials), r.numerics.get("status", "-"),
+                *([_kept_text(r)] if kept else []),
+                *([choice_text(r.choice)] if chosen else []),
+            ])
+    rels = [rel for key, fs in files.items() if key in results for rel in fs.values()]
+    rest = name_rest(rels)
+    where = [f"file: the table each row goes to, in {out_dir}/<engine>/"]
+    if rest:
+        where.append(f"      named <shape>{rest}.json")
+    headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
+               *(["table"] if kept else []), *(["row"] if chosen else [])]
+    return where + fixed_width(headers, rows, left=(0, 2, 7, 8))
+
+
+def _kept_text(r) -> str:
+    """What a traffic-keyed table holds at M: the tuned config, or the default and why."""
+    if not r.kept_default:
+        return "tuned"
+    t = r.kept_default.get("time_us")
+    return f"default (tuned {t:.2f} us: within noise)" if t else "default"
+
+
+def _parts(key: str) -> list[str]:
+    return re.split(r",(?![^\[]*\])", key)          # not inside block_shape=[128,128]
+
+
+def distinguishing(keys: list[str]) -> tuple[dict[str, str], str]:
+    """({problem key: the parts that tell it from the others}, the parts all share): problem
+    keys short enough for a table column, the rest said once."""
+    parts = {k: _parts(k) for k in keys}
+    common = set.intersection(*(set(p) for p in parts.values())) if parts else set()
+    if len(parts) == 1:
+        common = set()
+    short = {k: ",".join(x for x in p if x not in common) or k for k, p in parts.items()}
+    first = next(iter(parts.values()), [])
+    return short, ",".join(x for x in first if x in common)
+
+
+def written_files(opts) -> dict[str, dict[str, str]]:
+    """{problem key: {engine: the file its table went to}} of a run, from its manifest."""
+    from tuner.emit.results import read_manifest
+    from tuner.errors import TunerError
+    from tuner.plan.problems import Problem
+    try:
+        manifest = read_manifest(opts.out_dir)
+    except TunerError:
+        return {}
+    return {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in manifest.get("tables", [])
+            if t.get("kernel") == opts.kernel.name}
