@@ -5,11 +5,10 @@ plan reads; the Triton code (kernels/mla_decode.py) is imported only when someth
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from tuner.plan.kernel_api import Config, KernelSpec, Params, from_code
+from tuner.plan.kernel_api import Config, KernelSpec, Params, from_code, read_table_file
 from tuner.plan.space import rule
 
 CODE = "kernels.mla_decode"
@@ -67,7 +66,8 @@ def find_table(heads: int, page_size: int, dev_name: str | None) -> dict | None:
     roots.append(str(Path(__file__).resolve().parents[1] / "tuned" / dev_name.replace(" ", "_") / "tuner" / "mla_decode"))
     for root in roots:
         if root and (Path(root) / name).is_file():
-            return json.loads((Path(root) / name).read_text())
+            table = read_table_file(Path(root) / name)
+            return table if isinstance(table, dict) else None
     return None
 
 

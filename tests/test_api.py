@@ -2,7 +2,6 @@
 module imports the command line, and a request's options are checked where they enter."""
 
 import ast
-import json
 import subprocess
 import sys
 from dataclasses import fields
@@ -112,14 +111,20 @@ def test_bad_options_are_refused_naming_the_option(change, needle):
     assert needle in str(e.value)
 
 
-def test_a_nightly_job_with_a_bad_option_fails_alone_with_one_line(tmp_path, capsys):
+def test_a_nightly_job_with_a_bad_option_refuses_the_night_before_it_writes(tmp_path, capsys):
+    """A job's options are checked with the config, before the night writes anything (issue
+    33: a night refused after writing its folder, state and report left them behind): one
+    line naming the first bad job, exit 2, no night folder."""
     jobs = [{"name": "bad", "kernel": "gemm", "model": "deepseek-v3", "gpu": "H200", "trials": "lots"},
             {"name": "also", "kernel": "mla", "model": "deepseek-v3", "gpu": "H200", "page_size": 64, "tp": -1}]
     cfg = tmp_path / "n.yaml"
     cfg.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "jobs": jobs}))
-    assert main(["nightly", str(cfg), "--night", "n1"]) == 1
-    summary = json.loads((tmp_path / "runs" / "n1" / "summary.json").read_text())
-    assert [r["status"] for r in summary] == ["failed", "failed"]
-    assert summary[0]["error"] == "bad: the tuning run failed: --trials must be an integer, not 'lots'"
-    assert "--tp must be at least 1, not -1" in summary[1]["error"]
+    assert main(["nightly", str(cfg), "--night", "n1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert err.strip().endswith("job 'bad': --trials must be an integer, not 'lots' (nothing was run)")
+    jobs[0]["trials"] = 4
+    cfg.write_text(yaml.safe_dump({"runs_dir": str(tmp_path / "runs"), "jobs": jobs}))
+    assert main(["nightly", str(cfg), "--night", "n1"]) == 2
+    assert "job 'also': --tp must be at least 1, not -1" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "n1" / "bad").exists()

@@ -165,6 +165,82 @@ def linked_engine_folder(root: Path) -> Path:
     return folder
 
 
+# -- round four (issue 33) -----------------------------------------------------------------------
+def sglang_dump(path: Path, running: str = "64.0") -> Path:
+    """A one-scrape SGLang /metrics dump whose running-batch gauge reads `running`."""
+    labels = 'engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    passes = 'mode="decode_cuda_graph",' + labels
+    path.write_text(f"sglang:num_running_reqs{{{labels}}} {running}\n"
+                    f"sglang:cuda_graph_passes_total{{{passes}}} 90.0\n")
+    return path
+
+
+def vllm_dump(path: Path, counts: tuple[str, str] = ("10.0", "20.0"), engines: int = 1) -> Path:
+    """A vLLM /metrics histogram of `engines` series: `counts` passes at le=8 and le=+Inf."""
+    lines = []
+    for e in range(engines):
+        for le, c in (("8.0", counts[0]), ("+Inf", counts[1])):
+            lines.append(f'vllm:iteration_tokens_total_bucket{{engine="{e}",le="{le}",model_name="m"}} {c}')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def deep_json(path: Path, depth: int, inside: str = "[]") -> Path:
+    """JSON nested `depth` arrays deep, one bracket a line (no line is long)."""
+    path.write_text("[\n" * depth + inside + "\n" + "]\n" * depth)
+    return path
+
+
+def wal_database_of_another_program(path: Path) -> Path:
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE invoices (id INTEGER, total REAL)")
+    con.commit()
+    con.close()
+    return path
+
+
+def wal_header_without_a_database(path: Path) -> Path:
+    """SQLite's header with the write-ahead-log version bytes, then nothing a database holds."""
+    path.write_bytes(b"SQLite format 3\x00\x10\x00\x02\x02" + b"\x00" * 300)
+    return path
+
+
+def run_of_another_gpu(t: Path) -> Path:
+    """--out holding a finished run timed on an H100 (a replay of an H100 landscape)."""
+    land = landscape(t / "h100.jsonl", gpu="H100", device="NVIDIA H100 80GB HBM3")
+    assert main([*GEMM_ARGS, "--gpu", "H100", "--per-rank", "--replay", str(land), "--trials", "4", "--out", str(t / "o"),
+                 "--quiet"]) == 0
+    return t / "o"
+
+
+def nightly_job(root: Path, **fields) -> Path:
+    """A nightly config of one gemm job (deepseek-v3 on an H200) with `fields` added."""
+    job = {"name": "a", "kernel": "gemm", "model": "deepseek-v3", "gpu": "H200", **fields}
+    path = root / "n.yaml"
+    path.write_text(f"runs_dir: {root / 'runs'}\njobs:\n- {json.dumps(job)}\n")
+    return path
+
+
+_HELD: list = []          # lock files held open by a case's "other process", for the test's length
+
+
+def night_running(root: Path) -> Path:
+    """A nightly config whose runs_dir another night holds (its lock, flocked here)."""
+    import fcntl
+    config = nightly_job(root)
+    (root / "runs").mkdir(exist_ok=True)
+    f = open(root / "runs" / ".nightly.lock", "a")
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    _HELD.append(f)
+    return config
+
+
+def traffic_file(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 # (name, build(tmp) -> argv, text the one line must hold). Every path a case uses is under tmp.
 CASES = [
     # -- tuning commands: options ----------------------------------------------------------
@@ -407,6 +483,69 @@ CASES = [
         "proof", "--device", "cpu", "--out", str((t / "p").mkdir() or (t / "p" / "steps.json").write_text(
             '{"steps": [{"name": "smoke", "status": 3}]}') and t / "p"), "--steps", "environment"],
      "not a proof's record"),
+    # -- round four (issue 33): internal errors, refusals that wrote, inputs read wrong ------------
+    ("--seed 2^64 with the random sampler", lambda t: [
+        *GEMM_ARGS, "--sampler", "random", "--seed", str(2 ** 64), "--replay", str(landscape(t / "l.jsonl")),
+        "--out", str(t / "o")], "--seed"),
+    ("--seed negative", lambda t: [*GEMM_ARGS, "--seed", "-1", "--replay", str(landscape(t / "l.jsonl")),
+                                   "--out", str(t / "o")], "--seed"),
+    ("check --seed 2^64", lambda t: [
+        "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours", "--seed", str(2 ** 64),
+        "--table", str((t / "x.json").write_text(json.dumps({"1": CFG})) and t / "x.json")], "--seed"),
+    ("audit --seed 2^70", lambda t: ["audit", "--engine", "vllm", "--engine-version", "0.33.0", "--model",
+                                     "deepseek-v3", "--gpu", "H200", "--seed", str(2 ** 70)], "--seed"),
+    ("traffic JSON nested 3000 deep", lambda t: [*GEMM_ARGS, "--dry-run", "--traffic",
+                                                 str(deep_json(t / "t.json", 3000))], "nested too deeply"),
+    ("traffic gauge +Inf", lambda t: [*GEMM_ARGS, "--dry-run", "--traffic", str(sglang_dump(t / "m.txt", "+Inf"))],
+     "not a finite count"),
+    ("traffic histogram count +Inf", lambda t: [*GEMM_ARGS, "--dry-run", "--traffic",
+                                                str(vllm_dump(t / "m.txt", ("10.0", "+Inf")))], "not a finite count"),
+    ("traffic CSV weights adding up past a float", lambda t: [
+        *GEMM_ARGS, "--dry-run", "--traffic", str(traffic_file(t / "t.csv", "M,weight\n16,1e308\n64,1e308\n"))],
+     "add up beyond"),
+    ("traffic JSON weights adding up past a float", lambda t: [
+        *GEMM_ARGS, "--dry-run", "--traffic", str(traffic_file(t / "t.json", '{"16": 1.5e308, "16 ": 1.5e308}'))],
+     "add up beyond"),
+    ("traffic histograms adding up past a float", lambda t: [
+        *GEMM_ARGS, "--dry-run", "--traffic", str(vllm_dump(t / "m.txt", ("1e308", "1.5e308"), engines=2))],
+     "add up beyond"),
+    ("--replay lacking the traffic's M", lambda t: [
+        *GEMM_ARGS[:-4], "--kernel-source", "ours", "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--traffic", str(traffic_file(t / "t.csv", "M,weight\n300,1\n"))], "lacks M=300"),
+    ("--storage a WAL database of another program", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--storage", f"sqlite:///{wal_database_of_another_program(t / 'app.db')}"], "another program's database"),
+    ("--storage a WAL header and no database", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
+        "--storage", f"sqlite:///{wal_header_without_a_database(t / 'x.db')}"], "not a SQLite database"),
+    ("collect on a WAL database of another program", lambda t: [
+        "collect", "--storage", f"sqlite:///{wal_database_of_another_program(t / 'app.db')}", "--out",
+        str(t / "c")], "another program's database"),
+    ("--out holding another GPU's plan", lambda t: [
+        *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--trials", "4", "--out", str(run_of_another_gpu(t))],
+     "already holds a plan"),
+    ("--out holding another GPU's plan, recording", lambda t: [
+        *GEMM_ARGS, "--device", "cpu", "--record", str(t / "rec.jsonl"), "--trials", "4", "--out",
+        str(run_of_another_gpu(t))], "already holds a plan"),
+    ("proof --bundle where no folder can be", lambda t: [
+        "proof", "--device", "cpu", "--gpu", "H200", "--out", str(t / "p"), "--bundle",
+        str((t / "f").write_text("x") and t / "f" / "b"), "--steps", "environment"], "--bundle"),
+    ("nightly job with a bad traffic profile", lambda t: [
+        "nightly", str(nightly_job(t, traffic=str(traffic_file(t / "t.csv", "M,weight\n0,1\n"))))], "job 'a'"),
+    ("nightly job with a missing traffic profile", lambda t: [
+        "nightly", str(nightly_job(t, traffic=str(t / "none.csv")))], "not found"),
+    ("nightly job on an unknown GPU", lambda t: ["nightly", str(nightly_job(t, gpu="B300"))], "unknown GPU"),
+    ("nightly job of an unknown model", lambda t: ["nightly", str(nightly_job(t, model="no-such-model"))],
+     "unknown model"),
+    ("nightly job with a negative trial count", lambda t: ["nightly", str(nightly_job(t, trials=-3))], "--trials"),
+    ("nightly while another night holds its runs_dir", lambda t: ["nightly", str(night_running(t))],
+     "another tuner nightly is running"),
+    ("audit --moe-config-dir missing", lambda t: [
+        "audit", "--engine", "vllm", "--engine-version", "0.33.0", "--model", "deepseek-v3", "--gpu", "H200",
+        "--moe-config-dir", str(t / "nowhere")], "not found"),
+    ("audit --moe-config-dir a file", lambda t: [
+        "audit", "--engine", "vllm", "--engine-version", "0.33.0", "--model", "deepseek-v3", "--gpu", "H200",
+        "--moe-config-dir", str((t / "f.json").write_text("{}") and t / "f.json")], "is not a folder"),
 ]
 
 # cases whose world needs more than their argv
@@ -436,6 +575,7 @@ def test_bad_input(name, build, needle, tmp_path, capsys, monkeypatch):
         PREPARE[name](tmp_path)
     argv = build(tmp_path)
     before = snapshot(tmp_path)
+    capsys.readouterr()                               # what building the case's world printed
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 2, err

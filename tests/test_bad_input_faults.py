@@ -318,7 +318,8 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_killed_synth_leaves_nothing_a_rerun_trips_on(tmp_path, env, sig):
     """kill -9 or SIGTERM of `landscape synth` mid-write: no file at --out, and the rerun
-    writes the whole landscape once (no point of the killed run, no other run's .partial merged)."""
+    writes the whole landscape once (no point of the killed run, no other run's .partial merged)
+    and leaves no temporary (the killed run's goes at once, seconds after the kill)."""
     out = tmp_path / "l.jsonl"
     (tmp_path / "l.jsonl.partial").write_text('{"format": "tuner-landscape/1", "kernel": "fp8_gemm"}\n'
                                                '{"stray": "a recording of another run"}\n')
@@ -337,6 +338,7 @@ def test_a_killed_synth_leaves_nothing_a_rerun_trips_on(tmp_path, env, sig):
     r = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
+    assert not list(tmp_path.glob(".l.jsonl.*.tmp")), "the killed run's temporary outlived the rerun"
     written = int(r.stdout.split("wrote ")[1].split()[0])
     lines = out.read_text().splitlines()
     assert len(lines) == written + 1 and "stray" not in out.read_text()

@@ -166,3 +166,73 @@ def test_a_new_folder_gets_a_journal_and_keeps_it(tmp_path, first):
         (out / "studies.db").write_bytes(b"")
         (out / "studies.journal").write_bytes(b"")
     assert default_storage(out) == f"journal:///{(out / 'studies.journal').resolve()}"
+
+
+def complete_trials(path: Path) -> dict:
+    """{(study, trial number): value} of every complete trial in a journal."""
+    storage = journal(path)
+    out = {}
+    for name in optuna.get_all_study_names(storage):
+        for t in optuna.load_study(study_name=name, storage=storage).trials:
+            if t.state == optuna.trial.TrialState.COMPLETE:
+                out[(name, t.number)] = t.value
+    return out
+
+
+def torn_run(tmp_path: Path) -> tuple[list[str], Path]:
+    """A small replayed run (its argv, its journal) after it finished once."""
+    land = tmp_path / "l.jsonl"
+    write_synthetic_landscape(land, KERNEL, load_space(KERNEL), get_gpu("H200"), [P], [1, 16])
+    args = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
+            "--batch-sizes", "1", "16", "--replay", str(land), "--out", str(tmp_path / "o"), "--quiet"]
+    assert main([*args, "--trials", "6"]) == 0
+    return args, tmp_path / "o" / "studies.journal"
+
+
+# What a writer killed inside write(2) leaves: the start of one operation (the longest,
+# a study's plan, is of any length), or a first write cut short (the file has no whole line).
+TORN = {"short": lambda: b'{"op_code":5,"worker_id":"w","study_id":0,"user_attr":{"pla',
+        "over 1 MiB": lambda: b'{"op_code":2,"worker_id":"w","study_id":0,"user_attr":{"plan":"' + b"p" * (1 << 20) + b"x" * 17,
+        "3 MiB": lambda: b'{"op_code":2,"worker_id":"w","study_id":0,"user_attr":{"plan":"' + b"q" * (3 << 20),
+        "cut in its key": lambda: b'{"op_co'}
+
+
+@pytest.mark.parametrize("torn", list(TORN))
+def test_a_torn_tail_of_any_length_resumes_with_every_complete_trial(tmp_path, capsys, torn):
+    """A journal ending in a torn line of any length: the run started again (with a larger
+    budget) keeps every complete trial, cuts exactly the torn tail and nothing else."""
+    args, path = torn_run(tmp_path)
+    before = complete_trials(path)
+    whole = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(TORN[torn]())
+    assert main([*args, "--trials", "8"]) == 0, capsys.readouterr().err
+    after = complete_trials(path)
+    assert {k: after.get(k) for k in before} == before and len(after) > len(before)
+    data = path.read_bytes()
+    assert data.startswith(whole) and all(json.loads(line) for line in data.splitlines())
+
+
+def test_a_torn_first_write_is_a_journal_started_again(tmp_path, capsys):
+    """A journal whose first write was cut short (no whole line): taken as the journal it
+    is, cut, and the run starts on it."""
+    args, path = torn_run(tmp_path)
+    path.write_bytes(b'{"op_code":0,"worker_id":"w","study_na')
+    assert main([*args, "--trials", "4"]) == 0, capsys.readouterr().err
+    assert len(complete_trials(path)) >= 2 and b"study_na" not in path.read_bytes().split(b"\n")[0][:40]
+
+
+@pytest.mark.parametrize("tail", [b"2026-01-01 a log line appended by hand", b"\x00" * 100, b"x" * (2 << 20)],
+                         ids=["a log line", "zeros", "2 MiB of x"])
+def test_a_tail_that_no_tuner_wrote_is_refused_and_left_alone(tmp_path, capsys, tail):
+    """A journal followed by something no writer of ours leaves (no beginning of an
+    operation): one line, exit 2, the file as it was."""
+    args, path = torn_run(tmp_path)
+    with open(path, "ab") as f:
+        f.write(b"\n" + tail if tail.startswith(b"\x00") else tail)
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert main([*args, "--trials", "8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not a journal" in err, err
+    assert path.read_bytes() == before

@@ -17,7 +17,7 @@ from engine_loaders import wheel_dir
 from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.plan.engines import SERVING_METRICS, VLLM_ITERATION_TOKENS_BUCKETS, lookup_nearest
-from tuner.plan.traffic import NEAR, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
+from tuner.plan.traffic import NEAR, Bucket, Run, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
 from tuner.search.runner import SearchSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traffic"
@@ -175,8 +175,7 @@ def test_keys_serve_every_m_from_inside_its_bucket(dump):
 
 def test_key_coverage_follows_table_order():
     """Ties go to the earlier key in the file: in a table written 32 then 16, M=24 is 32's."""
-    profile = TrafficProfile("x", "0" * 64, "test", [], [])
-    profile._served = {24: 1.0}
+    profile = TrafficProfile("x", "0" * 64, "test", [Bucket("M=24", [Run(24, 24, 1.0)])], [])
     assert [c.share for c in key_coverage([32, 16], profile)] == [1.0, 0.0]
     assert [c.share for c in key_coverage([16, 32], profile)] == [1.0, 0.0]
     assert key_coverage([16, 32], profile)[0].ratio == pytest.approx(1.5)
@@ -208,8 +207,8 @@ def test_per_m_budgets_and_old_plans():
 
 
 def test_weighted_counts_each_served_m_at_its_serving_key():
-    profile = TrafficProfile("x", "0" * 64, "test", [], [])
-    profile._served = {16: 0.6, 20: 0.2, 64: 0.2}
+    profile = TrafficProfile("x", "0" * 64, "test", [Bucket("M", [Run(16, 16, 0.6), Run(20, 20, 0.2),
+                                                                  Run(64, 64, 0.2)])], [])
     w = weighted(profile, ([16, 64], {16: 10.0, 64: 40.0}), ([16, 64], {16: 5.0, 64: 40.0}))
     assert w.speedup == pytest.approx((0.8 * 10 + 0.2 * 40) / (0.8 * 5 + 0.2 * 40)) and w.covered == 1.0
     # another key set: only the M both serve from the same key are compared

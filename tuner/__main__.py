@@ -1,3 +1,3 @@
-from tuner.cli import main
+from tuner.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -7,6 +7,7 @@ the other, and the options are checked here, where both enter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -84,7 +85,7 @@ class TuneRequest:
         if self.command not in COMMANDS:
             raise TunerError(f"unknown tuning command {self.command!r}; choose from {', '.join(COMMANDS)}")
 
-        def whole(name: str, value, least: int = 1) -> int:
+        def whole(name: str, value, least: int = 1, most: int | None = None) -> int:
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise TunerError(f"--{name.replace('_', '-')} must be an integer, not {value!r}")
             try:
@@ -93,6 +94,8 @@ class TuneRequest:
                 raise TunerError(f"--{name.replace('_', '-')} must be an integer, not {value!r}") from None
             if v < least:
                 raise TunerError(f"--{name.replace('_', '-')} must be at least {least}, not {v}")
+            if most is not None and v > most:
+                raise TunerError(f"--{name.replace('_', '-')} must be at most {most}, not {v}")
             return v
 
         from tuner.search.samplers import REMOVED
@@ -136,7 +139,8 @@ class TuneRequest:
         if not isinstance(self.per_rank, bool):
             raise TunerError(f"--per-rank is a switch (true or false), not {self.per_rank!r}")
         changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
-        changes["seed"] = whole("seed", self.seed, -(1 << 63))
+        # what every sampler's generator takes (numpy's RandomState: 0 to 2^32-1)
+        changes["seed"] = whole("seed", self.seed, 0, (1 << 32) - 1)
         for name in ("trials", "patience"):
             if getattr(self, name) is not None:
                 changes[name] = whole(name, getattr(self, name))
@@ -420,12 +424,12 @@ def check_out_dir(out: Path) -> None:
     if not ok:
         raise TunerError(f"cannot write to {existing} (--out {out}): permission denied or not a folder")
     manifest = out / MANIFEST
-    if manifest.is_file():
-        import json
+    if os.path.lexists(manifest):
+        from tuner.reading import read_json_file
         try:
-            problem = manifest_problem(json.loads(manifest.read_text()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            problem = f"unreadable ({e})"
+            problem = manifest_problem(read_json_file(manifest))
+        except TunerError as e:
+            problem = f"unreadable: {e}"
         if problem:
             raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
 
@@ -491,45 +495,58 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
-    copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
-                                      where.present, min_gain)
     if not where.present:
         what = f"a config folder for it, {config_dir}" if config_dir else "what an install into it would write"
         say(f"{where.label} is not installed here: {what}, by its loader rules (tuner/plan/engines.py)")
-    extra = shipped_copies(where, config_dir, notes) if config_dir else []
-    findings = inst.audit_install(copies, engine)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors and not force:
-        raise TunerError(f"refusing the install: the audit of what it would leave finds {len(errors)} error(s), first "
-                         f"{Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
-    for note in notes:
-        log.warning("%s", note)
-    grouped: dict[tuple[str, str, str], list[str]] = {}      # one line per finding, naming its tables
-    for f in findings:
-        grouped.setdefault((f.severity, f.kind, f.reason), []).append(Path(f.table).name)
-    for (severity, kind, reason), names in grouped.items():
-        tables = names[0] if len(names) == 1 else f"{len(names)} tables ({names[0]} and {len(names) - 1} more)"
-        say(f"audit: {severity}: {kind}: {tables}: {reason}")
-    if not findings:
-        say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
-    if extra:
-        say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
-            f"into {config_dir} (the variable hides the package's own)")
-    for label in sorted({c.not_a_gpu for c in copies if c.not_a_gpu}):
-        count = sum(c.not_a_gpu == label for c in copies)
-        say(f"*** {label}: {count} of these {len(copies)} tables {'were' if count > 1 else 'was'} chosen on times "
-            f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
-            f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
-    for c in copies:
-        say(f"{'would install' if dry_run else 'install'} {c.dest}"
-            + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
-            + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
-    from tuner.emit.install_target import engine_log_lines
-    for line in engine_log_lines(copies, engine, site, config_dir, where.version):
-        say(line)
-    if dry_run:
-        return None
-    backup = inst.install(copies, engine, extra)
+
+    def plan() -> tuple[list, list, list, list]:
+        copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
+                                          where.present, min_gain)
+        extra = shipped_copies(where, config_dir, notes) if config_dir else []
+        inst.check_destinations([*extra, *copies])
+        findings = inst.audit_install(copies, engine)
+        errors = [f for f in findings if f.severity == "error"]
+        if errors and not force:
+            raise TunerError(f"refusing the install: the audit of what it would leave finds {len(errors)} error(s), "
+                             f"first {Path(errors[0].table).name}: {errors[0].reason} (--force installs it anyway)")
+        return copies, notes, extra, findings
+
+    # Everything that refuses is checked before anything is written (the lock files included);
+    # then the plan is made again under the install lock of every folder it may write, so that
+    # what a --merge keeps is the table as it is when this install writes, not as it was
+    # before another install finished.
+    planned = plan()
+    roots = list(inst.config_roots(site, engine, config_dir).values())
+    with contextlib.nullcontext() if dry_run else inst.locked(roots, inst.BACKUP_ROOT):
+        copies, notes, extra, findings = planned if dry_run else plan()
+        for note in notes:
+            log.warning("%s", note)
+        grouped: dict[tuple[str, str, str], list[str]] = {}      # one line per finding, naming its tables
+        for f in findings:
+            grouped.setdefault((f.severity, f.kind, f.reason), []).append(Path(f.table).name)
+        for (severity, kind, reason), names in grouped.items():
+            tables = names[0] if len(names) == 1 else f"{len(names)} tables ({names[0]} and {len(names) - 1} more)"
+            say(f"audit: {severity}: {kind}: {tables}: {reason}")
+        if not findings:
+            say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
+        if extra:
+            say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
+                f"into {config_dir} (the variable hides the package's own)")
+        for label in sorted({c.not_a_gpu for c in copies if c.not_a_gpu}):
+            count = sum(c.not_a_gpu == label for c in copies)
+            say(f"*** {label}: {count} of these {len(copies)} tables {'were' if count > 1 else 'was'} chosen on times "
+                f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
+                f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
+        for c in copies:
+            say(f"{'would install' if dry_run else 'install'} {c.dest}"
+                + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
+                + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
+        from tuner.emit.install_target import engine_log_lines
+        for line in engine_log_lines(copies, engine, site, config_dir, where.version):
+            say(line)
+        if dry_run:
+            return None
+        backup = inst.install(copies, engine, extra, lock=False)
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
         say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")

@@ -41,7 +41,7 @@ from tuner.commands import (
     worker,
 )
 from tuner.commands.options import Parser
-from tuner.errors import TunerError
+from tuner.errors import Terminated, TunerError
 
 
 # Each command's options and run live in its module under tuner/commands/; this list says the
@@ -101,9 +101,7 @@ class _StderrLines(logging.Handler):
 COMMANDS = {name: run for name, _add, run in _commands()}
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler stopping us, kill): handled like Ctrl-C, so atomic writes clean
-    up and the storage is left resumable."""
+_Terminated = Terminated       # the name tests and older callers know
 
 
 def _on_sigterm(signum, frame):
@@ -206,3 +204,18 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ.pop(TRUST_ENV, None)
             else:
                 os.environ[TRUST_ENV] = trust_before
+
+
+def entry() -> int:
+    """The `tuner` command (and `python -m tuner`): main(), after which the exit's cleanup
+    (ending measuring children, Python's resource tracker) runs with SIGINT and SIGTERM
+    ignored: the command's work is done and said, and a Ctrl-C landing then must neither
+    print a traceback nor turn its exit status into a death by signal."""
+    import signal
+    code = main()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:
+            pass                       # not the main thread
+    return code

@@ -14,6 +14,12 @@ class TunerError(Exception):
     exit_code = 2
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping us, kill), or a measuring child stopped from outside by
+    it: handled like Ctrl-C, so atomic writes clean up and the storage is left resumable
+    (the command line says "terminated" and exits 143)."""
+
+
 # What each errno means to someone who gave a path (strerror's words are terse or misleading:
 # "File exists" for a link loop met by mkdir, "Is a directory" for a file name).
 _WORDS = {

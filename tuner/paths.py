@@ -11,6 +11,7 @@ followed, and a reader sees the old file or the whole new one.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -42,6 +43,15 @@ def read_json(path: Path, what: str = "", then: str = ""):
     ("; refusing ..."). Read with the bounds of tuner/reading.py."""
     from tuner.reading import read_json_file
     return read_json_file(path, what, then)
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, resolved (symbolic links and `..` followed), lies under `root`."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
 
 
 def _refuse(path: Path, e: OSError, doing: str = "write") -> TunerError:
@@ -110,7 +120,8 @@ def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | Non
 
     The data goes to a temporary file in the same folder (same file system), is flushed to
     disk, then renamed over the target: a kill at any moment leaves no half-written file
-    behind (a stray `.<name>.*.tmp` at worst, which remove_stale_temporaries clears), and
+    behind (a stray `.<name>.*.tmp` at worst, which the next write of the file, or
+    remove_stale_temporaries, clears: the writer holds a lock on it while it lives), and
     a symbolic link at the target is replaced, not followed. The file keeps the mode of the
     file it replaces, else gets the umask's (an engine running as another user must read
     what we install)."""
@@ -122,14 +133,14 @@ def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | Non
         mode = new_file_mode()
     except OSError as e:
         raise _refuse(path, e) from None
+    remove_stale_temporaries_of(path)         # what a killed writer of this file left
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=TMP_SUFFIX)
+        held, tmp = new_temporary(path)
     except OSError as e:
         if is_disk_full(e):
             raise
         raise _refuse(path, e) from None
     try:
-        os.close(fd)
         fill(Path(tmp))
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
         try:
@@ -144,6 +155,8 @@ def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | Non
         except FileNotFoundError:
             pass
         raise
+    finally:
+        os.close(held)                         # the writer's lock goes with it
 
 
 def atomic_write_text(path: Path, text: str, root: Path | None = None) -> None:
@@ -184,19 +197,57 @@ def atomic_write_json(path: Path, obj, indent: int | None = 4, root: Path | None
     atomic_write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n", root)
 
 
-def remove_stale_temporaries_of(path: Path, older_than_s: float = 60.0) -> list[Path]:
+def new_temporary(path: Path) -> tuple[int, str]:
+    """(fd, name) of a new temporary file beside `path` (`.<name>.<random>.tmp`), locked
+    (flock) through `fd` for as long as it stays open: while its writer lives the lock is
+    held, and the kernel drops it when the writer dies, kill -9 included. So a temporary
+    nobody holds is one a killed writer left, whatever its age (see _dead_temporary)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=TMP_SUFFIX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
+# A temporary is taken for a dead writer's only once it is this old: between mkstemp and the
+# flock on it (microseconds) a live writer's is not locked yet.
+UNLOCKED_GRACE_S = 1.0
+
+
+def _dead_temporary(tmp: Path, older_than_s: float) -> bool:
+    """Whether `tmp` is a temporary file no live writer holds (its lock can be taken) and at
+    least `older_than_s` (and UNLOCKED_GRACE_S) old."""
+    try:
+        st = os.lstat(tmp)
+        if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < max(older_than_s, UNLOCKED_GRACE_S):
+            return False
+        fd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False                          # held: its writer is at work
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries_of(path: Path, older_than_s: float = 0.0) -> list[Path]:
     """Remove the temporary files that writes of `path` left when killed (`.<name>.*.tmp`
-    beside it), older than `older_than_s`: in a folder of the user's, only those of this file."""
+    beside it, that no live writer holds): in a folder of the user's, only those of this file."""
     path = Path(path)
     removed: list[Path] = []
-    now = time.time()
     try:
         found = list(path.parent.glob(f".{glob_escape(path.name[:200])}.*{TMP_SUFFIX}"))
     except OSError:
         return removed
     for tmp in found:
         try:
-            if tmp.is_file() and not tmp.is_symlink() and now - tmp.stat().st_mtime >= older_than_s:
+            if _dead_temporary(tmp, older_than_s):
                 tmp.unlink()
                 removed.append(tmp)
         except OSError:
@@ -209,17 +260,17 @@ def glob_escape(name: str) -> str:
 
 
 def remove_stale_temporaries(folder: Path, older_than_s: float = 0.0) -> list[Path]:
-    """Remove the temporary files atomic writes leave when killed (`.<name>.<random>.tmp`)
-    under `folder`, older than `older_than_s` (0: every one; call it only where no other
-    writer can be at work, e.g. under a lock)."""
+    """Remove the temporary files atomic writes left when killed (`.<name>.<random>.tmp`)
+    under `folder`: those no live writer holds (see new_temporary), older than
+    `older_than_s`. A live writer's is never touched, so any command may call this on the
+    folder it writes into, with others writing there at the same time."""
     removed: list[Path] = []
-    now = time.time()
     folder = Path(folder)
     if not folder.is_dir():
         return removed
     for tmp in folder.rglob(f".*{TMP_SUFFIX}"):
         try:
-            if tmp.is_file() and now - tmp.stat().st_mtime >= older_than_s:
+            if _dead_temporary(tmp, older_than_s):
                 tmp.unlink()
                 removed.append(tmp)
         except OSError:

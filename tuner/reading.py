@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import stat
 import zipfile
 import zlib
@@ -67,6 +68,24 @@ def read_bytes(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) ->
         os.close(fd)
 
 
+def read_head(path: str | Path, n: int, what: str = "") -> bytes:
+    """The first `n` bytes of a regular file (a header to recognize it by), whatever its
+    length; one clear line when it cannot be read or is no regular file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TunerError(f"{what}{path} is not a regular file")
+        return os.pread(fd, n, 0)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> str:
     data = read_bytes(path, what, limit)
     try:
@@ -75,8 +94,35 @@ def read_text(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> 
         raise TunerError(f"{what}{path} is not UTF-8 text") from None
 
 
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def nests_deeper(text: str | bytes, limit: int) -> bool:
+    """Whether JSON `text` nests arrays and objects more than `limit` deep (strings skipped).
+    Said without parsing it: Python's JSON reader recurses once per level, so how deep it may
+    go would otherwise depend on the process's recursion limit (which libraries and tests
+    raise), and deep enough, on the C stack."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _JSON_NESTING.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
 def parse_json(text: str, where: str, then: str = ""):
-    """The JSON value of `text`; one line naming `where` when it is not JSON or nests too deep."""
+    """The JSON value of `text`; one line naming `where` when it is not JSON or nests more
+    than MAX_NESTING deep (no file of ours nests more than a few levels)."""
+    if nests_deeper(text, MAX_NESTING):
+        raise TunerError(f"{where} is nested too deeply to be a file of ours{then}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -198,6 +244,56 @@ def first_line(path: str | Path, what: str = "", max_line: int = MAX_LINE_BYTES)
     for _, line in text_lines(path, what, max_line, max_line + 1):
         return line
     return ""
+
+
+def last_line(path: str | Path, tail: int = 64 << 10) -> str | None:
+    """The last non-empty line of a text file (a step's log), read from its last `tail`
+    bytes only, whatever its length; None when it cannot be read or is no regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        data = os.pread(fd, tail, max(0, st.st_size - tail))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+MAX_ZIP_MEMBERS = 200_000          # files in one wheel (vLLM's: ~3,000)
+
+
+def open_zip(path: str | Path, what: str = "the wheel ") -> zipfile.ZipFile:
+    """A zip archive (a wheel) to read members from with zip_member: a regular file (a FIFO or
+    a device named like a wheel is refused, never waited on), whose directory lists at most
+    MAX_ZIP_MEMBERS files; one clear line otherwise."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TunerError(f"{what}{path} is not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        zf = zipfile.ZipFile(f)
+    except (OSError, zipfile.BadZipFile, zlib.error, EOFError, ValueError) as e:
+        f.close()
+        raise TunerError(f"cannot read {what}{path}: {e}") from None
+    if len(zf.infolist()) > MAX_ZIP_MEMBERS:
+        zf.close()
+        raise TunerError(f"{what}{path} lists more than {MAX_ZIP_MEMBERS} files: not a wheel of an engine")
+    return zf
 
 
 def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMBER_BYTES) -> bytes:

@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel_options, resolve_tp
+from tuner.commands.options import batch, parallel_options, resolve_tp, seed
 from tuner.errors import TunerError
+from tuner.paths import CONFIGS_DIR
 from tuner.plan.engines import ENGINE_NAMES
+
+# the small model --numerics runs rows on without a GPU: the repository's, wherever the user stands
+NUMERICS_MODEL = CONFIGS_DIR / "examples" / "small-moe.json"
 
 
 def add_parser(sub, common) -> None:
@@ -45,7 +49,8 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--numerics-model", default=None, metavar="MODEL",
                      help="without a GPU, the (small) model whose shapes the rows run on in Triton's interpreter "
                      "(default configs/examples/small-moe.json); on a GPU the deployment's own shapes")
-    aud.add_argument("--seed", type=int, default=None, help="--numerics input seed (default: fresh random inputs)")
+    aud.add_argument("--seed", type=seed, default=None,
+                     help="--numerics input seed, 0 to 2^32-1 (default: fresh random inputs)")
     aud.add_argument("--out", default=None, metavar="DIR", help="also write audit.json and audit.md there")
     aud.add_argument("--traffic", default=None, metavar="FILE",
                      help="a traffic profile (an engine's /metrics dump, or CSV/JSON of M,weight): weigh each table's "
@@ -96,6 +101,11 @@ def run(args) -> int:
     env_var = table_family(args.engine, "fused_moe").env_var or ""
     override = args.moe_config_dir if args.moe_config_dir is not None else os.environ.get(env_var)
     override_dir = Path(override) if override else None
+    if args.moe_config_dir and override_dir is not None and not override_dir.is_dir():
+        # named on the command line: a typo is said, not audited as an empty folder (the
+        # variable's folder, from the engine's environment, is a note of the audit instead)
+        raise TunerError(f"--moe-config-dir {override_dir} " + ("is not a folder" if override_dir.exists()
+                                                                else "not found") + " ('' audits no override folder)")
     batches = Batches(args.max_batch, tuple(sorted(set(args.batch_sizes))) if args.batch_sizes else None)
     model = gpu = None
     if not args.all:
@@ -114,7 +124,7 @@ def run(args) -> int:
     else:
         from tuner.plan.models import load_model, resolve_dtype
         dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
-        numerics_model = load_model(args.numerics_model or "configs/examples/small-moe.json") if args.numerics else None
+        numerics_model = load_model(args.numerics_model or str(NUMERICS_MODEL)) if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))
         if args.numerics:
             seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")

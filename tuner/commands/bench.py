@@ -492,6 +492,8 @@ def run(args) -> int:
         from tuner.measure.device import require
         require(args.device, gpu, "a bench", "--replay FILE benches a recorded landscape")
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    from tuner.paths import remove_stale_temporaries
+    remove_stale_temporaries(out)           # what a killed bench's writes left (no live writer holds them)
     rows: list = []
     measurers: list = []
     notes: list[str] = []

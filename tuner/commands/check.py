@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.api import command_dtype
-from tuner.commands.options import batch, device_option, parallel, trust_option
+from tuner.commands.options import batch, device_option, parallel, seed, trust_option
 from tuner.errors import TunerError
 from tuner.paths import read_json
 from tuner.plan.engines import ENGINE_NAMES
@@ -174,7 +174,7 @@ def add_parser(sub, common) -> None:
     chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     chk.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                      help="check these batch sizes (the entry the engine would use for each) instead of every M")
-    chk.add_argument("--seed", type=int, default=None, help="input seed (default: fresh random inputs)")
+    chk.add_argument("--seed", type=seed, default=None, help="input seed, 0 to 2^32-1 (default: fresh random inputs)")
     device_option(chk, None, "; default: cuda where a GPU is visible, else cpu")
     chk.add_argument("--gpu", default=None, help="the GPU it runs on (default: the one present; the CPU device "
                      "stands in for an H100)")

@@ -17,6 +17,7 @@ from tuner.commands.options import (
     page,
     parallel_options,
     positive,
+    seed,
     trust_option,
     workers,
 )
@@ -47,7 +48,7 @@ def common_options() -> Parser:
                    "is measured (default trials/2)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
                    help="gp (default): a Gaussian process over the study's own candidates; tpe, random: Optuna's")
-    s.add_argument("--seed", type=int, default=0, help="sampler seed")
+    s.add_argument("--seed", type=seed, default=0, help="sampler seed (0 to 2^32-1)")
     s.add_argument("--space", default=None, help="search-space YAML (default configs/spaces/<kernel>.yaml)")
     s.add_argument("--baseline", default=None, metavar="DIR",
                    help="folder of shipped tables: seeds each study with the shipped config")

@@ -111,6 +111,28 @@ def job_request(job: dict, out: Path, baseline: Path | None = None):
                        quiet=True, baseline=str(baseline) if baseline is not None else None, **options)
 
 
+def check_jobs(cfg: dict, path: Path) -> None:
+    """Every job's inputs, before the night writes anything: its options as a tuning run
+    takes them, its GPU and model, its landscape and traffic profile. A bad one is one line
+    naming the job (a night half written and then refused is what this prevents)."""
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+    from tuner.plan.traffic import load_profile
+    for job in cfg["jobs"]:
+        try:
+            req = job_request(job, Path(".")).checked()
+            get_gpu(req.gpu)
+            load_model(req.model)
+            if req.replay and not Path(req.replay).is_file():
+                raise TunerError(f"landscape {req.replay} not found")
+            if req.traffic:
+                load_profile(req.traffic, tp=req.tp)
+        except TunerError as e:
+            raise TunerError(f"{path}: job {job['name']!r}: {e} (nothing was run)") from None
+        except TypeError as e:          # a key of the job that no tuning run takes
+            raise TunerError(f"{path}: job {job['name']!r}: {e} (nothing was run)") from None
+
+
 def environment_now(job: dict) -> dict:
     """What the timings of this job would be taken on: the landscape's header when it
     replays, this machine otherwise."""
@@ -246,12 +268,11 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
         if os.environ.get("TUNER_DEBUG"):
             raise
         raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None
-    result = {"job": name, "run": str(out), "why": why}
     from tuner.search.outcomes import untimed_line
     untimed = untimed_line(done)
-    if untimed:                        # said, and kept with the night's results: never silent
-        log(f"{name}: {untimed}")
-        result["untimed"] = untimed
+    if untimed:                 # its tables lack those batch sizes: not a night that went fine
+        raise TunerError(f"{name}: {untimed}")
+    result = {"job": name, "run": str(out), "why": why}
     if prev_run is None:
         result["status"] = "fresh"
     else:
@@ -276,7 +297,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
 
 
 def run_night(config_path: Path, night: str | None = None, log=print) -> int:
-    from tuner.paths import check_writable, make_folder
+    from tuner.paths import check_writable
     cfg = load_config(config_path)
     runs_dir = Path(cfg.get("runs_dir") or "runs/nightly")
     noise = float(cfg.get("noise", 0.02))
@@ -287,7 +308,39 @@ def run_night(config_path: Path, night: str | None = None, log=print) -> int:
     night_dir = runs_dir / night
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
+    check_jobs(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
+    with one_night_at_a_time(runs_dir):
+        state = read_state(state_path)        # as the night that held the lock left it
+        return _run_jobs(cfg, runs_dir, night, night_dir, state_path, state, noise, log)
+
+
+def one_night_at_a_time(runs_dir: Path):
+    """Hold runs_dir/.nightly.lock (an flock the kernel drops when the night ends, kill -9
+    included) for the night: a second night on the same runs_dir would read the state before
+    the first writes it and write its own over it, losing the first's jobs. It is refused in
+    one line instead, with nothing written (the lock file is there already)."""
+    import contextlib
+    import fcntl
+
+    from tuner.paths import make_folder, open_for_append
+
+    @contextlib.contextmanager
+    def held():
+        make_folder(runs_dir)
+        with open_for_append(runs_dir / ".nightly.lock", runs_dir) as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise TunerError(f"another tuner nightly is running on {runs_dir} (it holds "
+                                 f"{runs_dir / '.nightly.lock'}); run this one when it is done") from None
+            yield
+    return held()
+
+
+def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path: Path, state: dict, noise: float,
+              log) -> int:
+    from tuner.paths import make_folder
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
     results = []
     for job in cfg["jobs"]:

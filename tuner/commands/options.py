@@ -55,6 +55,8 @@ parallel = integer(1, 1024)
 workers = integer(0, 256)
 page = integer(1, 1024, power_of_two=True, why=" (the KV cache block size of vLLM and SGLang)")
 context = integer(1, 1 << 24)
+SEED_MAX = (1 << 32) - 1
+seed = integer(0, SEED_MAX, why=" (what every sampler's random generator and the numerics' inputs take)")
 
 
 DEVICE_HELP = ("what measures: cuda (default), the GPU; cpu, the CPU device: the GPU's whole code path (measuring "

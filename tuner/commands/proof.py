@@ -546,11 +546,8 @@ def _no_temporaries(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    except OSError:
-        return "-"
-    return lines[-1][:200] if lines else "-"
+    from tuner.reading import last_line
+    return (last_line(path) or "-")[:200]
 
 
 def default_out(gpu: GpuSpec, device: str) -> Path:
@@ -646,10 +643,11 @@ def run(args) -> int:
     # absolute before anything runs: the steps run from the repository root, where a relative
     # --out would land in the checkout instead of where the user stands
     out = Path(os.path.abspath(args.out)) if args.out else default_out(gpu, args.device)
-    if out.exists() and not out.is_dir():
-        raise TunerError(f"--out {out} is a file, not a folder")
-    if args.bundle and Path(args.bundle).exists() and not Path(args.bundle).is_dir():
-        raise TunerError(f"--bundle {args.bundle} is a file, not a folder")
+    from tuner.paths import check_writable
+    # both before the first step: a step's results that cannot be bundled would be lost
+    check_writable(out, "--out")
+    if args.bundle:
+        check_writable(Path(args.bundle), "--bundle")
     baselines = Path(args.baselines) if args.baselines else default_baselines()
     if args.baselines and not Path(args.baselines).is_dir():
         raise TunerError(f"--baselines {baselines} is not a folder")

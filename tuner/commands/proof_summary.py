@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
 def _load(path: Path):
+    """A JSON file of the proof's folder, within the bounds of tuner/reading.py; None when
+    it is missing, unreadable or not JSON."""
+    from tuner.errors import TunerError
+    from tuner.reading import read_json_file
+    if not path.is_file():
+        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return read_json_file(path)
+    except TunerError:
         return None
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    except OSError:
-        return "-"
-    return lines[-1] if lines else "-"
+    from tuner.reading import last_line
+    return last_line(path) or "-"
 
 
 def engine_vs_ours(rows: list[dict]) -> list[dict]:
@@ -136,8 +138,13 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
         if ratio:
             lines += ["The same tables on the engine's kernel and on ours (ours / engine: how far rankings taken "
                       "on our kernel were off):", "", markdown_table(pd.DataFrame(ratio), floatfmt=".3g"), ""]
+    from tuner.errors import TunerError
+    from tuner.reading import read_text
     for md in sorted((out / "sampler").glob("*.md")) if (out / "sampler").is_dir() else []:
-        text = md.read_text()
+        try:
+            text = read_text(md)
+        except TunerError:
+            continue
         body = text.split("\n", 1)[1] if text.startswith("$ ") else text
         lines += [f"## Sampler study: {md.stem}", "", body.strip(), ""]
     return "\n".join(lines) + "\n"

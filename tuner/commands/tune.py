@@ -41,7 +41,13 @@ from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
 from tuner.progress import Progress
 from tuner.search.runner import SearchSettings, StudyResult, StudyRunner, identity_differences, study_name
-from tuner.search.storage import is_journal, journal_path, open_storage, sync_storage
+from tuner.search.storage import journal_path, sync_storage
+from tuner.search.storage_checks import (  # noqa: F401 (the names callers know from here)
+    check_journal_file,
+    check_sqlite_file,
+    check_storage_url,
+    open_checked_storage,
+)
 from tuner.search.warm_start import WarmPool, incumbent, installed_rows, study_seeds
 
 log = logging.getLogger("tuner")
@@ -119,111 +125,6 @@ def open_run_storage(opts: RunOptions) -> BaseStorage:
     return open_checked_storage(opts.storage or default_storage(opts.out_dir))
 
 
-def _sqlite_tables(path: Path, mode: str) -> set[str]:
-    import sqlite3
-    from urllib.parse import quote
-    con = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, timeout=30)
-    try:
-        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    finally:
-        con.close()
-
-
-def check_sqlite_file(path: Path, url: str) -> None:
-    """An existing SQLite file must be one of our storages (Optuna's tables), never another
-    program's database we would add tables to.
-
-    It is looked at read-only first. A process killed in the middle of a write (kill -9 during
-    a commit) leaves a hot rollback journal (the journal mode of file systems without WAL, and
-    of storages made before WAL) or a write-ahead log whose index must be rebuilt: a read-only
-    connection may not do either and fails with "attempt to write a readonly database", though
-    nothing is lost. Then it is opened read-write, which rolls the interrupted write back (or
-    recovers the log) as every SQLite client does, and the file is judged after that."""
-    import sqlite3
-    if not path.exists():
-        return
-    if not path.is_file():
-        raise TunerError(f"--storage {url}: {path} is not a file")
-    if path.stat().st_size == 0:
-        return
-    try:
-        try:
-            tables = _sqlite_tables(path, "ro")
-        except sqlite3.Error as e:
-            name = getattr(e, "sqlite_errorname", "") or ""
-            if not (name.startswith("SQLITE_READONLY") or "readonly" in str(e)):
-                raise
-            log.info("storage %s: recovering what a killed writer left (%s)", path, name or e)
-            tables = _sqlite_tables(path, "rw")           # rolls back the hot journal, recovers the WAL
-    except sqlite3.Error as e:
-        if "readonly" in str(e) or getattr(e, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
-            raise TunerError(f"--storage {url}: {path} holds a write that a killed process left unfinished, and "
-                             "rolling it back needs write access to it and its folder (nothing is lost): run "
-                             "where it can be written") from None
-        if "locked" in str(e) or "busy" in str(e).lower():
-            raise TunerError(f"--storage {url}: {path} is locked by another process (a run or worker still "
-                             "writing?); try again when it is done") from None
-        raise TunerError(f"--storage {url}: {path} is not a SQLite database ({e})") from None
-    if tables and "studies" not in tables:
-        raise TunerError(f"--storage {url}: {path} is another program's database (tables "
-                         f"{', '.join(sorted(tables)[:5])}); give a new file")
-
-
-def check_journal_file(path: Path, url: str) -> None:
-    """An existing journal file must be one of ours (Optuna operations, one per line)."""
-    if not path.exists():
-        return
-    if not path.is_file():
-        raise TunerError(f"--storage {url}: {path} is not a file")
-    try:
-        ours = is_journal(path)
-    except OSError as e:
-        raise TunerError(f"--storage {url}: cannot read {path} ({e.strerror})") from None
-    if not ours:
-        raise TunerError(f"--storage {url}: {path} is not a journal of Optuna operations; give a new file")
-
-
-def check_storage_url(url: str) -> None:
-    """Before anything is written: a storage URL, and for a journal or SQLite a file that is
-    ours (or new) in a folder we can write."""
-    if not isinstance(url, str) or "://" not in url:
-        raise TunerError(f"--storage {url!r} is not a storage URL (journal:///FILE, sqlite:///FILE, "
-                         "postgresql://...)")
-    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
-    if local is not None:
-        path = local
-        if journal_path(url):
-            check_journal_file(path, url)
-        else:
-            check_sqlite_file(path, url)
-        from tuner.paths import writable_folder
-        ok, existing = writable_folder(path.parent)
-        if not ok:
-            raise TunerError(f"--storage {url}: cannot write to {existing}")
-
-
-def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
-    """The run's storage, after checking it is ours: one clear line for bad URLs, missing
-    drivers, unreachable servers and foreign databases. `existing`: a storage to read
-    (collect, worker): a SQLite file that is not there is refused, nothing is created."""
-    check_storage_url(url)
-    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
-    if local is not None:
-        if existing and not local.is_file():
-            raise TunerError(f"--storage {url}: {local} not found (no run stored there; nothing was created)")
-        from tuner.paths import make_folder
-        make_folder(local.parent)
-    try:
-        return open_storage(url)
-    except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
-        from tuner.paths import is_disk_full
-        if is_disk_full(e):
-            raise TunerError(f"no space left on the device for storage {url}: free some and run the same "
-                             "command again") from None
-        text = str(e).strip().splitlines()
-        raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
-
-
 def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     """Tune every (problem, M) (here, or in one worker process per GPU), then write the
     tables and the manifest from what the storage holds; returns the results."""
@@ -231,12 +132,17 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
     t0 = time.monotonic()
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
     check_baselines(opts)
-    # What a killed run's atomic writes left (a minute old: no writer of ours is that slow).
-    remove_stale_temporaries(opts.out_dir, older_than_s=60)
+    # What a killed run's atomic writes left (those no live writer holds: tuner/paths.py).
+    remove_stale_temporaries(opts.out_dir)
+    # A storage that is there already may hold another plan: refused before anything is written
+    # (a --record landscape, the storage itself).
+    storage = open_run_storage(opts) if storage_exists(opts) else None
+    if storage is not None:
+        check_plan(storage, opts)
     if len(opts.gpus) > 1 and not opts.replay:
         from tuner.search.identity import CPU_DEVICE, GPU
         opts.times = CPU_DEVICE if opts.device == "cpu" else GPU
-        storage = open_run_storage(opts)
+        storage = storage or open_run_storage(opts)
         save_plan(storage, opts)
         _say_notes(opts, progress)
         run_gpu_workers(opts, progress)
@@ -248,7 +154,7 @@ def run_tuning(opts: RunOptions) -> dict[str, list[StudyResult]]:
             if isinstance(measurer, ReplayMeasurer):
                 opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
                 progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
-            storage = open_run_storage(opts)
+            storage = storage or open_run_storage(opts)
             save_plan(storage, opts)
             _say_notes(opts, progress)
             tune_all(opts, storage, measurer, progress,
@@ -511,13 +417,10 @@ def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
     """Store what to tune beside the studies, so `tuner worker` and `tuner collect` need
     only the storage URL and the study prefix."""
     import optuna
+    check_plan(storage, opts)          # read first, write after: another plan is refused unwritten
     study = optuna.create_study(study_name=plan_study_name(opts.prefix, opts.kernel.name, opts.kernel.source),
                                 storage=storage, load_if_exists=True)
     identity = plan_identity(opts)
-    what = identity_differences((study.user_attrs.get("plan") or {}).get("identity") or {}, identity)
-    if what:
-        raise TunerError(f"the storage already holds a plan ({study.study_name}) for another {what}; its studies "
-                         "are not this run's: give another --out (or --storage, or --study-prefix)")
     study.set_user_attr("plan", {
         "identity": identity,
         "format": PLAN_FORMAT, "kernel": opts.kernel.name, "kernel_ref": opts.kernel.ref, "gpu": opts.gpu.key,
@@ -530,6 +433,29 @@ def save_plan(storage: BaseStorage, opts: RunOptions) -> None:
         "engines": opts.engines, "baseline": opts.baseline, "run_info": opts.run_info,
         **({"warm": opts.warm.as_dict()} if opts.warm else {}),
     })
+
+
+def storage_exists(opts: RunOptions) -> bool:
+    """Whether the run's storage holds anything yet: its file is there (a journal, SQLite), or
+    it is a database server's."""
+    url = opts.storage or default_storage(opts.out_dir)
+    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    return local is None or (local.is_file() and local.stat().st_size > 0)
+
+
+def check_plan(storage: BaseStorage, opts: RunOptions) -> None:
+    """Reading only: a plan of the same name in the storage must be this run's (the same
+    device, kernel, code and space), else one line and nothing written to the storage
+    (create_study(load_if_exists) would append a create operation before it loads)."""
+    import optuna
+    name = plan_study_name(opts.prefix, opts.kernel.name, opts.kernel.source)
+    if name not in optuna.get_all_study_names(storage):
+        return
+    stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get("plan") or {}
+    what = identity_differences(stored.get("identity") or {}, plan_identity(opts))
+    if what:
+        raise TunerError(f"the storage already holds a plan ({name}) for another {what}; its studies "
+                         "are not this run's: give another --out (or --storage, or --study-prefix)")
 
 
 def plan_identity(opts: RunOptions) -> dict:
@@ -672,7 +598,8 @@ def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], fi
     batches = Batches(max(opts.batch_sizes))
     for engine, rel in files.items():
         family = table_family(engine, opts.kernel.table_kind)
-        table, crash = load_table(family, (opts.out_dir / rel).read_bytes())
+        from tuner.reading import read_bytes
+        table, crash = load_table(family, read_bytes(opts.out_dir / rel, "table "))
         if findings is not None and table is not None:
             for f in named_table_findings(family, Path(rel).name, table, rel, batches):
                 findings.add(rel, f, table)
@@ -682,9 +609,17 @@ def _audit_emitted(opts: RunOptions, problem: Problem, files: dict[str, str], fi
 
 def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progress):
     covered, plan_ms = [], {}
+    serving = _traffic_shares(opts)
     for p in opts.problems:
         ms = [m for m in opts.batch_sizes if measurer.covers(p, m)]
         missing = [m for m in opts.batch_sizes if m not in ms]
+        lost = [m for m in missing if serving.get(m, 0.0) > 0]
+        if lost and ms:
+            # the profile's keys where the traffic is: tuning without them keys the table far away
+            share = sum(serving[m] for m in lost)
+            raise TunerError(f"landscape {opts.replay} lacks M={','.join(map(str, lost))} of {p.key}, the keys that "
+                             f"serve {share:.1%} of the traffic profile's passes: record them (--record), or give "
+                             f"--batch-sizes the landscape holds (M={','.join(map(str, ms))})")
         if not ms:
             progress.note(f"skip {p.key}: the landscape has no timings for it")
             continue
@@ -711,6 +646,14 @@ def _replay_coverage(opts: RunOptions, measurer: ReplayMeasurer, progress: Progr
         raise TunerError(f"landscape {opts.replay} holds no config of the search space "
                          f"({opts.space.source}) nor the default: recorded with another space or kernel?")
     return covered, plan_ms
+
+
+def _traffic_shares(opts: RunOptions) -> dict[int, float]:
+    """{key: its share of the traffic's passes} of the run's batch sizes ({} without --traffic)."""
+    if opts.traffic is None:
+        return {}
+    from tuner.plan.traffic import key_coverage
+    return {c.key: c.share for c in key_coverage(sorted(opts.batch_sizes), opts.traffic)}
 
 
 def check_baselines(opts: RunOptions) -> None:

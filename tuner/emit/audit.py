@@ -13,6 +13,7 @@ own kernel against the float64 reference (tuner/commands/check.py). Rendering: t
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,8 +116,8 @@ class Batches:
         if self.explicit is None:
             return far_ranges(snap_ranges(keys, 1, self.hi))
         far = [(M, k) for M in self.explicit for k in [nearest_key(keys, M)]
-               if k > FAR_KEY_FACTOR * M or M > FAR_KEY_FACTOR * k]
-        return [(k, a, b, max(k / a, b / k, a / k, k / b)) for k, a, b in _group(far)]
+               if k < 1 or k > FAR_KEY_FACTOR * M or M > FAR_KEY_FACTOR * k]
+        return [(k, a, b, max(k / a, b / k, a / k, k / b) if k >= 1 else math.inf) for k, a, b in _group(far)]
 
 
 def _group(pairs: list) -> list:
@@ -224,7 +225,8 @@ def key_findings(keys: list[int], where: str, batches: Batches) -> list[Finding]
                            "the part of a multi-GPU tuning run that overwrote the rest)", where))
     far = batches.far(keys)
     if far:
-        parts = [f"{m_range(a, b)} run the entry for {k} (up to {ratio:.0f}x away)" for k, a, b, ratio in far]
+        parts = [f"{m_range(a, b)} run the entry for {k} " + ("(a key that is no batch size)" if math.isinf(ratio)
+                                                            else f"(up to {ratio:.0f}x away)") for k, a, b, ratio in far]
         out.append(Finding("warning", "far_keys", "; ".join(parts), where, sorted({k for k, *_ in far})))
     return out
 
@@ -279,6 +281,21 @@ def named_table_findings(family: TableFamily, name: str, table: dict, where: str
     block = [int(g["bn"]), int(g["bk"])] if g.get("bn") else None
     K = int(g["K"]) if g.get("K") else (int(g["N"]) if g.get("down") else None)
     return row_findings(family, table, where, block, K, g.get("device")) + key_findings(list(table), where, batches)
+
+
+def read_table(files: TableFiles, rel: str, family: TableFamily) -> tuple[bytes, dict | None, str | None]:
+    """(its bytes, the table as the loader returns it or None, why the loader fails on it).
+    Read within the bounds of tuner/reading.py: a FIFO, a device, a file or wheel member
+    larger than any table is a finding (the loader would wait on it, read without end or
+    take the memory), never a read that hangs or fills the memory here."""
+    try:
+        raw = files.read(rel)
+    except TunerError as e:
+        return b"", None, f"{e}: the loader's open() and json.load would wait, run out of memory or raise"
+    except (OSError, KeyError) as e:
+        return b"", None, f"cannot be read ({e}): the loader raises"
+    table, crash = load_table(family, raw)
+    return raw, table, crash
 
 
 # -- a deployment ---------------------------------------------------------------------------------
@@ -506,8 +523,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
     if resolved.how == "the up table":
         ka.findings.append(Finding("info", "down_reuses_up", "no _down table: SGLang runs the down GEMM with the up "
                                                              "table's configs (its USE_TMA included)", where))
-    raw = resolved.files.read(resolved.rel)
-    table, crash = load_table(family, raw)
+    raw, table, crash = read_table(resolved.files, resolved.rel or "", family)
     if table is None:
         ka.findings.append(Finding("error", "crashes_loader", crash or "unreadable", where))
         return ka
@@ -727,8 +743,7 @@ def _audit_folder(report: AuditReport, stats: dict, fam: TableFamily, files: Tab
     tables: dict[str, dict] = {}
     for rel, (name, g) in loadable.items():
         where = files.display(rel)
-        raw = files.read(rel)
-        table, crash = load_table(fam, raw)
+        raw, table, crash = read_table(files, rel, fam)
         if table is None:
             report.findings.append(Finding("error", "crashes_loader", crash or "unreadable", where))
             continue

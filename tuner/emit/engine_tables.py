@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +33,9 @@ class TableFiles:
         raise NotImplementedError
 
     def read(self, rel: str) -> bytes:
+        """The file's bytes, read within the bounds of tuner/reading.py: one `TunerError`
+        line for a file over them or one that is no regular file (a FIFO, a device, a
+        zip member that inflates past them); KeyError or OSError when it is not there."""
         raise NotImplementedError
 
     def display(self, rel: str) -> str:
@@ -61,7 +63,8 @@ class FolderFiles(TableFiles):
         return sorted(x.name for x in p.iterdir()) if p.is_dir() else None
 
     def read(self, rel: str) -> bytes:
-        return self._p(rel).read_bytes()
+        from tuner.reading import read_bytes
+        return read_bytes(self._p(rel))
 
     def display(self, rel: str) -> str:
         return str(self._p(rel))
@@ -70,7 +73,8 @@ class FolderFiles(TableFiles):
         base = self._p(rel)
         if not base.is_dir():
             return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file())
+        # everything but folders: a FIFO or a device named like a table is a finding, not skipped
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if not p.is_dir())
 
 
 class WheelFiles(TableFiles):
@@ -78,10 +82,8 @@ class WheelFiles(TableFiles):
 
     def __init__(self, wheel: Path):
         self.wheel = Path(wheel)
-        try:
-            self._zip = zipfile.ZipFile(self.wheel)
-        except (OSError, zipfile.BadZipFile) as e:
-            raise TunerError(f"cannot read the wheel {wheel}: {e}") from None
+        from tuner.reading import open_zip
+        self._zip = open_zip(self.wheel)
         self._names = set(self._zip.namelist())
         self._dirs: set[str] = set()
         for n in self._names:
@@ -100,7 +102,8 @@ class WheelFiles(TableFiles):
                        if n.startswith(prefix) and len(n) > len(prefix)})
 
     def read(self, rel: str) -> bytes:
-        return self._zip.read(rel)
+        from tuner.reading import zip_member
+        return zip_member(self._zip, rel, str(self.wheel))
 
     def display(self, rel: str) -> str:
         return f"{self.wheel.name}:{rel}"
@@ -263,7 +266,7 @@ def loader_changes(inst: Installation) -> tuple[str, list[str]]:
         if rel not in texts:
             try:
                 texts[rel] = inst.files.read(rel).decode()
-            except (KeyError, OSError, UnicodeDecodeError):
+            except (KeyError, OSError, UnicodeDecodeError, TunerError):
                 texts[rel] = None
         text = texts[rel]
         if text is None:
@@ -313,7 +316,7 @@ def log_lines(inst: Installation, family: TableFamily, values: dict) -> dict[str
     if key not in _LOG_CALLS:
         try:
             src = _function_source(inst.files.read(rel).decode(), name)
-        except (KeyError, OSError, UnicodeDecodeError):
+        except (KeyError, OSError, UnicodeDecodeError, TunerError):
             src = None
         _LOG_CALLS[key] = _log_calls(src) if src is not None else None
     calls = _LOG_CALLS[key]

@@ -13,37 +13,41 @@ cleared first. Replaced files are backed up outside the engine's folders, and `t
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
-import time
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tuner.emit import merge_rule
+from tuner.emit import backups, merge_rule
+from tuner.emit.backups import (  # noqa: F401 (RECORD, read_record: the names users of this module know)
+    RECORD,
+    check_writable_folders,
+    clear_leftovers,
+    locked,
+    new_backup_folder,
+    read_record,
+    sha256_of,
+)
 from tuner.emit.engine_tables import installed_version
 from tuner.emit.results import read_manifest
-from tuner.errors import TunerError
+from tuner.errors import TunerError, os_error_words
 from tuner.measure.environment import now_iso
-from tuner.paths import (
+from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
     atomic_write_json,
     atomic_write_text,
+    inside,
     make_folder,
-    open_for_append,
     read_json,
-    remove_stale_temporaries,
     writable_folder,
 )
 from tuner.plan.engines import ENGINES
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
 ENV_VARS = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
-LOCK_WAIT_S = float(os.environ.get("TUNER_INSTALL_LOCK_WAIT", "60"))
-RECORD = "record.json"
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_=,\[\] .+-]+\.json$")
 
 
@@ -61,7 +65,8 @@ class Copy:
     not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
 
     def content(self) -> str:
-        return self.text if self.text is not None else self.source.read_text()
+        from tuner.reading import read_text
+        return self.text if self.text is not None else read_text(self.source, "table ")
 
 
 def _base(version: str | None) -> str | None:
@@ -85,15 +90,6 @@ def config_roots(site: Path, engine: str, moe_config_dir: Path | None) -> dict[s
         # SGLang's variable replaces <package>/.../triton_utils, whose tables sit in configs/.
         roots["fused_moe"] = moe_config_dir / "configs" if eng.moe_folder_per_triton else moe_config_dir
     return roots
-
-
-def inside(path: Path, root: Path) -> bool:
-    """Whether `path`, resolved (symbolic links and `..` followed), lies under `root`."""
-    try:
-        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
-        return True
-    except ValueError:
-        return False
 
 
 def _relative_table_path(rel, where: str) -> tuple[str, str, str]:
@@ -278,9 +274,13 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
     old, crash = load_table(family, read_bytes(old_path, "installed table "))
     if old is None:
         return [f"{rel} replaces {old_path}, which {engine}'s loader cannot read ({crash})"]
-    new_raw = json.loads(copy.source.read_text())
+    new_raw = read_json(copy.source, "table ")
     new = {int(k): v for k, v in new_raw.items() if k not in family.dropped_keys}
-    lost = sorted(set(old) - set(new))
+    # Keys below 1 are no batch size (every table we install is refused with one): a merge
+    # drops them rather than keep them, and says so. Their entries ran only where no batch
+    # size key was nearer, which the merged table's keys now are.
+    not_sizes = sorted(m for m in old if m < 1)
+    lost = sorted(set(old) - set(new) - set(not_sizes))
     installed = merge_rule.installed_times(copy.dest, engine, BACKUP_ROOT) if merge else None
     kept = merge_rule.keep_installed(old, new, installed[0], copy.times or {}, installed[1] == copy.timed_on,
                                      min_gain) if installed else {}
@@ -288,10 +288,13 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
         merged = {**new, **{m: old[m] for m in [*lost, *kept]}}
         copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
         copy.merged = {"new": sorted(set(new) - set(kept)), "kept": sorted([*lost, *kept]), "from": str(old_path),
-                       "kept_installed": {str(m): why for m, why in kept.items()}}
+                       "kept_installed": {str(m): why for m, why in kept.items()},
+                       **({"dropped": not_sizes} if not_sizes else {})}
         copy.times = {**(copy.times or {}), **{m: (installed or ({}, {}))[0][m] for m in kept}}   # the rows it holds
         return [f"merged {rel}: {why}" for why in kept.values()] + (
-            [f"merged {rel}: the entries of {old_path} for M={','.join(map(str, lost))} are kept"] if lost else [])
+            [f"merged {rel}: the entries of {old_path} for M={','.join(map(str, lost))} are kept"] if lost else []) + (
+            [f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are dropped: no batch "
+             "size (recorded in the backup record)"] if not_sizes else [])
     if not lost:
         return []
     what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
@@ -300,74 +303,52 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
         merged = {**{m: old[m] for m in lost}, **new}
         copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
         copy.merged = {"new": sorted(new), "kept": lost, "from": str(old_path)}
-        return [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
-                "(recorded in the backup record)"]
+        notes = [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
+                 "(recorded in the backup record)"]
+        if not_sizes:
+            copy.merged["dropped"] = not_sizes
+            notes.append(f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are "
+                         "dropped: no batch size (recorded in the backup record)")
+        return notes
     if force:
         return [f"forced {what}: those batch sizes now run the entry tuned for the nearest M"]
     raise TunerError(f"refusing {what}: those batch sizes would run an entry tuned for another M (--merge keeps the "
                      "old entries for them, --force replaces it anyway)")
 
 
-def _check_writable(paths: list[Path]) -> None:
-    for d in sorted({p.parent for p in paths}):
-        ok, existing = writable_folder(d)
-        if not ok:
-            raise TunerError(f"cannot write to {existing}: permission denied or not a folder (nothing was installed)")
+def check_destinations(copies: Sequence[Copy]) -> None:
+    """Every file an install would replace is a regular file (or a link to one inside its
+    folder): a folder, a FIFO or a device there is refused before anything is written, never
+    backed up (a FIFO would be waited on) or half replaced."""
+    for c in copies:
+        if not os.path.lexists(c.dest):
+            continue
+        try:
+            st = os.stat(c.dest)
+        except OSError as e:
+            raise TunerError(f"cannot install {c.dest}: {os_error_words(e)} (nothing was installed)") from None
+        if not stat.S_ISREG(st.st_mode):
+            what = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "not a regular file"
+            raise TunerError(f"{c.dest} is {what}, not a table: refusing to replace it (nothing was installed)")
 
 
-@contextlib.contextmanager
-def locked(folders: list[Path], backup_root: Path, wait_s: float | None = None):
-    """One install or restore at a time per target folder: the second waits up to wait_s,
-    then refuses with one line. Lock files live beside the backups, not in the engine."""
-    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
-    lock_dir = backup_root / "locks"
-    ok, existing = writable_folder(lock_dir)
-    if not ok:
-        raise TunerError(f"cannot write to {existing} (backups and locks go there; set TUNER_BACKUP_DIR)")
-    make_folder(lock_dir, backup_root)
-    handles = []
-    try:
-        for folder in sorted({os.path.realpath(f) for f in folders}):
-            name = hashlib.sha256(folder.encode()).hexdigest()[:16]
-            f = open_for_append(lock_dir / f"{name}.lock", lock_dir)
-            handles.append(f)
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise TunerError(f"another tuner install is writing to {folder}; waited {wait_s:.0f}s "
-                                         "(TUNER_INSTALL_LOCK_WAIT): try again when it is done") from None
-                    time.sleep(0.2)
-        yield
-    finally:
-        for f in handles:
-            f.close()          # closing releases the lock
-
-
-def clear_leftovers(folders: list[Path], engine: str, backup_root: Path) -> list[str]:
-    """Under the lock: temporary files a killed install left in the target folders, and
-    backup folders whose record never got written (a kill before it), older than a minute."""
-    cleared = [str(p) for f in folders for p in remove_stale_temporaries(f)]
-    for folder in backup_root.glob(f"{engine}-*"):
-        if folder.is_dir() and not (folder / RECORD).exists() and time.time() - folder.stat().st_mtime > 60:
-            shutil.rmtree(folder, ignore_errors=True)
-            cleared.append(str(folder))
-    return cleared
-
-
-def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_root: Path | None = None) -> Path:
+def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_root: Path | None = None,
+            lock: bool = True) -> Path:
     """Back up what would be replaced, then write every table atomically. Returns the backup
-    folder (its record.json lists what restore must undo and the folders it may touch)."""
+    folder (its record.json lists what restore must undo and the folders it may touch).
+    `lock=False`: the caller holds the install lock of every target folder already (a
+    --merge planned under it)."""
     backup_root = backup_root or BACKUP_ROOT
     everything = list(extra) + list(copies)
     roots = sorted({c.root for c in everything}, key=str)
-    with locked(roots, backup_root):
+    with locked(roots, backup_root) if lock else contextlib.nullcontext():
         clear_leftovers(roots, engine, backup_root)
-        _check_writable([c.dest for c in everything] + [backup_root / "x" / "x"])
-        backup = backup_root / f"{engine}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        check_destinations(everything)
+        check_writable_folders([c.dest for c in everything] + [backup_root / "x" / "x"])
+        texts = [c.content() for c in everything]
+        final = {str(c.dest): sha256_of(t.encode()) for c, t in zip(everything, texts)}   # the last write wins
+        backup, seq = new_backup_folder(engine, backup_root)
         entries = []
         for i, c in enumerate(everything):
             saved = None
@@ -375,7 +356,8 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 saved = backup / "files" / f"{i:04d}-{c.dest.name}"
                 make_folder(saved.parent, backup_root)
                 shutil.copy2(c.dest, saved)
-            entry: dict = {"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root)}
+            entry: dict = {"dest": str(c.dest), "backup": str(saved) if saved else None, "root": str(c.root),
+                           "sha256": final[str(c.dest)]}
             if c.merged:
                 entry["merged"] = c.merged
             if c.times is not None:          # what a later --merge compares against (merge_rule.py)
@@ -385,92 +367,20 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 entry["timed_on"] = c.timed_on
             entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
-        atomic_write_json(backup / RECORD, {"engine": engine, "installed": now_iso(),
+        atomic_write_json(backup / RECORD, {"engine": engine, "sequence": seq, "installed": now_iso(),
                                             "roots": [str(r) for r in roots], "files": entries}, root=backup_root)
-        for c in everything:
-            atomic_write_text(c.dest, c.content(), root=c.root)
+        for c, text in zip(everything, texts):
+            atomic_write_text(c.dest, text, root=c.root)
     return backup
 
 
 def latest_backup(engine: str, backup_root: Path | None = None) -> Path:
-    backup_root = backup_root or BACKUP_ROOT
-    records = sorted(backup_root.glob(f"{engine}-*/{RECORD}"))
-    if not records:
-        raise TunerError(f"no {engine} install to restore (no backups in {backup_root})")
-    return records[-1].parent
-
-
-def read_record(backup: Path, engine: str) -> dict:
-    """A backup's record, checked: one clear line naming it when it cannot be trusted."""
-    path = backup / RECORD
-    hint = f"move {backup} aside to restore the installs before it"
-    from tuner.reading import read_bytes
-    try:
-        record = json.loads(read_bytes(path, "backup record "))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise TunerError(f"backup record {path} is corrupt; {hint}") from None
-    files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or record.get("engine") != engine or not isinstance(files, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("dest"), str)
-            and (e.get("backup") is None or isinstance(e.get("backup"), str)) for e in files):
-        raise TunerError(f"backup record {path} is not a {engine} install record; {hint}")
-    return record
-
-
-def _allowed_root(entry: dict, record: dict, engine: str) -> Path | None:
-    """The folder a recorded file may be restored or removed in: the one the install
-    recorded (and itself an engine config folder), or for records written before roots
-    were recorded, an engine config folder the path lies in."""
-    eng = ENGINES[engine]
-    known = (eng.gemm_folder, eng.moe_folder, "configs")
-    candidates = [entry["root"]] if entry.get("root") else []
-    candidates += [r for r in record.get("roots", []) if isinstance(r, str)]
-    for root in candidates:
-        if inside(Path(entry["dest"]), Path(root)):
-            return Path(root)
-    if not candidates:
-        dest = os.path.realpath(entry["dest"])
-        for folder in known:
-            i = dest.find("/" + folder + "/")
-            if i >= 0:
-                return Path(dest[: i + len(folder) + 1])
-    return None
+    return backups.latest_backup(engine, backup_root or BACKUP_ROOT)
 
 
 def restore(engine: str, backup_root: Path | None = None) -> list[str]:
-    """Undo the last install for an engine: put replaced files back, remove added ones."""
-    backup_root = backup_root or BACKUP_ROOT
-    backup = latest_backup(engine, backup_root)
-    record = read_record(backup, engine)
-    plan = []
-    for e in record["files"]:
-        root = _allowed_root(e, record, engine)
-        if root is None or not Path(e["dest"]).name.endswith(".json"):
-            raise TunerError(f"backup record {backup / RECORD} names {e['dest']}, outside the folders that install "
-                             "wrote to; refusing to touch it")
-        if e["backup"] and not inside(Path(e["backup"]), backup):
-            raise TunerError(f"backup record {backup / RECORD} points at {e['backup']}, outside its backup folder")
-        if e["backup"] and not Path(e["backup"]).is_file():
-            raise TunerError(f"the backup {e['backup']} of {e['dest']} is missing; nothing was restored")
-        plan.append((Path(e["dest"]), Path(e["backup"]) if e["backup"] else None, root))
-    roots = sorted({r for _, _, r in plan}, key=str)
-    done = []
-    with locked(roots, backup_root):
-        _check_writable([d for d, _, _ in plan])
-        for dest, saved, root in reversed(plan):
-            if saved is not None:
-                try:
-                    text = saved.read_text()                  # our own backup: read as written
-                except OSError as e:
-                    raise TunerError(f"cannot read the backup {saved}: {e.strerror}; nothing more was restored") from None
-                atomic_write_text(dest, text, root=root)
-                shutil.copymode(saved, dest)          # the replaced file's mode, as it was
-                done.append(f"restored {dest}")
-            elif dest.exists():
-                dest.unlink()
-                done.append(f"removed {dest}")
-        shutil.rmtree(backup)
-    return done
+    """Undo the last install for an engine (tuner/emit/backups.py)."""
+    return backups.restore(engine, backup_root or BACKUP_ROOT)
 
 
 def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:

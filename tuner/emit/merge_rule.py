@@ -11,7 +11,6 @@ was kept, and why, goes in the new backup record and is said.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +36,17 @@ def timed_on(table_entry: dict) -> dict:
 
 
 def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[int, float], dict] | None:
-    """The times and identity the newest install of `dest` recorded (None: none recorded)."""
-    for record in sorted(backup_root.glob(f"{engine}-*/{RECORD}"), reverse=True):
+    """The times and identity the newest install of `dest` recorded (None: none recorded), the
+    installs taken newest first by their sequence (tuner/emit/backups.py), never by name."""
+    from tuner.emit.backups import order_key
+    from tuner.errors import TunerError
+    from tuner.reading import read_json_file
+    records = [(k, r) for r in backup_root.glob(f"{engine}-*/{RECORD}")
+               if (k := order_key(r.parent, engine)) is not None and not r.parent.is_symlink()]
+    for _, record in sorted(records, reverse=True):
         try:
-            data = json.loads(record.read_text())
-        except (OSError, ValueError):
+            data = read_json_file(record, "backup record ")
+        except TunerError:
             continue
         for entry in data.get("files", []) if isinstance(data, dict) else []:
             if isinstance(entry, dict) and entry.get("dest") == str(dest) and isinstance(entry.get("times"), dict):

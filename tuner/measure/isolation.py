@@ -16,11 +16,13 @@ behind. The child and its workers also die when their parent does, kill -9 inclu
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import math
 import multiprocessing.util  # noqa: F401 - imported before our atexit hook, so that ours runs first
 import os
 import signal
+import sys
 import threading
 import traceback
 import weakref
@@ -34,20 +36,43 @@ from tuner.measure.process_tree import become_group_leader, die_with_parent, kil
 from tuner.plan.kernel_api import Config, KernelSpec
 from tuner.plan.problems import Problem
 
+# A child we kill (a hang, a crash, a run stopped) leaves the semaphores of its compile
+# workers' queues to Python's resource tracker, which unlinks them at the end of the run and
+# warns that it does ("leaked semaphore objects"): nothing is leaked, so that warning is not
+# printed. The tracker takes its warning filters from this process's -W options when it
+# starts (the first child starts it), so the filter goes there before any child does.
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning:multiprocessing.resource_tracker"
+if QUIET_TRACKER not in sys.warnoptions:
+    sys.warnoptions.append(QUIET_TRACKER)
+
 DEFAULT_TIMEOUT_S = 120.0          # one config, compile included: a fifth of a 10-minute device command
 COMPILE_SHARE = 0.5                # a compile worker's build is waited for at most this share of it
 
 
 def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int | None = None) -> None:
-    """The child: build the measurer, then serve requests until told to stop."""
+    """The child: build the measurer, then serve requests until told to stop. A parent gone
+    (killed, interrupted: the pipe breaks) ends it quietly, never with a traceback."""
     become_group_leader()
+    # Interrupted from outside (SIGINT, as SIGTERM already does): a quiet death the parent
+    # reads as its run being stopped, not a config's crash. (This process started with SIGINT
+    # ignored, while it was still in its parent's process group: see IsolatedMeasurer._start.)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     if pdeathsig:
         die_with_parent()
     watch_parent(kill_group=True, parent=parent)
     try:
+        _serve(conn, factory, kwargs)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass                               # the parent is gone: nothing to tell anyone
+
+
+def _serve(conn, factory: str, kwargs: dict) -> None:
+    try:
         module, attr = factory.split(":")
         inner = getattr(importlib.import_module(module), attr)(**kwargs)
         conn.send(("ready", inner.environment()))
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        raise
     except TunerError as e:
         conn.send(("fatal", str(e)))
         return
@@ -62,6 +87,17 @@ def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int |
         if counters:
             out["counters"] = counters()
         return out or None
+
+    try:
+        _requests(conn, inner, stats)
+    finally:
+        try:
+            inner.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _requests(conn, inner, stats) -> None:
     while True:
         try:
             method, args = conn.recv()
@@ -88,12 +124,49 @@ def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int |
                 conn.send(("ok", (result, lost, stats())))
                 if lost:
                     return
+        except (BrokenPipeError, ConnectionResetError):
+            raise
         except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+
+
+def _stopped_from_outside(exitcode) -> None:
+    """A child ended by SIGINT or SIGTERM was stopped by someone (a Ctrl-C, a scheduler), not
+    by a config (those crash, abort or hang, and we kill with SIGKILL): the run stops as
+    interrupted, the config at hand left unmeasured (a rerun measures it), never recorded as
+    a crash."""
+    from tuner.errors import Terminated
+    if exitcode == -signal.SIGINT:
+        raise KeyboardInterrupt("the measuring worker was interrupted (SIGINT)")
+    if exitcode == -signal.SIGTERM:
+        raise Terminated("the measuring worker was terminated (SIGTERM)")
+
+
+@contextlib.contextmanager
+def _quiet_start():
+    """Around starting a child (fork, exec, handing it what it runs: milliseconds). The child
+    starts in our process group and leaves it only when it runs our code: a Ctrl-C meanwhile,
+    while Python starts in it (seconds), would print its KeyboardInterrupt traceback. So it
+    starts with SIGINT ignored, the one disposition exec keeps (the spawn resets a signal
+    mask), and takes SIGINT again when it is on its own; a Ctrl-C landing here in those
+    milliseconds is lost. A SIGTERM here waits until the child has all it needs (a start cut
+    short leaves it a half-read pipe and a traceback), then stops us as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    deferred: list[int] = []
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sigterm = signal.signal(signal.SIGTERM, lambda signum, frame: deferred.append(signum))
     try:
-        inner.close()
-    except Exception:  # noqa: BLE001
-        pass
+        yield
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        signal.signal(signal.SIGTERM, sigterm)
+        if deferred:
+            if callable(sigterm):
+                sigterm(signal.SIGTERM, None)
+            elif sigterm != signal.SIG_IGN:
+                os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _death_reason(exitcode) -> str:
@@ -158,9 +231,10 @@ class IsolatedMeasurer:
         pdeathsig = threading.current_thread() is threading.main_thread()
         self.proc = ctx.Process(target=_child_main, args=(child_end, self.factory, self.kwargs, pdeathsig, os.getpid()),
                                 daemon=False)
-        self.proc.start()
+        with _quiet_start():
+            self.proc.start()
+            _LIVE.add(self)
         child_end.close()
-        _LIVE.add(self)
         self.process_groups.append(self.proc.pid)
         self.starts += 1
         self.served = 0
@@ -173,6 +247,7 @@ class IsolatedMeasurer:
             self.proc.join(5)
             reason = _death_reason(self.proc.exitcode)
             self._kill()
+            _stopped_from_outside(self.proc.exitcode)
             raise TunerError(f"the measuring worker failed to start ({reason})") from None
         if status == "fatal":
             self._kill()
@@ -210,6 +285,7 @@ class IsolatedMeasurer:
             return self.conn.recv()
         except (EOFError, OSError):
             self.proc.join(5)
+            _stopped_from_outside(self.proc.exitcode)
             return "lost", _death_reason(self.proc.exitcode)
 
     def _send(self, message) -> bool:
@@ -243,6 +319,8 @@ class IsolatedMeasurer:
             # no more than the child's quota: it is replaced after exactly recycle_after configs
             batch = todo[: max(1, self.recycle_after - self.served)]
             if not self._send(("measure", (problem, M, batch))):
+                self.proc.join(5)
+                _stopped_from_outside(self.proc.exitcode)
                 self._restart(_death_reason(self.proc.exitcode))
                 continue
             pending = len(batch)
@@ -278,6 +356,8 @@ class IsolatedMeasurer:
         """(True, result) of the child measurer's `method`, or (False, why) when it raised,
         crashed or hung; a child that crashed, hung or lost its CUDA context is replaced."""
         if not self._send((method, args)):
+            self.proc.join(5)
+            _stopped_from_outside(self.proc.exitcode)
             self._restart(_death_reason(self.proc.exitcode))
             if not self._send((method, args)):
                 return False, "measuring worker was gone"

@@ -204,8 +204,8 @@ class LandscapeWriter:
                     f.write(json.dumps(header) + "\n")
             self._f = open_for_append(self.partial)
         else:
-            import tempfile
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name[:200]}.", suffix=".tmp")
+            from tuner.paths import new_temporary
+            fd, tmp = new_temporary(self.path)      # locked while this writer lives (tuner/paths.py)
             self.partial = Path(tmp)
             self._f = os.fdopen(fd, "w")
             self._f.write(json.dumps(header) + "\n")
@@ -283,23 +283,28 @@ class LandscapeWriter:
 
     def close(self) -> None:
         from tuner.paths import atomic_write_file
-        self._f.close()
-        if self.path.name.endswith(".gz"):
-            def fill(tmp: Path) -> None:
-                with open(self.partial, "rb") as src, gzip.open(tmp, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-            try:
-                atomic_write_file(self.path, fill)
-            except BaseException:
-                if not self.resume:
-                    os.unlink(self.partial)
-                raise
-            os.unlink(self.partial)
-        else:
-            if not self.resume:                       # mkstemp's file is private: as open() would
-                from tuner.paths import new_file_mode
-                os.chmod(self.partial, new_file_mode())
-            os.replace(self.partial, self.path)
+        # The file stays open (a temporary's lock with it) until it is in place: a rerun
+        # beside us never takes it for a killed writer's.
+        self._f.flush()
+        try:
+            if self.path.name.endswith(".gz"):
+                def fill(tmp: Path) -> None:
+                    with open(self.partial, "rb") as src, gzip.open(tmp, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                try:
+                    atomic_write_file(self.path, fill)
+                except BaseException:
+                    if not self.resume:
+                        os.unlink(self.partial)
+                    raise
+                os.unlink(self.partial)
+            else:
+                if not self.resume:                       # mkstemp's file is private: as open() would
+                    from tuner.paths import new_file_mode
+                    os.chmod(self.partial, new_file_mode())
+                os.replace(self.partial, self.path)
+        finally:
+            self._f.close()
 
 
 def describe(land: Landscape) -> list[str]:

@@ -6,6 +6,7 @@ see ../shared/ENGINES.md), so that the rest of the tool never branches on an eng
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -512,6 +513,9 @@ def far_ranges(ranges: list[tuple[int, int, int]], factor: int = FAR_KEY_FACTOR)
     [(key, first M, last M, worst ratio)]."""
     out = []
     for key, first, last in ranges:
+        if key < 1:             # no batch size (a loader takes "0" or "-8" all the same): every M is far
+            out.append((key, first, last, math.inf))
+            continue
         below = (first, min(last, -(-key // factor) - 1))          # key > factor * M
         if below[0] <= below[1]:
             out.append((key, below[0], below[1], key / below[0]))
@@ -645,13 +649,26 @@ def resolve_table(family: TableFamily, name: str, package, override, triton_vers
     return res
 
 
+# The nesting at which an engine's json.load raises RecursionError: Python's default recursion
+# limit (1000) less the frames of the engine's loader (a few dozen).
+ENGINE_JSON_DEPTH = 950
+
+
 def load_table(family: TableFamily, raw: bytes) -> tuple[dict[int, object] | None, str | None]:
     """({M: entry} as the loader returns it, None) or (None, why the loader raises on it)."""
     import json
+
+    from tuner.reading import nests_deeper
+    # what the engine's json.load does under Python's default recursion limit (1000), whatever
+    # this process's limit is
+    if nests_deeper(raw, ENGINE_JSON_DEPTH):
+        return None, "nested too deeply for Python's JSON reader: json.load raises RecursionError"
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as e:
         return None, f"not valid JSON ({str(e).splitlines()[0]}): json.load raises"
+    except RecursionError:
+        return None, "nested too deeply for Python's JSON reader: json.load raises RecursionError"
     try:
         return parse_table_keys(obj, family), None
     except ValueError:

@@ -245,3 +245,11 @@ def config_tuple(spec: KernelSpec, config: Config) -> tuple:
 
 def config_dict(spec: KernelSpec, values) -> Config:
     return {k: int(v) for k, v in zip(spec.config_keys, values)}
+
+
+def read_table_file(path) -> dict | list:
+    """A kernel's own table file (JSON), read within the bounds of tuner/reading.py (a FIFO,
+    a device or a huge file is one clear line, never a read without end): the one reader
+    kernels/ uses, so that it imports nothing of tuner/ but this contract."""
+    from tuner.reading import read_json_file
+    return read_json_file(path, "table ")

@@ -153,10 +153,8 @@ def _open_wheel(path: Path, engine: str) -> EngineCode:
     version = _wheel_version(path, engine)
     if version is None:
         raise TunerError(f"{path} is not a {engine} wheel (expected {engine}-<version>-....whl)")
-    try:
-        zf = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise TunerError(f"cannot read the wheel {path}: {e}") from None
+    from tuner.reading import open_zip
+    zf = open_zip(path)
     return EngineCode(engine, version, str(path.resolve()), "wheel", _zip=zf)
 
 
@@ -165,11 +163,9 @@ def _from_folder(path: Path, engine: str) -> EngineCode | None:
     or such folders. None when it holds nothing of this engine."""
     manifest = path / EXTRACT_MANIFEST
     if manifest.is_file():
-        try:
-            info = json.loads(manifest.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TunerError(f"{manifest} is not readable JSON: {e}") from None
-        if info.get("engine") != engine:
+        from tuner.reading import read_json_file
+        info = read_json_file(manifest)
+        if not isinstance(info, dict) or info.get("engine") != engine:
             return None
         return EngineCode(engine, str(info.get("version", "")), str(path.resolve()), "folder", _root=path)
     wheels = sorted(path.glob(f"{engine}-*.whl"), key=lambda w: version_key(_wheel_version(w, engine) or ""))
@@ -322,9 +318,19 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
     stem = re.sub(r"\W", "_", f"{code.engine}_{code.version}_{Path(relpath).stem}_{digest}")
     path = cache_dir() / f"{stem}.py"
     header = f"# Cut from {code.engine} {code.version} {relpath} ({code.where}) by tuner at run time.\n"
-    if not path.is_file() or path.read_text() != header + source:
+    if not _holds(path, header + source):
         atomic_write_text(path, header + source)
     return _load_module(path, f"tuner_engine_kernels.{stem}")
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether the cached file at `path` is exactly `text` (read within bounds: anything else
+    there, a FIFO or a huge file included, is simply written over)."""
+    from tuner.reading import read_bytes
+    try:
+        return read_bytes(path, limit=len(text.encode()) + 1) == text.encode()
+    except TunerError:
+        return False
 
 
 # -- whose code is imported: the engine files checked against its known releases ---------

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from tuner.errors import TunerError
 from tuner.paths import SPACES_DIR
 from tuner.plan.gpus import GpuSpec
@@ -211,12 +209,8 @@ def space_file(kernel: KernelSpec) -> Path:
 
 def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpace:
     path = Path(path) if path else space_file(kernel)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise TunerError(f"cannot read search space {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise TunerError(f"search space {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    from tuner.reading import read_yaml_file
+    data = read_yaml_file(path, "search space ")
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
         raise TunerError(f"search space {path} needs a 'params' mapping")
     if data.get("kernel", kernel.name) != kernel.name:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,24 +80,29 @@ class TrafficProfile:
     form: str                     # what the file was: "vLLM 0.33.0 /metrics", "CSV M,weight", ...
     buckets: list[Bucket]
     notes: list[str] = field(default_factory=list)
-    _served: dict | None = field(default=None, repr=False, compare=False)
+    _arrays: tuple | None = field(default=None, repr=False, compare=False)
 
     def served(self) -> dict[int, float]:
         """Share of the forward passes per M (the kernel's M), summing to 1."""
-        if self._served is None:
-            out: dict[int, float] = {}
-            for b in self.buckets:
-                for r in b.runs:
-                    n = r.last - r.first + 1
-                    for m in range(r.first, r.last + 1):
-                        out[m] = out.get(m, 0.0) + r.weight / n
-            total = sum(out.values())
-            self._served = {m: w / total for m, w in sorted(out.items()) if w > 0}
-        return self._served
+        ms, ws = self.arrays()
+        return dict(zip(ms.tolist(), ws.tolist()))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        served = self.served()
-        return np.fromiter(served, dtype=np.int64), np.fromiter(served.values(), dtype=np.float64)
+        """(served M ascending, their shares): each run's weight spread evenly over its M.
+        Every run lies in 1..MAX_M (the readers bound it so), so this takes at most a few
+        MiB whatever the profile's labels said."""
+        if self._arrays is None:
+            runs = [r for b in self.buckets for r in b.runs]
+            lo, hi = min(r.first for r in runs), max(r.last for r in runs)
+            if lo < 1 or hi > MAX_M:
+                raise TunerError(f"traffic profile {self.source}: M {lo} to {hi} is outside 1 to {MAX_M}")
+            dense = np.zeros(hi - lo + 1)
+            for r in runs:
+                dense[r.first - lo:r.last - lo + 1] += r.weight / (r.last - r.first + 1)
+            at = np.nonzero(dense > 0)[0]
+            ws = dense[at]
+            self._arrays = (at.astype(np.int64) + lo, ws / ws.sum())
+        return self._arrays
 
     def short(self) -> str:
         return f"{Path(self.source).name} (sha256 {self.sha256[:12]})"
@@ -131,9 +136,8 @@ class TrafficProfile:
 
     def describe(self) -> list[str]:
         """What the profile holds, in a few lines (plans and reports)."""
-        served = self.served()
-        ms = list(served)
-        mean = sum(m * w for m, w in served.items())
+        ms, ws = self.arrays()
+        mean = float((ms * ws).sum())
         lines = [f"traffic {self.short()}: {self.form}; {len(self.buckets)} buckets, M {ms[0]} to {ms[-1]}, "
                  f"mean {mean:.0f} tokens per forward pass"]
         return lines + [f"  {n}" for n in self.notes]
@@ -145,18 +149,12 @@ def load_profile(path: str | Path, tp: int | None = None) -> TrafficProfile:
     `tp`: the server's tensor-parallel size where the engine's CUDA-graph sizes depend on it.
     Bad or empty files: one line (TunerError)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise TunerError(f"traffic profile {path} not found")
-    size = path.stat().st_size
-    if size == 0:
+    from tuner.reading import read_bytes
+    data = read_bytes(path, "traffic profile ", MAX_BYTES)
+    if not data:
         raise TunerError(f"traffic profile {path} is empty")
-    if size > MAX_BYTES:
-        raise TunerError(f"traffic profile {path} is {size >> 20} MiB; at most {MAX_BYTES >> 20} MiB is read "
-                         "(keep the scrapes of the window you want)")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise TunerError(f"cannot read traffic profile {path}: {e.strerror}") from None
     if b"\0" in data:
         raise TunerError(f"traffic profile {path} is not text")
     try:
@@ -176,7 +174,11 @@ def load_profile(path: str | Path, tp: int | None = None) -> TrafficProfile:
         form, buckets, notes = _from_metrics(text, path, tp)
     else:
         form, buckets, notes = "CSV of M,weight (the kernel's M, as given)", *_points(_csv_rows(text, path), path)
-    if not buckets or sum(b.weight for b in buckets) <= 0:
+    total = sum(b.weight for b in buckets)
+    if not all(math.isfinite(r.weight) for b in buckets for r in b.runs) or not math.isfinite(total):
+        raise TunerError(f"traffic profile {path}: its weights add up beyond what a float holds (about 1.8e308); "
+                         "scale them down (only their ratios count)")
+    if not buckets or total <= 0:
         raise TunerError(f"traffic profile {path} holds no traffic (every weight is 0)")
     return TrafficProfile(str(path), sha, form, buckets, notes)
 
@@ -228,10 +230,8 @@ def _csv_rows(text: str, path: Path) -> list[tuple[int, float]]:
 
 
 def _json_rows(text: str, path: Path) -> list[tuple[int, float]]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TunerError(f"traffic profile {path} is not valid JSON: {e}") from None
+    from tuner.reading import parse_json
+    data = parse_json(text, f"traffic profile {path}")
     where = f"traffic profile {path}"
     if isinstance(data, dict):
         pairs = list(data.items())
@@ -305,8 +305,9 @@ def parse_exposition(text: str, prefixes: tuple[str, ...], path: Path) -> list[t
             value = float(m.group(3))
         except ValueError:
             raise TunerError(f"{where}: value {m.group(3)!r} is not a number") from None
-        if math.isnan(value):
-            raise TunerError(f"{where}: value is NaN")
+        if not math.isfinite(value):
+            raise TunerError(f"{where}: value {m.group(3)} is not a finite count (a counter, gauge or bucket of "
+                             "forward passes or requests never is)")
         out.append((m.group(1), _labels(m.group(2) or "", where), value))
     return out
 
@@ -414,7 +415,18 @@ def _histogram_profile(samples, metrics: ServingMetrics, path: Path, tp: int | N
             if last < first:
                 raise TunerError(f"traffic profile {path}: {name} counts passes in a bucket holding no whole M "
                                  f"({prev_le:g}, {le:g}]")
-            if le == math.inf:
+            if first > MAX_M:
+                notes.append(f"{count:.0f} passes in ({prev_le:g}, {le:g}] tokens are beyond M={MAX_M}, the largest "
+                             "batch size a table is tuned for: left out")
+                prev_le, prev_count = le, cumulative[le]
+                continue
+            if last > MAX_M:
+                # A bucket's label bounds its passes, it does not say they reach it: no step runs
+                # more tokens than a table can be tuned for, so they are spread up to MAX_M.
+                notes.append(f"{count:.0f} passes in ({prev_le:g}, {le:g}] tokens are taken as {first} to {MAX_M}, "
+                             "the largest batch size a table is tuned for")
+                last = MAX_M
+            elif le == math.inf:
                 notes.append(f"{count:.0f} passes above {finite[-1] if finite else 0:g} tokens (the +Inf bucket) "
                              f"are taken as {first} to {last}")
             label = f"le={le:g}" if le != math.inf else "le=+Inf"
@@ -502,15 +514,41 @@ def _merge_overlaps(buckets: list[Bucket]) -> list[Bucket]:
 
 
 # -- which keys serve it -----------------------------------------------------------------------
+_FAR = 1 << 62       # keys beyond +-this are clamped to it (no served M comes near; int64 holds the distances)
+
+
 def serving_keys(keys, ms: np.ndarray) -> np.ndarray:
     """For each M, the index (into `keys`, in the table's order) of the key the engines use:
-    the nearest, ties to the earlier key (tuner.plan.engines.lookup_nearest)."""
-    k = np.asarray(list(keys), dtype=np.int64)
-    return np.argmin(np.abs(np.asarray(ms, dtype=np.int64)[:, None] - k[None, :]), axis=1)
+    the nearest, ties to the earlier key (tuner.plan.engines.lookup_nearest). Keys of any
+    size (a table may say 2^70); O(len(ms) log len(keys)) time, O(len(ms)) memory."""
+    keys = [int(k) for k in keys]
+    big = [k for k in keys if k > _FAR]
+    small = [k for k in keys if k < -_FAR]
+    # of the keys beyond the clamp only the nearest to every M can serve: one value each side
+    usable = [(max(min(k, _FAR), -_FAR), i) for i, k in enumerate(keys)
+              if not (k > _FAR and k != min(big)) and not (k < -_FAR and k != max(small))]
+    usable.sort()
+    values: list[int] = []
+    index: list[int] = []
+    for v, i in usable:                     # one value once: the earliest key in table order
+        if not values or values[-1] != v:
+            values.append(v)
+            index.append(i)
+    kv, ki = np.asarray(values, dtype=np.int64), np.asarray(index, dtype=np.int64)
+    m = np.asarray(ms, dtype=np.int64)
+    pos = np.searchsorted(kv, m, side="left")          # the first key >= M
+    below, above = np.clip(pos - 1, 0, len(kv) - 1), np.clip(pos, 0, len(kv) - 1)
+    d_below, d_above = m - kv[below], kv[above] - m
+    take_above = (pos == 0) | ((pos < len(kv)) & ((d_above < d_below) | ((d_above == d_below) & (ki[above] < ki[below]))))
+    return np.where(take_above, ki[above], ki[below])
 
 
 def _ratio(a, b):
-    return np.maximum(a / b, b / a)
+    """max(a/b, b/a) per pair of M and key; infinite where a key is no batch size (< 1)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.maximum(a / b, b / a)
+    return np.where((a >= 1) & (b >= 1), r, np.inf)
 
 
 @dataclass
@@ -527,7 +565,8 @@ class KeyCoverage:
         if self.first is None:
             return f"M={self.key}: serves no traffic"
         span = f"{self.first}" if self.first == self.last else f"{self.first}-{self.last}"
-        return f"M={self.key}: serves M {span} ({self.share:.1%} of passes), farthest {self.farthest} ({self.ratio:.2f}x)"
+        far = "a key that is no batch size" if math.isinf(self.ratio) else f"{self.ratio:.2f}x"
+        return f"M={self.key}: serves M {span} ({self.share:.1%} of passes), farthest {self.farthest} ({far})"
 
 
 def key_coverage(keys, profile: TrafficProfile) -> list[KeyCoverage]:
@@ -568,21 +607,21 @@ def choose_keys(profile: TrafficProfile, near: float = NEAR, grid: list[int] | N
     inside its own bucket), then keys at served M until each is within `near` of its key;
     then the grid's M no traffic reaches that would be more than `guard` from any key."""
     keys: set[int] = set()
-    served = profile.served()
+    all_ms, all_ws = profile.arrays()
     for b in profile.buckets:
-        ms = np.array([m for m in range(b.lo, b.hi + 1) if m in served], dtype=np.int64)
+        sel = slice(*np.searchsorted(all_ms, [b.lo, b.hi + 1]))
+        ms, ws = all_ms[sel], all_ws[sel]
         if not len(ms):
             continue
-        ws = np.array([served[int(m)] for m in ms])
         mine = {int(ms[0]), int(ms[-1])}
         while True:
             ks = sorted(mine)
-            at = np.asarray(ks)[serving_keys(ks, ms)]
-            r = _ratio(ms.astype(float), at.astype(float))
-            worst = np.lexsort((ms, -ws, -r))[0]          # largest ratio, then heaviest, then smallest M
-            if r[worst] <= near:
+            r = _ratio(ms, np.asarray(ks)[serving_keys(ks, ms)])
+            worst = r.max()
+            if worst <= near:
                 break
-            mine.add(int(ms[worst]))
+            tied = np.nonzero(r == worst)[0]              # largest ratio, then heaviest, then smallest M
+            mine.add(int(ms[tied[np.lexsort((ms[tied], -ws[tied]))[0]]]))
         keys |= mine
     spans = [(b.lo, b.hi) for b in profile.buckets]
     guards = []
@@ -629,11 +668,11 @@ def _served_times(keys, times: dict[int, float | None], ms: np.ndarray) -> tuple
     (measured at the key; NaN: no time)."""
     keys = [int(k) for k in keys]
     if not keys:
-        return np.zeros(len(ms), dtype=np.int64), np.full(len(ms), np.nan)
+        return np.zeros(len(ms), dtype=object), np.full(len(ms), np.nan)
     vals = np.array([t if isinstance(t, (int, float)) and t and math.isfinite(t) and t > 0 else np.nan
                      for t in (times.get(k) for k in keys)], dtype=float)
     idx = serving_keys(keys, ms)
-    return np.asarray(keys, dtype=np.int64)[idx], vals[idx]
+    return np.asarray(keys, dtype=object)[idx], vals[idx]        # object: a key may exceed int64
 
 
 def _comparable(base: tuple, new: tuple, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -47,7 +47,15 @@ from optuna.storages import BaseStorage
 from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.errors import TunerError
 from tuner.plan.kernel_api import Config
+from tuner.search.journal_lines import (  # noqa: F401 (is_journal: the name callers know)
+    OPERATION_START,
+    end_of_line,
+    is_journal,
+    looks_like_operation,
+    torn_tail_start,
+)
 from tuner.search.settings import JOURNAL
 
 log = logging.getLogger("tuner")
@@ -302,6 +310,7 @@ def _sqlite_pragmas(dbapi_connection, connection_record) -> None:
 # JOURNAL (journal:///FILE) is defined in tuner/search/settings.py, where a plan reads it
 
 JOURNAL_SYNC_S = 1.0         # the journal is synced to the disk at most this long after a write
+JOURNAL_MAX_LINE = 64 << 20  # a line longer than this is no operation of ours (the longest, a plan: ~100 KiB)
 
 
 def journal_path(url: str) -> Path | None:
@@ -320,7 +329,11 @@ class JournalFile(BaseJournalBackend):
       process dies, kill -9 included: no stale lock to wait out), and appends each operation
       with one write(2);
     - what a killed writer left without its newline is cut off by the next writer, under the
-      lock; readers take complete lines only, so none ever saw it;
+      lock, however long it is, and never a complete line; readers take complete lines only,
+      so none ever saw it. A tail that is not the beginning of an operation was left by no
+      writer of ours: the file is refused in one line and left as it is;
+    - readers stream the file a line at a time (a line over JOURNAL_MAX_LINE is no operation
+      of ours and is skipped), so neither a long journal nor a long torn tail takes memory;
     - the file is synced (fdatasync) when a write comes JOURNAL_SYNC_S or more after the last
       sync, and when the storage is closed: a killed process loses nothing it wrote (the
       kernel holds it), a power cut at most the last second, never the journal's order.
@@ -339,27 +352,39 @@ class JournalFile(BaseJournalBackend):
         # where the records read so far end (every record's end is kept; else from the start)
         number = log_number_from if log_number_from in self._offsets else 0
         offset = self._offsets[number]
+        # Streamed line by line, each at most JOURNAL_MAX_LINE: a journal of any length, or a
+        # torn tail of any length, never takes more memory than one line.
         with open(self.path, "rb") as f:
             f.seek(offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1        # complete lines only: the rest is being written
-        start = 0
-        while start < end:
-            stop = data.index(b"\n", start) + 1
-            try:
-                record = json.loads(data[start:stop])
-            except ValueError:
-                if offset + start not in self._warned:
-                    self._warned.add(offset + start)
-                    log.warning("journal %s: the line at byte %d is not a whole record (a power cut?); skipped",
-                                self.path, offset + start)
-                self._offsets[number] = offset + stop
-                start = stop
-                continue
-            number, start = number + 1, stop
-            self._offsets[number] = offset + stop
-            if number > log_number_from:
-                yield record
+            while True:
+                line = f.readline(JOURNAL_MAX_LINE + 1)
+                if not line.endswith(b"\n"):
+                    if len(line) <= JOURNAL_MAX_LINE:
+                        return                 # complete lines only: the rest is being written
+                    stop = end_of_line(f)     # a line too long to be one of ours: skipped whole
+                    if stop is None:
+                        return
+                    self._skip(offset, number, stop, "is longer than any record")
+                    offset = stop
+                    continue
+                stop = offset + len(line)
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError):
+                    self._skip(offset, number, stop, "is not a whole record (a power cut?)")
+                    offset = stop
+                    continue
+                number, offset = number + 1, stop
+                self._offsets[number] = stop
+                if number > log_number_from:
+                    yield record
+
+    def _skip(self, offset: int, number: int, stop: int, why: str) -> None:
+        """A line no reader takes: warned about once, and read past by every reader alike."""
+        if offset not in self._warned:
+            self._warned.add(offset)
+            log.warning("journal %s: the line at byte %d %s; skipped", self.path, offset, why)
+        self._offsets[number] = stop
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         data = "".join(json.dumps(entry, separators=(",", ":")) + "\n" for entry in logs).encode()
@@ -383,10 +408,13 @@ class JournalFile(BaseJournalBackend):
             os.close(fd)                    # releases the lock
 
     def _cut_torn_line(self, fd: int, size: int) -> int:
-        """The file ends in part of a line (its writer was killed mid-write): cut it off."""
-        back = min(size, 1 << 20)
-        tail = os.pread(fd, back, size - back)
-        keep = size - back + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+        """The file ends in part of a line (its writer was killed mid-write): cut that part
+        off, however long, and nothing before it. A tail that is no beginning of an operation
+        of ours was not left by a writer of ours: refused, the file left as it is."""
+        keep = torn_tail_start(fd, size)
+        if not looks_like_operation(os.pread(fd, len(OPERATION_START) + 1, keep)):
+            raise TunerError(f"journal {self.path} ends in {size - keep} bytes that are no operation of a tuner "
+                             "journal: not a journal this tool wrote (nothing was changed); give another --storage")
         log.info("journal %s: cut %d bytes a killed writer left mid-line", self.path, size - keep)
         os.ftruncate(fd, keep)
         return keep
@@ -403,18 +431,6 @@ class JournalFile(BaseJournalBackend):
                 self._sync(fd)
             finally:
                 os.close(fd)
-
-
-def is_journal(path: Path) -> bool:
-    """Whether an existing file is a journal (empty, or a first line that is an operation)."""
-    with open(path, "rb") as f:
-        first = f.readline(1 << 16)
-    if not first:
-        return True
-    try:
-        return isinstance(json.loads(first).get("op_code"), int)
-    except (ValueError, AttributeError):
-        return False
 
 
 def open_journal(path: Path) -> BaseStorage:
