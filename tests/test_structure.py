@@ -129,12 +129,8 @@ BASE = {"errors", "paths", "reading", "progress", "moved"}
 # upward import, and on an entry here that is no longer imported: fix one, remove its entry.
 KNOWN_UPWARD = {
     ("tuner.api", "tuner.commands.tune"): "issue 34 moves the pipeline out of commands",
-    ("tuner.api", "tuner.commands.report"): "issue 34 moves the pipeline out of commands",
     ("tuner.api", "tuner.commands.run_plan"): "issue 34 moves the pipeline out of commands",
     ("tuner.api", "tuner.commands.warm_sources"): "issue 34 moves the pipeline out of commands",
-    ("tuner.measure.synthetic", "tuner.commands.tune"): "issue 34 moves the pipeline out of commands",
-    ("tuner.plan.kernel_registry", "tuner.measure.landscape"):
-        "issue 34: the registry reads a landscape's header (measure/) to resolve the kernel it was recorded on",
 }
 
 

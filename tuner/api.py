@@ -246,8 +246,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
         kernel = opts.kernel
         results = run_tuning(opts)
         if results:
-            from tuner.commands.report import run_source
-            from tuner.emit.run_table import run_table_lines, written_files
+            from tuner.emit.run_table import run_source, run_table_lines, written_files
             say(run_source(opts.out_dir))
             say(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
             for line in run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir):

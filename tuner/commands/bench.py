@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.api import DTYPES, command_dtype, kernel_runs, only_problems
-from tuner.commands.ceilings import Ceilings
 from tuner.commands.kernel_commands import problem_builder
 from tuner.commands.options import (
     batch,
@@ -38,6 +37,7 @@ from tuner.commands.options import (
     workers,
 )
 from tuner.errors import TunerError
+from tuner.measure.ceilings import Ceilings
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
 from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text
@@ -452,7 +452,7 @@ def add_parser(sub, common) -> None:
 def run(args) -> int:
     import copy
 
-    from tuner.commands import ceilings as ceilings_mod
+    from tuner.measure import ceilings as ceilings_mod
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
 

@@ -120,8 +120,8 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     """measurer_for: Measurers (the kernel that times each engine's table, and its
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
-    from tuner.commands import ceilings
     from tuner.commands.tune import table_default
+    from tuner.measure import ceilings
     from tuner.plan.engines import lookup_nearest
     from tuner.plan.kernel_api import checked_config
     from tuner.plan.space import load_space

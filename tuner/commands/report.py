@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.commands.options import fraction
+from tuner.emit.run_table import run_source
 from tuner.errors import TunerError
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
@@ -180,16 +181,6 @@ def choice_text(choice: dict) -> str:
 def policy_text(policy) -> str:
     from tuner.measure.policy import policy_text as text
     return text(policy if isinstance(policy, dict) else None)
-
-
-def run_source(run: Path) -> str:
-    """Where a results folder's times came from, in one line (loud when SYNTHETIC or from the
-    CPU device)."""
-    from tuner.measure.provenance import banner
-    manifest = read_manifest(run)
-    env: dict = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
-    measured = manifest.get("measured_by") or next((t.get("measured") for t in manifest.get("tables", [])), "")
-    return banner(env, measured)
 
 
 def write_report(run: Path, out: Path | None = None,
@@ -449,7 +440,7 @@ def add_report_parser(sub, common) -> None:
 
 
 def run_report(args) -> int:
-    from tuner.commands.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
+    from tuner.commands.report import run_model, run_traffic, table_sections, traffic_report_lines, write_report
     run = Path(args.run)
     read_manifest(run)                      # not a results folder: one line, before the profile's
     profile = run_traffic([run], args.traffic)
@@ -500,7 +491,6 @@ def run_diff(args) -> int:
     traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
         if profile else None
     df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
-    from tuner.commands.report import run_source
     sources = run_source(Path(args.old)), run_source(Path(args.new))
     print(f"old: {sources[0]}")
     print(f"new: {sources[1]}")

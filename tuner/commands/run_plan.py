@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.commands import ceilings
+from tuner.measure import ceilings
 from tuner.measure.environment import installed_version
 from tuner.measure.policy import policy_text
 from tuner.plan.engines import ENGINES

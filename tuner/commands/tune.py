@@ -17,7 +17,6 @@ from typing import Callable
 
 from optuna.storages import BaseStorage
 
-from tuner.commands import ceilings  # noqa: F401
 from tuner.commands.run_plan import (  # noqa: F401 - a run's options and plan, imported from here too
     RunOptions,
     default_storage,
@@ -30,7 +29,7 @@ from tuner.commands.run_plan import (  # noqa: F401 - a run's options and plan, 
 from tuner.emit.results import MANIFEST, manifest_entry, read_manifest, update_manifest, write_tables
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
-from tuner.measure.landscape import Landscape, LandscapeWriter
+from tuner.measure.landscape import Landscape, LandscapeWriter, landscape_source
 from tuner.measure.measurers import Measurer, RecordingMeasurer, ReplayMeasurer
 from tuner.measure.policy import check_replay_policy, replay_policy
 from tuner.paths import atomic_write_json, remove_stale_temporaries
@@ -83,15 +82,6 @@ def load_baseline_table(baseline_dir: str, kernel: KernelSpec, gpu: GpuSpec, pro
             raise TunerError(f"baseline table {path} is not a JSON object of batch sizes and configs")
         return {k: v for k, v in table.items() if k != "triton_version"}
     return None
-
-
-def landscape_source(kernel: KernelSpec) -> dict:
-    """What a landscape's header says of the code it timed: a hash of that code, and for an
-    engine's kernel whose it is (none for ours, so that older landscapes read the same)."""
-    out = {"code_version": kernel.code_version} if kernel.code_version else {}
-    if kernel.source == "ours":
-        return out
-    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version, **out}
 
 
 # -- the run ----------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def run_collect(args) -> int:
     for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
         if results:
-            from tuner.commands.report import run_source
+            from tuner.emit.run_table import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
             for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out):
                 print(line)
