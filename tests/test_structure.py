@@ -164,6 +164,16 @@ def test_a_stage_imports_only_the_stages_below_it():
     assert not fixed, f"no longer imported: remove from KNOWN_UPWARD in tests/test_structure.py: {fixed}"
 
 
+def test_nothing_below_the_commands_imports_them():
+    """A tuning run is the pipeline's (tuner/pipeline/), not a command module's: only the
+    command line and the commands themselves import tuner.commands."""
+    g = graph()
+    found = sorted(f"{name} -> {target} (line {line})" for name, targets in g.items() for target, line in targets.items()
+                   if target.startswith("tuner.commands") and name.startswith("tuner.")
+                   and not name.startswith(("tuner.commands", "tuner.cli", "tuner.__main__")))
+    assert g["tuner.pipeline.tune"] and not found, found
+
+
 def test_the_layering_check_finds_an_upward_import():
     g = {"tuner.plan.models": {"tuner.search.runner": 3, "tuner.errors": 1},
          "tuner.search.runner": {"tuner.plan.models": 7}, "tuner.cli": {"tuner.api": 2}, "kernels.x": {"tuner.cli": 1},

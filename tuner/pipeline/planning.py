@@ -65,13 +65,13 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
     from tuner.measure.policy import MeasurementPolicy
     policy = MeasurementPolicy(req.timing, req.l2, routing=req.routing if req.command == "moe" else None)
-    all_opts = []
+    plans = []
     for kernel, problems in runs:
         from tuner.pipeline.warm_sources import build_pool
         # the engine's own shipped tables for its kernel's tables (both engines' for ours)
         warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
                           [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
-        all_opts.append(RunPlan(
+        plans.append(RunPlan(
             request=req, kernel=kernel, space=load_space(kernel, req.space), gpu=gpu, problems=problems,
             batch_sizes=sorted(set(req.batch_sizes or [])), settings=settings,
             out_dir=out_dir(req, model.name, gpu.key), record=record_path(req.record, kernel, len(runs) > 1),
@@ -82,12 +82,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
-    if parallel.line and all_opts:
-        all_opts[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
+    if parallel.line and plans:
+        plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
-    return all_opts
+    return plans
 
 
 def deployment_tp(req: TuneRequest, model, gpu):
