@@ -31,10 +31,8 @@ def add_worker_parser(sub, common) -> None:
 
 def run_worker(args) -> int:
     from tuner.measure.device import require
-    from tuner.pipeline.run import make_measurer
+    from tuner.pipeline.run import work
     from tuner.pipeline.stored_plans import load_plans
-    from tuner.pipeline.studies import time_unit, tune_all
-    from tuner.progress import Progress
     from tuner.search.storage_checks import open_checked_storage
 
     storage = open_checked_storage(args.storage, existing=True)
@@ -52,13 +50,7 @@ def run_worker(args) -> int:
                            recycle_after=args.recycle_after, device=args.device):
         if not args.replay:
             require(args.device, opts.gpu, "a worker", "--replay FILE measures from a recorded landscape")
-        progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet,
-                            unit=time_unit(opts))
-        measurer = make_measurer(opts, progress)
-        try:
-            tune_all(opts, storage, measurer, progress)
-        finally:
-            measurer.close()
+        work(opts, storage, quiet=args.quiet)
     return 0
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from optuna.storages import BaseStorage
+
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso
 from tuner.measure.landscape import Landscape, LandscapeWriter, landscape_source
@@ -65,6 +67,18 @@ def run_tuning(opts: RunPlan) -> dict[str, list[StudyResult]]:
     results = collect(opts, storage)
     progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
     return results
+
+
+def work(opts: RunPlan, storage: BaseStorage, quiet: bool = False) -> None:
+    """A worker's share of a stored run (`tuner worker`, or one started per GPU by
+    run_gpu_workers): the plan's studies against this machine's measurer, shared with every
+    other worker on the storage."""
+    progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not quiet, unit=time_unit(opts))
+    measurer = make_measurer(opts, progress)
+    try:
+        tune_all(opts, storage, measurer, progress)
+    finally:
+        measurer.close()
 
 
 def make_measurer(opts: RunPlan, progress: Progress) -> Measurer:
