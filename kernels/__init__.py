@@ -9,14 +9,3 @@ tables (kernels/engines/, code read from the user's engine or wheel at run time)
 serve where no engine is at hand (--kernel-source ours), for MLA decode (which no engine
 reads tables for), and as the plain baseline an engine's kernel is compared with.
 """
-
-_MOVED = {"get_kernel": "tuner.plan.kernel_registry.get_kernel",
-          "KERNEL_MODULES": "tuner.plan.kernel_registry.KERNEL_MODULES",
-          "KERNEL_SOURCES": "tuner.plan.kernel_registry.KERNEL_SOURCES"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _MOVED:
-        raise AttributeError(f"kernels.{name} moved to {_MOVED[name]} (kernels/ defines kernels; "
-                             "tuner/plan/kernel_registry.py resolves them)")
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")

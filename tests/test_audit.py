@@ -271,7 +271,7 @@ def test_emitter_writes_no_down_copy(tmp_path):
     differs is."""
     from types import SimpleNamespace
 
-    from tuner.commands.tune import _emit
+    from tuner.pipeline.emission import _emit
     from tuner.plan.kernel_registry import get_kernel
     from tuner.plan.models import moe_problems
     from tuner.search.runner import StudyResult

@@ -372,7 +372,7 @@ def test_a_write_killed_mid_commit_does_not_block_the_storage(tmp_path):
     check rolls it back (as any SQLite client does) instead of calling the file no database."""
     import sqlite3
 
-    from tuner.commands.tune import check_sqlite_file
+    from tuner.search.storage_checks import check_sqlite_file
     db = tmp_path / "studies.db"
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE studies (study_id INTEGER, study_name TEXT)")

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tuner.cli import main
-from tuner.commands import ceilings
 from tuner.errors import TunerError
+from tuner.measure import ceilings
 from tuner.measure.timing import summarize
 from tuner.plan.gpus import get_gpu
 

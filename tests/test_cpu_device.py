@@ -160,7 +160,9 @@ def test_a_hang_a_crash_and_a_lost_context_on_the_cpu_device(small_space, tmp_pa
     import faulty_kernel
 
     import tuner.measure.isolation
-    from tuner.commands.tune import RunOptions, run_tuning
+    from tuner.pipeline.request import TuneRequest
+    from tuner.pipeline.run import run_tuning
+    from tuner.pipeline.run_plan import RunPlan
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import gemm_problems, load_model
     from tuner.plan.space import load_space
@@ -192,10 +194,11 @@ def test_a_hang_a_crash_and_a_lost_context_on_the_cpu_device(small_space, tmp_pa
     monkeypatch.setattr(tuner.measure.isolation, "IsolatedMeasurer", Counted)
     kernel = faulty_kernel.KERNEL
     [problem] = [p for p in gemm_problems(load_model(SMALL), 1) if p.params["N"] == 256]
-    opts = RunOptions(kernel=kernel, space=load_space(kernel, small_space), gpu=get_gpu("H100"), problems=[problem],
-                      batch_sizes=[1], settings=SearchSettings(budget=5, patience=100, batch=5, seed=0),
-                      out_dir=tmp_path / "out", engines=["vllm"], compile_workers=1, measure_timeout=6,
-                      recycle_after=2, device="cpu", quiet=True)
+    request = TuneRequest("gemm", SMALL, "H100", engines=["vllm"], compile_workers=1, measure_timeout=6,
+                          recycle_after=2, device="cpu", quiet=True)
+    opts = RunPlan(request=request, kernel=kernel, space=load_space(kernel, small_space), gpu=get_gpu("H100"),
+                   problems=[problem], batch_sizes=[1], settings=SearchSettings(budget=5, patience=100, batch=5, seed=0),
+                   out_dir=tmp_path / "out")
     results = run_tuning(opts)
     [measurer] = made
     assert not left_in(pgids=measurer.process_groups), "a child or compile worker outlived its restart"
@@ -328,7 +331,7 @@ def test_sampler_cmaes_is_refused_saying_why(capsys):
     from tuner.api import TuneRequest
     from tuner.errors import TunerError
     with pytest.raises(TunerError, match="--sampler cmaes was removed: .* searched nothing; use gp"):
-        TuneRequest("gemm", SMALL, "H100", sampler="cmaes").checked()
+        TuneRequest("gemm", SMALL, "H100", sampler="cmaes")
 
 
 def test_the_cpu_device_honours_the_measurement_policy():

@@ -55,7 +55,7 @@ def test_ep_numerics_of_our_kernel():
 
 
 def test_drift_times_an_ep_table_on_the_ep_workload(tmp_path):
-    from tuner.commands.drift import parse_table_file
+    from tuner.plan.table_files import parse_table_file
     table = tmp_path / "E=32,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     table.write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
                                        "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 3}}))

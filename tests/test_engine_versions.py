@@ -210,7 +210,7 @@ def test_sglang_table_parts_launch_as_the_layer_does(version):
     inputs = spec.make_inputs(SGL_MOE, 4, "cpu", seed=2)
     with LaunchRecorder({"fused_moe_kernel": kernel}) as whole:
         sgl.moe_layer(spec_code(spec), launch, inputs, config_from_entry(spec, up), config_from_entry(spec, down))
-    # the pair the tables are chosen together on (tuner.commands.tune.choose_tied) is that same layer
+    # the pair the tables are chosen together on (tuner.search.tied_choice.choose_tied) is that same layer
     pair = spec.tied_params({**SGL_MOE, "part": "down"}, config_from_entry(spec, up))
     with LaunchRecorder({"fused_moe_kernel": kernel}, execute=False) as together:
         spec.run(spec.make_inputs(pair, 4, "cpu", seed=2), config_from_entry(spec, down))

@@ -104,7 +104,9 @@ import sys
 sys.path.insert(0, sys.argv[2])
 import faulty_kernel
 from pathlib import Path
-from tuner.commands.tune import RunOptions, run_tuning
+from tuner.pipeline.request import TuneRequest
+from tuner.pipeline.run import run_tuning
+from tuner.pipeline.run_plan import RunPlan
 from tuner.plan.gpus import get_gpu
 from tuner.plan.models import gemm_problems, load_model
 from tuner.plan.space import load_space
@@ -114,10 +116,11 @@ space.write_text("kernel: fp8_gemm\\nparams:\\n  BLOCK_SIZE_M: [16]\\n  BLOCK_SI
                  "  GROUP_SIZE_M: [1]\\n  num_warps: [4]\\n  num_stages: [4]\\n")
 kernel = faulty_kernel.KERNEL
 [problem] = [p for p in gemm_problems(load_model(sys.argv[3]), 1) if p.params["N"] == 256]
-opts = RunOptions(kernel=kernel, space=load_space(kernel, space), gpu=get_gpu("H100"), problems=[problem],
-                  batch_sizes=[1], settings=SearchSettings(budget=3, patience=100, batch=3, seed=0),
-                  out_dir=Path(sys.argv[1]) / "out", engines=["vllm"], compile_workers=1, measure_timeout=4,
-                  device="cpu", quiet=True)
+request = TuneRequest("gemm", sys.argv[3], "H100", engines=["vllm"], compile_workers=1, measure_timeout=4,
+                      device="cpu", quiet=True)
+opts = RunPlan(request=request, kernel=kernel, space=load_space(kernel, space), gpu=get_gpu("H100"),
+               problems=[problem], batch_sizes=[1], settings=SearchSettings(budget=3, patience=100, batch=3, seed=0),
+               out_dir=Path(sys.argv[1]) / "out")
 [result] = run_tuning(opts)[problem.key]
 print(result.failures)
 """

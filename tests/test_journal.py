@@ -17,7 +17,7 @@ import pytest
 from synthetic import write_synthetic_landscape
 
 from tuner.cli import main
-from tuner.commands.tune import default_storage
+from tuner.pipeline.run_plan import default_storage
 from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.space import load_space

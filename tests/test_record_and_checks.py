@@ -8,9 +8,9 @@ import pytest
 from synthetic import block_fp8_model, fake_time_us
 
 from tuner.cli import main
-from tuner.commands.tune import default_storage
 from tuner.measure.landscape import read_landscape
 from tuner.measure.measurers import Measurement, NumericsCheck
+from tuner.pipeline.run_plan import default_storage
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem
 from tuner.search.runner import study_name

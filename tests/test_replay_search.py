@@ -13,8 +13,8 @@ import pytest
 from synthetic import cli_killed_at_claim, slowed_cli, write_synthetic_landscape
 
 from tuner.cli import main
-from tuner.commands.tune import default_storage
 from tuner.measure.landscape import read_landscape
+from tuner.pipeline.run_plan import default_storage
 from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem

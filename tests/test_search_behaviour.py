@@ -10,10 +10,11 @@ import optuna
 import pytest
 from synthetic import write_synthetic_landscape
 
-from tuner.api import TuneRequest, _load_common
 from tuner.errors import TunerError
 from tuner.measure.landscape import read_landscape
 from tuner.measure.measurers import ReplayMeasurer
+from tuner.pipeline.planning import load_common
+from tuner.pipeline.request import TuneRequest
 from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem
@@ -100,8 +101,8 @@ def test_batches_follow_the_compile_workers_and_a_replay_compiles_nothing(tmp_pa
     assert make_sampler(SearchSettings(sampler="tpe", batch=8))._constant_liar
     common = dict(command="gemm", model="deepseek-v3", gpu="H200", compile_workers=16)
     (tmp_path / "land.jsonl").write_text("")
-    assert _load_common(TuneRequest(**common, replay=str(tmp_path / "land.jsonl")))[2].batch == 1
-    assert _load_common(TuneRequest(**common))[2].batch == 8
+    assert load_common(TuneRequest(**common, replay=str(tmp_path / "land.jsonl")))[2].batch == 1
+    assert load_common(TuneRequest(**common))[2].batch == 8
 
 
 def test_sqlite_storage_keeps_a_write_ahead_log_synced_at_checkpoints(tmp_path):

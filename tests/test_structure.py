@@ -1,17 +1,10 @@
 """The house by stage (issue 25): no import cycle anywhere, a stage imports only the stages
 below it (docs/architecture.md), kernels/ imports only the kernel contract from tuner/, every
-package and module says what it is for, the old flat module names still import (for users'
-scripts) while the repository itself uses the new ones."""
+package and module says what it is for."""
 
 import ast
-import importlib
-import re
 import sys
 from pathlib import Path
-
-import pytest
-
-from tuner.moved import MOVED
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +87,7 @@ def cycles(g: dict[str, dict[str, int]]) -> list[list[str]]:
 
 def test_no_import_cycle_anywhere():
     g = graph()
-    assert len(g) > 50 and g["tuner.commands.tune"]            # the graph is really read
+    assert len(g) > 50 and g["tuner.pipeline.run"]             # the graph is really read
     found = cycles(g)
     detail = [[f"{a} -> {b} (line {g[a][b]})" for a in c for b in g[a] if b in c] for c in found]
     assert not found, f"import cycles: {detail}"
@@ -122,20 +115,12 @@ def test_kernels_import_only_the_contract_from_tuner():
 # The stages of tuner/, bottom first (docs/architecture.md draws them): a module imports only
 # modules of its own stage and of the stages below it. kernels/ is no stage: it keeps the
 # contract rule above, and only the kernel registry imports it.
-STAGES = ("base", "plan", "measure", "search", "emit", "api", "commands", "cli")
-BASE = {"errors", "paths", "reading", "progress", "moved"}
+STAGES = ("base", "plan", "measure", "search", "emit", "pipeline", "api", "commands", "cli")
+BASE = {"errors", "paths", "reading", "progress"}
 
-# The imports that break the rule today, each with its reason. The test fails on any other
-# upward import, and on an entry here that is no longer imported: fix one, remove its entry.
-KNOWN_UPWARD = {
-    ("tuner.api", "tuner.commands.tune"): "issue 34 moves the pipeline out of commands",
-    ("tuner.api", "tuner.commands.report"): "issue 34 moves the pipeline out of commands",
-    ("tuner.api", "tuner.commands.run_plan"): "issue 34 moves the pipeline out of commands",
-    ("tuner.api", "tuner.commands.warm_sources"): "issue 34 moves the pipeline out of commands",
-    ("tuner.measure.synthetic", "tuner.commands.tune"): "issue 34 moves the pipeline out of commands",
-    ("tuner.plan.kernel_registry", "tuner.measure.landscape"):
-        "issue 34: the registry reads a landscape's header (measure/) to resolve the kernel it was recorded on",
-}
+# The imports that break the rule, each with its reason. The test fails on any other upward
+# import, and on an entry here that is no longer imported: fix one, remove its entry. None now.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def stage_of(module: str) -> str | None:
@@ -145,7 +130,7 @@ def stage_of(module: str) -> str | None:
         return None
     if len(parts) == 1 or parts[1] in BASE:
         return "base"
-    if parts[1] in ("plan", "measure", "search", "emit", "commands", "api"):
+    if parts[1] in ("plan", "measure", "search", "emit", "pipeline", "commands", "api"):
         return parts[1]
     if parts[1] in ("cli", "__main__"):
         return "cli"
@@ -179,10 +164,26 @@ def test_a_stage_imports_only_the_stages_below_it():
     assert not fixed, f"no longer imported: remove from KNOWN_UPWARD in tests/test_structure.py: {fixed}"
 
 
+def test_nothing_below_the_commands_imports_them():
+    """A tuning run is the pipeline's (tuner/pipeline/), not a command module's: only the
+    command line and the commands themselves import tuner.commands."""
+    g = graph()
+    found = sorted(f"{name} -> {target} (line {line})" for name, targets in g.items() for target, line in targets.items()
+                   if target.startswith("tuner.commands") and name.startswith("tuner.")
+                   and not name.startswith(("tuner.commands", "tuner.cli", "tuner.__main__")))
+    assert g["tuner.pipeline.tune"] and not found, found
+
+
 def test_the_layering_check_finds_an_upward_import():
     g = {"tuner.plan.models": {"tuner.search.runner": 3, "tuner.errors": 1},
-         "tuner.search.runner": {"tuner.plan.models": 7}, "tuner.cli": {"tuner.api": 2}, "kernels.x": {"tuner.cli": 1}}
-    assert upward_imports(g) == {("tuner.plan.models", "tuner.search.runner"): 3}
+         "tuner.search.runner": {"tuner.plan.models": 7}, "tuner.cli": {"tuner.api": 2}, "kernels.x": {"tuner.cli": 1},
+         # the pipeline: above emit/, below the API and the commands
+         "tuner.pipeline.run": {"tuner.emit.results": 4, "tuner.commands.report": 9},
+         "tuner.emit.results": {"tuner.pipeline.run_plan": 5}, "tuner.api": {"tuner.pipeline.tune": 6},
+         "tuner.commands.worker": {"tuner.pipeline.stored_plans": 8}}
+    assert upward_imports(g) == {("tuner.plan.models", "tuner.search.runner"): 3,
+                                 ("tuner.pipeline.run", "tuner.commands.report"): 9,
+                                 ("tuner.emit.results", "tuner.pipeline.run_plan"): 5}
 
 
 def test_only_the_kernel_registry_imports_kernels():
@@ -195,36 +196,3 @@ def test_every_package_and_module_says_what_it_is_for():
     missing = [name for name, path in modules().items()
                if path.name != "__main__.py" and not ast.get_docstring(ast.parse(path.read_text()))]
     assert not missing, f"no docstring: {missing}"
-
-
-@pytest.mark.parametrize("old,new", sorted(MOVED.items()))
-def test_old_module_names_still_import_as_the_same_module(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
-
-
-def test_old_names_of_the_modules_that_became_packages_still_import():
-    from tuner.measure import ReplayMeasurer
-    from tuner.search import StudyRunner
-    from tuner.search.runner import StudyRunner as runner_class
-    assert StudyRunner is runner_class and ReplayMeasurer.__module__ == "tuner.measure.measurers"
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        importlib.import_module("tuner.search").no_such_name
-
-
-def test_the_old_kernel_resolver_says_where_it_went():
-    import kernels
-    with pytest.raises(AttributeError, match="kernels.get_kernel moved to tuner.plan.kernel_registry.get_kernel"):
-        kernels.get_kernel("fused_moe")
-
-
-OLD_NAME = re.compile(r"\btuner\.(" + "|".join(sorted((o.split(".", 1)[1] for o in MOVED), key=len, reverse=True))
-                      + r")\b(?!\.)")
-
-
-def test_the_repository_itself_uses_the_new_names():
-    """The old names are for scripts outside; inside, one name per module."""
-    files = [p for d in ("tuner", "kernels", "tests", "scripts") for p in (REPO / d).rglob("*.py")
-             if p.name not in ("moved.py", "test_structure.py")]
-    old = [f"{p.relative_to(REPO)}:{n}" for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
-           if OLD_NAME.search(line) and "import" in line]
-    assert not old, old

@@ -211,7 +211,7 @@ def test_a_partial_recording_of_something_else_is_not_continued(tmp_path, key, o
 
 
 def test_a_recorded_landscape_names_its_code_and_space(tmp_path):
-    from tuner.commands.tune import landscape_source
+    from tuner.measure.landscape import landscape_source
     assert landscape_source(KERNEL) == {"code_version": KERNEL.code_version}
     path = tmp_path / "l.jsonl.gz"
     w = LandscapeWriter(path, KERNEL, {"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200",

@@ -1,4 +1,4 @@
-"""Warm starts (issue 32, item 1; tuner/search/warm_start.py, tuner/commands/warm_sources.py): seeds
+"""Warm starts (issue 32, item 1; tuner/search/warm_start.py, tuner/pipeline/warm_sources.py): seeds
 ranked by how close their source is and capped at a share of the budget, every seed measured
 again, every source named with its count in the plan and the manifest. Judged on pairs of REAL
 landscapes of one kernel recorded on two GPUs (Kernel Tuner's, converted by
@@ -155,7 +155,7 @@ def test_by_default_the_engines_shipped_tables_seed_the_study(capsys):
     """Without --warm-start a GPU run seeds from the engine's own shipped tables (its wheel here,
     as `tuner audit` finds it): this shape's table on this GPU first, then siblings', then the
     nearest shapes'."""
-    from tuner.commands.warm_sources import build_pool
+    from tuner.pipeline.warm_sources import build_pool
     from tuner.plan.models import gemm_problems, load_model
     args = ["gemm", "--model", "deepseek-v3", "--tp", "8", "--only", "N=7168,K=2048", "--batch-sizes", "16",
             "--gpu", "H200", "--engines", "vllm", "--dry-run"]

@@ -3,12 +3,9 @@
 Data flows model -> problems -> search space -> one Optuna study per (problem, M)
 -> measurer (GPU or replayed landscape) -> table -> each engine's files + manifest.
 The packages follow that flow: plan/ (model, problems, space, engines' rules), search/,
-measure/, emit/ (tables, manifest, install, audit), commands/; cli.py and api.py are the faces.
+measure/, emit/ (tables, manifest, install, audit), pipeline/ (one request, start to files),
+commands/; cli.py and api.py are the faces (docs/architecture.md).
 """
-
-from tuner import moved
 
 __version__ = "0.1.0"
 
-
-moved.install()

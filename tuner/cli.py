@@ -15,16 +15,6 @@ import sys
 from typing import Callable
 
 from tuner import __version__
-from tuner.api import (  # noqa: F401
-    DEFAULT_TRIALS,
-    DTYPES,
-    MLA_BATCH_SIZES,
-    SAMPLERS,
-    check_out_dir,
-    command_dtype,
-    kernel_runs,
-    only_problems,
-)
 from tuner.commands import (
     audit,
     bench,

@@ -312,3 +312,19 @@ def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMB
     if len(data) > limit:
         raise TunerError(f"{where}: {name} decompresses to more than {_mib(limit)} (a zip bomb?)")
     return data
+
+
+LANDSCAPE_HEADER_BYTES = 64 << 10   # line 1 of a landscape: a header is a few hundred bytes
+
+
+def landscape_header(path: str | Path) -> dict:
+    """Line 1 of a landscape (tuner/measure/landscape.py), e.g. to learn its kernel before
+    reading the rest (read within bounds: a file of one huge line is refused, never read
+    whole). Here, below every stage, because the plan asks it too: which kernel a replayed
+    landscape was recorded on (tuner/plan/kernel_registry.py)."""
+    try:
+        return json.loads(first_line(path, "landscape ", LANDSCAPE_HEADER_BYTES))
+    except TunerError as e:
+        raise TunerError(f"cannot read the header of landscape {path}: {e}") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TunerError(f"cannot read the header of landscape {path}: {e}") from None

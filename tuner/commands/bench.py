@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tuner.api import DTYPES, command_dtype, kernel_runs, only_problems
-from tuner.commands.ceilings import Ceilings
 from tuner.commands.kernel_commands import problem_builder
 from tuner.commands.options import (
     batch,
@@ -38,9 +36,12 @@ from tuner.commands.options import (
     workers,
 )
 from tuner.errors import TunerError
+from tuner.measure.ceilings import Ceilings
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, short_label, time_source
 from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text
+from tuner.pipeline.planning import command_dtype, kernel_runs, only_problems
+from tuner.pipeline.request import DTYPES
 from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES, lookup_nearest
 from tuner.plan.kernel_api import KernelSpec, config_dict, config_from_entry
 from tuner.plan.problems import Problem
@@ -93,7 +94,7 @@ def tuned_table(run_dir: Path, kernel: KernelSpec, problem: Problem) -> dict | N
 def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: list[tuple[str, str]],
                tuned: Path | None, landscape=None) -> list[Contender]:
     """The configs (and references) to time for one problem and M."""
-    from tuner.commands.tune import load_baseline_table
+    from tuner.pipeline.baselines import load_baseline_table
     from tuner.plan.space import load_space
     space = load_space(kernel)
     # equivalent forms (GROUP_SIZE_M folding, clamped K tiles) are one point: the one timed
@@ -119,7 +120,7 @@ def check_tables(kernel: KernelSpec, gpu, problems: list[Problem], baselines: li
                  tuned: Path | None) -> None:
     """Every entry of the shipped and tuned tables a bench reads, checked before anything is
     timed: a garbage table is one line, not a crash (or a run of strings) halfway through."""
-    from tuner.commands.tune import load_baseline_table
+    from tuner.pipeline.baselines import load_baseline_table
     from tuner.plan.kernel_api import checked_config, table_batch_size
     for problem in problems:
         tables = [(f"--baseline {folder}", load_baseline_table(folder, kernel, gpu, problem)) for _, folder in baselines]
@@ -452,7 +453,7 @@ def add_parser(sub, common) -> None:
 def run(args) -> int:
     import copy
 
-    from tuner.commands import ceilings as ceilings_mod
+    from tuner.measure import ceilings as ceilings_mod
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
 

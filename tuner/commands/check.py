@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.api import command_dtype
 from tuner.commands.options import batch, device_option, parallel, seed, trust_option
 from tuner.errors import TunerError
 from tuner.paths import read_json
+from tuner.pipeline.planning import command_dtype
 from tuner.plan.engines import ENGINE_NAMES
 from tuner.plan.gpus import resolve_gpu
 from tuner.plan.problems import Problem
@@ -69,8 +69,8 @@ def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_
     the model (make_problems(model, engine), as the tuning commands make them); the table's
     file name picks which of them it is for, or, where the model has no such shape (a small
     model for a CPU check), the table's configs are run on every one of them."""
-    from tuner.commands.drift import parse_table_file
     from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.table_files import parse_table_file
 
     kernel = get_kernel(kernel_name)
     if kernel.read_table is not None:                # our own format (MLA decode): problems inside

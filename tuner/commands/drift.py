@@ -8,8 +8,6 @@ search: minutes, not hours.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,114 +15,20 @@ from tuner.commands.options import device_option, fraction, parallel, trust_opti
 from tuner.errors import TunerError
 from tuner.measure.measurers import Measurer
 from tuner.plan.kernel_api import KernelSpec
-from tuner.plan.problems import Problem
+from tuner.plan.table_files import TableFile, find_tables
 
 if TYPE_CHECKING:                  # pandas loads when a drift runs, not for `tuner --help`
     import pandas as pd
-
-_GEMM = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=(\w+),block_shape=\[(\d+),( ?)(\d+)\]\.json$")
-_MOE = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=(\w+))?"
-                  r"(?:,block_shape=\[(\d+),( ?)(\d+)\])?(_down)?\.json$")
-
-
-@dataclass
-class TableFile:
-    path: Path
-    engine: str           # "vllm" or "sglang", from the file's naming
-    device: str           # the device_name part
-    problem: Problem
-    table: dict
-    # The table this one is tied to (SGLang's `_down` table -> its up table in the same
-    # folder): its config is what the engine runs without this table.
-    tied_to: "TableFile | None" = None
-
-
-def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
-    """The problems a table file is for ([] for files that are not config tables): one for
-    an engine's table, one per problem it holds for a kernel's own format (MLA decode).
-    MoE names lack the hidden size and top-k: they come from `model`."""
-    from tuner.plan.kernel_api import MAX_TABLE_M
-    from tuner.reading import read_json_file
-    name = path.name
-    named = bool(_GEMM.match(name) or _MOE.match(name))
-    try:
-        raw = read_json_file(path, "table ")
-    except TunerError:
-        if named:               # named like an engine's table: a broken one is said, not skipped
-            raise
-        return []
-    if not isinstance(raw, dict):
-        if named:
-            raise TunerError(f"{path} is named like an engine table but is not one: not a JSON object")
-        return []
-    table = {k: v for k, v in raw.items() if k != "triton_version"}
-    if named and not all(str(k).isdigit() and 0 < int(k) <= MAX_TABLE_M and isinstance(v, dict)
-                         for k, v in table.items()):
-        raise TunerError(f"{path} is named like an engine table but is not one: its keys must be batch sizes "
-                         f"(1 to {MAX_TABLE_M}) and its values configs")
-    if m := _GEMM.match(name):
-        n, k, dev, dtype, bn, space, bk = m.groups()
-        engine = "sglang" if space else "vllm"
-        return [TableFile(path, engine, dev, Problem("fp8_gemm", {"N": int(n), "K": int(k),
-                                                                  "block_shape": [int(bn), int(bk)]}), table)]
-    if m := _MOE.match(name):
-        if model is None:
-            raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
-        e, n, dev, dtype, bn, space, bk, down = m.groups()
-        engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
-        from tuner.plan.engines import ENGINES
-        arch = model.architecture
-        # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
-        shared = ({"shared_experts": 1} if int(e) == (model.n_routed_experts or 0) + 1 and ENGINES[engine]
-                  .fuses_shared_expert(arch, model.n_routed_experts, model.n_shared_experts, 1) else {})
-        routed = model.n_routed_experts or 0
-        # a table with a share of the model's experts is one GPU's under expert parallelism
-        ep = {"ep": routed // int(e)} if 0 < int(e) < routed and routed % int(e) == 0 else {}
-        params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok, **ep,
-                  "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
-                  "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
-        return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]
-    from tuner.plan.kernel_registry import KERNEL_MODULES, get_kernel
-    for kernel in map(get_kernel, KERNEL_MODULES):
-        if kernel.read_table is None:
-            continue
-        held = kernel.read_table(raw)
-        if held:
-            dev = str(raw.get("device_name", ""))
-            return [TableFile(path, "tuner", dev, Problem(kernel.name, params), {str(M): c for M, c in rows.items()})
-                    for params, rows in held]
-    return []
-
-
-def find_tables(paths: list[str], model=None, routing: str = "uniform") -> list[TableFile]:
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(p.rglob("*.json"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise TunerError(f"{p} not found")
-    tables = [t for f in files for t in parse_table_file(f, model, routing)]
-    by_path = {t.path: t for t in tables}
-    for t in tables:
-        if t.path.name.endswith("_down.json"):
-            t.tied_to = by_path.get(t.path.with_name(t.path.name[: -len("_down.json")] + ".json"))
-    if not tables:
-        raise TunerError(f"no config tables (the engines' fp8_gemm or fused_moe files, or our MLA decode "
-                         f"tables) in {', '.join(paths)}")
-    return tables
-
 
 def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: float = 0.02) -> pd.DataFrame:
     """measurer_for: Measurers (the kernel that times each engine's table, and its
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
-    from tuner.commands import ceilings
-    from tuner.commands.tune import table_default
+    from tuner.measure import ceilings
     from tuner.plan.engines import lookup_nearest
     from tuner.plan.kernel_api import checked_config
     from tuner.plan.space import load_space
+    from tuner.search.tied_choice import table_default
     roof = ceilings.load(measurer_for.gpu)
     for t in tables:                   # every entry checked before anything is timed
         kernel = measurer_for.kernel(t.problem.kernel, t.engine)

@@ -1,13 +1,12 @@
 """`tuner gemm`, `tuner moe` and `tuner mla`: the options they share (what to tune, the search,
-whose kernel, measuring and output), each one's parser, and the run, which hands the parsed
-request to tuner.api (the tuning itself, heavy with Optuna and pandas, is tune.py's, imported only
-when a run starts)."""
+whose kernel, measuring and output), each one's parser, and the run, which makes the parsed
+options the request and hands it to the pipeline (tuner/pipeline/: the tuning itself, heavy with
+Optuna and pandas, imported only when a run starts)."""
 
 from __future__ import annotations
 
 import os
 
-from tuner.api import SAMPLERS
 from tuner.commands.options import (
     Parser,
     batch,
@@ -22,6 +21,7 @@ from tuner.commands.options import (
     workers,
 )
 from tuner.plan.engines import ENGINE_NAMES
+from tuner.search.samplers import SAMPLERS
 
 
 def common_options() -> Parser:
@@ -140,9 +140,10 @@ def run(args) -> int:
     (said in one line on stderr, with the first failure's text)."""
     import sys
 
-    from tuner import api
+    from tuner.pipeline.request import TuneRequest
+    from tuner.pipeline.tune import tune
     from tuner.search.outcomes import untimed_line
-    done = api.tune(api.TuneRequest.from_args(args))
+    done = tune(TuneRequest.from_args(args))
     line = untimed_line(done)
     if line:
         print(f"tuner: {line}", file=sys.stderr)

@@ -100,7 +100,7 @@ JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
 def job_request(job: dict, out: Path, baseline: Path | None = None):
     """The tuning run of a job; `baseline` (the last run) seeds every study with the
     configs in use, so the retune starts from what it must beat."""
-    from tuner.api import TuneRequest
+    from tuner.pipeline.request import TuneRequest
     options = {k: job[k] for k in JOB_OPTIONS if job.get(k) is not None}
     options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else [job[k]]
                     for k in JOB_LIST_OPTIONS if job.get(k)})
@@ -120,7 +120,7 @@ def check_jobs(cfg: dict, path: Path) -> None:
     from tuner.plan.traffic import load_profile
     for job in cfg["jobs"]:
         try:
-            req = job_request(job, Path(".")).checked()
+            req = job_request(job, Path("."))          # checked as it is made
             get_gpu(req.gpu)
             load_model(req.model)
             if req.replay and not Path(req.replay).is_file():
@@ -234,10 +234,12 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
 
 def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     from tuner import api
-    from tuner.commands.drift import Measurers, find_tables, measure_drift
+    from tuner.commands.drift import Measurers, measure_drift
     from tuner.commands.report import write_diff
+    from tuner.pipeline.tune import tune
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
+    from tuner.plan.table_files import find_tables
 
     name = job["name"]
     prev = state.get(name)
@@ -261,7 +263,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     out = night_dir / name
     log(f"{name}: retuning ({why}) into {out}")
     try:
-        done = api.tune(job_request(job, out, prev_run))
+        done = tune(job_request(job, out, prev_run))
     except TunerError as e:
         raise TunerError(f"{name}: the tuning run failed: {e}") from None
     except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs

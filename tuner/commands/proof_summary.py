@@ -57,7 +57,7 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
          for r in results])), ""]
     ceil = _load(out / "ceilings.json")
     if ceil:
-        from tuner.commands.ceilings import summary_lines
+        from tuner.measure.ceilings import summary_lines
         where = "the CPU DEVICE, not a GPU" if ceil.get("device_kind") == "cpu" else "the GPU"
         lines += [f"## Ceilings (measured on {where})", ""] + [f"- {s}" for s in summary_lines(ceil)] + [""]
     val = _load(out / "validate" / "kernels.json")
@@ -95,7 +95,7 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
         lines.append("")
     smoke = _load(out / "runs" / "smoke" / "manifest.json")
     if smoke:
-        from tuner.commands.report import run_source
+        from tuner.emit.run_table import run_source
         entries = [(t, m, e) for t in smoke.get("tables", []) for m, e in (t.get("entries") or {}).items()]
         lines += ["## Smoke test", "", run_source(out / "runs" / "smoke"), ""]
         lines += [f"- {(t.get('kernel_source') or {}).get('source')} M={m}: "
@@ -104,7 +104,7 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
                   for t, m, x in entries] + [""]
     tuned = _load(out / "tuned" / "moe" / "manifest.json")
     if tuned:
-        from tuner.commands.report import run_source
+        from tuner.emit.run_table import run_source
         n = sum(len(t.get("entries", {})) for t in tuned.get("tables", []))
         tunes = [r for r in results if r.name.startswith("tune-")]
         lines += ["## MoE tables", "", run_source(out / "tuned" / "moe"), "",

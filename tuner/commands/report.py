@@ -8,17 +8,17 @@ a reader sees at once what got faster, what got slower, by how much, and in whic
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.commands.options import fraction
+from tuner.commands.report_traffic import geomean, label, number
+from tuner.emit.run_table import run_source
 from tuner.errors import TunerError
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
 from tuner.paths import atomic_write_file, atomic_write_text, check_writable
-from tuner.plan.problems import Problem
 
 if TYPE_CHECKING:                  # pandas loads when a report runs, not for `tuner --help`
     import pandas as pd
@@ -29,14 +29,6 @@ def read_manifest(run: Path) -> dict:
     `tuner --help` (it builds this module's parsers) does not need."""
     from tuner.emit.results import read_manifest as read
     return read(run)
-
-
-def _label(entry: dict) -> str:
-    return f"{entry.get('kernel')} " + Problem(entry.get("kernel", ""), entry.get("problem") or {}).key
-
-
-def _number(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
 
 
 WIDTH = 120        # terminal tables stay within this many columns
@@ -63,11 +55,11 @@ def manifest_frame(run: Path) -> pd.DataFrame:
             cfg = e.get("config")
             rows.append({
                 "engine": engine, "file": file, "legend": " ".join(cfg) if cfg else "",
-                "problem": _label(t), "M": int(m),
+                "problem": label(t), "M": int(m),
                 "config": " ".join(str(v) for v in cfg.values()) if cfg else "-",
                 # manifests written before times were checked may hold NaN or Infinity: no number
-                "time_us": _number(e.get("time_us")), "spread": _number(e.get("spread")),
-                "default_us": _number(e.get("default_time_us")), "speedup": _number(e.get("speedup")),
+                "time_us": number(e.get("time_us")), "spread": number(e.get("spread")),
+                "default_us": number(e.get("default_time_us")), "speedup": number(e.get("speedup")),
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
                 "failures": failures.summary(e.get("failures") or {}),
                 # which config the row holds and why (tuner/search/choice.py): tuned, installed or default
@@ -167,11 +159,6 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
         plt.close(fig)
 
 
-def _geomean(values) -> float | None:
-    vals = [v for v in values if v and v > 0 and not math.isnan(v)]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
-
-
 def choice_text(choice: dict) -> str:
     from tuner.search.choice import choice_text as text
     return text(choice)
@@ -180,16 +167,6 @@ def choice_text(choice: dict) -> str:
 def policy_text(policy) -> str:
     from tuner.measure.policy import policy_text as text
     return text(policy if isinstance(policy, dict) else None)
-
-
-def run_source(run: Path) -> str:
-    """Where a results folder's times came from, in one line (loud when SYNTHETIC or from the
-    CPU device)."""
-    from tuner.measure.provenance import banner
-    manifest = read_manifest(run)
-    env: dict = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
-    measured = manifest.get("measured_by") or next((t.get("measured") for t in manifest.get("tables", [])), "")
-    return banner(env, measured)
 
 
 def write_report(run: Path, out: Path | None = None,
@@ -206,7 +183,7 @@ def write_report(run: Path, out: Path | None = None,
              f"Measurement: {policy_text(manifest.get('measurement'))}."
              + (f" Routing recorded from {manifest['routing'].get('file')} ({manifest['routing'].get('what')})."
                 if isinstance(manifest.get("routing"), dict) else ""), ""]
-    g = _geomean(df["speedup"])
+    g = geomean(df["speedup"])
     if g:
         where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else \
             " (CPU DEVICE: not a GPU's times)" if is_loud(source) else ""
@@ -328,112 +305,6 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
     return "\n".join([head, rule, *body])
 
 
-# -- judged by traffic: weighted speedups and the per-pass estimate (tuner/plan/traffic.py) --------------
-def run_traffic(runs: list[Path], given: str | None, tp: int | None = None):
-    """--traffic FILE, else the profile the first of `runs` whose manifest records one, else None."""
-    from tuner.plan.traffic import TrafficProfile, load_profile
-    if given:
-        return load_profile(given, tp)
-    for run in runs:
-        record = read_manifest(run).get("traffic")
-        if record:
-            return TrafficProfile.from_manifest(record, f"{run}/manifest.json")
-    return None
-
-
-def run_model(runs: list[Path], given: str | None):
-    """The model whose layer counts turn per-layer times into a per-pass estimate: --model,
-    else the one the first run's manifest names (None when neither is readable)."""
-    from tuner.plan.models import load_model
-    if given:
-        return load_model(given)
-    for run in runs:
-        manifest = read_manifest(run)
-        for name in (manifest.get("model_source"), manifest.get("model")):
-            if name:
-                try:
-                    return load_model(str(name))
-                except TunerError:
-                    continue
-    return None
-
-
-def table_times(entry: dict) -> tuple[list[int], dict[int, float | None], dict[int, float | None]]:
-    """(keys in file order, {key: default time}, {key: the table's time}) of a manifest table."""
-    entries = entry.get("entries") or {}
-    keys = sorted(int(m) for m, e in entries.items() if e.get("config"))
-    return (keys, {k: _number(entries[str(k)].get("default_time_us")) for k in keys},
-            {k: _number(entries[str(k)].get("time_us")) for k in keys})
-
-
-def _engines_of(entry: dict) -> list[str]:
-    return sorted(entry.get("files") or {})
-
-
-def traffic_report_lines(run: Path, profile, model) -> list[str]:
-    """A run's tables judged by traffic: per table the traffic-weighted speedup over the
-    default next to the plain geomean, and per engine the estimated kernel time per pass."""
-    from tuner.plan.models import layers_per_pass
-    from tuner.plan.traffic import step_estimate, step_text, weighted
-    manifest = read_manifest(run)
-    source = run_source(run)
-    lines = [*profile.describe()]
-    tables = [t for t in manifest.get("tables", []) if t.get("files")]
-    for t in sorted(tables, key=_label):
-        keys, default, tuned = table_times(t)
-        w = weighted(profile, (keys, default), (keys, tuned))
-        plain = _geomean([d / t for d, t in ((default[k], tuned[k]) for k in keys) if d and t])
-        lines.append(f"{_label(t)} [{', '.join(_engines_of(t))}]: " + _speedups(w, "the default", plain, len(keys)))
-    lines += _step_lines(tables, lambda t: (table_times(t)[:2], (table_times(t)[0], table_times(t)[2])), profile,
-                         model, source, "default", "table", layers_per_pass, step_estimate, step_text)
-    return lines
-
-
-def traffic_diff_lines(old: Path, new: Path, profile, model) -> list[str]:
-    """Two runs judged by traffic: per problem the traffic-weighted speedup of NEW over OLD
-    (each served M timed at the entry each table would use), and the per-pass estimate."""
-    from tuner.plan.models import layers_per_pass
-    from tuner.plan.traffic import step_estimate, step_text, weighted
-    old_tables = {_label(t): t for t in read_manifest(old).get("tables", []) if t.get("files")}
-    new_tables = [t for t in read_manifest(new).get("tables", []) if t.get("files") and _label(t) in old_tables]
-    source = f"old {run_source(old)}; new {run_source(new)}"
-    lines = [*profile.describe()]
-
-    def pair(t):
-        a, b = table_times(old_tables[_label(t)]), table_times(t)
-        return (a[0], a[2]), (b[0], b[2])
-
-    for t in sorted(new_tables, key=_label):
-        (ka, ta), (kb, tb) = pair(t)
-        w = weighted(profile, (ka, ta), (kb, tb))
-        common = [k for k in kb if k in ta and ta[k] and tb[k]]
-        plain = _geomean([ta[k] / tb[k] for k in common])
-        lines.append(f"{_label(t)} [{', '.join(_engines_of(t))}]: new " + _speedups(w, "old", plain, len(common)))
-    lines += _step_lines(new_tables, pair, profile, model, source, "old", "new", layers_per_pass, step_estimate,
-                         step_text)
-    return lines
-
-
-def _speedups(w, against: str, plain: float | None, n: int) -> str:
-    from tuner.plan.traffic import speedup_text
-    return (speedup_text(w, against)
-            + (f" (plain geomean {plain:.2f}x over {n} batch sizes)" if plain else " (plain geomean: -)"))
-
-
-def _step_lines(tables, pair, profile, model, source, base, new, layers_per_pass, step_estimate, step_text):
-    if model is None:
-        return ["estimated time per forward pass: give --model for the layer counts"]
-    lines = []
-    for engine in sorted({e for t in tables for e in _engines_of(t)}):
-        rows = []
-        for t in tables:
-            if engine in _engines_of(t):
-                a, b = pair(t)
-                rows.append((layers_per_pass(model, t.get("layers") or []), a, b))
-        lines.append(f"{engine}, {model.name}: " + step_text(step_estimate(profile, rows), source, base, new))
-    return lines
-
-
 def add_report_parser(sub, common) -> None:
     """`tuner report` and its options."""
     rep = sub.add_parser("report", help="tables and plots of a results folder",
@@ -449,7 +320,8 @@ def add_report_parser(sub, common) -> None:
 
 
 def run_report(args) -> int:
-    from tuner.commands.report import run_model, run_source, run_traffic, table_sections, traffic_report_lines, write_report
+    from tuner.commands.report import table_sections, write_report
+    from tuner.commands.report_traffic import run_model, run_traffic, traffic_report_lines
     run = Path(args.run)
     read_manifest(run)                      # not a results folder: one line, before the profile's
     profile = run_traffic([run], args.traffic)
@@ -460,8 +332,8 @@ def run_report(args) -> int:
     for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                                     "failures"]):
         print(line)
-    from tuner.commands.report import _geomean
-    g = _geomean(df["speedup"])
+    from tuner.commands.report import geomean
+    g = geomean(df["speedup"])
     if g:
         print(f"Geometric-mean speedup over the engines' default config"
               f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}"
@@ -492,7 +364,7 @@ def add_diff_parser(sub, common) -> None:
 def run_diff(args) -> int:
     from tuner.commands.report import write_diff
     out = Path(args.out) if args.out else Path(args.new) / "diff"
-    from tuner.commands.report import run_model, run_traffic, traffic_diff_lines
+    from tuner.commands.report_traffic import run_model, run_traffic, traffic_diff_lines
     runs = [Path(args.new), Path(args.old)]
     for run in runs:
         read_manifest(run)                  # not a results folder: one line, before the profile's
@@ -500,7 +372,6 @@ def run_diff(args) -> int:
     traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
         if profile else None
     df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
-    from tuner.commands.report import run_source
     sources = run_source(Path(args.old)), run_source(Path(args.new))
     print(f"old: {sources[0]}")
     print(f"new: {sources[1]}")

@@ -1,13 +1,13 @@
 """`tuner worker` and `tuner collect`: join a run kept in a shared storage and measure its trials
-on this machine, and write the tables of its finished studies (tune.py does the work)."""
+on this machine, and write the tables of its finished studies (tuner/pipeline/ does the work)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tuner.api import check_out_dir
 from tuner.commands.options import device_option, positive, trust_option, workers
+from tuner.pipeline.planning import check_out_dir
 
 
 def add_worker_parser(sub, common) -> None:
@@ -30,9 +30,10 @@ def add_worker_parser(sub, common) -> None:
 
 
 def run_worker(args) -> int:
-    from tuner.commands.tune import load_plans, make_measurer, open_checked_storage, tune_all
     from tuner.measure.device import require
-    from tuner.progress import Progress
+    from tuner.pipeline.run import work
+    from tuner.pipeline.stored_plans import load_plans
+    from tuner.search.storage_checks import open_checked_storage
 
     storage = open_checked_storage(args.storage, existing=True)
     if not args.replay and args.device == "cuda":
@@ -49,14 +50,7 @@ def run_worker(args) -> int:
                            recycle_after=args.recycle_after, device=args.device):
         if not args.replay:
             require(args.device, opts.gpu, "a worker", "--replay FILE measures from a recorded landscape")
-        from tuner.commands.tune import time_unit
-        progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not args.quiet,
-                            unit=time_unit(opts))
-        measurer = make_measurer(opts, progress)
-        try:
-            tune_all(opts, storage, measurer, progress)
-        finally:
-            measurer.close()
+        work(opts, storage, quiet=args.quiet)
     return 0
 
 
@@ -72,8 +66,10 @@ def add_collect_parser(sub, common) -> None:
 
 
 def run_collect(args) -> int:
-    from tuner.commands.tune import collect, load_plans, open_checked_storage
     from tuner.emit.run_table import run_table_lines, written_files
+    from tuner.pipeline.emission import collect
+    from tuner.pipeline.stored_plans import load_plans
+    from tuner.search.storage_checks import open_checked_storage
 
     out = Path(args.out)
     check_out_dir(out)
@@ -81,7 +77,7 @@ def run_collect(args) -> int:
     for opts in load_plans(storage, args.study_prefix, out_dir=out, storage=args.storage):
         results = collect(opts, storage, wait=args.wait)
         if results:
-            from tuner.commands.report import run_source
+            from tuner.emit.run_table import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
             for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out):
                 print(line)

@@ -245,3 +245,14 @@ def prefer_defaults(kernel: KernelSpec, group: list[Problem], group_results: lis
                               "why": why + ("" if timed else "; this default was not timed")}))
         out.append(kept)
     return out
+
+
+def copied_tied_tables(kernel: KernelSpec, group: list[Problem], group_results: list[list[StudyResult]]) -> dict:
+    """{problem key: why} of the tied tables (SGLang's `_down`) that came out the same as the
+    table they are tied to at every M: not written, since the engine then reuses that table
+    anyway, and `tuner audit` flags such a file as a copy that was never tuned."""
+    from tuner.plan.kernel_api import table_entry
+    tables = {p.key: {r.M: table_entry(kernel, r.config) for r in rs if r.config is not None}
+              for p, rs in zip(group, group_results)}
+    return {p.key: f"the same configs as {p.tied_to} at every M: the engine reuses that table for it without a file"
+            for p in group if p.tied_to and tables.get(p.key) and tables[p.key] == tables.get(p.tied_to)}

@@ -1,13 +1,26 @@
 """A run's closing table as a person reads it: within 120 columns, each row naming the table
 file it goes to (by what tells the files apart: the engine and the shape; the rest of the name,
 the same for every file, said once above), times to two decimals, a default without a time
-shown with why. Also the plain fixed-width formatter the other tables of times use."""
+shown with why; the line above it saying where the times came from (`run_source`). Also the
+plain fixed-width formatter the other tables of times use."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 WIDTH = 120
+
+
+def run_source(run: Path) -> str:
+    """Where a results folder's times came from, in one line (loud when SYNTHETIC or from the
+    CPU device)."""
+    from tuner.emit.results import read_manifest
+    from tuner.measure.provenance import banner
+    manifest = read_manifest(run)
+    env: dict = next((t.get("environment") for t in manifest.get("tables", []) if t.get("environment")), {}) or {}
+    measured = manifest.get("measured_by") or next((t.get("measured") for t in manifest.get("tables", [])), "")
+    return banner(env, measured)
 
 
 def _shape(rel: str) -> str:

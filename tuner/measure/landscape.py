@@ -82,19 +82,20 @@ class Landscape:
         return min(timed, key=lambda cp: cp[1]) if timed else None
 
 
-HEADER_BYTES = 64 << 10          # line 1 of a landscape: a header is a few hundred bytes
-
-
 def read_header(path: str | Path) -> dict:
     """Line 1 of a landscape, e.g. to learn its kernel before reading the rest (read
-    within bounds: a file of one huge line is refused, never read whole)."""
-    from tuner.reading import first_line
-    try:
-        return json.loads(first_line(path, "landscape ", HEADER_BYTES))
-    except TunerError as e:
-        raise TunerError(f"cannot read the header of landscape {path}: {e}") from None
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise TunerError(f"cannot read the header of landscape {path}: {e}") from None
+    within bounds: tuner/reading.py landscape_header, where the plan stage reads it too)."""
+    from tuner.reading import landscape_header
+    return landscape_header(path)
+
+
+def landscape_source(kernel: KernelSpec) -> dict:
+    """What a landscape's header says of the code it timed: a hash of that code, and for an
+    engine's kernel whose it is (none for ours, so that older landscapes read the same)."""
+    out = {"code_version": kernel.code_version} if kernel.code_version else {}
+    if kernel.source == "ours":
+        return out
+    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version, **out}
 
 
 def _header(path: Path, line: str) -> dict:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from tuner.errors import TunerError
-from tuner.measure.landscape import LandscapeWriter, Point
+from tuner.measure.landscape import LandscapeWriter, Point, landscape_source
 
 
 def fake_time_us(params: dict, M: int, cfg: dict, sm_count: int = 132) -> float | None:
@@ -74,7 +74,6 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
     device = device or gpu.cuda_name
     import triton
 
-    from tuner.commands.tune import landscape_source
     from tuner.plan.kernel_api import config_tuple
     # the running Triton: a replay refuses (or notes) a landscape of another one, as it would a recording
     header = {"format": "tuner-landscape/1", "kernel": kernel.name, **landscape_source(kernel),

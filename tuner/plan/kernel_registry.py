@@ -120,9 +120,9 @@ def source_mode(kernel_source: str | None, replay: str | None) -> str:
     explicit --kernel-source is refused."""
     if not replay:
         return kernel_source or "engine"
-    from tuner.measure.landscape import read_header
+    from tuner.reading import landscape_header
     try:
-        header = read_header(replay)
+        header = landscape_header(replay)
     except TunerError:
         return kernel_source if kernel_source not in (None, "engine") else "ours"  # the full read says why
     recorded = header.get("kernel_source", "ours") if isinstance(header, dict) else "ours"
@@ -137,9 +137,9 @@ def as_recorded(kernel, replay: str | None):
     it was recorded at, from the landscape's header (manifests and install compare it)."""
     if not replay or kernel.source == "ours" or kernel.source_version:
         return kernel
-    from tuner.measure.landscape import read_header
+    from tuner.reading import landscape_header
     try:
-        version = str(read_header(replay).get("kernel_source_version") or "")
+        version = str(landscape_header(replay).get("kernel_source_version") or "")
     except (TunerError, AttributeError):
         return kernel
     return dataclasses.replace(kernel, source_version=version)

@@ -67,7 +67,7 @@ class StudyResult:
     # the default was written instead: the tuned config, its time and why (tuner/emit/results.py).
     kept_default: dict | None = None
     # for a table tied to another (SGLang's _down): how the shared keys were chosen for both
-    # (tuner.commands.tune.choose_tied): the candidate pairs, their times, which won
+    # (tuner.search.tied_choice.choose_tied): the candidate pairs, their times, which won
     tied: dict = field(default_factory=dict)
     # what the study was searched with (budget, patience, sampler, seed): a later run with
     # other settings that finds it finished reuses it, and the manifest says so

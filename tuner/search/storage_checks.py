@@ -147,3 +147,10 @@ def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
                              "command again") from None
         text = str(e).strip().splitlines()
         raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
+
+
+def storage_holds_anything(url: str) -> bool:
+    """Whether a storage holds anything yet: its file is there (a journal, SQLite), or it is a
+    database server's."""
+    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    return local is None or (local.is_file() and local.stat().st_size > 0)

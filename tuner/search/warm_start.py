@@ -1,6 +1,6 @@
 """Warm starts: a study seeded with configs known to be good elsewhere, each measured again.
 
-Sources (tuner/commands/warm_sources.py reads them into `Known` configs):
+Sources (tuner/pipeline/warm_sources.py reads them into `Known` configs):
   - `--warm-start PATH...`: earlier results folders (every study's best measured configs),
     table files, folders of tables (an engine's config folder); any GPU, any M, any shape
     of the same kernel;

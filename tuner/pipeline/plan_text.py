@@ -1,88 +1,20 @@
-"""One tuning run's options (`RunOptions`: kernel, space, GPU, problems, batch sizes, search,
-output) and the plan a dry run prints: what is tuned, on whose kernel, into which files, how
-many configs survive pruning and the roofline floor per batch size. Light on purpose: a plan
-loads neither Optuna, pandas, torch nor Triton (tests/test_api.py checks); the run itself is
-tuner/commands/tune.py's."""
+"""The plan a dry run prints: what is tuned, on whose kernel, into which files, how many configs
+survive pruning and the roofline floor per batch size. Light on purpose: a plan loads neither
+Optuna, pandas, torch nor Triton (tests/test_api.py checks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from tuner.commands import ceilings
+from tuner.measure import ceilings
 from tuner.measure.environment import installed_version
 from tuner.measure.policy import policy_text
+from tuner.pipeline.run_plan import RunPlan, run_storage
 from tuner.plan.engines import ENGINES
-from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
-from tuner.plan.space import SearchSpace
-from tuner.search.settings import JOURNAL, SearchSettings, StudyResult
-
-if TYPE_CHECKING:
-    from tuner.plan.traffic import TrafficProfile
-    from tuner.search.warm_start import WarmPool
+from tuner.search.settings import StudyResult
 
 
-@dataclass
-class RunOptions:
-    kernel: KernelSpec
-    space: SearchSpace
-    gpu: GpuSpec
-    problems: list[Problem]
-    batch_sizes: list[int]
-    settings: SearchSettings
-    out_dir: Path
-    storage: str | None = None
-    engines: list[str] = field(default_factory=lambda: ["vllm", "sglang"])
-    replay: str | None = None
-    record: str | None = None
-    baseline: str | None = None
-    compile_workers: int = 8
-    measure_timeout: float = 120.0   # seconds one config may take before its worker is replaced
-    recycle_after: int = 256         # configs a measuring worker serves before a fresh one
-    run_info: dict = field(default_factory=dict)   # model, tp, ep, dtype: for the manifest
-    quiet: bool = False
-    prefix: str = ""                 # study-name prefix: several runs can share one storage
-    gpus: list[int] = field(default_factory=list)  # more than one: a worker process per GPU
-    plan_ms: dict | None = None      # batch sizes per problem key, where they differ (replay)
-    traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
-    device: str = "cuda"             # what measures: a CUDA GPU, or the CPU device (tuner/measure/device.py)
-    times: str | None = None         # where the times come from (tuner/search/identity.py), once known
-    notes: list[str] = field(default_factory=list)   # lines the run says once it starts (its default --tp)
-    warm: WarmPool | None = None     # known configs to seed studies from (tuner/search/warm_start.py)
-
-    @property
-    def policy(self) -> dict:
-        """The measurement policy (tuner/measure/policy.py), as run_info carries it to plans and manifests."""
-        return dict(self.run_info.get("measurement") or {})
-
-    @property
-    def device_name(self) -> str:
-        """The device as studies, landscapes and manifests name it."""
-        from tuner.measure.device import device_name
-        return device_name(self.device, self.gpu)
-
-    def ms_for(self, problem: Problem) -> list[int]:
-        if self.plan_ms is not None:
-            return list(self.plan_ms.get(problem.key, []))
-        return list(self.batch_sizes)
-
-
-def default_storage(out_dir: Path) -> str:
-    """A run's storage when --storage is not given: the journal file OUT/studies.journal
-    (tuner/search/storage.py); a folder an older tuner left with OUT/studies.db (SQLite) and
-    no journal keeps its database, so its run resumes where it stopped."""
-    older = out_dir / "studies.db"
-    journal = out_dir / "studies.journal"
-    if older.is_file() and not journal.exists():
-        return f"sqlite:///{older.resolve()}"
-    return f"{JOURNAL}{journal.resolve()}"
-
-
-# -- the plan ---------------------------------------------------------------------------
-def plan_text(opts: RunOptions) -> str:
+def plan_text(opts: RunPlan) -> str:
     k, gpu = opts.kernel, opts.gpu
     lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
              f"  {opts.run_info.get('model', '')}  " + "  ".join(
@@ -95,7 +27,7 @@ def plan_text(opts: RunOptions) -> str:
               f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
              + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
              f"  timing: {policy_text(opts.policy or None) if not opts.replay else 'replayed: as the landscape was recorded'}",
-             f"  storage {opts.storage or default_storage(opts.out_dir)}",
+             f"  storage {run_storage(opts)}",
              f"  output {opts.out_dir}/"]
     triton_version = installed_version("triton")
     roof = ceilings.load(gpu)
@@ -123,7 +55,7 @@ def plan_text(opts: RunOptions) -> str:
     return "\n".join(lines)
 
 
-def traffic_plan_lines(opts: RunOptions) -> list[str]:
+def traffic_plan_lines(opts: RunPlan) -> list[str]:
     """The keys a traffic profile chose, what each serves, and its budget (the plan)."""
     from tuner.plan.traffic import key_coverage
     profile = opts.traffic
@@ -167,7 +99,7 @@ def kernel_origin_text(kernel: KernelSpec) -> str:
             f"{kernel.origin} (code {kernel.code_version}){imports}")
 
 
-def planned_files(opts: RunOptions, p: Problem, triton_version: str) -> list[tuple[str, str]]:
+def planned_files(opts: RunPlan, p: Problem, triton_version: str) -> list[tuple[str, str]]:
     """(who reads it, relative path) of each file a problem's results go to."""
     k = opts.kernel
     if k.emit_table is not None:

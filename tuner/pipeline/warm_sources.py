@@ -77,7 +77,7 @@ def studies(journal: Path, kernel: KernelSpec, gpu: str, source: str) -> list[Kn
     a journal takes a lock beside it: the folder read from is left as it was)."""
     import optuna
 
-    from tuner.commands.tune import PLAN_FORMAT
+    from tuner.pipeline.stored_plans import PLAN_FORMAT
     from tuner.search.storage import open_journal
     with tempfile.TemporaryDirectory(prefix="tuner-warm-") as tmp:
         copy = Path(tmp) / "studies.journal"
@@ -119,7 +119,7 @@ def _known_of(table_files, kernel: KernelSpec, source: str) -> list[Known]:
 
 def tables_at(path: Path, kernel: KernelSpec, model, problems: list[Problem]) -> list[Known]:
     """Table files (one, or a folder's, searched recursively) of this kernel, any GPU."""
-    from tuner.commands.drift import parse_table_file
+    from tuner.plan.table_files import parse_table_file
     files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
     routing = (problems[0].params.get("routing") if problems else None) or "uniform"
     found = []
@@ -135,9 +135,9 @@ def shipped_tables(engine: str, kernel: KernelSpec, model, problems: list[Proble
                    engine_source: list[str] | None) -> tuple[str, str, list[Known]] | None:
     """The engine's shipped tables of this kernel on Hopper GPUs, of the nearest shapes to the
     planned problems; None when the engine (or a wheel of it) is not found."""
-    from tuner.commands.drift import parse_table_file
     from tuner.emit.engine_tables import locate_installation
     from tuner.plan.engines import table_family
+    from tuner.plan.table_files import parse_table_file
     try:
         inst = locate_installation(engine, engine_source=engine_source)
         family = table_family(engine, kernel.table_kind)

@@ -1,0 +1,294 @@
+"""A tuning request resolved into plans (tuner/pipeline/run_plan.py): the model, GPU and search
+settings loaded, the deployment's --tp, the model's problems on one GPU, a traffic profile's
+keys and budgets, a recorded routing, each engine's kernel and its space, the warm-start
+pool, the output folder and storage checked. Everything that can refuse is asked here, before
+the first write. Light at import: `tuner --help` loads the commands that import it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from tuner.errors import TunerError
+from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, MLA_BATCH_SIZES, TuneRequest
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
+
+if TYPE_CHECKING:
+    from tuner.pipeline.run_plan import RunPlan
+
+log = logging.getLogger("tuner")
+
+
+def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunPlan]:
+    """The request resolved into one plan per kernel that times some of the tables (each
+    engine's own, or ours), every input checked before anything is written; `req` (the
+    pipeline's own copy) gets the defaults it left open (batch sizes, dtype, --tp, a recorded
+    routing's name, a synthetic landscape). A dry run's notes are said here."""
+    from tuner.pipeline.run_plan import RunPlan
+    from tuner.plan.space import load_space
+
+    keys_given = req.batch_sizes is not None
+    model, gpu, settings = load_common(req)
+    parallel = deployment_tp(req, model, gpu)                       # the deployment, before its shapes
+    routing, recorded = recorded_routing(req, model)                # --routing FILE: read and checked first
+    problems = only_problems(problems_of(req, model), req.only)      # a bad --tp/--ep/--only is said first
+    profile = traffic_keys(req, settings, keys_given) if req.traffic else None
+    if not req.dry_run and not req.replay and not req.synthetic:
+        # the first thing a run without a GPU is told (before the engines' code or --out)
+        from tuner.measure.device import require
+        require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
+                "landscape, --synthetic runs it all on a SYNTHETIC one made on the fly (to try the tool), and "
+                "--device cpu runs the GPU's code path on the CPU (times that mean nothing about a GPU)")
+    if parallel.line and req.dry_run:
+        say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
+    if not req.dry_run:
+        # before anything is written: a folder we may write, a storage that is ours
+        from tuner.pipeline.run_plan import default_storage
+        from tuner.search.storage_checks import check_storage_url
+        out = out_dir(req, model.name, gpu.key)
+        check_out_dir(out)
+        if recorded is not None:
+            from tuner.plan.routing import install
+            install(recorded, out / "routing")          # where the kernel reads the ids (this run's children too)
+        check_storage_url(req.storage or default_storage(out))
+    if req.synthetic:
+        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE, landscape_for_run
+        say(SYNTHETIC_RUN_LINE)
+        if not req.dry_run:
+            req.replay = str(landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command],
+                                               str(req.kernel_source), gpu, problems, req.batch_sizes or [],
+                                               req.space, say=(lambda line: None) if req.quiet else say))
+    notes: list[str] = []
+    runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
+    from tuner.measure.policy import MeasurementPolicy
+    policy = MeasurementPolicy(req.timing, req.l2, routing=req.routing if req.command == "moe" else None)
+    plans = []
+    for kernel, problems in runs:
+        from tuner.pipeline.warm_sources import build_pool
+        # the engine's own shipped tables for its kernel's tables (both engines' for ours)
+        warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
+                          [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
+        plans.append(RunPlan(
+            request=req, kernel=kernel, space=load_space(kernel, req.space), gpu=gpu, problems=problems,
+            batch_sizes=sorted(set(req.batch_sizes or [])), settings=settings,
+            out_dir=out_dir(req, model.name, gpu.key), record=record_path(req.record, kernel, len(runs) > 1),
+            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
+            warm=warm,
+            run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
+                      "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
+                      "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
+            traffic=profile,
+        ))
+    if parallel.line and plans:
+        plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
+    if req.dry_run:
+        for line in dict.fromkeys(notes):
+            say(f"note: {line}")
+    return plans
+
+
+def deployment_tp(req: TuneRequest, model, gpu):
+    """The request's tensor-parallel size (tuner/plan/deployment.py): --tp, checked to hold the
+    weights, or the smallest that does; set into the request."""
+    from tuner.plan.deployment import check_tp
+    from tuner.plan.models import checkpoint_dtype
+    parallel = check_tp(model, gpu, req.tp, req.ep, checkpoint_dtype(model), req.per_rank)
+    req.tp = parallel.tp
+    return parallel
+
+
+def load_common(req: TuneRequest):
+    """Everything the kernel commands share: model, GPU, search settings (and the
+    command's defaults filled into the request)."""
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model
+    from tuner.search.settings import default_settings
+
+    if req.batch_sizes is None:
+        req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
+    if req.dtype is not None and req.dtype not in DTYPES[req.command]:
+        raise TunerError(f"--dtype {req.dtype} is not supported by `tuner {req.command}`; "
+                         f"choose from {', '.join(DTYPES[req.command])}")
+    if req.replay and req.record:
+        raise TunerError("--replay and --record cannot be combined: one replays timings, the other takes them")
+    if req.replay and not Path(req.replay).is_file():
+        raise TunerError(f"landscape {req.replay} not found")
+    if req.baseline and not Path(req.baseline).is_dir():
+        raise TunerError(f"--baseline {req.baseline} is not a folder")
+    gpu = get_gpu(req.gpu)
+    model = load_model(req.model)
+    req.dtype = command_dtype(req.command, model, req.dtype)
+    trials = req.trials or DEFAULT_TRIALS[req.command]
+    # Batches as large as the configs compiled at once on a GPU; a replay compiles nothing.
+    settings = default_settings(trials, sampler=req.sampler, seed=req.seed, patience=req.patience,
+                                parallel=1 if req.replay else req.compile_workers)
+    settings.row_gain = float(req.min_gain)
+    return model, gpu, settings
+
+
+def recorded_routing(req: TuneRequest, model):
+    """--routing FILE (moe): (what the manifest says of it, the recorded top-k ids), checked
+    against the model; the request then names the routing as problems do
+    ("recorded:<stem>@<hash>"). (None, None) for uniform and zipf."""
+    from tuner.plan import routing as rt
+    if not rt.is_file_routing(req.routing):
+        return None, None
+    if req.command != "moe":
+        raise TunerError(f"--routing applies to `tuner moe`, not `tuner {req.command}`")
+    recorded = rt.load_routing(req.routing)
+    experts = (model.n_routed_experts or 0)
+    rt.checked(recorded, int(model.num_experts_per_tok or 0), experts, f"--routing {req.routing}")
+    info = {"file": str(Path(req.routing).resolve()), "name": recorded.name, "what": recorded.describe(),
+            **rt.load_profile_stats(recorded, experts)}
+    req.routing = recorded.name
+    return info, recorded
+
+
+def traffic_keys(req: TuneRequest, settings, keys_given: bool):
+    """--traffic: the profile; the keys it chooses (unless --batch-sizes names them) become the
+    batch sizes, and the trial budget is split over them by traffic (tuner/plan/traffic.py)."""
+    from tuner.plan.traffic import choose_keys, key_coverage, load_profile, split_budget
+    if req.command not in ("gemm", "moe"):
+        raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
+                         f"`tuner {req.command}` tunes another M")
+    profile = load_profile(str(req.traffic), tp=req.tp)
+    if keys_given:
+        keys = sorted(set(req.batch_sizes or []))
+        shares = {c.key: c.share for c in key_coverage(keys, profile)}
+    else:
+        plan = choose_keys(profile)
+        keys, shares = plan.keys, plan.shares()
+        req.batch_sizes = keys
+    settings.budgets = {str(m): n for m, n in split_budget(shares, settings.budget).items()}
+    return profile
+
+
+def command_dtype(command: str, model, given: str | None) -> str:
+    """The --dtype of a kernel command: for the fused MoE the checkpoint's own precision unless
+    given (a given one that differs is warned about); gemm and mla have one each."""
+    if command in ("moe", "fused_moe"):
+        from tuner.plan.models import resolve_dtype
+        return resolve_dtype(model, given, DTYPES["moe"], "moe")
+    return given or DTYPES["mla" if command in ("mla", "mla_decode") else "gemm"][0]
+
+
+def problems_of(req: TuneRequest, model) -> list:
+    """The model's problems for the command, as one GPU runs them at --tp/--ep (--tp set by
+    deployment_tp by now)."""
+    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
+    tp = req.tp
+    if tp is None:
+        raise TunerError("internal: the tensor-parallel size was not planned")
+    if req.command == "gemm":
+        return gemm_problems(model, tp, req.ep)
+    if req.command == "moe":
+        return moe_problems(model, tp, req.ep, req.dtype or DTYPES['moe'][0], req.routing, req.engines)
+    problems, skipped = mla_problems(model, tp, req.contexts or DEFAULT_CONTEXTS, req.page_size)
+    if skipped and req.contexts:
+        log.warning("skipping contexts beyond %s's positions: %s", model.name, skipped)
+    return problems
+
+
+def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
+    """[(kernel, its problems)]: the problems each kernel times. With engine kernels a
+    problem several engines read (a GEMM shape) becomes one problem per engine, each timed
+    on that engine's kernel and written to that engine's table only. `req`: a TuneRequest
+    or anything with its kernel_source, replay, engines, engine_source and dry_run."""
+    from tuner.plan.kernel_registry import as_recorded, kernel_for, source_mode
+
+    mode = source_mode(req.kernel_source, req.replay)
+    runs: dict = {}
+    for p in problems:
+        engines = [e for e in p.engines if e in req.engines] or list(p.engines)
+        for engine in engines:
+            try:
+                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=not req.replay)
+            except TunerError as e:
+                if not req.dry_run:
+                    raise
+                notes.append(str(e))
+                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=False)
+            kernel = as_recorded(kernel, req.replay)
+            if kernel.source == "ours":
+                # one problem for every engine whose table ours times
+                runs.setdefault(("ours", kernel.name), (kernel, []))
+                if p not in runs[("ours", kernel.name)][1]:
+                    runs[("ours", kernel.name)][1].append(p)
+            else:
+                runs.setdefault((kernel.source, kernel.name), (kernel, []))[1].append(
+                    dataclasses.replace(p, engines=(engine,)))
+    if req.replay and mode != "ours" and not runs:
+        raise TunerError(f"landscape {req.replay} was recorded on {mode}'s kernel, which times none of "
+                         f"the tables asked for (--engines {' '.join(req.engines)})")
+    return list(runs.values())
+
+
+def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
+    if req.out:
+        return Path(req.out)
+    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "") \
+        + ("-synthetic" if req.synthetic else "")
+    return Path("runs") / name
+
+
+def check_out_dir(out: Path) -> None:
+    """Before the first write: --out must be a folder we can write, holding nothing of
+    another program (a manifest.json that is not ours)."""
+    from tuner.emit.results import MANIFEST, manifest_problem
+    from tuner.paths import writable_folder
+    if out.exists() and not out.is_dir():
+        raise TunerError(f"--out {out} is a file, not a folder")
+    ok, existing = writable_folder(out)
+    if not ok:
+        raise TunerError(f"cannot write to {existing} (--out {out}): permission denied or not a folder")
+    manifest = out / MANIFEST
+    if os.path.lexists(manifest):
+        from tuner.reading import read_json_file
+        try:
+            problem = manifest_problem(read_json_file(manifest))
+        except TunerError as e:
+            problem = f"unreadable: {e}"
+        if problem:
+            raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
+
+
+def only_problems(problems: list, only: list[str] | None) -> list:
+    """The problems whose key holds one of the --only texts (all without --only)."""
+    if not only:
+        return problems
+    kept = [p for p in problems if any(text in p.key for text in only)]
+    if not kept:
+        raise TunerError(f"--only {' '.join(only)} matches none of the problems: "
+                         + "; ".join(p.key for p in problems))
+    return kept
+
+
+def record_path(record: str | None, kernel, several: bool) -> str | None:
+    """One landscape per kernel: with several (each engine's own), the source goes into the
+    name (land.jsonl.gz -> land.vllm.jsonl.gz)."""
+    if not record or not several or kernel.source == "ours":
+        return record
+    path = Path(record)
+    stem, dot, ext = path.name.partition(".")
+    return str(path.with_name(f"{stem}.{kernel.source}{dot}{ext}"))
+
+
+def gpu_list(text: str | None, device: str = "cuda") -> list[int]:
+    if device == "cpu":
+        return []                   # the CPU device is one device: no worker per GPU
+    if text is None:
+        try:
+            import torch
+            return list(range(torch.cuda.device_count()))
+        except Exception:  # noqa: BLE001 - no usable torch.cuda: no GPUs to spread over
+            return []
+    try:
+        gpus = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TunerError(f"--gpus takes GPU indexes like 0,1,2,3, not {text!r}") from None
+    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+        raise TunerError(f"--gpus takes distinct GPU indexes like 0,1,2,3, not {text!r}")
+    return gpus

@@ -1,0 +1,154 @@
+"""One tuning request, typed and checked once, when it is made.
+
+`TuneRequest` holds the options of `tuner gemm|moe|mla` (same names, docs/tuning.md). The
+command line makes one from its parsed options (`from_args`), `tuner.api` callers and
+`tuner nightly` from plain values (a job's YAML), and `tuner worker` from a plan stored in a
+shared storage (tuner/pipeline/stored_plans.py): every one is checked here, at construction,
+with the same words naming the option at fault. The pipeline (tuner/pipeline/) resolves it
+into what each kernel's run tunes (tuner/pipeline/run_plan.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+from tuner.errors import TunerError
+from tuner.plan.engines import ENGINE_NAMES
+from tuner.search.samplers import SAMPLERS
+
+COMMANDS = ("gemm", "moe", "mla")
+KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
+DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
+DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
+MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@dataclass
+class TuneRequest:
+    """One tuning run, as the options of `tuner gemm|moe|mla` (same names, see docs/tuning.md)."""
+    command: str                                # "gemm", "moe" or "mla"
+    model: str
+    gpu: str
+    dtype: str | None = None
+    tp: int | None = None                       # None: the smallest that serves the model (tuner/plan/deployment.py)
+    ep: int = 1
+    per_rank: bool = False                      # --tp is one rank's shapes on purpose: no fit check
+    batch_sizes: list[int] | None = None
+    engines: list[str] = field(default_factory=lambda: list(ENGINE_NAMES))
+    trials: int | None = None
+    patience: int | None = None
+    sampler: str = SAMPLERS[0]
+    seed: int = 0
+    space: str | None = None
+    baseline: str | None = None
+    storage: str | None = None
+    study_prefix: str = ""
+    kernel_source: str | None = None            # "engine" (default), "ours", or one engine's ("vllm")
+    engine_source: list[str] | None = None
+    out: str | None = None
+    replay: str | None = None
+    record: str | None = None
+    gpus: str | None = None                     # "0,1,2,3"; None: every visible GPU
+    compile_workers: int = min(16, os.cpu_count() or 1)
+    measure_timeout: int = 120
+    device: str = "cuda"                        # "cpu": the CPU device (tuner/measure/device.py), for CI
+    recycle_after: int = 256
+    dry_run: bool = False
+    quiet: bool = False
+    only: list[str] | None = None               # problems whose key holds one of these texts
+    routing: str = "uniform"                    # moe: uniform, zipf, or a recorded routing file (tuner/plan/routing.py)
+    contexts: list[int] | None = None           # mla
+    page_size: int = 64                         # mla
+    traffic: str | None = None                  # gemm, moe: a traffic profile (tuner/plan/traffic.py)
+    trust_engine_source: bool = False           # import engine files that match no known release
+    timing: str = "graph"                       # CUDA-graph replay or eager launches (tuner/measure/policy.py)
+    l2: str = "cold"                            # L2 flushed before each timed run, or warm
+    warm_start: list[str] | None = None         # results folders, tables, folders of tables: seeds
+    no_warm_start: bool = False                 # no seeds from the engines' shipped tables
+    min_gain: float = 0.02                      # a row changes only for a gain above this (tuner/search/choice.py)
+    synthetic: bool = False                     # time on a SYNTHETIC landscape made on the fly (no GPU)
+
+    def __post_init__(self) -> None:
+        """Checked once, here: every way a request is made (the command line, `tuner.api`, a
+        nightly job, a worker joining a stored run) gets the same checks and the same words."""
+        for name, value in self._checked().items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_args(cls, args) -> "TuneRequest":
+        """From the CLI's parsed options (those a command lacks keep their defaults)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def _checked(self) -> dict:
+        """The request's values checked, naming the option at fault (the CLI's parser checked
+        its own already; a nightly job's come from YAML): {field: its value as a number} to set."""
+        if self.command not in COMMANDS:
+            raise TunerError(f"unknown tuning command {self.command!r}; choose from {', '.join(COMMANDS)}")
+
+        def whole(name: str, value, least: int = 1, most: int | None = None) -> int:
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise TunerError(f"--{name.replace('_', '-')} must be an integer, not {value!r}")
+            try:
+                v = int(value)
+            except ValueError:
+                raise TunerError(f"--{name.replace('_', '-')} must be an integer, not {value!r}") from None
+            if v < least:
+                raise TunerError(f"--{name.replace('_', '-')} must be at least {least}, not {v}")
+            if most is not None and v > most:
+                raise TunerError(f"--{name.replace('_', '-')} must be at most {most}, not {v}")
+            return v
+
+        from tuner.search.samplers import REMOVED
+        if self.sampler in REMOVED:
+            raise TunerError(REMOVED[self.sampler])
+        for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
+                                     ("timing", self.timing, ("graph", "eager")),
+                                     ("l2", self.l2, ("cold", "warm")),
+                                     ("kernel_source", self.kernel_source, (None, "engine", "ours", *ENGINE_NAMES)),
+                                     ("device", self.device, ("cuda", "cpu"))):
+            if value not in allowed:
+                raise TunerError(f"--{name.replace('_', '-')} {value!r} is not one of "
+                                 f"{', '.join(str(a) for a in allowed if a)}")
+        if not isinstance(self.routing, str) or not self.routing:
+            raise TunerError(f"--routing takes uniform, zipf or a routing file, not {self.routing!r}")
+        if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
+            raise TunerError(f"--min-gain must be at least 0 and below 1 (0.02 is 2%), not {self.min_gain!r}")
+        if self.warm_start is not None and (not isinstance(self.warm_start, (list, tuple))
+                                            or not all(isinstance(p, str) for p in self.warm_start)):
+            raise TunerError(f"--warm-start takes paths, not {self.warm_start!r}")
+        if self.synthetic:
+            clash = [o for o, v in (("--replay", self.replay), ("--record", self.record), ("--gpus", self.gpus),
+                                    ("--device cpu", self.device == "cpu")) if v]
+            if clash:
+                raise TunerError(f"--synthetic makes its own SYNTHETIC landscape and replays it; drop {clash[0]}")
+        if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
+            raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
+        changes: dict = {}
+        if self.kernel_source in ENGINE_NAMES:
+            # one engine's own kernel: it times that engine's tables only
+            if self.engines != list(ENGINE_NAMES) and self.engines != [self.kernel_source]:
+                raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
+                                 f"not --engines {' '.join(self.engines)}")
+            changes["engines"] = [self.kernel_source]
+        if self.synthetic and self.kernel_source in (None, "engine"):
+            changes["kernel_source"] = "ours"          # the cost model's landscape of our kernels' configs
+        for name in ("ep", "measure_timeout", "recycle_after", "page_size"):
+            changes[name] = whole(name, getattr(self, name))
+        if self.tp is not None:
+            changes["tp"] = whole("tp", self.tp)
+        if not isinstance(self.per_rank, bool):
+            raise TunerError(f"--per-rank is a switch (true or false), not {self.per_rank!r}")
+        changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
+        # what every sampler's generator takes (numpy's RandomState: 0 to 2^32-1)
+        changes["seed"] = whole("seed", self.seed, 0, (1 << 32) - 1)
+        for name in ("trials", "patience"):
+            if getattr(self, name) is not None:
+                changes[name] = whole(name, getattr(self, name))
+        for name in ("batch_sizes", "contexts"):
+            values = getattr(self, name)
+            if values is not None:
+                if not isinstance(values, (list, tuple)) or not values:
+                    raise TunerError(f"--{name.replace('_', '-')} takes a list of integers, not {values!r}")
+                changes[name] = [whole(name, v) for v in values]
+        return changes

@@ -1,0 +1,181 @@
+"""One kernel's run: check its inputs, make the measurer (a replayed landscape, or the GPU or
+CPU device in a child process, recording a landscape on request), store the plan, run the
+studies here (tuner/pipeline/studies.py) or in one `tuner worker` process per GPU, then write
+the tables and manifest from what the storage holds (tuner/pipeline/emission.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from optuna.storages import BaseStorage
+
+from tuner.errors import TunerError
+from tuner.measure.environment import now_iso
+from tuner.measure.landscape import Landscape, LandscapeWriter, landscape_source
+from tuner.measure.measurers import Measurer, RecordingMeasurer, ReplayMeasurer
+from tuner.measure.policy import check_replay_policy, replay_policy
+from tuner.paths import remove_stale_temporaries
+from tuner.pipeline.baselines import check_baselines
+from tuner.pipeline.emission import collect
+from tuner.pipeline.run_plan import RunPlan, run_storage
+from tuner.pipeline.stored_plans import check_plan, open_run_storage, save_plan, storage_exists
+from tuner.pipeline.studies import time_unit, tune_all
+from tuner.plan.kernel_api import config_tuple
+from tuner.progress import Progress
+from tuner.search.settings import StudyResult
+
+
+def run_tuning(opts: RunPlan) -> dict[str, list[StudyResult]]:
+    """Tune every (problem, M) (here, or in one worker process per GPU), then write the
+    tables and the manifest from what the storage holds; returns the results."""
+    progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
+    t0 = time.monotonic()
+    # Every input is checked before the first write: the shipped tables to beat, the landscape.
+    check_baselines(opts)
+    # What a killed run's atomic writes left (those no live writer holds: tuner/paths.py).
+    remove_stale_temporaries(opts.out_dir)
+    # A storage that is there already may hold another plan: refused before anything is written
+    # (a --record landscape, the storage itself).
+    storage = open_run_storage(opts) if storage_exists(opts) else None
+    if storage is not None:
+        check_plan(storage, opts)
+    if len(opts.gpus) > 1 and not opts.replay:
+        from tuner.search.identity import CPU_DEVICE, GPU
+        opts.times = CPU_DEVICE if opts.device == "cpu" else GPU
+        storage = storage or open_run_storage(opts)
+        save_plan(storage, opts)
+        _say_notes(opts, progress)
+        run_gpu_workers(opts, progress)
+    else:
+        measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+        from tuner.search.identity import times_of
+        opts.times = times_of(measurer)
+        try:
+            if isinstance(measurer, ReplayMeasurer):
+                opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
+                progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
+            storage = storage or open_run_storage(opts)
+            save_plan(storage, opts)
+            _say_notes(opts, progress)
+            tune_all(opts, storage, measurer, progress,
+                     after_study=lambda: collect(opts, storage, quiet=True))
+        finally:
+            measurer.close()
+    results = collect(opts, storage)
+    progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
+    return results
+
+
+def work(opts: RunPlan, storage: BaseStorage, quiet: bool = False) -> None:
+    """A worker's share of a stored run (`tuner worker`, or one started per GPU by
+    run_gpu_workers): the plan's studies against this machine's measurer, shared with every
+    other worker on the storage."""
+    progress = Progress(sum(len(opts.ms_for(p)) for p in opts.problems), enabled=not quiet, unit=time_unit(opts))
+    measurer = make_measurer(opts, progress)
+    try:
+        tune_all(opts, storage, measurer, progress)
+    finally:
+        measurer.close()
+
+
+def make_measurer(opts: RunPlan, progress: Progress) -> Measurer:
+    if opts.replay:
+        replay = ReplayMeasurer.from_file(opts.replay, opts.kernel, opts.device_name)
+        recorded = replay.landscape.header.get("policy")
+        check_replay_policy(opts.replay, recorded, opts.policy)
+        opts.run_info["measurement"] = replay_policy(recorded, opts.policy)     # the times are the landscape's
+        return replay
+    from tuner.measure import isolation
+    # Every compile and timing happens in a replaceable child process (tuner/measure/isolation.py).
+    gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
+                                            opts.measure_timeout, opts.recycle_after, opts.device,
+                                            policy=opts.policy or None)
+    if not opts.record:
+        return gpu_m
+    env = gpu_m.environment()
+    header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
+              "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
+              "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
+              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso(),
+              **({"policy": env["policy"]} if env.get("policy") else {})}
+    writer = LandscapeWriter(opts.record, opts.kernel, header)
+    land = Landscape(header, opts.kernel, str(opts.record))
+    grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
+    return RecordingMeasurer(gpu_m, writer, land, grid, progress=progress.note)
+
+
+def _say_notes(opts: RunPlan, progress: Progress) -> None:
+    """The run's own lines (the deployment its --tp is for), said once it has passed every check:
+    a refusal stays one line."""
+    for line in opts.notes:
+        progress.note(f"tuner: {line}")
+
+
+def run_gpu_workers(opts: RunPlan, progress: Progress) -> None:
+    """One `tuner worker` process per GPU, all on the run's storage; wait for them."""
+    url = run_storage(opts)
+    procs = []
+    for gpu in opts.gpus:
+        cmd = [sys.executable, "-m", "tuner", "worker", "--storage", url, "--study-prefix", opts.prefix,
+               "--device", opts.device, "--compile-workers", str(max(1, opts.compile_workers // len(opts.gpus))),
+               "--measure-timeout", str(int(opts.measure_timeout)), "--recycle-after", str(opts.recycle_after),
+               "--quiet"]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        procs.append(subprocess.Popen(cmd, env=env))
+        progress.note(f"worker on GPU {gpu}: pid {procs[-1].pid}")
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        progress.note(f"{len(failed)} of {len(procs)} workers failed; the studies they left are finished by the rest "
+                      "or by running the command again")
+
+
+def _replay_coverage(opts: RunPlan, measurer: ReplayMeasurer, progress: Progress):
+    covered, plan_ms = [], {}
+    serving = _traffic_shares(opts)
+    for p in opts.problems:
+        ms = [m for m in opts.batch_sizes if measurer.covers(p, m)]
+        missing = [m for m in opts.batch_sizes if m not in ms]
+        lost = [m for m in missing if serving.get(m, 0.0) > 0]
+        if lost and ms:
+            # the profile's keys where the traffic is: tuning without them keys the table far away
+            share = sum(serving[m] for m in lost)
+            raise TunerError(f"landscape {opts.replay} lacks M={','.join(map(str, lost))} of {p.key}, the keys that "
+                             f"serve {share:.1%} of the traffic profile's passes: record them (--record), or give "
+                             f"--batch-sizes the landscape holds (M={','.join(map(str, ms))})")
+        if not ms:
+            progress.note(f"skip {p.key}: the landscape has no timings for it")
+            continue
+        if missing:
+            progress.note(f"{p.key}: the landscape lacks M={','.join(map(str, missing))}; tuning M={','.join(map(str, ms))}")
+        covered.append(p)
+        plan_ms[p.key] = ms
+    if not covered:
+        raise TunerError(f"landscape {opts.replay} covers none of the planned problems and batch sizes")
+    # Its points must be configs of the search space (or the seeds), or nothing can be chosen.
+    usable = False
+    for p in covered:
+        for m in plan_ms[p.key]:
+            points = measurer.candidates(p, m) or set()
+            space = {config_tuple(opts.kernel, c) for c in opts.space.configs(p.params, m, opts.gpu)}
+            seeds = {config_tuple(opts.kernel, opts.space.canonical(p.params, m, opts.gpu, c)) for c in
+                     [opts.kernel.default_config(p.params, m), *opts.kernel.extra_seeds(p.params, m)]}
+            if points & (space | seeds):
+                usable = True
+                break
+        if usable:
+            break
+    if not usable:
+        raise TunerError(f"landscape {opts.replay} holds no config of the search space "
+                         f"({opts.space.source}) nor the default: recorded with another space or kernel?")
+    return covered, plan_ms
+
+
+def _traffic_shares(opts: RunPlan) -> dict[int, float]:
+    """{key: its share of the traffic's passes} of the run's batch sizes ({} without --traffic)."""
+    if opts.traffic is None:
+        return {}
+    from tuner.plan.traffic import key_coverage
+    return {c.key: c.share for c in key_coverage(sorted(opts.batch_sizes), opts.traffic)}

@@ -1,0 +1,128 @@
+"""The studies of a run: one per (problem, M) of the plan, each seeded (the engine's default,
+--baseline's entry, warm starts, the batch sizes done) and run by the study runner
+(tuner/search/runner.py) against one measurer; tied tables chosen together
+(tuner/search/tied_choice.py). Several processes may run them at once on one storage (workers):
+they share the studies, and a result is read back from the storage."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from optuna.storages import BaseStorage
+
+from tuner.errors import TunerError
+from tuner.measure.measurers import Measurer
+from tuner.pipeline.baselines import load_baseline_table
+from tuner.pipeline.run_plan import RunPlan, run_storage
+from tuner.plan.engines import lookup_nearest
+from tuner.plan.problems import Problem
+from tuner.progress import Progress
+from tuner.search.runner import StudyResult, StudyRunner, study_name
+from tuner.search.storage import sync_storage
+from tuner.search.tied_choice import choose_tied, table_default
+from tuner.search.warm_start import incumbent, installed_rows, study_seeds
+
+
+def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: Progress,
+             after_study: Callable[[], object] | None = None) -> None:
+    """Run every study of the plan against one measurer. Several processes may do this at
+    once on one storage (workers): they share the studies."""
+    runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
+                         on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
+                         prefix=opts.prefix, policy=opts.policy)
+    # A run started again shows the studies it finished before as stored, and says so.
+    finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
+                if stored_result(storage, opts, p, M) is not None}
+    if finished:
+        total = sum(len(opts.ms_for(p)) for p in opts.problems)
+        progress.note(f"resuming from {run_storage(opts)}: {len(finished)} of {total} "
+                      "studies finished before; their stored results are shown, not run again")
+    for problem in opts.problems:
+        baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
+        # the row a tuned config must beat: --baseline's, else the table the engine reads today
+        installed = baseline or installed_rows(opts.warm, opts.kernel.name, problem.params, opts.gpu,
+                                               problem.engines[0] if len(problem.engines) == 1 else "")
+        done: list[int] = []
+        for M in sorted(opts.ms_for(problem)):
+            tied_config = None
+            if problem.tied_to:
+                tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
+                if not tied or not tied.get("config"):
+                    continue            # nothing to tie to at this M: left out of both tables
+                tied_config = tied["config"]
+            progress.start_study(f"{label(problem)} M={M}")
+            default = table_default(opts.kernel, problem, M, tied_config)
+            seeds = [("default", default)]
+            seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
+            if baseline:
+                seeds.append(("baseline", lookup_nearest(baseline, M)))
+            # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
+            seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
+                                 opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
+            # a tied table searches its shared keys freely too: both tables choose them together below
+            r = runner.tune(problem, M, seeds, None, default, incumbent(opts.kernel, installed, M))
+            if problem.tied_to and not r.tied:
+                r = choose_tied(runner, measurer, problem, by_key(opts)[problem.tied_to], M, opts.settings.top_k,
+                                lambda q: stored_result(storage, opts, q, M)) or r
+            done.append(M)
+            progress.end_study(summary(r, time_unit(opts)))
+            sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
+            if after_study:
+                after_study()           # the tables as far as they go: a stopped run keeps them
+
+
+def by_key(opts: RunPlan) -> dict[str, Problem]:
+    return {p.key: p for p in opts.problems}
+
+
+def stored_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int) -> dict | None:
+    import optuna
+    try:
+        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix, opts.kernel.source),
+                                  storage=storage)
+    except KeyError:
+        return None
+    result = study.user_attrs.get("result")
+    if result is not None:
+        result = {**result, "environment": study.user_attrs.get("environment", {}),
+                  "measured_by": study.user_attrs.get("measured_by"), "identity": study.user_attrs.get("identity")}
+    return result
+
+
+def wait_for_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:
+    """The finished result of a study another worker may still be running."""
+    while True:
+        r = stored_result(storage, opts, problem, M)
+        if r is not None or M not in opts.ms_for(problem):
+            return r
+        time.sleep(poll_s)
+
+
+def time_unit(opts: RunPlan) -> str:
+    """How a time of this run is shown: microseconds, and where they were not taken on a GPU, so."""
+    if opts.replay:
+        from tuner.measure.landscape import read_header
+        from tuner.measure.provenance import is_cpu_device
+        try:
+            header = read_header(opts.replay)
+        except TunerError:
+            return "us"
+        return "us (SYNTHETIC)" if header.get("synthetic") else "us (CPU device)" if is_cpu_device(header) else "us"
+    return "us (CPU device)" if opts.device == "cpu" else "us"
+
+
+def label(problem: Problem) -> str:
+    return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
+
+
+def summary(r: StudyResult, unit: str = "us") -> str:
+    if r.resumed:
+        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit)
+    if r.config is None:
+        why = r.numerics.get('detail', r.stopped)
+        return f"no config ({why}; first failure: {r.first_failure})" if r.timed_nothing and r.first_failure \
+            else f"no config ({why})"
+    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
