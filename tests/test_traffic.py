@@ -16,7 +16,8 @@ from engine_loaders import wheel_dir
 
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.plan.engines import SERVING_METRICS, VLLM_ITERATION_TOKENS_BUCKETS, lookup_nearest
+from tuner.plan.engine_rules.vllm import VLLM_ITERATION_TOKENS_BUCKETS
+from tuner.plan.engines import SERVING_METRICS, lookup_nearest
 from tuner.plan.traffic import NEAR, Bucket, Run, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
 from tuner.search.runner import SearchSettings
 

@@ -30,22 +30,24 @@ from tuner.emit.engine_tables import (
 from tuner.errors import TunerError
 from tuner.plan.engines import (
     DEFAULT_BATCH_SIZES,
-    FAR_KEY_FACTOR,
     TRITON_CUDA_OPTIONS,
-    TRUNCATED_BELOW,
-    Resolved,
     TableFamily,
     backend_reads_table,
+    load_table,
+    table_family,
+)
+from tuner.plan.problems import Problem
+from tuner.plan.table_lookup import (
+    FAR_KEY_FACTOR,
+    TRUNCATED_BELOW,
+    Resolved,
     far_ranges,
     gpu_family,
-    load_table,
     nearest_key,
     resolve_table,
     snap_ranges,
-    table_family,
     truncated_slice,
 )
-from tuner.plan.problems import Problem
 
 SEVERITIES = ("error", "warning", "info")
 # Finding kinds, in the order reports list them, with their heading.
