@@ -30,6 +30,7 @@ from tuner.emit.engine_tables import (
 from tuner.errors import TunerError
 from tuner.plan.engines import (
     DEFAULT_BATCH_SIZES,
+    TABLE_FAMILIES,
     TRITON_CUDA_OPTIONS,
     TableFamily,
     backend_reads_table,
@@ -402,6 +403,11 @@ def _loader_findings(inst: Installation, families: list[TableFamily]) -> tuple[l
     return out, release
 
 
+def _folds_h200(engine: str) -> bool:
+    """Whether one of the engine's loaders folds every H200 variant onto one device name."""
+    return any(f.fold_h200 for (e, _), f in TABLE_FAMILIES.items() if e == engine)
+
+
 def _siblings(family: TableFamily, resolved: Resolved, cuda_name: str, package, override,
               triton_version: str) -> list[str]:
     """Files in the folders the loader searches that are named like the lookup but for
@@ -511,7 +517,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
             ka.findings.append(Finding("warning", "device_name",
                                        f"{sib} is for another variant of this GPU: {inst.engine} looks up "
                                        f"device_name={family.device_file_name(gpu.cuda_name)} on {gpu.cuda_name}"
-                                       + (" (it folds H200 variants for MoE tables only)" if inst.engine == "vllm"
+                                       + (" (it folds H200 variants for MoE tables only)" if _folds_h200(inst.engine)
                                           else ""), name))
         ka.rows = [{"first": batches.lo, "last": batches.top, "key": None, "entry": None,
                     "runs_as": "the engine's default config", "changes": []}]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.paths import MODELS_DIR
+from tuner.plan.engines import ENGINE_NAMES, ENGINES, table_family
 from tuner.plan.problems import Problem
 
 log = logging.getLogger("tuner")
@@ -331,7 +332,7 @@ class Linear:
     N: int
     K: int
     sharded: str | None = None        # "N" (column-parallel), "K" (row-parallel), None (replicated)
-    engines: tuple[str, ...] = ("vllm", "sglang")
+    engines: tuple[str, ...] = ENGINE_NAMES
 
 
 def sharded_linears(model: Model, tp: int) -> list[Linear]:
@@ -371,8 +372,9 @@ def sharded_linears(model: Model, tp: int) -> list[Linear]:
         out.append(Linear("mlp.down_proj", h, inter, "K"))
     if model.is_moe and model.shared_intermediate:
         inter = split(model.shared_intermediate, "shared-expert intermediate size")
-        # SGLang folds the shared expert into the fused MoE by default; vLLM runs it as GEMMs.
-        engines = ("vllm",) if model.n_shared_experts else ("vllm", "sglang")
+        # An engine that can fold a shared expert into its fused MoE (SGLang, by default) runs
+        # no GEMM for it; the others (vLLM) run it as GEMMs.
+        engines = tuple(e for e in ENGINE_NAMES if not (model.n_shared_experts and ENGINES[e].shared_expert_fusion))
         out.append(Linear("shared_experts.gate_up_proj", 2 * inter, h, "N", engines))
         out.append(Linear("shared_experts.down_proj", h, inter, "K", engines))
     return out
@@ -404,17 +406,15 @@ def gemm_problems(model: Model, tp: int, ep: int = 1) -> list[Problem]:
                              f"{bk}-wide weight blocks: no engine quantizes it in blocks")
     return [
         Problem("fp8_gemm", {"N": n, "K": k, "block_shape": [bn, bk]}, tuple(names),
-                tuple(e for e in ("vllm", "sglang") if e in engines))
+                tuple(e for e in ENGINE_NAMES if e in engines))
         for (n, k), (names, engines) in merged.items()
     ]
 
 
 def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uniform",
-                 engines=("vllm", "sglang")) -> list[Problem]:
+                 engines=ENGINE_NAMES) -> list[Problem]:
     """The fused-MoE problems one GPU runs, per engine: vLLM's whole-layer table, and
     SGLang's up table plus its `_down` table (tied to the up table's BLOCK_SIZE_M)."""
-    from tuner.plan.engines import ENGINES
-
     check_parallel(model, tp, ep)
     if not model.is_moe:
         raise TunerError(f"{model.name} has no routed experts; `tuner moe` tunes MoE layers")
@@ -430,34 +430,34 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
     out: list[Problem] = []
     for name in engines:
         engine = ENGINES[name]
-        if name == "vllm":
+        if engine.ep_holds_whole_experts:
             # vLLM: tensor parallel splits every expert; expert parallel splits the experts.
-            E, N = (experts // ep, inter) if ep > 1 else (experts, inter // tp)
-            if ep == 1 and inter % tp:
-                raise TunerError(f"--tp {tp} does not divide {model.name}'s moe_intermediate_size ({inter})")
+            shards, parallel = (1 if ep > 1 else tp), f"--tp {tp}"
         else:
-            arch = model.architecture
-            fused = (engine.fuses_shared_expert(arch, experts, model.n_shared_experts, ep)
-                     and model.shared_intermediate == inter)
-            shards = tp // ep
-            if inter % shards:
-                raise TunerError(f"--tp {tp} / --ep {ep} does not divide {model.name}'s moe_intermediate_size ({inter})")
-            E, N = experts // ep + (1 if fused else 0), inter // shards
-            shared = {"shared_experts": 1} if fused else {}
+            # SGLang: the experts are split by TP / EP as well
+            shards, parallel = tp // ep, f"--tp {tp} / --ep {ep}"
+        if inter % shards:
+            raise TunerError(f"{parallel} does not divide {model.name}'s moe_intermediate_size ({inter})")
+        fused = (engine.fuses_shared_expert(model.architecture, experts, model.n_shared_experts, ep)
+                 and model.shared_intermediate == inter)
+        E, N = experts // ep + (1 if fused else 0), inter // shards
+        shared = {"shared_experts": 1} if fused else {}
         if block and N % block[0]:
             raise TunerError(f"--tp {tp} leaves {model.name}'s experts {N} wide, not a multiple of the "
                              f"{block[0]}-wide weight blocks (the engines refuse it); try a smaller --tp or --ep")
         base = {"E": E, "N": N, "K": model.hidden_size, "topk": model.moe.topk,
                 # under expert parallelism one GPU sees every token routed over all experts
                 **({"ep": ep} if ep > 1 else {}), "dtype": dtype, "block_shape": block}
-        if name == "vllm":
-            out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), ("vllm",)))
+        if not table_family(name, "fused_moe").has_down:
+            # one table for the whole layer (vLLM)
+            out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), (name,)))
         else:
-            # With the shared expert fused, every token also goes to expert E-1 (top-k+1).
+            # an up table and a `_down` table (SGLang); with the shared expert fused, every
+            # token also goes to expert E-1 (top-k+1).
             up = Problem("fused_moe", {**base, **shared, "part": "up", "routing": routing}, ("experts.w13",),
-                         ("sglang",))
+                         (name,))
             down = Problem("fused_moe", {**base, **shared, "part": "down", "routing": routing}, ("experts.w2",),
-                           ("sglang",), tied_to=up.key, tied_keys=engine.tied_keys("fused_moe"))
+                           (name,), tied_to=up.key, tied_keys=engine.tied_keys("fused_moe"))
             out += [up, down]
     return out
 
