@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.emit.audit import Batches, audit_all, audit_deployment
+from tuner.emit.audit import audit_deployment
+from tuner.emit.audit_all import audit_all
 from tuner.emit.audit_report import markdown, terminal_lines
+from tuner.emit.audit_rules import Batches
 from tuner.emit.engine_tables import FolderFiles, Installation
 from tuner.plan.engines import DEFAULT_BATCH_SIZES
 from tuner.plan.gpus import get_gpu

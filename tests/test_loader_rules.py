@@ -11,7 +11,8 @@ import shutil
 import pytest
 from engine_loaders import LOG, VERSIONS, load_loaders, site_from_wheel, wheel, wheel_dir
 
-from tuner.emit.audit import Batches, deployment_problems
+from tuner.emit.audit import deployment_problems
+from tuner.emit.audit_rules import Batches
 from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, log_lines
 from tuner.plan.engines import ENGINES, LOADER_FUNCTIONS, load_table, table_family
 from tuner.plan.gpus import get_gpu

@@ -77,8 +77,11 @@ def policy_lines(report, engine: str) -> list[str]:
 
 
 def run(args) -> int:
-    from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics, traffic_audit
+    from tuner.emit.audit import audit_deployment, traffic_audit
+    from tuner.emit.audit_all import audit_all
+    from tuner.emit.audit_numerics import run_numerics
     from tuner.emit.audit_report import terminal_lines, wrap, write_outputs
+    from tuner.emit.audit_rules import Batches
     from tuner.emit.engine_tables import locate_installation
     from tuner.plan.engines import table_family
 

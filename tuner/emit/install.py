@@ -397,7 +397,7 @@ def audit_install(copies: list[Copy], engine: str) -> list:
     """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
     every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
     engine has `_down` tables, each pair as it will stand (ours, or the file already there)."""
-    from tuner.emit.audit import Batches, Finding, named_table_findings, pair_findings
+    from tuner.emit.audit_rules import Batches, Finding, named_table_findings, pair_findings
     from tuner.plan.engines import DEFAULT_BATCH_SIZES, load_table
     batches = Batches(max(DEFAULT_BATCH_SIZES))
     after = {str(c.dest): c.content() for c in copies if c.kind}
