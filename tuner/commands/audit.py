@@ -125,7 +125,8 @@ def run(args) -> int:
     if model is None or gpu is None:
         report = audit_all(inst, batches, override_dir)
     else:
-        from tuner.plan.models import load_model, resolve_dtype
+        from tuner.plan.models import load_model
+        from tuner.plan.precision import resolve_dtype
         dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
         numerics_model = load_model(args.numerics_model or str(NUMERICS_MODEL)) if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))

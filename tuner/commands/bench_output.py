@@ -134,7 +134,7 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
     plain geomean; each served M is counted at the benched M nearest to it. With a model,
     per kernel and engine, the estimated kernel time per pass of the tuned and shipped
     tables against the default."""
-    from tuner.plan.models import layers_per_pass
+    from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
     times: dict[tuple, dict[int, float | None]] = {}
     for r in rows:
