@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.errors import TunerError
 from tuner.measure.failures import one_line
 
 
@@ -29,9 +30,12 @@ class Outcome:
 
 
 def _json(path: Path):
+    """The JSON a step wrote, read within tuner/reading.py's bounds; None when there is none
+    (or it is not JSON, or too large)."""
+    from tuner.reading import read_json_file
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json_file(path)
+    except TunerError:
         return None
 
 
