@@ -1,13 +1,15 @@
 """The fused MoE layer's spec without its code: problem and config keys, vLLM's default
 launch, the cost model (expected experts touched, FLOPs, bytes, shared memory), the programs
-along M and how a timing was taken, all a plan reads; the Triton code (kernels/fused_moe.py) is
-imported only when something runs it (tuner.plan.kernel_api from_code)."""
+along M and how a timing was taken, all a plan reads; the Triton code (kernels/fused_moe.py) and
+the inputs and reference (kernels/fused_moe_inputs.py) are imported only when something runs them
+(tuner.plan.kernel_api from_code)."""
 
 from __future__ import annotations
 
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_code
 
 CODE = "kernels.fused_moe"
+INPUTS = "kernels.fused_moe_inputs"
 
 
 # the whole layer (vLLM's table), one projection (SGLang's two tables), or the whole layer with
@@ -119,9 +121,9 @@ SPEC = KernelSpec(
     problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing",
                   "up_config"),
     config_keys=MATMUL_CONFIG_KEYS,
-    make_inputs=from_code(CODE, "make_inputs"),
+    make_inputs=from_code(INPUTS, "make_inputs"),
     run=from_code(CODE, "run"),
-    reference=from_code(CODE, "reference"),
+    reference=from_code(INPUTS, "reference"),
     # Same FP8 inputs on both sides; fp32-vs-fp64 sums can flip a bf16 rounding of the
     # intermediate, which the second quantization can turn into one FP8 step.
     tolerance=2e-2,

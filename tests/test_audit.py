@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.emit.audit import Batches, audit_all, audit_deployment
+from tuner.emit.audit import audit_deployment
+from tuner.emit.audit_all import audit_all
 from tuner.emit.audit_report import markdown, terminal_lines
+from tuner.emit.audit_rules import Batches
 from tuner.emit.engine_tables import FolderFiles, Installation
-from tuner.plan.engines import DEFAULT_BATCH_SIZES, far_ranges, nearest_key, snap_ranges
+from tuner.plan.engines import DEFAULT_BATCH_SIZES
 from tuner.plan.gpus import get_gpu
 from tuner.plan.models import load_model
+from tuner.plan.table_lookup import far_ranges, nearest_key, snap_ranges
 
 VMOE = "vllm/model_executor/layers/fused_moe/configs"
 VGEMM = "vllm/model_executor/layers/quantization/utils/configs"

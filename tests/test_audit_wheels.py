@@ -15,7 +15,8 @@ from engine_loaders import VERSIONS, wheel, wheel_dir
 from test_engine_kernels import SGLANG_SCALAR_SCALE
 
 from tuner.cli import main
-from tuner.emit.audit import Batches, audit_all
+from tuner.emit.audit_all import audit_all
+from tuner.emit.audit_rules import Batches
 from tuner.emit.engine_tables import locate_installation
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")

@@ -16,7 +16,8 @@ from tuner.measure.landscape import LandscapeWriter, Point, read_landscape
 from tuner.plan import kernel_registry
 from tuner.plan.engines import ENGINES
 from tuner.plan.gpus import get_gpu
-from tuner.plan.models import checkpoint_dtype, load_model, moe_problems
+from tuner.plan.models import load_model, moe_problems
+from tuner.plan.precision import checkpoint_dtype
 from tuner.plan.space import load_space
 
 QWEN_BF16 = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,

@@ -175,7 +175,7 @@ def test_sglang_launch_decisions(monkeypatch, engine_kernels):
 def test_fused_shared_expert_routing():
     """SGLang's fused shared expert: every token also goes to expert E-1, top-(k+1)."""
     gen = torch.Generator().manual_seed(0)
-    from kernels.fused_moe import route
+    from kernels.fused_moe_inputs import route
     weights, ids = route(64, 9, 2, "uniform", gen, "cpu", shared=1)
     assert ids.shape == (64, 3) and (ids[:, 2] == 8).all() and (ids[:, :2] < 8).all()
     assert (ids[:, 0] != ids[:, 1]).all()

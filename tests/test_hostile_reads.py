@@ -53,7 +53,7 @@ def test_a_bucket_labelled_1e9_is_bounded_by_the_served_range(tmp_path):
     """The profile, its key choice, coverage and budget: every served M within 1..MAX_M,
     said in a note, in a process whose peak memory stays under 1.5 GB (unbounded, this took
     4-7 GB and minutes)."""
-    from tuner.plan.traffic import MAX_M
+    from tuner.plan.traffic_profile import MAX_M
     rc, out, err, peak = run_measured([str(vllm_dump(tmp_path / "m.txt"))], code=PROFILE, timeout=120)
     assert rc == 0, err[-2000:]
     got = json.loads(out)

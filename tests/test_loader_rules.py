@@ -1,5 +1,5 @@
-"""The loader rules of tuner/plan/engines.py (which file, which row, what the kernel gets) against
-the engines' own loader functions, executed from every supported release's wheel
+"""The loader rules of tuner/plan/engines.py and table_lookup.py (which file, which row, what
+the kernel gets) against the engines' own loader functions, executed from every supported release's wheel
 (tests/engine_loaders.py), over a grid of models, GPUs and Triton versions, with the
 override folders, SGLang's Triton fallback and its `_down` reuse; and the hashes of the
 mirrored loader functions against every wheel CI reads."""
@@ -11,19 +11,14 @@ import shutil
 import pytest
 from engine_loaders import LOG, VERSIONS, load_loaders, site_from_wheel, wheel, wheel_dir
 
-from tuner.emit.audit import Batches, deployment_problems
+from tuner.emit.audit import deployment_problems
+from tuner.emit.audit_rules import Batches
 from tuner.emit.engine_tables import FolderFiles, Installation, WheelFiles, log_lines
-from tuner.plan.engines import (
-    ENGINES,
-    LOADER_FUNCTIONS,
-    load_table,
-    nearest_key,
-    resolve_table,
-    table_family,
-)
+from tuner.plan.engines import ENGINES, LOADER_FUNCTIONS, load_table, table_family
 from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_sources import function_source, source_hash
 from tuner.plan.models import load_model
+from tuner.plan.table_lookup import nearest_key, resolve_table
 
 pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 

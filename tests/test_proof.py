@@ -100,7 +100,7 @@ def test_the_rehearsal_takes_every_launch_path_of_a_gpu_call_under_the_capture_r
     path, SGLang's short sorted length); every process that timed said it timed under the rules."""
     out, _, _ = rehearsal
     from kernels.engines import vllm
-    from tuner.commands.proof import GPU_PROFILE, REHEARSAL_PROFILE
+    from tuner.commands.proof_steps import GPU_PROFILE, REHEARSAL_PROFILE
     assert REHEARSAL_PROFILE.smoke_m == GPU_PROFILE.smoke_m == 16
     smoke = json.loads((out / "runs" / "smoke" / "manifest.json").read_text())
     [table] = smoke["tables"]

@@ -196,3 +196,54 @@ def test_every_package_and_module_says_what_it_is_for():
     missing = [name for name, path in modules().items()
                if path.name != "__main__.py" and not ast.get_docstring(ast.parse(path.read_text()))]
     assert not missing, f"no docstring: {missing}"
+
+
+# No module of tuner/ or kernels/ over 500 lines (a module does one job: split by responsibility).
+MAX_LINES = 500
+# Modules still over the limit, each with its reason; the test fails on any other module over
+# it, and on an entry here that is no longer over it (remove it then).
+OVER_MAX_LINES: dict[str, str] = {}
+
+
+def module_lengths() -> dict[str, int]:
+    return {str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in modules().values()}
+
+
+def test_no_module_is_over_500_lines():
+    lengths = module_lengths()
+    assert len(lengths) > 50 and max(lengths.values()) > 100             # the files are really read
+    over = sorted(f"{path} ({n} lines)" for path, n in lengths.items() if n > MAX_LINES and path not in OVER_MAX_LINES)
+    assert not over, f"modules over {MAX_LINES} lines (split them by responsibility): {over}"
+    fixed = sorted(path for path in OVER_MAX_LINES if lengths.get(path, 0) <= MAX_LINES)
+    assert not fixed, f"no longer over {MAX_LINES} lines: remove from OVER_MAX_LINES in tests/test_structure.py: {fixed}"
+
+
+ENGINE_NAMES_LOWER = ("vllm", "sglang")
+
+
+def engine_name_comparisons(source: str) -> list[tuple[int, str]]:
+    """[(line, comparison)] of the comparisons (==, !=, in, not in, is) with an engine's name as
+    a string constant: code that branches on which engine it is."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            names = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if any(name.lower() in ENGINE_NAMES_LOWER for name in names):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_nothing_in_tuner_branches_on_an_engines_name():
+    """Engine differences are data in the engines' rules (tuner/plan/engine_rules/), read from
+    the engines' own source; code asks the rules, never which engine it is."""
+    from tuner.plan.engines import ENGINE_NAMES
+    assert set(ENGINE_NAMES) == set(ENGINE_NAMES_LOWER)
+    found = [f"{path.relative_to(REPO)}:{line}: {text}" for path in sorted((REPO / "tuner").rglob("*.py"))
+             for line, text in engine_name_comparisons(path.read_text())]
+    assert not found, f"branches on an engine's name (make the difference data in its rules): {found}"
+
+
+def test_the_engine_name_check_finds_a_branch():
+    code = ('a = engine == "vllm" and kind == "fused_moe"\nif name in ("vllm", "sglang"):\n    pass\n'
+            'b = "SGLang" != e\nc = engine == ENGINE\nd = {"vllm": 1}["vllm"]\n')
+    assert sorted(line for line, _ in engine_name_comparisons(code)) == [1, 2, 4]

@@ -16,8 +16,10 @@ from engine_loaders import wheel_dir
 
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.plan.engines import SERVING_METRICS, VLLM_ITERATION_TOKENS_BUCKETS, lookup_nearest
-from tuner.plan.traffic import NEAR, Bucket, Run, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
+from tuner.plan.engine_rules.vllm import VLLM_ITERATION_TOKENS_BUCKETS
+from tuner.plan.engines import SERVING_METRICS, lookup_nearest
+from tuner.plan.traffic import NEAR, TrafficProfile, choose_keys, key_coverage, load_profile, split_budget, weighted
+from tuner.plan.traffic_profile import Bucket, Run
 from tuner.search.runner import SearchSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traffic"
@@ -254,7 +256,7 @@ def test_vllm_facts_match_its_source():
                                                             cudagraph_capture_sizes=sizes, compile_sizes=[]),
                          vllm_config=SimpleNamespace())
     fn(me)
-    from tuner.plan.traffic import _pad_runs
+    from tuner.plan.traffic_metrics import _pad_runs
     for m in range(1, max(sizes) + 1):
         [run] = _pad_runs(m, m, 1.0, sizes)
         assert run.first == me._bs_to_padded_graph_size[m], m
@@ -283,7 +285,7 @@ def test_sglang_facts_match_its_source():
     runner = _source("sglang-0.5.23-*.whl", "sglang/srt/model_executor/runner/base_cuda_graph_runner.py")
     import bisect
     pad = _function(runner, "_pad_to_bucket", {"bisect": bisect, "Sequence": list})
-    from tuner.plan.traffic import _pad_runs
+    from tuner.plan.traffic_metrics import _pad_runs
     sizes = m.graph_sizes(8)
     for b in range(1, 513):
         assert _pad_runs(b, b, 1.0, sizes)[0].first == pad(b, sizes)

@@ -77,8 +77,11 @@ def policy_lines(report, engine: str) -> list[str]:
 
 
 def run(args) -> int:
-    from tuner.emit.audit import Batches, audit_all, audit_deployment, run_numerics, traffic_audit
+    from tuner.emit.audit import audit_deployment, traffic_audit
+    from tuner.emit.audit_all import audit_all
+    from tuner.emit.audit_numerics import run_numerics
     from tuner.emit.audit_report import terminal_lines, wrap, write_outputs
+    from tuner.emit.audit_rules import Batches
     from tuner.emit.engine_tables import locate_installation
     from tuner.plan.engines import table_family
 
@@ -122,7 +125,8 @@ def run(args) -> int:
     if model is None or gpu is None:
         report = audit_all(inst, batches, override_dir)
     else:
-        from tuner.plan.models import load_model, resolve_dtype
+        from tuner.plan.models import load_model
+        from tuner.plan.precision import resolve_dtype
         dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
         numerics_model = load_model(args.numerics_model or str(NUMERICS_MODEL)) if args.numerics else None
         report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))

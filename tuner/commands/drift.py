@@ -146,7 +146,7 @@ def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, sou
     """Drift judged by traffic: per table, the traffic-weighted speedup of the table over the
     default (each served M timed at the entry the engine would use) next to the plain
     geomean over its entries; per engine, with a model, the estimated kernel time per pass."""
-    from tuner.plan.models import table_layers
+    from tuner.plan.layers import table_layers
     from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
     lines = [*profile.describe()]
     per_engine: dict[str, list] = {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from tuner.errors import TunerError
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.plan.engines import ENGINE_NAMES
 
 ENV_KEYS = ("device", "driver", "torch", "triton")
 COMMANDS = {"gemm", "moe", "mla"}
@@ -57,7 +58,7 @@ def load_config(path: Path) -> dict:
             raise TunerError(f"{path}: two jobs are named {job['name']!r}")
         names.add(job["name"])
         install = job.get("install")
-        if install is not None and not (isinstance(install, dict) and install.get("engine") in ("vllm", "sglang")):
+        if install is not None and not (isinstance(install, dict) and install.get("engine") in ENGINE_NAMES):
             raise TunerError(f"{path}: job {job['name']!r}: install must be a mapping with engine: vllm or sglang")
         sources = job.get("engine_source")
         if sources is not None:             # a path or a list of them, as --engine-source takes

@@ -22,7 +22,8 @@ well inside 9 minutes, ordered by value, and everything that needs no GPU runs h
            sampler       the sampler study over the recorded landscapes
 Every step runs as child processes with its time box (tuner/commands/proof_plan.py), is stopped
 when out of time (keeping what it measured), says what it timed and the first failure when it
-timed nothing (tuner/commands/proof_outcomes.py), and writes into the output folder before the next starts;
+timed nothing (tuner/commands/proof_outcomes.py), and writes into the output folder before the next starts
+(what each step runs: tuner/commands/proof_steps.py);
 with `--bundle DIR` (the device tool's $OUT) a tarball of the folder and summary.md are
 rewritten after every step and whenever a table or landscape lands, so a call that is cut
 still returns what it measured. With `--device cpu` the same steps run on the CPU device
@@ -39,7 +40,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -48,56 +48,14 @@ from pathlib import Path
 from tuner.commands.options import device_option, trust_option
 from tuner.commands.proof_outcomes import step_outcome
 from tuner.commands.proof_plan import CALLS, SHARES, STEPS, time_box  # noqa: F401 - SHARES: where it was
+from tuner.commands.proof_steps import Command, ProofSteps, _last_line
 from tuner.errors import TunerError
-from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.process_tree import child_of_this_process, stop_group
 from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
 from tuner.plan.gpus import GpuSpec
 
-GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
 BUNDLE_EVERY_S = 10.0        # while a step runs: look this often for a new table to bundle
 STOPPED_BY_SMOKE = "not run: the smoke test timed no config"
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What the steps measure: the real proof, or the rehearsal's tiny version of it."""
-    model: str
-    tp: int
-    moe_ms: tuple[int, ...]
-    smoke_m: int
-    validate_ms: tuple[int, ...]
-    gemm_shapes: tuple[str, ...]
-    gemm_ms: tuple[int, ...]
-    landscape_ms: tuple[int, ...]
-    trials: int | None               # None: the tuning command's default
-    compile_workers: int
-    measure_timeout: int
-    sampler_budget: int
-    sampler_seeds: int
-    landscape_space: str | None = None   # a YAML written into the folder (the rehearsal's small grid)
-
-
-GPU_PROFILE = Profile("deepseek-v3", 8, (1, 16, 64, 256, 1024), 16, (1, 256), tuple(GEMM_SHAPES),
-                      (1, 16, 128, 1024), (1, 16), None, min(16, os.cpu_count() or 1), 90, 48, 2)
-# configs/examples/small-moe.json: its GEMM shapes are (768, 256), (256, 256), (512, 256); 8 experts,
-# top-2. Every launch path a GPU call takes, at least once, under the capture rules: vLLM's
-# small-batch path (M * topk * 4 <= E) at M=1 (tune-vllm), its alignment at M=16 (the smoke, as on
-# the GPU) and with fewer pairs than BLOCK_SIZE_M at M=5 (validate); SGLang's short sorted length
-# (pairs < E + 1) at M=1 (tune-sglang) and its long one at M=5 (validate, with the shipped tables'
-# entries, USE_TMA ones among them, where ../shared/baselines is there).
-REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 16, (5,), ("N=256,K=256",), (1,), (1,),
-                            2, 2, 60, 6, 1, landscape_space=(
-                                "kernel: fp8_gemm\nparams:\n  BLOCK_SIZE_M: [16]\n  BLOCK_SIZE_N: [64, 128]\n"
-                                "  BLOCK_SIZE_K: [128]\n  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [3]\n"
-                                "constraints: {block_k_divides_group: {}}\n"))
-
-
-@dataclass
-class Command:
-    label: str
-    argv: list[str]
-    log: str                             # file under the output folder
 
 
 @dataclass
@@ -109,30 +67,13 @@ class StepResult:
 
 
 @dataclass
-class Proof:
-    out: Path
-    gpu: GpuSpec
-    minutes: float
-    device: str = "cuda"
-    engine_source: list[str] | None = None
-    baselines: Path | None = None
-    bundle: Path | None = None           # where the tarball and summary.md go (the device tool's $OUT)
-    python: str = sys.executable
+class Proof(ProofSteps):
+    """The proof's orchestration: its steps (ProofSteps) in order within their time boxes, what
+    they measured kept, summarized and bundled after each."""
     results: list[StepResult] = field(default_factory=list)
     _bundled_at: float = 0.0
 
-    @property
-    def profile(self) -> Profile:
-        return REHEARSAL_PROFILE if self.device == "cpu" else GPU_PROFILE
-
-    @property
-    def rehearsal(self) -> bool:
-        return self.device == "cpu"
-
     # -- running commands inside a time box --------------------------------------------
-    def tuner(self, *args: str) -> list[str]:
-        return [self.python, "-m", "tuner", *args]
-
     def run(self, commands: list[Command], seconds: float) -> StepResult:
         """Run the commands in order within `seconds`; each writes its own log. While one
         runs, whatever it finishes (a table, a landscape) is bundled as it lands."""
@@ -192,187 +133,6 @@ class Proof:
             break
         stop_group(proc)
         return None
-
-    # -- what the steps share -------------------------------------------------------------
-    def model(self) -> str:
-        return self.profile.model
-
-    def engine_args(self) -> list[str]:
-        return ["--engine-source", *self.engine_source] if self.engine_source else []
-
-    def device_args(self) -> list[str]:
-        return ["--device", self.device]
-
-    def measuring_args(self) -> list[str]:
-        p = self.profile
-        return [*self.device_args(), "--compile-workers", str(p.compile_workers),
-                "--measure-timeout", str(p.measure_timeout)]
-
-    def available_engines(self) -> list[str]:
-        from tuner.plan.kernel_sources import locate, origin_for
-        found = []
-        for engine in ("vllm", "sglang"):
-            try:
-                locate(engine, origin_for(engine, self.engine_source))
-                found.append(engine)
-            except TunerError:
-                pass
-        return found
-
-    def source_for(self, engine: str) -> str:
-        """The engine's own kernel where its code is here; else ours (said in the log)."""
-        return engine if engine in self.available_engines() else "ours"
-
-    def baseline_dirs(self, engine: str | None = None) -> list[Path]:
-        """The shipped tables' folders (one per engine version), `engine`'s only when given."""
-        if not self.baselines or not self.baselines.is_dir():
-            return []
-        return [d for d in sorted(self.baselines.iterdir()) if d.is_dir() and (engine is None or d.name.startswith(engine))]
-
-    def tuned(self) -> Path:
-        return self.out / "tuned" / "moe"
-
-    def parallel_args(self) -> list[str]:
-        # the proof times TP8's shapes on whichever Hopper it gets (an H100 node cannot hold
-        # DeepSeek-V3's weights at TP8): one rank's shapes, on purpose
-        return ["--tp", str(self.profile.tp), "--per-rank"]
-
-    def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str) -> Command:
-        baseline = self.baseline_dirs(engine)
-        return Command(label, self.tuner(
-            "moe", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--dtype", "fp8_w8a8",
-            "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
-            "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
-            *(["--patience", str(trials)] if trials else []),
-            *(["--baseline", str(baseline[0])] if baseline else []),
-            *self.measuring_args(), "--out", str(out), "--quiet"), log)
-
-    # -- the steps ---------------------------------------------------------------------
-    def step_environment(self) -> list[Command]:
-        from tuner.measure.device import device_name
-        env = {"format": "tuner-proof-environment/1", "written": now_iso(), "device_kind": self.device,
-               "device": device_name(self.device, self.gpu), **software_versions(), "gpu": self.gpu.key}
-        try:
-            import torch
-            if self.device == "cuda" and torch.cuda.is_available():
-                p = torch.cuda.get_device_properties(0)
-                env.update(device=torch.cuda.get_device_name(), sm_count=p.multi_processor_count,
-                           l2_bytes=getattr(p, "L2_cache_size", None), memory_bytes=p.total_memory)
-                from tuner.measure.environment import nvml_index, nvml_snapshot
-                env.update(nvml_snapshot(nvml_index(0)))
-        except Exception as e:  # noqa: BLE001 - the environment record says what failed
-            env["error"] = str(e)
-        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out)
-        cmds = []
-        if self.device == "cuda" and shutil.which("nvidia-smi"):
-            cmds.append(Command("nvidia-smi", ["nvidia-smi", "-q"], "logs/nvidia-smi.txt"))
-        cmds.append(Command("ceilings", self.tuner("ceilings", "--gpu", self.gpu.key, *self.device_args(), "--out",
-                                                   str(self.out / "ceilings.json")), "logs/ceilings.txt"))
-        return cmds
-
-    def step_smoke(self) -> list[Command]:
-        p = self.profile
-        return [self.moe_tune("vllm", [p.smoke_m], self.out / "runs" / "smoke", 1, "logs/smoke.txt",
-                              "one MoE config through the isolated measurer with compile workers")]
-
-    def smoke_timed(self) -> str | None:
-        """None when the smoke test timed a config, else why not (the call stops there)."""
-        path = self.out / "runs" / "smoke" / "manifest.json"
-        data = json_or_none(path)
-        if not data:
-            return f"it wrote no manifest (log logs/smoke.txt: {_last_line(self.out / 'logs' / 'smoke.txt')})"
-        entries = [e for t in data.get("tables", []) for e in (t.get("entries") or {}).values()]
-        if any(e.get("time_us") for e in entries):
-            return None
-        failures = {k: v for e in entries for k, v in (e.get("failures") or {}).items()}
-        errors = data.get("environment", {}).get("worker_failures") or []
-        first = next((e["first_failure"] for e in entries if e.get("first_failure")), None)
-        return (f"no config was timed (failures {failures or '-'}; {'; '.join(errors[:2]) or 'no worker failure'}"
-                + (f"; first failure: {first})" if first else ")"))
-
-    def shipped_moe_tables(self) -> list[tuple[str, Path]]:
-        """(engine, table) of the engines' shipped DeepSeek-V3 TP8 MoE tables for this GPU."""
-        from tuner.plan.engines import ENGINES
-        out = []
-        for engine in ENGINES:
-            dev = ENGINES[engine].device_name(self.gpu.cuda_name)
-            for d in self.baseline_dirs(engine):
-                for path in sorted(d.glob(f"**/E=*,N=256,device_name={dev},*.json")):
-                    if not any(old in str(path) for old in ("triton_3_1_0", "triton_3_2_0", "triton_3_3_1")):
-                        out.append((engine, path))
-        return out
-
-    def step_validate(self) -> list[Command]:
-        """One validate_kernels run: the engines' kernels first (the MoE layer, then the GEMM
-        shapes benched), each engine's shipped MoE tables at the validate batch sizes on its
-        own kernel right after its default cases (same measuring child), ours last: what a cut
-        step loses is the least valuable."""
-        p = self.profile
-        engines = self.available_engines()
-        # the MoE layer of the model (and on a GPU the GEMM shapes benched): E=256 and SGLang's E=257
-        only = ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes]
-        tables = [str(path) for engine, path in self.shipped_moe_tables() if engine in engines]
-        return [Command("validate_kernels", [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key,
-                                             "--model", self.model(), "--tp", str(p.tp), "--kernel-source",
-                                             *engines, "ours", *self.engine_args(), "--only", *only,
-                                             "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
-                                             *(["--tables", *tables] if tables else []),
-                                             "--out", str(self.out / "validate" / "kernels.json")],
-                        "logs/validate-kernels.txt")]
-
-    def step_tune(self, engine: str) -> list[Command]:
-        p = self.profile
-        return [self.moe_tune(engine, p.moe_ms, self.tuned(), p.trials, f"logs/tune-{engine}.txt",
-                              f"tune the {self.model()} MoE tables of {engine}")]
-
-    def step_bench(self, kernel: str) -> list[Command]:
-        p = self.profile
-        engines = self.available_engines()
-        common = ["--gpu", self.gpu.key, *self.parallel_args(), "--model", self.model(), "--quiet",
-                  "--kernel-source", "engine" if engines else "ours", *self.engine_args(), *self.measuring_args()]
-        shipped = ["--baseline", *map(str, self.baseline_dirs())] if self.baseline_dirs() else []
-        ceil = ["--ceilings", str(self.out / "ceilings.json")] if (self.out / "ceilings.json").is_file() else []
-        if kernel == "moe":
-            tuned = ["--tuned", str(self.tuned())] if (self.tuned() / "manifest.json").is_file() else []
-            return [Command("bench moe", self.tuner("bench", "--kernel", "moe", *common, "--batch-sizes",
-                                                    *map(str, p.moe_ms), *shipped, *tuned, *ceil,
-                                                    "--out", str(self.out / "bench" / "moe")), "logs/bench-moe.txt")]
-        return [Command("bench gemm", self.tuner("bench", "--kernel", "gemm", *common, "--only", *p.gemm_shapes,
-                                                 "--batch-sizes", *map(str, p.gemm_ms), *shipped, *ceil,
-                                                 "--out", str(self.out / "bench" / "gemm")), "logs/bench-gemm.txt")]
-
-    def step_landscapes(self) -> list[Command]:
-        p = self.profile
-        space = []
-        if p.landscape_space:
-            path = self.out / "rehearsal" / "space-gemm.yaml"
-            atomic_write_text(path, p.landscape_space, root=self.out)
-            space = ["--space", str(path)]
-        return [Command("record gemm", self.tuner(
-            "gemm", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--only", p.gemm_shapes[0],
-            "--batch-sizes", *map(str, p.landscape_ms), "--trials", "8", "--engines", "vllm",
-            "--kernel-source", self.source_for("vllm"), *self.engine_args(), *space, *self.measuring_args(),
-            "--record", str(self.out / "landscapes" / "gemm.jsonl.gz"),
-            "--out", str(self.out / "runs" / "record-gemm"), "--quiet"), "logs/record-gemm.txt")]
-
-    def step_report(self) -> list[Command]:
-        if not (self.tuned() / "manifest.json").is_file():
-            return []
-        return [Command("report", self.tuner("report", str(self.tuned())), "logs/report-moe.txt")]
-
-    def step_sampler(self) -> list[Command]:
-        p = self.profile
-        return [Command(f"sampler study {land.name}", [
-                    self.python, "scripts/search_efficiency.py", str(land), "--gpu", self.gpu.key,
-                    "--budget", str(p.sampler_budget), "--seeds", str(p.sampler_seeds)],
-                    f"sampler/{land.name.split('.')[0]}.md")
-                for land in sorted((self.out / "landscapes").glob("*.jsonl.gz"))]
-
-    def builders(self) -> dict:
-        return {"environment": self.step_environment, "smoke": self.step_smoke, "validate": self.step_validate,
-                "tune-vllm": lambda: self.step_tune("vllm"), "tune-sglang": lambda: self.step_tune("sglang"),
-                "bench-moe": lambda: self.step_bench("moe"), "bench-gemm": lambda: self.step_bench("gemm"),
-                "landscapes": self.step_landscapes, "report": self.step_report, "sampler": self.step_sampler}
 
     # -- the whole proof ---------------------------------------------------------------
     def keep_partial_landscapes(self) -> list[str]:
@@ -545,11 +305,6 @@ def _no_temporaries(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if name.endswith(".tmp") or name.startswith(".tmp") else info
 
 
-def _last_line(path: Path) -> str:
-    from tuner.reading import last_line
-    return (last_line(path) or "-")[:200]
-
-
 def default_out(gpu: GpuSpec, device: str) -> Path:
     date = _dt.date.today().isoformat()
     if device == "cpu":                  # a rehearsal never writes under bench/results/
@@ -578,15 +333,6 @@ def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
     if call:
         return list(CALLS[call])
     return list(steps or STEPS)
-
-
-def json_or_none(path: Path):
-    """The JSON in a file a step wrote, or None when there is none (or it is not JSON)."""
-    from tuner.reading import read_json_file
-    try:
-        return read_json_file(path)
-    except TunerError:
-        return None
 
 
 def add_parser(sub, common) -> None:

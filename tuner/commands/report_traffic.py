@@ -77,7 +77,7 @@ def _engines_of(entry: dict) -> list[str]:
 def traffic_report_lines(run: Path, profile, model) -> list[str]:
     """A run's tables judged by traffic: per table the traffic-weighted speedup over the
     default next to the plain geomean, and per engine the estimated kernel time per pass."""
-    from tuner.plan.models import layers_per_pass
+    from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import step_estimate, step_text, weighted
     manifest = read_manifest(run)
     source = run_source(run)
@@ -96,7 +96,7 @@ def traffic_report_lines(run: Path, profile, model) -> list[str]:
 def traffic_diff_lines(old: Path, new: Path, profile, model) -> list[str]:
     """Two runs judged by traffic: per problem the traffic-weighted speedup of NEW over OLD
     (each served M timed at the entry each table would use), and the per-pass estimate."""
-    from tuner.plan.models import layers_per_pass
+    from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import step_estimate, step_text, weighted
     old_tables = {label(t): t for t in read_manifest(old).get("tables", []) if t.get("files")}
     new_tables = [t for t in read_manifest(new).get("tables", []) if t.get("files") and label(t) in old_tables]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tuner.emit.audit import KINDS, AuditReport, Finding, KernelAudit, _cfg_text, m_range
+from tuner.emit.audit import AuditReport, KernelAudit
+from tuner.emit.audit_rules import KINDS, Finding, _cfg_text, m_range
 from tuner.paths import atomic_write_json, atomic_write_text
 
 WIDTH = 120

@@ -44,10 +44,11 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
     read_json,
     writable_folder,
 )
-from tuner.plan.engines import ENGINES
+from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
-ENV_VARS = {"vllm": "VLLM_TUNED_CONFIG_FOLDER", "sglang": "SGLANG_MOE_CONFIG_DIR"}
+# each engine's MoE config-folder variable (--moe-config-dir)
+ENV_VARS = {e: table_family(e, "fused_moe").env_var for e in ENGINE_NAMES}
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_=,\[\] .+-]+\.json$")
 
 
@@ -121,7 +122,9 @@ def validate_table(path: Path, engine: str, kind: str) -> dict:
         raise TunerError(f"table {path} is not a non-empty JSON object of batch sizes")
     spec = get_kernel(kind, engine, load_code=False) if _engine_has(kind, engine) else get_kernel(kind)
     allowed, required = set(spec.config_keys), set(spec.config_keys) - set(spec.optional_keys)
-    drops_version = engine == "vllm" and kind == "fused_moe"
+    # the keys the engine's loader drops before int() (vLLM's MoE loader: 'triton_version')
+    family = TABLE_FAMILIES.get((engine, kind))
+    drops_version = family is not None and "triton_version" in family.dropped_keys
     for key, cfg in table.items():
         if key == "triton_version" and drops_version:
             continue
@@ -254,7 +257,7 @@ def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Pa
     or, for SGLang's config-dir variable, the shipped table install copies there first."""
     if dest.is_file():
         return dest
-    if moe_config_dir is not None and engine == "sglang":
+    if moe_config_dir is not None and table_family(engine, "fused_moe").env_replaces_root:
         root = config_roots(site, engine, moe_config_dir)["fused_moe"]
         if inside(dest, root):
             shipped = site / ENGINES[engine].moe_folder / dest.relative_to(root)
@@ -266,7 +269,7 @@ def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_p
               min_gain: float = 0.02) -> list[str]:
     """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace one
     covering batch sizes it lacks: those batch sizes would run an entry tuned for another M."""
-    from tuner.plan.engines import load_table, table_family
+    from tuner.plan.engines import load_table
     if old_path is None:
         return []
     family = table_family(engine, copy.kind)
@@ -394,8 +397,8 @@ def audit_install(copies: list[Copy], engine: str) -> list:
     """The audit's table checks (tuner/emit/audit.py) on what the install would leave in place:
     every table it writes (rows, keys over the engines' batch sizes 1..4096) and, where the
     engine has `_down` tables, each pair as it will stand (ours, or the file already there)."""
-    from tuner.emit.audit import Batches, Finding, named_table_findings, pair_findings
-    from tuner.plan.engines import DEFAULT_BATCH_SIZES, load_table, table_family
+    from tuner.emit.audit_rules import Batches, Finding, named_table_findings, pair_findings
+    from tuner.plan.engines import DEFAULT_BATCH_SIZES, load_table
     batches = Batches(max(DEFAULT_BATCH_SIZES))
     after = {str(c.dest): c.content() for c in copies if c.kind}
     findings: list = []

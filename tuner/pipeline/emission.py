@@ -158,7 +158,7 @@ def _audit_emitted(opts: RunPlan, problem: Problem, files: dict[str, str], findi
     written while the run goes on (warn=False) are partial by design: only the loader's
     reading of them is checked, and the findings are said once, for the final tables (gathered
     into `findings`, a tuner.emit.run_findings.RunFindings)."""
-    from tuner.emit.audit import Batches, named_table_findings
+    from tuner.emit.audit_rules import Batches, named_table_findings
     from tuner.plan.engines import load_table, table_family
     batches = Batches(max(opts.batch_sizes))
     for engine, rel in files.items():

@@ -94,7 +94,7 @@ def deployment_tp(req: TuneRequest, model, gpu):
     """The request's tensor-parallel size (tuner/plan/deployment.py): --tp, checked to hold the
     weights, or the smallest that does; set into the request."""
     from tuner.plan.deployment import check_tp
-    from tuner.plan.models import checkpoint_dtype
+    from tuner.plan.precision import checkpoint_dtype
     parallel = check_tp(model, gpu, req.tp, req.ep, checkpoint_dtype(model), req.per_rank)
     req.tp = parallel.tp
     return parallel
@@ -170,7 +170,7 @@ def command_dtype(command: str, model, given: str | None) -> str:
     """The --dtype of a kernel command: for the fused MoE the checkpoint's own precision unless
     given (a given one that differs is warned about); gemm and mla have one each."""
     if command in ("moe", "fused_moe"):
-        from tuner.plan.models import resolve_dtype
+        from tuner.plan.precision import resolve_dtype
         return resolve_dtype(model, given, DTYPES["moe"], "moe")
     return given or DTYPES["mla" if command in ("mla", "mla_decode") else "gemm"][0]
 

@@ -7,16 +7,14 @@ file, or by a folder holding a config.json (a Hugging Face snapshot).
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.paths import MODELS_DIR
+from tuner.plan.engines import ENGINE_NAMES, ENGINES, table_family
 from tuner.plan.problems import Problem
-
-log = logging.getLogger("tuner")
 
 
 @dataclass(frozen=True)
@@ -246,68 +244,6 @@ def _model_from_fields(raw: dict, path: Path) -> Model:
     return model
 
 
-# -- the checkpoint's precision ---------------------------------------------------------------
-_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
-
-
-def checkpoint_dtype(model: Model) -> str | None:
-    """The precision of the checkpoint's weights as the engines name their tables' dtype,
-    from its quantization_config ("fp8_w8a8", "int8_w8a8", "int8_w8a16", "int4_w4a16", or
-    the quantization method's own name for anything else, e.g. "mxfp4"), else from its
-    torch_dtype ("bf16", "fp16", "fp32"); None when the model says neither."""
-    qc = model.raw.get("quantization_config")
-    if isinstance(qc, dict) and qc:
-        method = str(qc.get("quant_method") or "").lower()
-        if method in ("fp8", "fbgemm_fp8"):
-            return "fp8_w8a8"
-        if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "moe_wna16"):
-            bits = qc.get("bits", qc.get("w_bit", 4))
-            return "int8_w8a16" if bits == 8 else "int4_w4a16"
-        if method == "compressed-tensors":
-            groups = qc.get("config_groups")
-            for group in (groups.values() if isinstance(groups, dict) else []):
-                if not isinstance(group, dict):
-                    continue
-                w, a = group.get("weights") or {}, group.get("input_activations")
-                if not isinstance(w, dict):
-                    continue
-                if w.get("type") == "float" and w.get("num_bits") == 8:
-                    return "fp8_w8a8"
-                if w.get("type") == "int" and w.get("num_bits") == 8:
-                    return "int8_w8a8" if a else "int8_w8a16"
-                if w.get("type") == "int" and w.get("num_bits") == 4:
-                    return "int4_w4a16"
-        if method:
-            return method
-        if qc.get("weight_block_size") is not None:       # block-scaled weights without a method: FP8
-            return "fp8_w8a8"
-    torch_dtype = model.raw.get("torch_dtype") or model.raw.get("dtype")
-    return _TORCH_DTYPES.get(str(torch_dtype).lower()) if torch_dtype else None
-
-
-def resolve_dtype(model: Model, given: str | None, allowed: tuple[str, ...], command: str) -> str:
-    """The --dtype a kernel command tunes: given, or the checkpoint's own precision (bf16 when
-    the checkpoint is not quantized), as the engines' tuning scripts take it. A given one that
-    differs from the checkpoint's is warned about (one line): the engine serving this
-    checkpoint reads the checkpoint's table, not that one."""
-    own = checkpoint_dtype(model)
-    served = own if own not in (None, "fp16", "fp32") else "bf16"   # unquantized: tables without dtype
-    if given is None:
-        if served not in allowed:
-            raise TunerError(f"{model.name}'s checkpoint is quantized as {own} (its quantization_config); "
-                             f"`tuner {command}` tunes {' and '.join(allowed)} tables: give --dtype to tune one "
-                             "of those anyway")
-        return served
-    if given != served:
-        log.warning("--dtype %s, but %s's checkpoint is %s (%s): the engine serving it reads the %s table%s; "
-                    "tuning %s anyway", given, model.name, served,
-                    "its quantization_config" if own not in (None, "bf16", "fp16", "fp32")
-                    else "no quantization_config", served,
-                    " unless it quantizes the weights itself (vLLM --quantization fp8)" if given == "fp8_w8a8" else "",
-                    given)
-    return given
-
-
 def check_parallel(model: Model, tp: int, ep: int) -> None:
     """Refuse TP/EP sizes the engines would refuse for this model."""
     if tp < 1 or ep < 1:
@@ -331,7 +267,7 @@ class Linear:
     N: int
     K: int
     sharded: str | None = None        # "N" (column-parallel), "K" (row-parallel), None (replicated)
-    engines: tuple[str, ...] = ("vllm", "sglang")
+    engines: tuple[str, ...] = ENGINE_NAMES
 
 
 def sharded_linears(model: Model, tp: int) -> list[Linear]:
@@ -371,8 +307,9 @@ def sharded_linears(model: Model, tp: int) -> list[Linear]:
         out.append(Linear("mlp.down_proj", h, inter, "K"))
     if model.is_moe and model.shared_intermediate:
         inter = split(model.shared_intermediate, "shared-expert intermediate size")
-        # SGLang folds the shared expert into the fused MoE by default; vLLM runs it as GEMMs.
-        engines = ("vllm",) if model.n_shared_experts else ("vllm", "sglang")
+        # An engine that can fold a shared expert into its fused MoE (SGLang, by default) runs
+        # no GEMM for it; the others (vLLM) run it as GEMMs.
+        engines = tuple(e for e in ENGINE_NAMES if not (model.n_shared_experts and ENGINES[e].shared_expert_fusion))
         out.append(Linear("shared_experts.gate_up_proj", 2 * inter, h, "N", engines))
         out.append(Linear("shared_experts.down_proj", h, inter, "K", engines))
     return out
@@ -404,17 +341,15 @@ def gemm_problems(model: Model, tp: int, ep: int = 1) -> list[Problem]:
                              f"{bk}-wide weight blocks: no engine quantizes it in blocks")
     return [
         Problem("fp8_gemm", {"N": n, "K": k, "block_shape": [bn, bk]}, tuple(names),
-                tuple(e for e in ("vllm", "sglang") if e in engines))
+                tuple(e for e in ENGINE_NAMES if e in engines))
         for (n, k), (names, engines) in merged.items()
     ]
 
 
 def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uniform",
-                 engines=("vllm", "sglang")) -> list[Problem]:
+                 engines=ENGINE_NAMES) -> list[Problem]:
     """The fused-MoE problems one GPU runs, per engine: vLLM's whole-layer table, and
     SGLang's up table plus its `_down` table (tied to the up table's BLOCK_SIZE_M)."""
-    from tuner.plan.engines import ENGINES
-
     check_parallel(model, tp, ep)
     if not model.is_moe:
         raise TunerError(f"{model.name} has no routed experts; `tuner moe` tunes MoE layers")
@@ -430,34 +365,34 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
     out: list[Problem] = []
     for name in engines:
         engine = ENGINES[name]
-        if name == "vllm":
+        if engine.ep_holds_whole_experts:
             # vLLM: tensor parallel splits every expert; expert parallel splits the experts.
-            E, N = (experts // ep, inter) if ep > 1 else (experts, inter // tp)
-            if ep == 1 and inter % tp:
-                raise TunerError(f"--tp {tp} does not divide {model.name}'s moe_intermediate_size ({inter})")
+            shards, parallel = (1 if ep > 1 else tp), f"--tp {tp}"
         else:
-            arch = model.architecture
-            fused = (engine.fuses_shared_expert(arch, experts, model.n_shared_experts, ep)
-                     and model.shared_intermediate == inter)
-            shards = tp // ep
-            if inter % shards:
-                raise TunerError(f"--tp {tp} / --ep {ep} does not divide {model.name}'s moe_intermediate_size ({inter})")
-            E, N = experts // ep + (1 if fused else 0), inter // shards
-            shared = {"shared_experts": 1} if fused else {}
+            # SGLang: the experts are split by TP / EP as well
+            shards, parallel = tp // ep, f"--tp {tp} / --ep {ep}"
+        if inter % shards:
+            raise TunerError(f"{parallel} does not divide {model.name}'s moe_intermediate_size ({inter})")
+        fused = (engine.fuses_shared_expert(model.architecture, experts, model.n_shared_experts, ep)
+                 and model.shared_intermediate == inter)
+        E, N = experts // ep + (1 if fused else 0), inter // shards
+        shared = {"shared_experts": 1} if fused else {}
         if block and N % block[0]:
             raise TunerError(f"--tp {tp} leaves {model.name}'s experts {N} wide, not a multiple of the "
                              f"{block[0]}-wide weight blocks (the engines refuse it); try a smaller --tp or --ep")
         base = {"E": E, "N": N, "K": model.hidden_size, "topk": model.moe.topk,
                 # under expert parallelism one GPU sees every token routed over all experts
                 **({"ep": ep} if ep > 1 else {}), "dtype": dtype, "block_shape": block}
-        if name == "vllm":
-            out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), ("vllm",)))
+        if not table_family(name, "fused_moe").has_down:
+            # one table for the whole layer (vLLM)
+            out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), (name,)))
         else:
-            # With the shared expert fused, every token also goes to expert E-1 (top-k+1).
+            # an up table and a `_down` table (SGLang); with the shared expert fused, every
+            # token also goes to expert E-1 (top-k+1).
             up = Problem("fused_moe", {**base, **shared, "part": "up", "routing": routing}, ("experts.w13",),
-                         ("sglang",))
+                         (name,))
             down = Problem("fused_moe", {**base, **shared, "part": "down", "routing": routing}, ("experts.w2",),
-                           ("sglang",), tied_to=up.key, tied_keys=engine.tied_keys("fused_moe"))
+                           (name,), tied_to=up.key, tied_keys=engine.tied_keys("fused_moe"))
             out += [up, down]
     return out
 
@@ -485,55 +420,3 @@ def mla_problems(model: Model, tp: int, contexts: list[int], page_size: int) -> 
     return [Problem("mla_decode", {"heads": heads, "kv_lora_rank": 512, "qk_rope_dim": 64,
                                    "page_size": page_size, "context": c},
                     ("self_attn (decode)",), ("tuner",)) for c in kept], skipped
-
-
-# -- layer counts: how often one forward pass runs a problem's kernel -----------------------------
-def moe_layers(model: Model) -> int:
-    """Decoder layers with routed experts (DeepSeek-V3: 61 - 3 dense = 58)."""
-    if not model.is_moe:
-        return 0
-    return max(0, model.num_hidden_layers - model.first_k_dense_replace)
-
-
-def dense_mlp_layers(model: Model) -> int:
-    """Decoder layers with a dense MLP: the first_k_dense_replace of an MoE model, every
-    layer of a dense one."""
-    if not model.has_dense_mlp:
-        return 0
-    return model.first_k_dense_replace if model.is_moe else model.num_hidden_layers
-
-
-def layers_per_pass(model: Model, layer_names) -> int:
-    """How many times one forward pass runs a problem's kernel: the problem's layer names
-    (as moe_problems, mla_problems and sharded_linears name them) times the decoder layers
-    holding each: experts and shared experts in every MoE layer, the dense MLP in the dense
-    layers, attention projections in every layer."""
-    total = 0
-    for name in layer_names:
-        if name.startswith(("experts", "shared_experts.")):
-            total += moe_layers(model)
-        elif name.startswith("mlp."):
-            total += dense_mlp_layers(model)
-        else:
-            total += model.num_hidden_layers
-    return total
-
-
-def table_layers(model: Model, kernel: str, params: dict, tp: int | None = None) -> int | None:
-    """Layers per pass that run a table's kernel, from the table's problem alone (drift reads
-    tables by file name, without --tp): every MoE layer for a fused-MoE table; for a GEMM
-    shape, the linears of the first TP size at which the model runs that (N, K). None when
-    the model runs no such shape. `tp`: the TP the tables are for, where known."""
-    if kernel == "fused_moe":
-        return moe_layers(model)
-    if kernel != "fp8_gemm":
-        return None
-    for size in (tp,) if tp else (1, 2, 4, 8, 16, 32, 64):
-        try:
-            problems = gemm_problems(model, size)
-        except TunerError:
-            continue
-        for p in problems:
-            if p.params["N"] == params.get("N") and p.params["K"] == params.get("K"):
-                return layers_per_pass(model, p.layers)
-    return None

@@ -61,7 +61,7 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
             raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
         e, n, dev, dtype, bn, space, bk, down = m.groups()
         engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
-        from tuner.plan.engines import ENGINES
+        from tuner.plan.engines import ENGINES, table_family
         arch = model.architecture
         # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
         shared = ({"shared_experts": 1} if int(e) == (model.n_routed_experts or 0) + 1 and ENGINES[engine]
@@ -71,7 +71,8 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
         ep = {"ep": routed // int(e)} if 0 < int(e) < routed and routed % int(e) == 0 else {}
         params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok, **ep,
                   "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
-                  "part": "down" if down else ("up" if engine == "sglang" else "op"), "routing": routing}
+                  "part": "down" if down else ("up" if table_family(engine, "fused_moe").has_down else "op"),
+                  "routing": routing}
         return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]
     from tuner.plan.kernel_registry import KERNEL_MODULES, get_kernel
     for kernel in map(get_kernel, KERNEL_MODULES):

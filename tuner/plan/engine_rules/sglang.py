@@ -1,0 +1,109 @@
+"""SGLang's rules as data (facts read from SGLang 0.5.21-0.5.23's source, their released
+wheels): how it names, places and reads its tables, which backend reads them on Hopper, what
+its /metrics says of the batches it runs, and the loader functions these rules were read from."""
+
+from __future__ import annotations
+
+from tuner.plan.engine_rules.schema import BackendChoice, Engine, ServingMetrics, TableFamily, per_release
+
+_MOE_CFG = "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
+_MOE_KERNELS = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
+_FP8 = "sglang/kernels/ops/gemm/fp8_kernel.py"
+_DTYPES = (None, "fp8_w8a8", "int8_w8a8", "int4_w4a16", "int8_w8a16", "float32")
+_MATMUL = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+ENGINE = Engine(
+    name="sglang",
+    block_shape_sep=", ",
+    shared_expert_fusion={"architectures": ("DeepseekV3ForCausalLM",), "routed_experts": (256,),
+                          "shared_experts": 1, "max_ep": 1},
+    gemm_folder="sglang/kernels/ops/gemm/configs",
+    moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
+    moe_folder_per_triton=True,
+    moe_env_subfolder="configs",
+    facts_for="SGLang 0.5.23",
+    down_table_tied_keys={"fused_moe": ("BLOCK_SIZE_M",)},
+    reads_on_hopper={
+        "fp8_gemm": "block-FP8 linear layers run DeepGEMM by default; the Triton GEMM reads these tables only "
+                    "with --fp8-gemm-backend triton (or SGLANG_ENABLE_JIT_DEEPGEMM=0), or for shapes DeepGEMM "
+                    "cannot take",
+        "fused_moe": "the Triton MoE runner (--moe-runner-backend auto) reads these tables under tensor "
+                     "parallelism and under expert parallelism without a DeepEP-class all-to-all "
+                     "(--moe-a2a-backend deepep runs DeepGEMM); E counts the fused shared expert, which SGLang "
+                     "fuses by default at expert-parallel size 1 (--disable-shared-experts-fusion turns it off)",
+    },
+    # the experts are split by TP / EP: each GPU holds its experts' TP/EP-th slices
+    ep_holds_whole_experts=False,
+    hopper_backends={
+        "fp8_gemm": BackendChoice(
+            False, "not read by default: {facts}", turned_on_by=("SGLANG_ENABLE_JIT_DEEPGEMM",),
+            turned_on_line="{variables}=0 is set: the Triton GEMM reads these tables"),
+        "fused_moe": BackendChoice(True, "read by default ({facts})"),
+    },
+)
+
+# What /metrics says (SGLang 0.5.23): sglang/srt/observability/metrics_collector.py exports no
+# per-pass token histogram. It has the gauge `sglang:num_running_reqs` (the running decode
+# batch, set at each decode log interval and prefill), the counter
+# `sglang:cuda_graph_passes_total` by mode (decode_cuda_graph, decode_none, prefill_cuda_graph,
+# prefill_none: one per forward pass) and the counter `sglang:realtime_tokens_total` by mode
+# (prefill_compute, prefill_cache, decode). Decode batches are padded to the captured batch
+# sizes (sglang/srt/arg_groups/cuda_graph_hook.py generate_decode_cuda_graph_batch_sizes; the
+# default largest size is 512 at TP >= 4 and 256 below on 80-160 GB GPUs,
+# sglang/srt/arg_groups/memory_hook.py); base_cuda_graph_runner._pad_to_bucket takes the
+# smallest captured size >= the batch.
+
+
+def _graph_sizes(tp: int | None) -> list[int]:
+    top = 512 if (tp or 8) >= 4 else 256
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, top + 1, 32))
+    sizes = [s for s in sizes if s <= top]
+    return sorted(set(sizes + [top]))
+
+
+SERVING_METRICS = ServingMetrics(
+    engine="sglang", facts_for="SGLang 0.5.23", prefix="sglang:",
+    batch_gauge="sglang:num_running_reqs",
+    passes_counter="sglang:cuda_graph_passes_total", tokens_counter="sglang:realtime_tokens_total",
+    decode_pass_modes=("decode_cuda_graph", "decode_none"),
+    prefill_pass_modes=("prefill_cuda_graph", "prefill_none"),
+    decode_token_modes=("decode",), prefill_token_modes=("prefill_compute",),
+    skip_gauge_labels={"engine_type": ("prefill",)},
+    graph_sizes=_graph_sizes, pads_every_pass=False,
+    padding_note="SGLang 0.5.23 pads a decode batch to its CUDA-graph batch sizes (1 2 4 8 12, 16 to 256 by 8, "
+                 "272 to 496 by 16, 512; up to 256 at TP < 4); prefill chunks are taken unpadded")
+
+LOADER_FUNCTIONS = per_release(
+    {f"{_MOE_CFG}:get_config_file_name": "4b8c15a8e622f355",
+     f"{_MOE_CFG}:get_moe_configs": "2fb82c3e8fa9387d",
+     f"{_MOE_CFG}:try_get_optimal_moe_config": "e1ab1aa5876dd06b",
+     f"{_MOE_CFG}:get_config_dtype_str": "d3e7d1f3773c0f1e",
+     f"{_MOE_KERNELS}:invoke_fused_moe_kernel": "f68ce34e7a465e1c",     # no K clamp
+     "sglang/srt/utils/common.py:get_device_name": "49aaaa1a9d07418c",
+     f"{_FP8}:get_w8a8_block_fp8_configs": "a4b4f552d119b1b2",
+     f"{_FP8}:w8a8_block_fp8_matmul_triton": "cfee408d7549735e"},
+    ("0.5.21", "0.5.22", "0.5.23"),
+    v0_5_21={"sglang/srt/utils/common.py:get_device_name": "a20d297af6963951",
+             f"{_MOE_KERNELS}:invoke_fused_moe_kernel": "b3b0bef33baaa639"},
+    v0_5_22={f"{_MOE_KERNELS}:invoke_fused_moe_kernel": "b3b0bef33baaa639"},
+)
+
+TABLE_FAMILIES = {
+    "fused_moe": TableFamily(
+        engine="sglang", kind="fused_moe", folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
+        per_triton=True, env_var="SGLANG_MOE_CONFIG_DIR", env_replaces_root=True, fold_h200=False, device_pattern=" ",
+        block_sep=", ", dtypes=_DTYPES, dropped_keys=(), has_down=True, per_channel_part=True, clamp_block_k=False,
+        raise_block_k=False, accepted_keys=_MATMUL + ("USE_TMA",), tied_down_keys=("BLOCK_SIZE_M",),
+        loader=f"{_MOE_CFG}:get_moe_configs",
+        log_calls=(("loaded", "info", "config_file_path", 0), ("fell back", "warning", "try_config_file_path", 0),
+                   ("not loaded", "warning", "config_file_path", -1))),
+    "fp8_gemm": TableFamily(
+        engine="sglang", kind="fp8_gemm", folder="sglang/kernels/ops/gemm/configs", per_triton=False, env_var=None,
+        env_replaces_root=False, fold_h200=False, device_pattern=" ", block_sep=", ", dtypes=("fp8_w8a8",),
+        dropped_keys=(), has_down=False, clamp_block_k=False, raise_block_k=True,
+        accepted_keys=_MATMUL + ("SWAP_AB", "SPLIT_K"),
+        other_loaders=(("block-INT8 GEMM", r",dtype=int8_w8a8,block_shape=\[\d+, \d+\]\.json$"),
+                       ("channelwise FP8 GEMM", r",dtype=fp8_w8a8_channelwise\.json$")),
+        loader=f"{_FP8}:get_w8a8_block_fp8_configs",
+        log_calls=(("loaded", "info", "config_file_path", 0), ("not loaded", "warning", "config_file_path", -1))),
+}
