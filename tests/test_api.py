@@ -103,11 +103,36 @@ def test_a_nightly_job_becomes_the_same_request(tmp_path):
     ({"device": "tpu"}, "--device 'tpu' is not one of cuda, cpu"),
     ({"engines": ["trtllm"]}, "--engines takes some of vllm, sglang"),
     ({"command": "conv"}, "unknown tuning command 'conv'"),
+    # what only Python or a YAML can give: one TunerError, never a TypeError deep in the plan
+    ({"model": None}, "--model takes a model's name or the path of its config.json, not None"),
+    ({"gpu": 7}, "--gpu takes a GPU's name (H100, H200, ...), not 7"),
+    ({"out": 5}, "--out takes a text (a name, a path or a URL), not 5"),
+    ({"gpus": 3}, "--gpus takes a text"),
+    ({"only": "N=7168"}, "--only takes a list of texts, not 'N=7168'"),        # not its letters, one by one
+    ({"quiet": "no"}, "--quiet is a switch (true or false), not 'no'"),
+    ({"dry_run": "yes"}, "--dry-run is a switch"),
+    ({"sampler": {"x": 1}}, "--sampler {'x': 1} is not one of gp, tpe, random"),
+    ({"dtype": "bf16"}, "--dtype bf16 is not supported by `tuner gemm`"),
+    # the command line's bounds (tuner/commands/options.py), every way a request is made
+    ({"batch_sizes": [1 << 21]}, "--batch-sizes must be at most 1048576, not 2097152"),
+    ({"trials": 10 ** 12}, "--trials must be at most 1048576"),
+    ({"tp": 2048}, "--tp must be at most 1024, not 2048"),
+    ({"page_size": 48}, "--page-size must be a power of two, not 48"),
 ])
 def test_bad_options_are_refused_naming_the_option(change, needle):
     with pytest.raises(TunerError) as e:         # checked as the request is made, before it is run
         api.tune(api.TuneRequest(**{"command": "gemm", "model": "deepseek-v3", "gpu": "H200", **change}))
     assert needle in str(e.value)
+
+
+def test_an_engine_named_twice_is_planned_once():
+    req = api.TuneRequest(command="moe", model="deepseek-v3", gpu="H200", engines=["vllm", "vllm"])
+    assert req.engines == ["vllm"]
+
+
+def test_paths_may_be_path_objects(tmp_path):
+    req = api.TuneRequest(command="gemm", model="deepseek-v3", gpu="H200", out=tmp_path, only=["N=7168"])
+    assert req.out == str(tmp_path) and req.only == ["N=7168"]
 
 
 def test_a_nightly_job_with_a_bad_option_refuses_the_night_before_it_writes(tmp_path, capsys):

@@ -236,6 +236,22 @@ def night_running(root: Path) -> Path:
     return config
 
 
+def stored_plan(root: Path, plan) -> str:
+    """A journal storage holding `plan` as a run's stored plan (tuner/pipeline/stored_plans.py)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    path = root / "plan.journal"
+    study = optuna.create_study(study_name="tuner-plan:fp8_gemm", storage=JournalStorage(JournalFileBackend(str(path))))
+    study.set_user_attr("plan", plan)
+    return f"journal:///{path}"
+
+
+def table_file(path: Path) -> Path:
+    path.write_text(json.dumps({"1": CFG}))
+    return path
+
+
 def traffic_file(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -540,6 +556,27 @@ CASES = [
     ("nightly job with a negative trial count", lambda t: ["nightly", str(nightly_job(t, trials=-3))], "--trials"),
     ("nightly while another night holds its runs_dir", lambda t: ["nightly", str(night_running(t))],
      "another tuner nightly is running"),
+    ("nightly job with a misspelt option", lambda t: ["nightly", str(nightly_job(t, trails=8))],
+     "job 'a': unknown key 'trails'"),
+    ("nightly job with a dtype its kernel lacks", lambda t: ["nightly", str(nightly_job(t, dtype="bf16"))],
+     "--dtype bf16 is not supported by `tuner gemm`"),
+    ("nightly job with a sampler that is a mapping", lambda t: ["nightly", str(nightly_job(t, sampler={"x": 1}))],
+     "--sampler {'x': 1} is not one of"),
+    ("worker on a stored plan of another kind", lambda t: [
+        "worker", "--storage", stored_plan(t, {"format": "tuner-plan/1", "kernel": "conv2d"}),
+        "--replay", str(landscape(t / "l.jsonl"))], "the stored plan tuner-plan:fp8_gemm: unknown kernel 'conv2d'"),
+    ("worker on a stored plan with fields missing", lambda t: [
+        "worker", "--storage", stored_plan(t, {"format": "tuner-plan/1", "kernel": "fp8_gemm"}),
+        "--replay", str(landscape(t / "l.jsonl"))], "is not one this tuner can read (KeyError: 'space')"),
+    ("collect of a stored plan of garbage", lambda t: [
+        "collect", "--storage", stored_plan(t, {"format": "tuner-plan/1", "kernel_ref": {"name": "fp8_gemm", "x": 1},
+                                                "space": 5}), "--out", str(t / "out")], "is not one this tuner can read"),
+    ("drift table named with a zero shape", lambda t: [
+        "drift", str(table_file(t / "E=0,N=0,device_name=NVIDIA_H200.json")), "--gpu", "H200",
+        "--model", "deepseek-v3", "--replay", str(landscape(t / "l.jsonl"))], "must be from 1 to 1048576"),
+    ("drift table named with a huge shape", lambda t: [
+        "drift", str(table_file(t / "N=7168,K=99999999999,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")),
+        "--gpu", "H200", "--replay", str(landscape(t / "l.jsonl"))], "must be from 1 to 1048576"),
     ("audit --moe-config-dir missing", lambda t: [
         "audit", "--engine", "vllm", "--engine-version", "0.33.0", "--model", "deepseek-v3", "--gpu", "H200",
         "--moe-config-dir", str(t / "nowhere")], "not found"),

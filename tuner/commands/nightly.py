@@ -57,6 +57,10 @@ def load_config(path: Path) -> dict:
         if job["name"] in names:
             raise TunerError(f"{path}: two jobs are named {job['name']!r}")
         names.add(job["name"])
+        unknown = sorted(map(str, set(job) - JOB_KEYS))
+        if unknown:             # a misspelt option would run the job with its default, silently
+            raise TunerError(f"{path}: job {job['name']!r}: unknown key {unknown[0]!r}; a job takes "
+                             f"{', '.join(JOB_KEY_ORDER)}")
         install = job.get("install")
         if install is not None and not (isinstance(install, dict) and install.get("engine") in ENGINE_NAMES):
             raise TunerError(f"{path}: job {job['name']!r}: install must be a mapping with engine: vllm or sglang")
@@ -94,8 +98,11 @@ def read_state(path: Path) -> dict:
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
-JOB_OPTIONS = ("tp", "ep", "per_rank", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic")
+JOB_OPTIONS = ("tp", "ep", "per_rank", "dtype", "trials", "replay", "routing", "sampler", "kernel_source", "traffic",
+               "page_size")
 JOB_LIST_OPTIONS = ("batch_sizes", "contexts", "engine_source")
+JOB_KEY_ORDER = ("name", "kernel", "model", "gpu", *JOB_OPTIONS, *JOB_LIST_OPTIONS, "install")
+JOB_KEYS = set(JOB_KEY_ORDER)
 
 
 def job_request(job: dict, out: Path, baseline: Path | None = None):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from tuner.errors import TunerError
+from tuner.pipeline.request import MAX_CONTEXT, MAX_COUNT, MAX_PAGE, MAX_PARALLEL, MAX_WORKERS
 
 
 class Parser(argparse.ArgumentParser):
@@ -49,12 +50,13 @@ def fraction(text: str) -> float:
     return v
 
 
-positive = integer(1, 1 << 20)
-batch = integer(1, 1 << 20, why=" (batch sizes are tokens per step)")
-parallel = integer(1, 1024)
-workers = integer(0, 256)
-page = integer(1, 1024, power_of_two=True, why=" (the KV cache block size of vLLM and SGLang)")
-context = integer(1, 1 << 24)
+# the bounds a tuning request holds every way it is made (tuner/pipeline/request.py)
+positive = integer(1, MAX_COUNT)
+batch = integer(1, MAX_COUNT, why=" (batch sizes are tokens per step)")
+parallel = integer(1, MAX_PARALLEL)
+workers = integer(0, MAX_WORKERS)
+page = integer(1, MAX_PAGE, power_of_two=True, why=" (the KV cache block size of vLLM and SGLang)")
+context = integer(1, MAX_CONTEXT)
 SEED_MAX = (1 << 32) - 1
 seed = integer(0, SEED_MAX, why=" (what every sampler's random generator and the numerics' inputs take)")
 

@@ -22,6 +22,17 @@ KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
 MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+# The largest values the command line takes (tuner/commands/options.py uses these): a request
+# made in Python or from a nightly job's YAML is held to the same bounds.
+MAX_COUNT = 1 << 20                 # batch sizes (tokens per step), trials, patience, seconds, launches
+MAX_PARALLEL = 1024                 # --tp, --ep
+MAX_WORKERS = 256                   # --compile-workers
+MAX_PAGE = 1024                     # --page-size
+MAX_CONTEXT = 1 << 24               # --contexts
+# Options that hold text (a name, a path, a URL), a list of texts, or a switch.
+TEXT_OPTIONS = ("dtype", "space", "baseline", "storage", "out", "replay", "record", "gpus", "traffic")
+PATH_LIST_OPTIONS = ("engine_source", "only")
+SWITCHES = ("per_rank", "dry_run", "quiet", "trust_engine_source", "no_warm_start", "synthetic")
 
 
 @dataclass
@@ -99,7 +110,36 @@ class TuneRequest:
                 raise TunerError(f"--{name.replace('_', '-')} must be at most {most}, not {v}")
             return v
 
+        changes: dict = {}
+        if isinstance(self.model, os.PathLike):
+            changes["model"] = os.fspath(self.model)
+        elif not isinstance(self.model, str) or not self.model:
+            raise TunerError(f"--model takes a model's name or the path of its config.json, not {self.model!r}")
+        if not isinstance(self.gpu, str) or not self.gpu:
+            raise TunerError(f"--gpu takes a GPU's name (H100, H200, ...), not {self.gpu!r}")
+        for name in TEXT_OPTIONS:
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                changes[name] = value = os.fspath(value)
+            if value is not None and not isinstance(value, str):
+                raise TunerError(f"--{name.replace('_', '-')} takes a text (a name, a path or a URL), not {value!r}")
+        if not isinstance(self.study_prefix, str):
+            raise TunerError(f"--study-prefix takes a name, not {self.study_prefix!r}")
+        for name in PATH_LIST_OPTIONS:
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, os.PathLike)) for v in value):
+                    raise TunerError(f"--{name.replace('_', '-')} takes a list of texts, not {value!r}")
+                changes[name] = [os.fspath(v) for v in value]
+        for name in SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise TunerError(f"--{name.replace('_', '-')} is a switch (true or false), not {getattr(self, name)!r}")
+        if self.dtype is not None and self.dtype not in DTYPES[self.command]:
+            raise TunerError(f"--dtype {self.dtype} is not supported by `tuner {self.command}`; "
+                             f"choose from {', '.join(DTYPES[self.command])}")
         from tuner.search.samplers import REMOVED
+        if not isinstance(self.sampler, str):
+            raise TunerError(f"--sampler {self.sampler!r} is not one of {', '.join(SAMPLERS)}")
         if self.sampler in REMOVED:
             raise TunerError(REMOVED[self.sampler])
         for name, value, allowed in (("sampler", self.sampler, SAMPLERS),
@@ -122,33 +162,36 @@ class TuneRequest:
                                     ("--device cpu", self.device == "cpu")) if v]
             if clash:
                 raise TunerError(f"--synthetic makes its own SYNTHETIC landscape and replays it; drop {clash[0]}")
-        if not self.engines or any(e not in ENGINE_NAMES for e in self.engines):
+        if (not isinstance(self.engines, (list, tuple)) or not self.engines
+                or any(not isinstance(e, str) or e not in ENGINE_NAMES for e in self.engines)):
             raise TunerError(f"--engines takes some of {', '.join(ENGINE_NAMES)}, not {self.engines!r}")
-        changes: dict = {}
+        # each engine once: `--engines vllm vllm` would plan (and tune) the same tables twice
+        engines = changes["engines"] = list(dict.fromkeys(self.engines))
         if self.kernel_source in ENGINE_NAMES:
             # one engine's own kernel: it times that engine's tables only
-            if self.engines != list(ENGINE_NAMES) and self.engines != [self.kernel_source]:
+            if engines != list(ENGINE_NAMES) and engines != [self.kernel_source]:
                 raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
-                                 f"not --engines {' '.join(self.engines)}")
+                                 f"not --engines {' '.join(engines)}")
             changes["engines"] = [self.kernel_source]
         if self.synthetic and self.kernel_source in (None, "engine"):
             changes["kernel_source"] = "ours"          # the cost model's landscape of our kernels' configs
-        for name in ("ep", "measure_timeout", "recycle_after", "page_size"):
-            changes[name] = whole(name, getattr(self, name))
+        for name, most in (("ep", MAX_PARALLEL), ("measure_timeout", MAX_COUNT), ("recycle_after", MAX_COUNT),
+                           ("page_size", MAX_PAGE)):
+            changes[name] = whole(name, getattr(self, name), most=most)
+        if changes["page_size"] & (changes["page_size"] - 1):
+            raise TunerError(f"--page-size must be a power of two, not {changes['page_size']}")
         if self.tp is not None:
-            changes["tp"] = whole("tp", self.tp)
-        if not isinstance(self.per_rank, bool):
-            raise TunerError(f"--per-rank is a switch (true or false), not {self.per_rank!r}")
-        changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0)
+            changes["tp"] = whole("tp", self.tp, most=MAX_PARALLEL)
+        changes["compile_workers"] = whole("compile_workers", self.compile_workers, 0, MAX_WORKERS)
         # what every sampler's generator takes (numpy's RandomState: 0 to 2^32-1)
         changes["seed"] = whole("seed", self.seed, 0, (1 << 32) - 1)
         for name in ("trials", "patience"):
             if getattr(self, name) is not None:
-                changes[name] = whole(name, getattr(self, name))
-        for name in ("batch_sizes", "contexts"):
+                changes[name] = whole(name, getattr(self, name), most=MAX_COUNT)
+        for name, most in (("batch_sizes", MAX_COUNT), ("contexts", MAX_CONTEXT)):
             values = getattr(self, name)
             if values is not None:
                 if not isinstance(values, (list, tuple)) or not values:
                     raise TunerError(f"--{name.replace('_', '-')} takes a list of integers, not {values!r}")
-                changes[name] = [whole(name, v) for v in values]
+                changes[name] = [whole(name, v, most=most) for v in values]
         return changes

@@ -79,48 +79,60 @@ def load_plans(store: BaseStorage, prefix: str, out_dir: Path | None = None, loa
     the plan's machine read it, the installed engine, or $TUNER_ENGINE_WHEELS."""
     import optuna
 
-    from tuner.plan.gpus import get_gpu
-    from tuner.plan.kernel_registry import get_kernel
-
     names = [n for n in optuna.get_all_study_names(store) if n.startswith(plan_study_name(prefix, ""))]
     plans = []
     for name in sorted(names):
         plan = optuna.load_study(study_name=name, storage=store).user_attrs.get("plan")
-        if not plan or plan.get("format") != PLAN_FORMAT:
+        if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
             continue
-        ref = dict(plan.get("kernel_ref") or {"name": plan["kernel"]})
-        if ref.get("source", "ours") != "ours" and (engine_source or not Path(ref.get("origin") or "").exists()):
-            from tuner.plan.kernel_sources import origin_for
-            ref["origin"] = origin_for(ref["source"], engine_source)
-        kernel = get_kernel(**ref, load_code=load_code)
-        space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
-                            plan["space"]["constraints"], plan["space"]["source"])
-        problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),
-                            d.get("tied_to"), tuple(d.get("tied_keys", ()))) for d in plan["problems"]]
-        command = next((c for c, k in KERNEL_OF.items() if k == kernel.name), None)
-        if command is None:
-            raise TunerError(f"the stored plan {name} tunes {kernel.name}, which no tuning command tunes")
-        # the worker's request: the plan's own options, and the worker's (its replay, storage, device...)
-        request = TuneRequest(command=command, model=str((plan.get("run_info") or {}).get("model") or ""),
-                              gpu=plan["gpu"], engines=plan["engines"], baseline=plan["baseline"],
-                              study_prefix=prefix, **overrides)
-        opts = RunPlan(request=request, kernel=kernel, space=space, gpu=get_gpu(plan["gpu"]), problems=problems,
-                       batch_sizes=sorted({m for ms in plan["batch_sizes"].values() for m in ms}),
-                       settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
-                       run_info=plan["run_info"], plan_ms=plan["batch_sizes"],
-                       warm=WarmPool.from_dict(plan["warm"]) if plan.get("warm") else None)
-        if (plan.get("run_info") or {}).get("traffic"):
-            from tuner.plan.traffic import TrafficProfile
-            opts.traffic = TrafficProfile.from_manifest(plan["run_info"]["traffic"], "the stored plan")
-        if (plan.get("run_info") or {}).get("routing"):
-            from tuner.plan.routing import use_stored
-            use_stored(opts.out_dir / "routing")       # the recorded routing's ids (tuner/plan/routing.py)
-        plans.append(opts)
+        try:
+            plans.append(_plan_of(name, plan, prefix, out_dir, load_code, engine_source, overrides))
+        except TunerError as e:
+            raise TunerError(f"the stored plan {name}: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # written by another tuner version, or by hand: one line, not a traceback
+            raise TunerError(f"the stored plan {name} is not one this tuner can read ({type(e).__name__}: {e}); "
+                             "start the run again under another --study-prefix") from None
     if not plans:
         raise TunerError(f"the storage holds no tuning plan under the study prefix {prefix!r}; "
                          "start one with `tuner gemm|moe|mla ... --storage URL --study-prefix NAME`")
     return plans
 
+
+def _plan_of(name: str, plan: dict, prefix: str, out_dir: Path | None, load_code: bool,
+             engine_source: list[str] | None, overrides: dict) -> RunPlan:
+    """One stored plan read back as a RunPlan whose request is the worker's."""
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.kernel_registry import get_kernel
+
+    ref = dict(plan.get("kernel_ref") or {"name": plan["kernel"]})
+    if ref.get("source", "ours") != "ours" and (engine_source or not Path(ref.get("origin") or "").exists()):
+        from tuner.plan.kernel_sources import origin_for
+        ref["origin"] = origin_for(ref["source"], engine_source)
+    kernel = get_kernel(**ref, load_code=load_code)
+    space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
+                        plan["space"]["constraints"], plan["space"]["source"])
+    problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),
+                        d.get("tied_to"), tuple(d.get("tied_keys", ()))) for d in plan["problems"]]
+    command = next((c for c, k in KERNEL_OF.items() if k == kernel.name), None)
+    if command is None:
+        raise TunerError(f"it tunes {kernel.name}, which no tuning command tunes")
+    # the worker's request: the plan's own options, and the worker's (its replay, storage, device...)
+    request = TuneRequest(command=command, model=str((plan.get("run_info") or {}).get("model") or ""),
+                          gpu=plan["gpu"], engines=plan["engines"], baseline=plan["baseline"],
+                          study_prefix=prefix, **overrides)
+    opts = RunPlan(request=request, kernel=kernel, space=space, gpu=get_gpu(plan["gpu"]), problems=problems,
+                   batch_sizes=sorted({m for ms in plan["batch_sizes"].values() for m in ms}),
+                   settings=SearchSettings(**plan["settings"]), out_dir=out_dir or Path("."),
+                   run_info=plan["run_info"], plan_ms=plan["batch_sizes"],
+                   warm=WarmPool.from_dict(plan["warm"]) if plan.get("warm") else None)
+    if (plan.get("run_info") or {}).get("traffic"):
+        from tuner.plan.traffic import TrafficProfile
+        opts.traffic = TrafficProfile.from_manifest(plan["run_info"]["traffic"], "the stored plan")
+    if (plan.get("run_info") or {}).get("routing"):
+        from tuner.plan.routing import use_stored
+        use_stored(opts.out_dir / "routing")       # the recorded routing's ids (tuner/plan/routing.py)
+    return opts
 
 
 def open_run_storage(opts: RunPlan) -> BaseStorage:

@@ -16,6 +16,11 @@ _MOE = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=(\w+))?"
                   r"(?:,block_shape=\[(\d+),( ?)(\d+)\])?(_down)?\.json$")
 
 
+# The largest size a table's name may hold (E, N, K, a block size): a name beyond it is no
+# engine's table, and would ask the timing for tensors no GPU holds.
+MAX_SHAPE = 1 << 20
+
+
 @dataclass
 class TableFile:
     path: Path
@@ -51,6 +56,11 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
                          for k, v in table.items()):
         raise TunerError(f"{path} is named like an engine table but is not one: its keys must be batch sizes "
                          f"(1 to {MAX_TABLE_M}) and its values configs")
+    if named:
+        shape = (_GEMM.match(name) or _MOE.match(name)).groups()  # type: ignore[union-attr]
+        if any(g and g.isdigit() and not 0 < int(g) <= MAX_SHAPE for g in shape):
+            raise TunerError(f"{path} is named like an engine table but is not one: the numbers in its name "
+                             f"(E, N, K, block sizes) must be from 1 to {MAX_SHAPE}")
     if m := _GEMM.match(name):
         n, k, dev, dtype, bn, space, bk = m.groups()
         engine = "sglang" if space else "vllm"
