@@ -18,7 +18,8 @@ from tuner.cli import main
 from tuner.emit.audit import Batches, audit_all
 from tuner.emit.engine_tables import locate_installation
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 GRID = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
 FOLDERS = {"vllm": {"vllm/model_executor/layers/fused_moe/configs/": "moe",

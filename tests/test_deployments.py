@@ -294,6 +294,7 @@ def test_a_nightly_job_without_tp_plans_the_serving_tp(capsys, tmp_path):
     assert capsys.readouterr().out.startswith("tp=8: the smallest") and req.tp is None
 
 
+@pytest.mark.ci_variables        # quotes the engine's loader from its wheel where TUNER_ENGINE_WHEELS is set
 def test_install_says_how_to_confirm_the_tables_were_read(tmp_path, capsys):
     import triton
     land = tmp_path / "l.jsonl"

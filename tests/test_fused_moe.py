@@ -6,6 +6,8 @@ import torch
 from kernels import fused_moe as fm
 from tuner.measure.numerics import relative_error
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 PRECISIONS = [("bf16", None), ("fp8_w8a8", [128, 128]), ("fp8_w8a8", None)]
 
 
