@@ -231,6 +231,29 @@ def test_temporaries_are_written_locked(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_fresh_dead_temporary_goes_but_a_fresh_empty_one_waits(tmp_path):
+    """A killed writer's temporary goes however fresh it is once it holds a byte (a writer locks
+    before it writes one), so a rerun seconds after a kill -9 clears it; an empty unlocked one
+    (a live writer between mkstemp and its flock) waits out the grace; a locked one stays."""
+    from tuner.paths import UNLOCKED_GRACE_S, remove_stale_temporaries_of
+    target = tmp_path / "l.jsonl"
+    written = tmp_path / ".l.jsonl.dead.tmp"
+    written.write_text('{"format": "tuner-landscape/1"}\n')
+    empty = tmp_path / ".l.jsonl.new.tmp"
+    empty.touch()
+    writer, live = live_writers_temporary(tmp_path, "l.jsonl")
+    try:
+        live.write_text("held\n")
+        assert remove_stale_temporaries_of(target) == [written]
+        assert empty.exists() and live.exists()
+        past = time.time() - UNLOCKED_GRACE_S - 1
+        os.utime(empty, (past, past))
+        assert remove_stale_temporaries_of(target) == [empty] and live.exists()
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_a_ctrl_c_while_the_command_exits_changes_nothing(tmp_path):
     """A Ctrl-C landing after the command's work, while its exit cleans up (here an exit
     hook standing in for ending a measuring child): no "Exception ignored" traceback, and the

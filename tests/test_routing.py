@@ -129,4 +129,5 @@ def test_a_moe_run_names_the_recorded_routing_in_its_identity_and_manifest(files
     assert (tmp_path / "out" / "routing" / f"{r.digest}.npy").is_file()
     # uniform routing is another study, never resumed from this one
     assert main([*args[:-1], "uniform", "--out", str(tmp_path / "out"), "--quiet"]) == 2
-    assert "covers none of the planned problems" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "(now uniform); its studies are not this run's" in err.strip().splitlines()[-1]

@@ -212,17 +212,19 @@ def new_temporary(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
-# A temporary is taken for a dead writer's only once it is this old: between mkstemp and the
-# flock on it (microseconds) a live writer's is not locked yet.
+# An empty temporary is taken for a dead writer's only once it is this old: between mkstemp and
+# the flock on it (microseconds) a live writer's is not locked yet. One with content was locked
+# before its first byte (new_temporary), so an unlocked one is a dead writer's at any age.
 UNLOCKED_GRACE_S = 1.0
 
 
 def _dead_temporary(tmp: Path, older_than_s: float) -> bool:
     """Whether `tmp` is a temporary file no live writer holds (its lock can be taken) and at
-    least `older_than_s` (and UNLOCKED_GRACE_S) old."""
+    least `older_than_s` old (and UNLOCKED_GRACE_S, when it is empty)."""
     try:
         st = os.lstat(tmp)
-        if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < max(older_than_s, UNLOCKED_GRACE_S):
+        age = time.time() - st.st_mtime
+        if not stat.S_ISREG(st.st_mode) or age < older_than_s or (st.st_size == 0 and age < UNLOCKED_GRACE_S):
             return False
         fd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:

@@ -4,12 +4,13 @@ nothing says so with that text (tuner/commands/proof.py), in steps.json and summ
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.errors import TunerError
 from tuner.measure.failures import one_line
+from tuner.reading import read_json_file, text_lines
 
 
 @dataclass
@@ -30,8 +31,8 @@ class Outcome:
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json_file(path)
+    except TunerError:                # missing, too big, not JSON: the step wrote no outcome
         return None
 
 
@@ -61,14 +62,23 @@ def _rows(rows: list, skip=lambda row: False) -> Outcome | None:
 
 
 def _landscape(folder: Path) -> Outcome | None:
-    rows = []
+    """Counted as the records stream past (bounded reads: tuner/reading.py), none kept."""
+    timed = failed = 0
+    first = None
     for path in sorted(folder.glob("*.jsonl.gz")) if folder.is_dir() else []:
         try:
-            with gzip.open(path, "rt") as f:
-                rows += [json.loads(line) for line in f][1:]
-        except (OSError, ValueError, EOFError):
+            for n, line in text_lines(path):
+                rec = json.loads(line) if n > 1 else None          # line 1: the header
+                if not isinstance(rec, dict):
+                    continue
+                if rec.get("time_us"):
+                    timed += 1
+                else:
+                    failed += 1
+                    first = first or (one_line(rec["error"]) if rec.get("error") else None)
+        except (TunerError, ValueError):
             continue
-    return _rows(rows)
+    return Outcome(timed, failed, first) if timed or failed else None
 
 
 def step_outcome(out: Path, step: str) -> Outcome | None:
