@@ -92,7 +92,23 @@ def pytest_runtest_makereport(item, call):
         report.outcome, report.longrepr = "failed", problem
 
 
-def pytest_collection_modifyitems(items):
+# The test files that take longest (a module-wide set-up, such as the proof's rehearsal): with
+# pytest-xdist (`-n auto --dist loadfile`, pyproject.toml) each file goes whole to one worker, in
+# the order collected, so these go first and the workers end together.
+SLOW_FIRST = ("test_proof.py", "test_workers.py", "test_cpu_device.py", "test_readme.py", "test_bad_input_faults.py",
+              "test_engine_versions.py", "test_interruptions.py", "test_capture_kernels.py")
+
+
+def pytest_collection_modifyitems(config, items):
     for item in items:       # ../shared is beside CI's checkout, never beside the plain clone
         if "shared_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ci_variables)
+    if getattr(config.option, "numprocesses", None):
+        rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most 4 (each holds torch and
+    Triton, and many tests start processes of their own)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
