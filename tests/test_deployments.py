@@ -41,6 +41,7 @@ def test_ep_problems_route_over_every_gpus_experts():
     assert ((inputs["local_ids"] >= 0) == (inputs["topk_ids"] < 32)).all()
 
 
+@pytest.mark.triton         # runs our kernel in Triton's interpreter
 def test_ep_numerics_of_our_kernel():
     """Our kernel on an EP workload: only local pairs add, against the float64 reference."""
     from tuner.measure.numerics import check_config
