@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,3 +32,83 @@ def _backups_in_tmp(tmp_path, monkeypatch):
     """`tuner install` backs up into ~/.cache by default; tests keep theirs in tmp_path."""
     from tuner.emit import install
     monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")
+
+
+# -- Which tests .ci/run runs where (CONTRIBUTING.md, docs/testing.md) -------------------------
+# The README's test command runs every test in a plain clone (none of the variables below).
+# .ci/run adds two runs that select by marker (registered in pyproject.toml):
+#   -m ci_variables  (Triton 3.6, the variables set): the tests whose outcome depends on what
+#                    .ci/run provides (engine wheels, the real landscapes' sdist, PostgreSQL,
+#                    ../shared beside the checkout): they skip, or take another path, without it;
+#   -m triton        (the newest Triton, the variables set): the tests whose outcome depends on
+#                    Triton's version (they run a Triton kernel, ours or an engine's, in Triton's
+#                    interpreter here or in a child process, compile one, or read the version).
+# Two guards keep the markers honest in every run, the plain one included: a test that skips
+# for want of what .ci/run provides must be marked ci_variables, and a test that launches a
+# Triton kernel in this process must be marked triton; either fails otherwise, saying so.
+CI_PROVIDES = re.compile(r"TUNER_ENGINE_WHEELS|TUNER_REAL_SDISTS|TUNER_TEST_POSTGRES_URL|TUNER_REAL_LANDSCAPES"
+                         r"|\.\./shared|/shared/|engines' wheels|engine-source fetch|is not installed in this Python")
+_launched: list[bool] = [False]
+
+
+def _watch_kernel_launches() -> None:
+    """Note every launch in Triton's interpreter (where the kernels run without a GPU)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime.interpreter import GridExecutor
+    except ImportError:  # pragma: no cover
+        return
+    launch = GridExecutor.__call__
+
+    def noted(self, *args, **kwargs):
+        _launched[0] = True
+        return launch(self, *args, **kwargs)
+    GridExecutor.__call__ = noted
+
+
+_watch_kernel_launches()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _launched[0] = False        # a launch in the test's fixtures counts as the test's
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    problem = None
+    if report.skipped and item.get_closest_marker("ci_variables") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if CI_PROVIDES.search(reason):
+            problem = (f"{item.nodeid} skips for want of what .ci/run provides ({reason}) but is not marked "
+                       "ci_variables: .ci/run's run with the variables would not select it (tests/conftest.py)")
+    if call.when == "call" and _launched[0] and item.get_closest_marker("triton") is None:
+        problem = (f"{item.nodeid} launched a Triton kernel but is not marked triton: .ci/run's run under the newest "
+                   "Triton would not select it (tests/conftest.py)")
+    if problem:
+        report.outcome, report.longrepr = "failed", problem
+
+
+# The test files that take longest (a module-wide set-up, such as the proof's rehearsal): with
+# pytest-xdist (`-n auto --dist loadfile`, pyproject.toml) each file goes whole to one worker, in
+# the order collected, so these go first and the workers end together.
+SLOW_FIRST = ("test_proof.py", "test_workers.py", "test_cpu_device.py", "test_readme.py", "test_bad_input_faults.py",
+              "test_engine_versions.py", "test_interruptions.py", "test_capture_kernels.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:       # ../shared is beside CI's checkout, never beside the plain clone
+        if "shared_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ci_variables)
+    if getattr(config.option, "numprocesses", None):
+        rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use, at most 4 (each holds torch and
+    Triton, and many tests start processes of their own)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))

@@ -19,7 +19,8 @@ from tuner.emit.audit_all import audit_all
 from tuner.emit.audit_rules import Batches
 from tuner.emit.engine_tables import locate_installation
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 GRID = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
 FOLDERS = {"vllm": {"vllm/model_executor/layers/fused_moe/configs/": "moe",

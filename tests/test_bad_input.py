@@ -694,6 +694,7 @@ def _wheels() -> Path:
     return Path(folder)
 
 
+@pytest.mark.ci_variables
 def test_the_known_engine_files_are_the_released_ones():
     """The recorded hashes of the engine files whose code tuner imports are those of the
     released wheels (facts, recomputed here from every wheel in the folder)."""
@@ -708,6 +709,7 @@ def test_the_known_engine_files_are_the_released_ones():
     assert computed and all(recorded[e][v] == files for e, vs in computed.items() for v, files in vs.items())
 
 
+@pytest.mark.ci_variables
 def test_a_tampered_engine_source_is_refused_unless_trusted(tmp_path, capsys):
     """An extracted engine folder whose kernel file was changed (one line added) is refused in
     one line before any of its code runs; --trust-engine-source runs it and the plan says

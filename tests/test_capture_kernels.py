@@ -33,7 +33,12 @@ SGL_MOE = {**MOE, "E": 9, "shared_experts": 1}          # 8 routed experts + SGL
 GEMM = {"N": 256, "K": 384, "block_shape": BLOCK}
 MLA = {"heads": 16, "kv_lora_rank": 512, "qk_rope_dim": 64, "page_size": 16, "context": 48}
 ENGINES = wheel_dir() is not None
-needs_wheels = pytest.mark.skipif(not ENGINES, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = pytest.mark.triton
+
+
+def needs_wheels(test):
+    return pytest.mark.ci_variables(pytest.mark.skipif(
+        not ENGINES, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")(test))
 
 
 # SGLang 0.5.23's kernel with swap-AB at BLOCK_SIZE_N <= 128 needs a Triton that takes `scalar[:, None]`

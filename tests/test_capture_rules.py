@@ -15,6 +15,8 @@ from tuner.measure import capture_rules as rules
 from tuner.measure.isolation import isolated_gpu_measurer
 from tuner.plan.problems import Problem
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
           "num_stages": 3}
 COPY_WORDS = "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned."

@@ -19,6 +19,8 @@ from kernels.engines.base import phantom
 from tuner.measure.device import init_compile_worker
 from tuner.plan.kernel_registry import get_kernel
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 SMALL_MOE = {"E": 8, "N": 256, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": [128, 128],
              "routing": "uniform"}
 GEMM = {"N": 256, "K": 256, "block_shape": [128, 128]}
@@ -64,7 +66,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("source,name,params,M,config", CASES,
+@pytest.mark.parametrize("source,name,params,M,config", [
+    pytest.param(*c, marks=() if c[0] == "ours" else pytest.mark.ci_variables) for c in CASES],
                          ids=[f"{c[0]}-{c[1]}-{c[2].get('part', '')}-M{c[3]}-{i}" for i, c in enumerate(CASES)])
 def test_a_compile_workers_build_has_the_timed_runs_cache_key(worker, source, name, params, M, config):
     kernel = get_kernel(name) if source == "ours" else engine(name, source)

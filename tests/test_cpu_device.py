@@ -17,6 +17,8 @@ import pytest
 
 from tuner.measure.process_tree import members
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = str(REPO / "configs" / "examples" / "small-moe.json")
 GEMM_ARGS = ["--model", SMALL, "--gpu", "H100", "--device", "cpu", "--kernel-source", "ours", "--only", "N=256,K=256"]

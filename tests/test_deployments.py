@@ -42,6 +42,7 @@ def test_ep_problems_route_over_every_gpus_experts():
     assert ((inputs["local_ids"] >= 0) == (inputs["topk_ids"] < 32)).all()
 
 
+@pytest.mark.triton         # runs our kernel in Triton's interpreter
 def test_ep_numerics_of_our_kernel():
     """Our kernel on an EP workload: only local pairs add, against the float64 reference."""
     from tuner.measure.numerics import check_config
@@ -295,6 +296,7 @@ def test_a_nightly_job_without_tp_plans_the_serving_tp(capsys, tmp_path):
     assert capsys.readouterr().out.startswith("tp=8: the smallest") and req.tp is None
 
 
+@pytest.mark.ci_variables        # quotes the engine's loader from its wheel where TUNER_ENGINE_WHEELS is set
 def test_install_says_how_to_confirm_the_tables_were_read(tmp_path, capsys):
     import triton
     land = tmp_path / "l.jsonl"

@@ -20,7 +20,8 @@ from tuner.plan import kernel_registry
 from tuner.plan.kernel_registry import launcher
 from tuner.plan.kernel_sources import extract, function_source, locate
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 def triton_unsqueezes_scalars() -> bool:
     """Whether this Triton's front end takes `scalar[:, None]`. 3.6 does; 3.9 refuses it

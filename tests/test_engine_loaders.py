@@ -15,7 +15,8 @@ from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.models import load_model, moe_problems
 from tuner.plan.space import load_space
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 H200 = "NVIDIA H200"
 MS = [1, 64]

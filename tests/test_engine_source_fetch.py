@@ -80,6 +80,7 @@ def test_fetch_refusals_are_one_line(clean_env, tmp_path, capsys, spec, needle):
     assert needle in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
+@pytest.mark.ci_variables
 @pytest.mark.skipif(WHEELS is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
 def test_fetch_a_released_wheel_and_plan_on_it(clean_env, tmp_path, monkeypatch, capsys):
     """SGLang 0.5.21's released wheel, fetched by pip from the CI's wheel folder (no network),

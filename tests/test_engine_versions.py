@@ -24,7 +24,8 @@ from tuner.plan.kernel_api import config_from_entry, table_entry
 from tuner.plan.kernel_registry import launcher
 from tuner.plan.kernel_sources import extract, function_source, locate
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 BLOCK = [128, 128]
 VLLM_MOE = {"E": 8, "N": 256, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": BLOCK, "routing": "uniform",

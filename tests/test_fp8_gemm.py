@@ -12,6 +12,8 @@ from kernels.fp8_gemm import (
 )
 from tuner.measure.numerics import relative_error
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 
 def cfg(bm, bn, bk, g=1, warps=4, stages=2):
     return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": g,

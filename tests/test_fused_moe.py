@@ -7,6 +7,8 @@ from kernels import fused_moe as fm
 from kernels import fused_moe_inputs as fmi
 from tuner.measure.numerics import relative_error
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 PRECISIONS = [("bf16", None), ("fp8_w8a8", [128, 128]), ("fp8_w8a8", None)]
 
 

@@ -21,6 +21,8 @@ from test_cpu_device import GEMM_ARGS, left_in
 from tuner.cli import main
 from tuner.measure.process_tree import members
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = str(REPO / "configs" / "examples" / "small-moe.json")
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,

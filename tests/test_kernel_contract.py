@@ -38,9 +38,12 @@ PROBLEMS = {
 BATCH_SIZES = (1, 5)
 
 PAIRS = list(itertools.product(kernel_registry.KERNEL_MODULES, kernel_registry.KERNEL_SOURCES))
+pytestmark = pytest.mark.triton
 
 
-@pytest.fixture(scope="module", params=PAIRS, ids=[f"{n}@{s}" for n, s in PAIRS])
+# an engine's kernel comes from its wheel (TUNER_ENGINE_WHEELS), ours from the repository
+@pytest.fixture(scope="module", params=[pytest.param(p, marks=() if p[1] == "ours" else pytest.mark.ci_variables)
+                                        for p in PAIRS], ids=[f"{n}@{s}" for n, s in PAIRS])
 def spec(request):
     name, source = request.param
     try:

@@ -20,7 +20,8 @@ from tuner.plan.kernel_sources import function_source, source_hash
 from tuner.plan.models import load_model
 from tuner.plan.table_lookup import nearest_key, resolve_table
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 E512 = {"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 2048, "num_attention_heads": 16,
         "num_key_value_heads": 2, "head_dim": 256, "n_routed_experts": 512, "moe_intermediate_size": 512,

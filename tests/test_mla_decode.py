@@ -15,6 +15,8 @@ from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.models import load_model, mla_problems
 from tuner.plan.space import load_space
 
+pytestmark = pytest.mark.triton         # runs Triton kernels (tests/conftest.py)
+
 
 def cfg(bn=32, bh=16, splits=4, warps=4, stages=2, merge=4):
     return {"BLOCK_N": bn, "BLOCK_H": bh, "num_kv_splits": splits, "num_warps": warps, "num_stages": stages,

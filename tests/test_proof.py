@@ -26,6 +26,9 @@ from tuner.plan.gpus import get_gpu
 SGLANG_COMPILES_HERE = triton_unsqueezes_scalars()
 
 REPO = Path(__file__).resolve().parents[1]
+# The rehearsal runs the engines' kernels where TUNER_ENGINE_WHEELS is set, ours alone where it
+# is not (ci_variables), and every step's kernels in Triton's interpreter (triton).
+pytestmark = pytest.mark.triton
 NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -42,6 +45,7 @@ def sglang_shipped(case: dict) -> bool:
     return case["kernel_source"].startswith("sglang") and case["case"].startswith("shipped ")
 
 
+@pytest.mark.ci_variables
 def test_the_rehearsal_runs_every_step_on_the_cpu_device(rehearsal):
     out, _, codes = rehearsal
     steps = json.loads((out / "steps.json").read_text())["steps"]
@@ -67,6 +71,7 @@ def test_the_rehearsal_runs_every_step_on_the_cpu_device(rehearsal):
     assert ceilings["l2_bytes"] == 60 << 20                     # the H200's L2, from the table
 
 
+@pytest.mark.ci_variables
 def test_the_rehearsal_tunes_on_each_engines_kernel_with_compile_workers(rehearsal):
     out, _, _ = rehearsal
     smoke = json.loads((out / "runs" / "smoke" / "manifest.json").read_text())
@@ -94,6 +99,7 @@ def test_the_rehearsal_tunes_on_each_engines_kernel_with_compile_workers(rehears
     assert sources == sorted(sources, key=lambda s: s == "ours")
 
 
+@pytest.mark.ci_variables
 def test_the_rehearsal_takes_every_launch_path_of_a_gpu_call_under_the_capture_rules(rehearsal):
     """The smoke at the GPU's M=16 (vLLM's alignment), validate at M=5 (vLLM's alignment with
     fewer pairs than a block, SGLang's long sorted length), the tunes at M=1 (vLLM's small-batch
@@ -119,6 +125,7 @@ def test_the_rehearsal_takes_every_launch_path_of_a_gpu_call_under_the_capture_r
     assert all("capture's rules" in env["timing"] and env["clock_warmups"] >= 1 for env in environments)
 
 
+@pytest.mark.ci_variables
 def test_the_rehearsal_benches_records_and_studies_labelled_cpu_device(rehearsal):
     out, _, _ = rehearsal
     for kernel in ("moe", "gemm"):
@@ -139,6 +146,7 @@ def test_the_rehearsal_benches_records_and_studies_labelled_cpu_device(rehearsal
     assert (out / "tuned" / "moe" / "report" / "report.md").read_text().count("CPU DEVICE") >= 1
 
 
+@pytest.mark.ci_variables
 def test_the_bundle_comes_back_through_the_device_tool(rehearsal):
     """At most 8 files, plain names, not deeper than 2 folders, under 16 MiB each; the
     tarball's top folder is where bench/README.md says it unpacks: bench/results/<name>."""

@@ -142,7 +142,10 @@ def _markdown_written(command: Command) -> Path | None:
     return Path(args.out or Path(args.new) / "diff") / "diff.md"
 
 
-@pytest.mark.parametrize("file", [f for f, commands in COMMANDS.items() if any(c.runs_here() for c in commands)])
+# a file with [wheels] commands runs them where TUNER_ENGINE_WHEELS is set (.ci/run's ci_variables run)
+@pytest.mark.parametrize("file", [
+    pytest.param(f, marks=pytest.mark.ci_variables if any("wheels" in c.tags for c in commands) else ())
+    for f, commands in COMMANDS.items() if any(c.runs_here() for c in commands)])
 def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(_scratch(tmp_path))
     ran = 0
@@ -191,7 +194,8 @@ def test_commands_not_run_here_parse(command):
     build_parser().parse_args(argv)            # a bad option raises TunerError with the option's name
 
 
-@pytest.mark.parametrize("tag", [t for t in TAGS if t != "wheels" or not WHEELS])
+@pytest.mark.parametrize("tag", [pytest.param(t, marks=pytest.mark.ci_variables if t == "wheels" else ())
+                                 for t in TAGS if t != "wheels" or not WHEELS])
 def test_commands_not_run_here(tag):
     reasons = {"GPU": "they need a Hopper GPU (and run minutes to hours)",
                "engine": "they write into an installed vLLM or SGLang",

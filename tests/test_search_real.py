@@ -20,8 +20,9 @@ NAME = "xgemm-rtx3090-6p.jsonl.gz"
 DIRS = ([Path(os.environ["TUNER_REAL_LANDSCAPES"])] if os.environ.get("TUNER_REAL_LANDSCAPES") else []) + \
     [Path(__file__).resolve().parents[2] / "shared" / "landscapes" / "real"]
 PATH = next((d / NAME for d in DIRS if (d / NAME).is_file()), None)
-pytestmark = pytest.mark.skipif(PATH is None, reason=f"{NAME} is not in {' or '.join(map(str, DIRS))} "
-                                "(make it with `python scripts/search_benchmark.py convert`)")
+pytestmark = [pytest.mark.ci_variables, pytest.mark.skipif(
+    PATH is None, reason=f"{NAME} is not in {' or '.join(map(str, DIRS))} (make it with `python "
+    "scripts/search_benchmark.py convert`)")]
 BUDGET, SEEDS = 32, range(8)
 
 

@@ -21,9 +21,9 @@ from tuner.search.runner import default_settings
 REPO = Path(__file__).resolve().parents[1]
 NAME = "convolution-rtx2080ti"
 SDISTS = os.environ.get("TUNER_REAL_SDISTS")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.ci_variables, pytest.mark.skipif(
     not SDISTS, reason="TUNER_REAL_SDISTS is not set (.ci/run downloads autotuning_methodology==1.1.0's sdist, "
-    "which holds the landscape, into a cache folder and sets it)")
+    "which holds the landscape, into a cache folder and sets it)")]
 BUDGET, SEEDS = 48, range(8)       # the GEMM default budget; 8 seeds: about 15-30 s on 2 shared cores
 
 

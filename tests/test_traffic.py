@@ -236,6 +236,7 @@ def _function(source: str, name: str, namespace: dict):
     raise AssertionError(f"{name} is gone from the engine's source")
 
 
+@pytest.mark.ci_variables
 def test_vllm_facts_match_its_source():
     """The metric, its default buckets (the fixture's) and the padding, from vLLM 0.33.0's wheel."""
     buckets = _source("vllm-0.33.0-*.whl", "vllm/v1/metrics/buckets.py")
@@ -268,6 +269,7 @@ def test_vllm_facts_match_its_source():
         assert text in config, text
 
 
+@pytest.mark.ci_variables
 def test_sglang_facts_match_its_source():
     """The metrics, the decode capture sizes and the padding, from SGLang 0.5.23's wheel."""
     collector = _source("sglang-0.5.23-*.whl", "sglang/srt/observability/metrics_collector.py")

@@ -24,7 +24,8 @@ from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_sources import locate
 from tuner.plan.space import load_space
 
-pytestmark = pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
+pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
+              pytest.mark.ci_variables, pytest.mark.triton]
 
 BLOCK = [128, 128]
 PARAMS = {"E": 8, "N": 256, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": BLOCK, "routing": "uniform",

@@ -149,6 +149,7 @@ def test_a_folder_of_shipped_tables_seeds_from_the_nearest_shapes(tmp_path, shar
     assert manifest["tables"][0]["entries"]["16"]["search"]["seeds"] == {src["source"]: src["seeds"]}
 
 
+@pytest.mark.ci_variables
 @pytest.mark.skipif(not os.environ.get("TUNER_ENGINE_WHEELS"), reason="TUNER_ENGINE_WHEELS is not set (.ci/run "
                     "downloads the engines' wheels): the engine's shipped tables are read from its wheel")
 def test_by_default_the_engines_shipped_tables_seed_the_study(capsys):
@@ -191,6 +192,7 @@ def _real(name):
                 f"{name}: its origin is a GitHub repository, which CI does not reach)")
 
 
+@pytest.mark.ci_variables
 def test_on_real_landscapes_a_warm_start_from_another_gpu_beats_a_cold_start():
     from tuner.measure.landscape import read_header
     from tuner.measure.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space

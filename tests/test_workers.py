@@ -29,9 +29,9 @@ KERNEL = get_kernel("fp8_gemm")
 MS = [1, 16]
 BUDGET = 12
 # The PostgreSQL case is always collected; without a server it is skipped, and says why.
-STORAGES = ["journal", "sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
+STORAGES = ["journal", "sqlite", pytest.param("postgresql", marks=[pytest.mark.ci_variables, pytest.mark.skipif(
     not os.environ.get("TUNER_TEST_POSTGRES_URL"),
-    reason="TUNER_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server on loopback and sets it)"))]
+    reason="TUNER_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server on loopback and sets it)")])]
 
 
 @pytest.fixture(scope="module")
