@@ -29,11 +29,19 @@ CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_
        "num_stages": 3}
 
 
+def _as_a_terminal_starts_it() -> None:
+    """A shell starts a foreground command with SIGINT at its default, whatever it inherited: a
+    test run started in the background of a non-interactive shell (`.ci/run &`) ignores SIGINT,
+    which Python, and so the command, would keep ignoring."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args: str) -> subprocess.Popen:
     """`python -m tuner ARGS` in a session (and process group) of its own, as a terminal
     starts a command: its id is its pid, every process of the run is in the session."""
     return subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_a_terminal_starts_it)
 
 
 def measuring_child(proc: subprocess.Popen, on_its_own: bool, timeout: float = 120) -> int:
