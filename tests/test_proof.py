@@ -5,6 +5,7 @@ CPU DEVICE, lands in the folder and the bundle after every step, and leaves no p
 behind. Also: what is cut by its time box keeps what it has, and the device calls in
 bench/README.md fit the device tool."""
 
+import gzip
 import json
 import os
 import re
@@ -245,6 +246,14 @@ def test_a_step_that_times_nothing_says_why_in_the_log_steps_and_summary(tmp_pat
     assert proof.smoke_timed().endswith(f"; first failure: {first})")
     assert step_outcome(out, "smoke").line() == f"timed nothing (1 failed); first failure: {first}"
     assert step_outcome(out, "validate").line() == f"timed 1 of 2; first failure: {first}"
+    # the landscapes' records, streamed past their headers; a torn file counts what it held
+    (out / "landscapes").mkdir()
+    header, timed = {"format": "tuner-landscape/1"}, {"M": 1, "time_us": 2.0}
+    with gzip.open(out / "landscapes" / "a.jsonl.gz", "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in (header, timed, {"M": 2, "error": first}, timed)) + "\n")
+    with gzip.open(out / "landscapes" / "b.jsonl.gz", "wt") as f:
+        f.write(json.dumps(header) + "\n" + json.dumps(timed) + "\n{torn")
+    assert step_outcome(out, "landscapes").line() == f"timed 3 of 4; first failure: {first}"
     summary = summary_markdown(out, [StepResult("smoke", "failed", 1.0, [f"first failure: {first}"])], "cpu", 60.0)
     assert f"- vllm M=16: no time ({{'runtime': 1}}; first failure: {first})" in summary
     assert "- validate_kernels: 1 passed, 1 failed (1 not timed; default configs and 1 shipped tables" in summary

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from tuner.errors import TunerError
 from tuner.measure.failures import one_line
@@ -51,34 +52,32 @@ def _manifest(path: Path, engine: str | None = None) -> Outcome | None:
     return Outcome(timed, len(entries) - timed, first)
 
 
-def _rows(rows: list, skip=lambda row: False) -> Outcome | None:
-    rows = [r for r in rows if isinstance(r, dict) and not skip(r)]
-    if not rows:
-        return None
-    timed = [r for r in rows if r.get("time_us")]
-    failed = [r for r in rows if not r.get("time_us")]
-    first = next((one_line(r.get("error")) for r in failed if r.get("error")), None)
-    return Outcome(len(timed), len(failed), first)
-
-
-def _landscape(folder: Path) -> Outcome | None:
-    """Counted as the records stream past (bounded reads: tuner/reading.py), none kept."""
+def _rows(rows: Iterable, skip=lambda row: False) -> Outcome | None:
+    """Counted as they pass (a landscape's records stream through here, none kept)."""
     timed = failed = 0
     first = None
+    for r in rows:
+        if not isinstance(r, dict) or skip(r):
+            continue
+        if r.get("time_us"):
+            timed += 1
+        else:
+            failed += 1
+            if first is None and r.get("error"):
+                first = one_line(r["error"])
+    return Outcome(timed, failed, first) if timed or failed else None
+
+
+def _landscape_records(folder: Path) -> Iterator:
+    """The records of the landscapes in `folder`, streamed (bounded reads: tuner/reading.py);
+    a file that cannot be read is left at what it gave."""
     for path in sorted(folder.glob("*.jsonl.gz")) if folder.is_dir() else []:
         try:
             for n, line in text_lines(path):
-                rec = json.loads(line) if n > 1 else None          # line 1: the header
-                if not isinstance(rec, dict):
-                    continue
-                if rec.get("time_us"):
-                    timed += 1
-                else:
-                    failed += 1
-                    first = first or (one_line(rec["error"]) if rec.get("error") else None)
+                if n > 1:                                   # line 1: the header
+                    yield json.loads(line)
         except (TunerError, ValueError):
             continue
-    return Outcome(timed, failed, first) if timed or failed else None
 
 
 def step_outcome(out: Path, step: str) -> Outcome | None:
@@ -98,5 +97,5 @@ def step_outcome(out: Path, step: str) -> Outcome | None:
                      not str(r.get("contender")).startswith(("default", "shipped", "tuned"))) \
             if isinstance(data, dict) else None
     if step == "landscapes":
-        return _landscape(out / "landscapes")
+        return _rows(_landscape_records(out / "landscapes"))
     return None
