@@ -12,7 +12,9 @@ saying which bound.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import os
 import re
@@ -38,18 +40,32 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB"
 
 
-def read_bytes(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes, or one clear line. `what` names
-    the kind of file ("table ")."""
-    path = Path(path)
+def _open_regular(path: Path, what: str) -> tuple[int, os.stat_result]:
+    """(fd, stat) of `path` opened without waiting (a FIFO must not block us) and checked to be
+    a regular file through that same fd (no swap between a check and the open); one clear line
+    otherwise, the fd closed. The caller closes the fd."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)     # a FIFO must not block us
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise TunerError(f"{what}{path} is not a regular file")
+    except BaseException as e:
+        os.close(fd)
+        if isinstance(e, OSError):
+            raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+        raise
+    return fd, st
+
+
+def read_bytes(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, or one clear line. `what` names
+    the kind of file ("table ")."""
+    path = Path(path)
+    fd, st = _open_regular(path, what)
+    try:
         if st.st_size > limit:
             raise TunerError(f"{what}{path} is {_mib(st.st_size)}; at most {_mib(limit)} is read")
         chunks, size = [], 0
@@ -72,13 +88,8 @@ def read_head(path: str | Path, n: int, what: str = "") -> bytes:
     """The first `n` bytes of a regular file (a header to recognize it by), whatever its
     length; one clear line when it cannot be read or is no regular file."""
     path = Path(path)
+    fd, _ = _open_regular(path, what)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TunerError(f"{what}{path} is not a regular file")
         return os.pread(fd, n, 0)
     except OSError as e:
         raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
@@ -196,18 +207,12 @@ def read_yaml_file(path: str | Path, what: str = "", limit: int = MAX_FILE_BYTES
     return parse_yaml(read_text(path, what, limit), f"{what}{path}")
 
 
-def _open_stream(path: Path, what: str):
+@contextlib.contextmanager
+def _open_stream(path: Path, what: str) -> Iterator[io.BufferedIOBase]:
     """A binary stream of the file's content, gunzipped for .gz; a regular file only."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise TunerError(f"{what}{path} is not a regular file")
-    try:
-        return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
-    except OSError as e:
-        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
+    fd, _ = _open_regular(path, what)
+    with os.fdopen(fd, "rb") as raw:
+        yield gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
 
 
 def text_lines(path: str | Path, what: str = "", max_line: int = MAX_LINE_BYTES,
@@ -250,13 +255,10 @@ def last_line(path: str | Path, tail: int = 64 << 10) -> str | None:
     """The last non-empty line of a text file (a step's log), read from its last `tail`
     bytes only, whatever its length; None when it cannot be read or is no regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        fd, st = _open_regular(Path(path), "")
+    except TunerError:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
         data = os.pread(fd, tail, max(0, st.st_size - tail))
     except OSError:
         return None
@@ -274,13 +276,8 @@ def open_zip(path: str | Path, what: str = "the wheel ") -> zipfile.ZipFile:
     a device named like a wheel is refused, never waited on), whose directory lists at most
     MAX_ZIP_MEMBERS files; one clear line otherwise."""
     path = Path(path)
+    fd, _ = _open_regular(path, what)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise TunerError(f"cannot read {what}{path}: {os_error_words(e)}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TunerError(f"{what}{path} is not a regular file")
         f = os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
