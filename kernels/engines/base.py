@@ -88,6 +88,13 @@ class Release:
     launch: dict = field(default_factory=dict)
 
 
+def files_read(kernel_functions: dict[str, dict[str, list[str]]], releases: dict[str, list[Release]]) -> list[str]:
+    """Every file of the engine a launcher reads: its kernels' and its mirrored wrappers' (what
+    `tuner engine-source extract` copies)."""
+    return sorted({rel for fns in kernel_functions.values() for rel in fns}
+                  | {key.rsplit(":", 1)[0] for rs in releases.values() for r in rs for key in r.mirrored})
+
+
 def signature_hash(text: str, name: str) -> str:
     """A hash of a top-level function's parameter names, in order (KeyError when the file
     has no such function): what a launch must pass."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernels import fp8_gemm_spec, fused_moe_spec
-from kernels.engines.base import Release, engine_spec
+from kernels.engines.base import Release, engine_spec, files_read
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_factory
 
 CODE = "kernels.engines.sglang"
@@ -63,8 +63,7 @@ RELEASES = {
     "fp8_gemm": [_gemm_release(v) for v in ("0.5.21", "0.5.22", "0.5.23")],
 }
 SUPPORTED = ("0.5.21", "0.5.22", "0.5.23")
-FILES = sorted({rel for fns in KERNEL_FUNCTIONS.values() for rel in fns}
-               | {key.rsplit(":", 1)[0] for rs in RELEASES.values() for r in rs for key in r.mirrored})
+FILES = files_read(KERNEL_FUNCTIONS, RELEASES)
 MOE_KEYS = MATMUL_CONFIG_KEYS + ("USE_TMA",)
 GEMM_KEYS = MATMUL_CONFIG_KEYS + ("SWAP_AB", "SPLIT_K")
 NEWEST = RELEASES["fused_moe"][-1].launch

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernels import fp8_gemm_spec, fused_moe_spec
-from kernels.engines.base import Release, engine_spec
+from kernels.engines.base import Release, engine_spec, files_read
 from tuner.plan.kernel_api import Config, KernelSpec, Params, from_factory
 
 CODE = "kernels.engines.vllm"
@@ -59,9 +59,7 @@ RELEASES = {
     ],
 }
 SUPPORTED = ("0.31.0", "0.32.0", "0.33.0")
-# Every file a launcher here reads (what `tuner engine-source extract` copies).
-FILES = sorted({rel for fns in KERNEL_FUNCTIONS.values() for rel in fns}
-               | {key.rsplit(":", 1)[0] for rs in RELEASES.values() for r in rs for key in r.mirrored})
+FILES = files_read(KERNEL_FUNCTIONS, RELEASES)
 
 
 # -- fused MoE ---------------------------------------------------------------------------

@@ -5,12 +5,12 @@ its /metrics says of the batches it runs, and the loader functions these rules w
 from __future__ import annotations
 
 from tuner.plan.engine_rules.schema import BackendChoice, Engine, ServingMetrics, TableFamily, per_release
+from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE_CFG = "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
 _MOE_KERNELS = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
 _FP8 = "sglang/kernels/ops/gemm/fp8_kernel.py"
 _DTYPES = (None, "fp8_w8a8", "int8_w8a8", "int4_w4a16", "int8_w8a16", "float32")
-_MATMUL = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 ENGINE = Engine(
     name="sglang",
@@ -93,7 +93,7 @@ TABLE_FAMILIES = {
         engine="sglang", kind="fused_moe", folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
         per_triton=True, env_var="SGLANG_MOE_CONFIG_DIR", env_replaces_root=True, fold_h200=False, device_pattern=" ",
         block_sep=", ", dtypes=_DTYPES, dropped_keys=(), has_down=True, per_channel_part=True, clamp_block_k=False,
-        raise_block_k=False, accepted_keys=_MATMUL + ("USE_TMA",), tied_down_keys=("BLOCK_SIZE_M",),
+        raise_block_k=False, accepted_keys=MATMUL_CONFIG_KEYS + ("USE_TMA",), tied_down_keys=("BLOCK_SIZE_M",),
         loader=f"{_MOE_CFG}:get_moe_configs",
         log_calls=(("loaded", "info", "config_file_path", 0), ("fell back", "warning", "try_config_file_path", 0),
                    ("not loaded", "warning", "config_file_path", -1))),
@@ -101,7 +101,7 @@ TABLE_FAMILIES = {
         engine="sglang", kind="fp8_gemm", folder="sglang/kernels/ops/gemm/configs", per_triton=False, env_var=None,
         env_replaces_root=False, fold_h200=False, device_pattern=" ", block_sep=", ", dtypes=("fp8_w8a8",),
         dropped_keys=(), has_down=False, clamp_block_k=False, raise_block_k=True,
-        accepted_keys=_MATMUL + ("SWAP_AB", "SPLIT_K"),
+        accepted_keys=MATMUL_CONFIG_KEYS + ("SWAP_AB", "SPLIT_K"),
         other_loaders=(("block-INT8 GEMM", r",dtype=int8_w8a8,block_shape=\[\d+, \d+\]\.json$"),
                        ("channelwise FP8 GEMM", r",dtype=fp8_w8a8_channelwise\.json$")),
         loader=f"{_FP8}:get_w8a8_block_fp8_configs",

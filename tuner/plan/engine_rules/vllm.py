@@ -5,11 +5,11 @@ how it names, places and reads its tables, which backend reads them on Hopper, w
 from __future__ import annotations
 
 from tuner.plan.engine_rules.schema import BackendChoice, Engine, ServingMetrics, TableFamily, per_release
+from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 _FP8 = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
 _DTYPES = (None, "fp8_w8a8", "fp8_w8a16", "int8_w8a16", "int4_w4a16", "float32")
-_MATMUL = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 ENGINE = Engine(
     name="vllm",
@@ -86,7 +86,7 @@ TABLE_FAMILIES = {
         engine="vllm", kind="fused_moe", folder="vllm/model_executor/layers/fused_moe/configs", per_triton=False,
         env_var="VLLM_TUNED_CONFIG_FOLDER", env_replaces_root=False, fold_h200=True, device_pattern=r"[\s/]+",
         block_sep=",", dtypes=_DTYPES, dropped_keys=("triton_version",), has_down=False, clamp_block_k=True,
-        raise_block_k=False, forced=(("SPLIT_K", 1),), accepted_keys=_MATMUL + ("SPLIT_K",),
+        raise_block_k=False, forced=(("SPLIT_K", 1),), accepted_keys=MATMUL_CONFIG_KEYS + ("SPLIT_K",),
         other_loaders=(("FlyDSL MoE (ROCm)", r",backend=flydsl\.json$"),),
         loader=f"{_MOE}:get_moe_configs",
         log_calls=(("loaded", "info", "config_file_path", 0), ("not loaded", "warning", "config_file_paths", -1))),
@@ -94,7 +94,7 @@ TABLE_FAMILIES = {
         engine="vllm", kind="fp8_gemm", folder="vllm/model_executor/layers/quantization/utils/configs",
         per_triton=False, env_var=None, env_replaces_root=False, fold_h200=False, device_pattern=r"[\s/]+",
         block_sep=",", dtypes=("fp8_w8a8",), dropped_keys=(), has_down=False, clamp_block_k=False,
-        raise_block_k=False, accepted_keys=_MATMUL,
+        raise_block_k=False, accepted_keys=MATMUL_CONFIG_KEYS,
         loader=f"{_FP8}:get_w8a8_block_fp8_configs",
         log_calls=(("loaded", "info", "config_file_path", 0), ("not loaded", "warning", "config_file_path", -1))),
 }
