@@ -3,6 +3,7 @@
 float64 reference; the launchers' decisions (swap-AB, small-batch path, TMA, kernel choice);
 and the check that the wrappers the launchers mirror are still the ones they were written for."""
 
+import functools
 import json
 import re
 import sys
@@ -23,6 +24,7 @@ from tuner.plan.kernel_sources import extract, function_source, locate
 pytestmark = [pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)"),
               pytest.mark.ci_variables, pytest.mark.triton]
 
+@functools.cache          # one launch in the interpreter per process, however many tests ask
 def triton_unsqueezes_scalars() -> bool:
     """Whether this Triton's front end takes `scalar[:, None]`. 3.6 does; 3.9 refuses it
     ("too many indices for tensor of rank 0"), interpreted and compiled alike (compiling
