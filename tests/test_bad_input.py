@@ -292,6 +292,7 @@ CASES = [
             "num_warps: [4], num_stages: [3]}\nconstraints: {magic: {}}\n") and t / "s.yaml")], "unknown constraint"),
     # -- landscapes ------------------------------------------------------------------------
     ("landscape missing", lambda t: [*GEMM_ARGS, "--replay", str(t / "none.jsonl")], "not found"),
+    ("landscape a folder", lambda t: [*GEMM_ARGS, "--replay", str(t)], "is not a regular file"),
     ("landscape NaN time", lambda t: [*GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl", set_time("NaN")))],
      "line 4 is malformed"),
     ("landscape Infinity time", lambda t: [*GEMM_ARGS, "--replay",

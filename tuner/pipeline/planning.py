@@ -115,7 +115,8 @@ def load_common(req: TuneRequest):
     if req.replay and req.record:
         raise TunerError("--replay and --record cannot be combined: one replays timings, the other takes them")
     if req.replay and not Path(req.replay).is_file():
-        raise TunerError(f"landscape {req.replay} not found")
+        raise TunerError(f"landscape {req.replay} " + ("is not a regular file" if os.path.lexists(req.replay)
+                                                       else "not found"))
     if req.baseline and not Path(req.baseline).is_dir():
         raise TunerError(f"--baseline {req.baseline} is not a folder")
     gpu = get_gpu(req.gpu)
