@@ -490,6 +490,9 @@ CASES = [
     ("engine-source extract of a zip bomb", lambda t: [
         "engine-source", "extract", "--engine", "vllm", "--from", str(vllm_wheel(t, b"#" * (9 << 20))), "--out",
         str(t / "ex")], "zip bomb"),
+    ("engine-source extract from a FIFO", lambda t: [
+        "engine-source", "extract", "--engine", "vllm", "--from", str(os.mkfifo(t / "v.whl") or t / "v.whl"), "--out",
+        str(t / "ex")], "is neither a wheel nor a folder"),
     ("engine-source extract into a folder of other files", lambda t: [
         "engine-source", "extract", "--engine", "vllm", "--out", str((t / "mine").mkdir() or (
             t / "mine" / "notes.txt").write_text("mine") and t / "mine")], "holds other files"),

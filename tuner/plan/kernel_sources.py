@@ -210,7 +210,8 @@ def locate(engine: str, origin: str | None = None, dist: str | None = None) -> E
                 return found
             raise TunerError(f"--engine-source {origin} holds no {engine} wheel and no folder extracted "
                              f"from one (`tuner engine-source extract`)")
-        raise TunerError(f"--engine-source {origin} not found")
+        raise TunerError(f"--engine-source {origin} " + ("is neither a wheel nor a folder" if os.path.lexists(origin)
+                                                         else "not found"))
     found = _installed(engine, dist)
     if found is not None:
         return found
