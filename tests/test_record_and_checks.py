@@ -47,7 +47,7 @@ class FakeGpu:
         return NumericsCheck("passed", 0.003, "fake")
 
     def close(self):
-        pass
+        self.closed = True
 
 
 @pytest.fixture
@@ -95,6 +95,44 @@ def test_record_writes_the_full_grid_and_replays_it(fake_gpu, tmp_path):
             assert a[k][m]["numerics"]["status"] == "passed"
             assert b[k][m]["numerics"]["status"] == "not checked"
 
+
+
+def test_a_recording_into_a_file_another_run_records_is_refused(fake_gpu, tmp_path, capsys):
+    """Another process recording into FILE (alive) makes a second --record into it exit 2 with
+    one line, its GPU measurer closed and the other's partial untouched; once that process is
+    killed (-9), the next recording continues its timings."""
+    import signal
+    import subprocess
+    import sys
+    land_path = tmp_path / "rec.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from tuner.measure.landscape import LandscapeWriter, Point\n"
+        "from tuner.plan.kernel_registry import get_kernel\n"
+        "k = get_kernel('fp8_gemm')\n"
+        "w = LandscapeWriter(sys.argv[1], k, {'format': 'tuner-landscape/1', 'kernel': 'fp8_gemm',"
+        " 'device': 'NVIDIA H200', 'triton': '3.6.0'})\n"
+        "p = {'N': 7168, 'K': 2048, 'block_shape': [128, 128]}\n"
+        "w.write(p, 1, k.default_config(p, 1), Point(3.25, None, 0.01))\n"
+        "print('held', flush=True)\n"
+        "time.sleep(120)\n"), str(land_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        partial = tmp_path / "rec.jsonl.partial"
+        before = partial.read_text()
+        capsys.readouterr()
+        args = ["--only", "N=7168,K=2048", "--batch-sizes", "1", "--compile-workers", "1"]
+        assert gemm(tmp_path / "a", "--record", str(land_path), *args) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "being recorded by another run" in err, err
+        assert fake_gpu.instances and all(getattr(g, "closed", False) for g in fake_gpu.instances)
+        assert partial.read_text() == before and not land_path.exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert gemm(tmp_path / "b", "--record", str(land_path), *args) == 0
+    pts = read_landscape(land_path, KERNEL).lookup(P, 1)
+    assert pts[tuple(KERNEL.default_config(P, 1).values())].time_us == 3.25     # the killed run's timing, kept
 
 def test_config_failing_numerics_is_never_emitted(fake_gpu, tmp_path, monkeypatch):
     from tuner.search.runner import StudyRunner

@@ -79,6 +79,31 @@ def test_landscape_round_trip_gz_and_resume(tmp_path):
     assert land.lookup({"K": 2048, "block_shape": [128, 128], "N": 7168}, 16) is pts
 
 
+
+def test_two_recordings_into_one_file_are_refused_not_interleaved(tmp_path):
+    """A second recording into FILE while one runs is refused (one line), whether the first
+    wrote FILE.partial afresh or continued a killed run's (rewriting it: a new file under the
+    same name); the first goes on and its file is whole."""
+    path = tmp_path / "l.jsonl"
+    header = {"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200"}
+    for continued in (False, True):
+        if continued:                               # a killed run's partial, its last line cut off
+            w0 = LandscapeWriter(path, KERNEL, header)
+            w0.write(P, 16, cfg(16, 64, 128, 1, 4, 3), Point(12.5, None, 0.02))
+            w0._f.write('{"problem": {"N": 71')
+            w0._f.close()
+        w = LandscapeWriter(path, KERNEL, header)
+        assert w.has(P, 16, cfg(16, 64, 128, 1, 4, 3)) == continued
+        before = w.partial.read_text()
+        with pytest.raises(TunerError, match="being recorded by another run"):
+            LandscapeWriter(path, KERNEL, header)
+        assert w.partial.read_text() == before      # the refused run wrote nothing
+        w.write(P, 16, cfg(32, 64, 128, 1, 4, 3), Point(14.0, None, 0.02))
+        w.close()
+        land = read_landscape(path, KERNEL)
+        assert len(land.lookup(P, 16)) == 1 + continued
+        path.unlink()
+
 def test_search_efficiency_counts_trials_to_the_best(tmp_path):
     # SYNTHETIC landscape; checks the bookkeeping of the offline study, not any sampler's merit.
     from synthetic import write_synthetic_landscape

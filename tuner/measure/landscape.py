@@ -191,19 +191,26 @@ class LandscapeWriter:
     folder, through no symbolic link (tuner/paths.py)."""
 
     def __init__(self, path: str | Path, kernel: KernelSpec, header: dict, resume: bool = True):
-        from tuner.paths import confined, open_for_append
+        from tuner.paths import confined
         self.path = confined(Path(path))
         self.kernel = kernel
         self.resume = resume
         self.done: set[tuple[str, int, tuple]] = set()
         if resume:
             self.partial = self.path.with_name(self.path.name + ".partial")
-            if os.path.lexists(self.partial):
-                self._resume(header)
-            else:
-                with open_for_append(self.partial, truncate=True) as f:
-                    f.write(json.dumps(header) + "\n")
-            self._f = open_for_append(self.partial)
+            if os.path.lexists(self.partial) and (os.path.islink(self.partial) or not self.partial.is_file()):
+                raise TunerError(f"{self.partial} is not a file of ours (a link, or a folder); remove it")
+            self._f = self._held_partial()
+            try:
+                if os.fstat(self._f.fileno()).st_size:
+                    if self._resume(header):
+                        self._f = self._held_partial(replacing=self._f)
+                else:                              # new (or killed before its first byte)
+                    self._f.write(json.dumps(header) + "\n")
+                    self._f.flush()
+            except BaseException:
+                self._f.close()
+                raise
         else:
             from tuner.paths import new_temporary
             fd, tmp = new_temporary(self.path)      # locked while this writer lives (tuner/paths.py)
@@ -211,11 +218,45 @@ class LandscapeWriter:
             self._f = os.fdopen(fd, "w")
             self._f.write(json.dumps(header) + "\n")
 
-    def _resume(self, header: dict) -> None:
+    def _held_partial(self, replacing=None):
+        """FILE.partial opened to append to, under an exclusive lock (flock) held while this
+        writer lives: two recordings into one FILE would interleave their lines and the first to
+        finish would take the file from the other, so the second is refused. The kernel drops
+        the lock when its holder dies (kill -9 included), so a killed run's .partial is continued.
+        `replacing`: our locked handle on the file as it was before _resume rewrote it (a new
+        inode), held until the new one is locked so no run slips in between."""
+        import fcntl
+
+        from tuner.paths import open_for_append
+        for _ in range(100):
+            f = open_for_append(self.partial)
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                if replacing is not None:
+                    replacing.close()
+                raise TunerError(f"{self.path} is being recorded by another run ({self.partial} is held); "
+                                 "wait for it to finish, or record to another file") from None
+            except BaseException:
+                f.close()
+                raise
+            try:
+                same = os.path.samestat(os.fstat(f.fileno()), os.stat(self.partial, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if same:
+                if replacing is not None:
+                    replacing.close()
+                return f
+            f.close()       # locked a file another run has since renamed or removed: open it again
+        raise TunerError(f"{self.partial} keeps being replaced by another run; record to another file")
+
+    def _resume(self, header: dict) -> bool:
+        """Reads back FILE.partial (ours, locked) and keeps what can be continued; True when
+        it had to be rewritten (a line cut off, a record twice)."""
         from tuner.paths import atomic_write_text
         from tuner.reading import text_lines
-        if os.path.islink(self.partial) or not self.partial.is_file():
-            raise TunerError(f"{self.partial} is not a file of ours (a link, or a folder); remove it")
         lines = [line for _, line in text_lines(self.partial, "partial landscape ")]
         if not lines or not lines[0].endswith("\n"):       # killed before its header was whole
             lines = [json.dumps(header) + "\n"]
@@ -249,7 +290,10 @@ class LandscapeWriter:
                 continue          # written twice (a run killed between two writers): keep one
             self.done.add(key)
             good.append(line)
+        if good == lines:
+            return False
         atomic_write_text(self.partial, "".join(good))
+        return True
 
     def has(self, params: dict, M: int, config: dict) -> bool:
         return (problem_key(self.kernel, params), M, config_tuple(self.kernel, config)) in self.done

@@ -95,13 +95,17 @@ def make_measurer(opts: RunPlan, progress: Progress) -> Measurer:
                                             policy=opts.policy or None)
     if not opts.record:
         return gpu_m
-    env = gpu_m.environment()
-    header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
-              "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
-              "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
-              "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso(),
-              **({"policy": env["policy"]} if env.get("policy") else {})}
-    writer = LandscapeWriter(opts.record, opts.kernel, header)
+    try:
+        env = gpu_m.environment()
+        header = {"format": "tuner-landscape/1", "kernel": opts.kernel.name, **landscape_source(opts.kernel),
+                  "device": env["device"], **({"device_kind": "cpu"} if opts.device == "cpu" else {}),
+                  "triton": env.get("triton"), "torch": env.get("torch"), "cuda": env.get("cuda"),
+                  "driver": env.get("driver"), "space": opts.space.version, "recorded": now_iso(),
+                  **({"policy": env["policy"]} if env.get("policy") else {})}
+        writer = LandscapeWriter(opts.record, opts.kernel, header)
+    except BaseException:
+        gpu_m.close()      # its children go with a refusal (another run recording into the file)
+        raise
     land = Landscape(header, opts.kernel, str(opts.record))
     grid = lambda p, m: opts.space.configs(p.params, m, opts.gpu)  # noqa: E731
     return RecordingMeasurer(gpu_m, writer, land, grid, progress=progress.note)
