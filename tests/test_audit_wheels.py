@@ -140,6 +140,24 @@ def test_all_on_shipped_tables(engine, version):
         assert report.exit_code == 1
 
 
+
+@pytest.mark.parametrize("engine", list(VERSIONS))
+def test_shipped_tables_are_read_back_as_their_engines(engine, tmp_path):
+    """`tuner drift`, `tuner check`, nightly and the warm starts tell whose table a file is from
+    its name and folder (tuner/plan/table_files.py, from the engines' rules as data): every
+    table shipped in the engine's newest wheel is read back as that engine's."""
+    from engine_loaders import TABLE_FOLDERS, site_from_wheel
+
+    from tuner.plan.models import load_model
+    from tuner.plan.table_files import find_tables
+    if wheel(engine) is None:
+        pytest.skip(f"no {engine} wheel")
+    site = site_from_wheel(engine, None, tmp_path)
+    tables = find_tables([str(site / f) for f in TABLE_FOLDERS[engine]], load_model("deepseek-v3"))
+    kinds = collections.Counter(t.problem.kernel for t in tables)
+    assert kinds["fused_moe"] > 50 and kinds["fp8_gemm"] > 50, kinds
+    assert {t.engine for t in tables} == {engine}
+
 def test_cli_all_on_a_wheel_gates_on_errors(tmp_path, capsys):
     args = ["audit", "--all", "--triton", "3.6.0", "--out", str(tmp_path / "a")]
     assert main([*args, "--engine", "sglang", "--engine-source", str(wheel("sglang"))]) == 1

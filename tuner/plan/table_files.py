@@ -24,13 +24,29 @@ MAX_SHAPE = 1 << 20
 @dataclass
 class TableFile:
     path: Path
-    engine: str           # "vllm" or "sglang", from the file's naming
+    engine: str           # the engine whose naming the file follows (_engine_of), or "tuner"
     device: str           # the device_name part
     problem: Problem
     table: dict
     # The table this one is tied to (SGLang's `_down` table -> its up table in the same
     # folder): its config is what the engine runs without this table.
     tied_to: "TableFile | None" = None
+
+
+def _engine_of(kind: str, path: Path, block_sep: str | None, down: bool) -> str:
+    """The engine a `kind` table file is written for, from the engines' naming rules as data
+    (tuner/plan/engine_rules). Evidence in order, each kept only where some family fits it:
+    a `_down` table (only a family with one writes it), a triton_X_Y_Z folder (a family keyed
+    by Triton version), the separator inside block_shape=[...]; a name that still fits several
+    is the family's that keeps its tables outside Triton folders."""
+    from tuner.plan.engines import TABLE_FAMILIES
+    fits = [f for (_, k), f in TABLE_FAMILIES.items() if k == kind]
+    for evidence in (lambda f: f.has_down or not down,
+                     lambda f: f.per_triton or not path.parent.name.startswith(f.triton_folder("")),
+                     lambda f: block_sep is None or f.block_sep == block_sep,
+                     lambda f: not f.per_triton):
+        fits = [f for f in fits if evidence(f)] or fits
+    return fits[0].engine
 
 
 def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
@@ -63,14 +79,14 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
                              f"(E, N, K, block sizes) must be from 1 to {MAX_SHAPE}")
     if m := _GEMM.match(name):
         n, k, dev, dtype, bn, space, bk = m.groups()
-        engine = "sglang" if space else "vllm"
+        engine = _engine_of("fp8_gemm", path, "," + space, down=False)
         return [TableFile(path, engine, dev, Problem("fp8_gemm", {"N": int(n), "K": int(k),
                                                                   "block_shape": [int(bn), int(bk)]}), table)]
     if m := _MOE.match(name):
         if model is None:
             raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
         e, n, dev, dtype, bn, space, bk, down = m.groups()
-        engine = "sglang" if (space or down or path.parent.name.startswith("triton_")) else "vllm"
+        engine = _engine_of("fused_moe", path, "," + space if bn else None, down=bool(down))
         from tuner.plan.engines import ENGINES, table_family
         arch = model.architecture
         # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
