@@ -57,6 +57,7 @@ SPEC = KernelSpec(
     default_config=default_config,
     shared_memory=shared_memory,
     extra_seeds=sglang_default,
+    layers_per_pass=from_code("tuner.plan.layers", "gemm_table_layers"),
     compile_only=from_code(CODE, "compile_only"),
     description="block-scaled FP8 GEMM (w8a8, 1x128 activation groups, 128x128 weight blocks)",
 )

@@ -133,6 +133,7 @@ SPEC = KernelSpec(
     shared_memory=shared_memory,
     compile_only=from_code(CODE, "compile_only"),
     m_tiles=m_tiles,
+    layers_per_pass=from_code("tuner.plan.layers", "moe_table_layers"),
     measurement_note=measurement_note,
     description="fused MoE (sorted tokens, grouped GEMMs)",
 )

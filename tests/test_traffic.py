@@ -302,3 +302,23 @@ def test_profile_round_trips_through_the_manifest():
             TrafficProfile.from_manifest(bad)
     ms, ws = q.arrays()
     assert np.all(np.diff(ms) > 0) and math.isclose(ws.sum(), 1.0)
+
+
+def test_a_tables_layers_per_pass_are_those_of_the_problem_the_plan_runs():
+    """The weight drift gives a table in a forward pass (KernelSpec.layers_per_pass, from the
+    table's problem alone) is what the plan's own problem for it says (its layer names times
+    the layers holding each), for every GEMM shape and MoE table DeepSeek-V3 runs at TP8."""
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.layers import layers_per_pass
+    from tuner.plan.models import gemm_problems, load_model, moe_problems
+    model = load_model("deepseek-v3")
+    problems = gemm_problems(model, 8) + moe_problems(model, 8, 1, "fp8_w8a8")
+    assert {p.kernel for p in problems} == {"fp8_gemm", "fused_moe"}
+    for p in problems:
+        count = get_kernel(p.kernel).layers_per_pass
+        assert count(model, p.params, 8) == layers_per_pass(model, p.layers) > 0, p.key
+    # without --tp, a shape is found at the first TP that runs it; one the model never runs has no count
+    gemm = get_kernel("fp8_gemm").layers_per_pass
+    shape = {"N": 7168, "K": 2048, "block_shape": [128, 128]}     # TP1: shared experts' down_proj; TP8: o_proj
+    assert (gemm(model, shape, None), gemm(model, shape, 1), gemm(model, shape, 8)) == (58, 58, 61)
+    assert gemm(model, {"N": 1000, "K": 1000, "block_shape": [128, 128]}, None) is None

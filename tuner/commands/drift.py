@@ -146,7 +146,7 @@ def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, sou
     """Drift judged by traffic: per table, the traffic-weighted speedup of the table over the
     default (each served M timed at the entry the engine would use) next to the plain
     geomean over its entries; per engine, with a model, the estimated kernel time per pass."""
-    from tuner.plan.layers import table_layers
+    from tuner.plan.kernel_registry import get_kernel
     from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
     lines = [*profile.describe()]
     per_engine: dict[str, list] = {}
@@ -163,7 +163,8 @@ def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, sou
         lines.append(f"{t.path.name} [{t.engine}]: {speedup_text(w, 'the default')}"
                      + (f" (plain geomean {plain:.2f}x over {len(part)} entries)" if plain else ""))
         if model is not None:
-            layers = table_layers(model, t.problem.kernel, t.problem.params, tp)
+            count = get_kernel(t.problem.kernel).layers_per_pass
+            layers = count(model, t.problem.params, tp) if count else None
             if layers is None:
                 missing.append(t.path.name)
             else:

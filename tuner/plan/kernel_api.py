@@ -93,6 +93,10 @@ class KernelSpec:
     # The reverse, for re-timing such tables (tuner drift, nightly): a JSON object ->
     # [(problem params, {M: config})], [] when the object is not this kernel's table.
     read_table: Callable[[dict], list] | None = None
+    # How many times one forward pass of a model runs a table of this kernel for `params`
+    # (model, params, tp or None) -> int, or None when the model runs no such problem: the
+    # weight a table's time has in a pass (tuner drift). None: not known for this kernel.
+    layers_per_pass: Callable[[Any, Params, int | None], int | None] | None = None
     # Lines telling the user what the engines can take from the results, printed at the end.
     engine_hints: Callable[[list], list[str]] | None = None
     # How a problem's timing was taken, in words, for the manifest.

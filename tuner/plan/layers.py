@@ -38,15 +38,16 @@ def layers_per_pass(model: Model, layer_names) -> int:
     return total
 
 
-def table_layers(model: Model, kernel: str, params: dict, tp: int | None = None) -> int | None:
-    """Layers per pass that run a table's kernel, from the table's problem alone (drift reads
-    tables by file name, without --tp): every MoE layer for a fused-MoE table; for a GEMM
-    shape, the linears of the first TP size at which the model runs that (N, K). None when
-    the model runs no such shape. `tp`: the TP the tables are for, where known."""
-    if kernel == "fused_moe":
-        return moe_layers(model)
-    if kernel != "fp8_gemm":
-        return None
+def moe_table_layers(model: Model, params: dict, tp: int | None = None) -> int:
+    """Layers per pass that run a fused-MoE table: every MoE layer (a table's name holds no
+    hidden size, so any expert shape of the model is taken as its)."""
+    return moe_layers(model)
+
+
+def gemm_table_layers(model: Model, params: dict, tp: int | None = None) -> int | None:
+    """Layers per pass that run a GEMM table's (N, K), from the table's problem alone (drift
+    reads tables by file name, without --tp): the linears of the first TP size at which the
+    model runs that shape; None when it runs none. `tp`: the TP the tables are for, where known."""
     for size in (tp,) if tp else (1, 2, 4, 8, 16, 32, 64):
         try:
             problems = gemm_problems(model, size)
