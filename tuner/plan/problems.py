@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from tuner.plan.engines import ENGINE_NAMES
+
 
 @dataclass(frozen=True)
 class Problem:
     kernel: str                       # module name in kernels/, e.g. "fp8_gemm"
     params: dict = field(hash=False)  # shape and dtype keys, as landscapes store them
     layers: tuple[str, ...] = ()      # the model's layers that run this shape
-    engines: tuple[str, ...] = ("vllm", "sglang")
+    engines: tuple[str, ...] = ENGINE_NAMES      # the engines that read its tables: by default every one
     # A problem tuned after another whose chosen config fixes some of its keys at each M
     # (SGLang's `_down` MoE table must share BLOCK_SIZE_M with the up table).
     tied_to: str | None = None
