@@ -538,6 +538,11 @@ CASES = [
     ("--storage a WAL header and no database", lambda t: [
         *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--out", str(t / "o"),
         "--storage", f"sqlite:///{wal_header_without_a_database(t / 'x.db')}"], "not a SQLite database"),
+    ("--dry-run with --storage another program's database", lambda t: [
+        *GEMM_ARGS, "--dry-run", "--storage", f"sqlite:///{wal_database_of_another_program(t / 'app.db')}"],
+     "another program's database"),
+    ("--dry-run with --storage a driver not installed", lambda t: [
+        *GEMM_ARGS, "--dry-run", "--storage", "postgresql+nosuchdriver://u@localhost/db"], "cannot open storage"),
     ("collect on a WAL database of another program", lambda t: [
         "collect", "--storage", f"sqlite:///{wal_database_of_another_program(t / 'app.db')}", "--out",
         str(t / "c")], "another program's database"),

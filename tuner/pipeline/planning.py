@@ -54,6 +54,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             from tuner.plan.routing import install
             install(recorded, out / "routing")          # where the kernel reads the ids (this run's children too)
         check_storage_url(req.storage or default_storage(out))
+    elif req.storage:
+        # a dry run opens nothing, but says what the run would refuse: a storage not ours, no driver
+        from tuner.search.storage_checks import check_storage_driver, check_storage_url
+        check_storage_url(req.storage)
+        check_storage_driver(req.storage)
     if req.synthetic:
         from tuner.measure.synthetic import SYNTHETIC_RUN_LINE, landscape_for_run
         say(SYNTHETIC_RUN_LINE)

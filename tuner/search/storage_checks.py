@@ -127,6 +127,21 @@ def check_storage_url(url: str) -> None:
             raise TunerError(f"--storage {url}: cannot write to {existing}")
 
 
+
+def check_storage_driver(url: str) -> None:
+    """For a database URL, that its SQLAlchemy dialect and driver load here (no connection is
+    made): what a dry run can say of a storage it does not open."""
+    if journal_path(url) or url.startswith("sqlite"):
+        return
+    import sqlalchemy
+    try:
+        dialect = sqlalchemy.engine.make_url(url).get_dialect()
+        load = getattr(dialect, "import_dbapi", None) or dialect.dbapi      # SQLAlchemy 2 / 1.4
+        load()
+    except Exception as e:  # noqa: BLE001 - a bad URL, an unknown dialect, a driver not installed
+        text = str(e).strip().splitlines()
+        raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
+
 def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     """The run's storage, after checking it is ours: one clear line for bad URLs, missing
     drivers, unreachable servers and foreign databases. `existing`: a storage to read
