@@ -91,3 +91,16 @@ def test_a_forced_install_says_each_reason_once(one_m_landscape, tmp_path, capsy
     audit = [line for line in printed.splitlines() if line.startswith("audit: ")]
     assert len(audit) == len({line.split(": ")[2] for line in audit}) == 2            # truncated, far_keys
     assert all("3 tables (" in line for line in audit)
+
+
+def test_the_file_name_legend_says_each_engines_form():
+    """The closing table's legend (and drift's) gives the text every file name holds after its
+    shape, as the files hold it: SGLang's block_shape=[128, 128] is not shown as vLLM's."""
+    from tuner.emit.run_table import name_legend
+    vllm = "vllm/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    sglang = "sglang/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    assert name_legend([vllm]) == "<shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert name_legend([sglang]) == "<shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    assert name_legend([vllm, sglang]) == ("<shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
+                                           " (or [128, 128])")
+    assert name_legend([vllm, vllm.replace("H200", "H100")]) == ""          # no one text: the rows say it

@@ -258,7 +258,7 @@ def drift_table(df) -> list[str]:
     """Drift rows for a terminal, within 120 columns: the table file each row re-times (the
     engine and the name's shape, the rest of the name said above), times to two decimals, a
     failed time as '-' with its reason."""
-    from tuner.emit.run_table import fixed_width, name_rest, short_file
+    from tuner.emit.run_table import fixed_width, name_legend, short_file
 
     def num(v):
         return f"{v:.2f}" if isinstance(v, float) and v == v else "-"
@@ -269,7 +269,7 @@ def drift_table(df) -> list[str]:
                          if x)
         rows.append([short_file({r["engine"]: r["table"]}), str(r["M"]), r["kernel_source"], num(r["table_us"]),
                      num(r["default_us"]), num(r["speedup"]), r["verdict"], note[:40]])
-    rest = name_rest(list(df["table"]))
-    head = ["file: the table each row re-times" + (f", named <shape>{rest}.json" if rest else "")]
+    legend = name_legend(list(df["table"]))
+    head = ["file: the table each row re-times", *([f"      named {legend}"] if legend else [])]
     return head + fixed_width(["file", "M", "kernel", "table_us", "default_us", "speedup", "verdict", "note"], rows,
                               left=(0, 2, 6, 7))

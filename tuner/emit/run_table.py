@@ -38,12 +38,20 @@ def short_file(files: dict[str, str]) -> str:
     return ", ".join(f"{'+'.join(engines)} {shape}" for shape, engines in by_shape.items())
 
 
-def name_rest(rels: list[str]) -> str:
-    """What every file name holds after its shape (',device_name=NVIDIA_H200,dtype=...'), when
-    it is one text for all (else '')."""
+def name_legend(rels: list[str]) -> str:
+    """'<shape>,device_name=NVIDIA_H200,dtype=....json': what every file name holds after its
+    shape, when that is one text for all ('' when not). Engines space block_shape=[...] their
+    own way (vLLM [128,128], SGLang [128, 128]): files of both are said with both forms."""
     rests = {re.sub(r"_down$", "", r.rsplit("/", 1)[-1].removesuffix(".json")).partition(",device_name=")[2]
-             .replace(" ", "") for r in rels}      # SGLang writes block_shape=[128, 128], vLLM [128,128]
-    return f",device_name={rests.pop()}" if len(rests) == 1 and "" not in rests else ""
+             for r in rels}
+    squeezed = {r.replace(" ", "") for r in rests}
+    if len(squeezed) != 1 or "" in squeezed:
+        return ""
+    if len(rests) == 1:
+        return f"<shape>,device_name={rests.pop()}.json"
+    spaced = sorted({m for r in rests for m in re.findall(r"\[[^\]]* [^\]]*\]", r)})
+    return f"<shape>,device_name={squeezed.pop()}.json" + (
+        f" (or {' '.join(spaced)})" if spaced else "")
 
 
 def fixed_width(headers: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> list[str]:
@@ -76,10 +84,10 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                 *([choice_text(r.choice)] if chosen else []),
             ])
     rels = [rel for key, fs in files.items() if key in results for rel in fs.values()]
-    rest = name_rest(rels)
+    legend = name_legend(rels)
     where = [f"file: the table each row goes to, in {out_dir}/<engine>/"]
-    if rest:
-        where.append(f"      named <shape>{rest}.json")
+    if legend:
+        where.append(f"      named {legend}")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
     return where + fixed_width(headers, rows, left=(0, 2, 7, 8))

@@ -58,7 +58,9 @@ def closing_lines(opts, results: dict) -> list[str]:
     if results:
         from tuner.emit.run_table import run_source, run_table_lines, written_files
         lines.append(run_source(opts.out_dir))
-        lines.append(f"{kernel.description} [{kernel.source_label}]; config = " + " ".join(kernel.config_keys))
+        # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
+        whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
+        lines.append(f"{kernel.description} [{whose}]; config = " + " ".join(kernel.config_keys))
         lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir)
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
