@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from optuna.storages import BaseStorage
 
@@ -136,7 +137,8 @@ def check_storage_driver(url: str) -> None:
     import sqlalchemy
     try:
         dialect = sqlalchemy.engine.make_url(url).get_dialect()
-        load = getattr(dialect, "import_dbapi", None) or dialect.dbapi      # SQLAlchemy 2 / 1.4
+        # SQLAlchemy 2 imports the driver in import_dbapi, 1.4 (which Optuna still allows) in dbapi
+        load: Any = getattr(dialect, "import_dbapi", None) or getattr(dialect, "dbapi")
         load()
     except Exception as e:  # noqa: BLE001 - a bad URL, an unknown dialect, a driver not installed
         text = str(e).strip().splitlines()
