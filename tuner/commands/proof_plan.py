@@ -10,8 +10,11 @@ machine, so it pays every cold start of the call: Python and torch imported from
 CUDA initialised in the measuring child, 16 compile workers started, Triton's cache empty (the
 first compile of vLLM's fused-MoE kernel), DeepSeek-V3's expert weights made on the GPU, the
 float64 reference. Its share alone (0.12 of what is left after the environment: 58 s of an
-8-minute call) is what the CPU device's rehearsal of it took at worst (31-52 s), with no margin;
+8-minute call, 35 s of a 5-minute one) is what the CPU device's rehearsal of it took at worst (31-52 s), with no margin;
 150 s is about three times that. A smoke that finishes sooner leaves the rest to the next steps.
+The environment step has a floor too (30 s): `tuner ceilings` is a new process on that cold
+machine (torch imported, CUDA initialised, a bandwidth and two matmul rates measured), and with
+the 15-minute lease's short call 1 (--minutes 5) its share alone would be 18 s.
 `tuner proof --plan` prints the boxes.
 """
 
@@ -25,7 +28,7 @@ STEPS = tuple(s for steps in CALLS.values() for s in steps)
 SHARES = {"environment": 0.06, "smoke": 0.12, "validate": 0.22, "tune-vllm": 0.60,
           "tune-sglang": 0.56, "bench-moe": 0.16, "bench-gemm": 0.16, "landscapes": 0.12,
           "report": 0.3, "sampler": 0.7}
-FLOORS = {"smoke": 150.0}          # seconds a step gets at least (when the call has them left)
+FLOORS = {"environment": 30.0, "smoke": 150.0}   # seconds a step gets at least (when the call has them left)
 STOP_GRACE_S = 20.0                # a step out of time: SIGTERM, then SIGKILL this much later
 
 
