@@ -104,6 +104,34 @@ def test_two_recordings_into_one_file_are_refused_not_interleaved(tmp_path):
         assert len(land.lookup(P, 16)) == 1 + continued
         path.unlink()
 
+
+def test_a_partial_whose_header_a_kill_cut_is_written_afresh(tmp_path):
+    """A recording killed before its header line was whole leaves a FILE.partial without one:
+    the next recording writes the header again instead of appending after the cut bytes."""
+    path = tmp_path / "l.jsonl"
+    header = {"format": "tuner-landscape/1", "kernel": "fp8_gemm", "device": "NVIDIA H200"}
+    (tmp_path / "l.jsonl.partial").write_text('{"format": "tuner-landscape/1", "ker')
+    w = LandscapeWriter(path, KERNEL, header)
+    w.write(P, 16, cfg(16, 64, 128, 1, 4, 3), Point(12.5, None, 0.02))
+    w.close()
+    assert json.loads(path.read_text().splitlines()[0]) == header
+    assert read_landscape(path, KERNEL).best(P, 16) == ((16, 64, 128, 1, 4, 3), 12.5)
+
+
+def test_a_fifo_where_a_partial_goes_is_refused_not_waited_on(tmp_path):
+    """A FIFO at FILE.partial (planted between any check by name and the open) is refused in
+    one line; the open does not wait for a reader."""
+    import os
+
+    from tuner.paths import open_for_append
+    fifo = tmp_path / "l.jsonl.partial"
+    os.mkfifo(fifo)
+    with pytest.raises(TunerError, match="not a regular file"):
+        open_for_append(fifo)
+    with pytest.raises(TunerError, match="not a file of ours"):
+        LandscapeWriter(tmp_path / "l.jsonl", KERNEL, {"format": "tuner-landscape/1", "kernel": "fp8_gemm",
+                                                        "device": "NVIDIA H200"})
+
 def test_search_efficiency_counts_trials_to_the_best(tmp_path):
     # SYNTHETIC landscape; checks the bookkeeping of the offline study, not any sampler's merit.
     from synthetic import write_synthetic_landscape

@@ -11,6 +11,7 @@ followed, and a reader sees the old file or the whole new one.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -171,13 +172,20 @@ def open_for_append(path: Path, root: Path | None = None, truncate: bool = False
     """A text file opened to stream lines into (a landscape's .partial, a step's log),
     confined to `root`, never through a symbolic link at the file itself."""
     path = confined(path, root)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if truncate else os.O_APPEND)
+    # O_NONBLOCK: a FIFO put there (a race with any check by name) is refused, not waited on forever
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_TRUNC if truncate else os.O_APPEND)
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as e:
-        if e.errno == 40:                     # ELOOP: O_NOFOLLOW met a link
+        if e.errno == errno.ELOOP:            # O_NOFOLLOW met a link
             raise TunerError(f"{path} is a symbolic link: tuner does not write through links; remove it") from None
+        if e.errno in (errno.ENXIO, errno.EISDIR):
+            raise TunerError(f"{path} is not a regular file; remove it") from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):      # a FIFO with a reader, a device: not ours to append to
+        os.close(fd)
+        raise TunerError(f"{path} is not a regular file; remove it")
+    os.set_blocking(fd, True)
     return os.fdopen(fd, "w")
 
 

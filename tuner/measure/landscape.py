@@ -257,7 +257,8 @@ class LandscapeWriter:
         it had to be rewritten (a line cut off, a record twice)."""
         from tuner.paths import atomic_write_text
         from tuner.reading import text_lines
-        lines = [line for _, line in text_lines(self.partial, "partial landscape ")]
+        read = [line for _, line in text_lines(self.partial, "partial landscape ")]
+        lines = read
         if not lines or not lines[0].endswith("\n"):       # killed before its header was whole
             lines = [json.dumps(header) + "\n"]
         try:
@@ -290,7 +291,7 @@ class LandscapeWriter:
                 continue          # written twice (a run killed between two writers): keep one
             self.done.add(key)
             good.append(line)
-        if good == lines:
+        if good == read:                  # as the file holds it: nothing to rewrite
             return False
         atomic_write_text(self.partial, "".join(good))
         return True
