@@ -124,3 +124,29 @@ def test_lookup_nearest_like_the_engines():
     assert lookup_nearest(table, 41) == "c"
     assert lookup_nearest(table, 10_000) == "c"
     assert lookup_nearest({"triton_version": "3.1", "8": "x"}, 3) == "x"
+
+
+def test_whose_table_a_file_is_follows_what_each_loader_asks_for(tmp_path):
+    """tuner/plan/table_files.py reads a table's engine off its name and folder: a name only one
+    engine's loader asks for (block_shape=[128,128] vs [128, 128], a _down table) is that engine's
+    wherever it lies; a name both ask for (no block_shape) is SGLang's in a triton_X_Y_Z folder,
+    vLLM's elsewhere (a folder merely named triton_something included)."""
+    from tuner.plan.models import load_model
+    from tuner.plan.table_files import parse_table_file
+    model = load_model("deepseek-v3")
+    entry = '{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, ' \
+            '"num_warps": 4, "num_stages": 3}}'
+    cases = {("triton_3_6_0", "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"): "vllm",
+             ("triton_3_6_0", "E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"): "sglang",
+             ("configs", "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"): "sglang",
+             ("triton_3_6_0", "E=64,N=1408,device_name=NVIDIA_H200.json"): "sglang",
+             ("triton_runs", "E=64,N=1408,device_name=NVIDIA_H200.json"): "vllm",
+             ("configs", "E=64,N=1408,device_name=NVIDIA_H200.json"): "vllm",
+             ("triton_3_6_0", "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"): "vllm",
+             ("configs", "N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"): "sglang"}
+    for (folder, name), engine in cases.items():
+        path = tmp_path / folder / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(entry)
+        [t] = parse_table_file(path, model)
+        assert t.engine == engine, (folder, name)

@@ -36,14 +36,16 @@ class TableFile:
 def _engine_of(kind: str, path: Path, block_sep: str | None, down: bool) -> str:
     """The engine a `kind` table file is written for, from the engines' naming rules as data
     (tuner/plan/engine_rules). Evidence in order, each kept only where some family fits it:
-    a `_down` table (only a family with one writes it), a triton_X_Y_Z folder (a family keyed
-    by Triton version), the separator inside block_shape=[...]; a name that still fits several
-    is the family's that keeps its tables outside Triton folders."""
+    a `_down` table (only a family with one writes it), the separator inside block_shape=[...]
+    (the name a loader asks for), a triton_X_Y_Z folder (a family keyed by Triton version); a
+    name that still fits several is the family's that keeps its tables outside Triton folders."""
     from tuner.plan.engines import TABLE_FAMILIES
     fits = [f for (_, k), f in TABLE_FAMILIES.items() if k == kind]
+    prefix = next((f.triton_folder("") for f in fits if f.per_triton), None)        # "triton_"
+    in_triton_folder = prefix is not None and re.match(re.escape(prefix) + r"\d", path.parent.name)
     for evidence in (lambda f: f.has_down or not down,
-                     lambda f: f.per_triton or not path.parent.name.startswith(f.triton_folder("")),
                      lambda f: block_sep is None or f.block_sep == block_sep,
+                     lambda f: f.per_triton or not in_triton_folder,
                      lambda f: not f.per_triton):
         fits = [f for f in fits if evidence(f)] or fits
     return fits[0].engine
