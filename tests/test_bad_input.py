@@ -542,7 +542,10 @@ CASES = [
         *GEMM_ARGS, "--dry-run", "--storage", f"sqlite:///{wal_database_of_another_program(t / 'app.db')}"],
      "another program's database"),
     ("--dry-run with --storage a driver not installed", lambda t: [
-        *GEMM_ARGS, "--dry-run", "--storage", "postgresql+nosuchdriver://u@localhost/db"], "cannot open storage"),
+        *GEMM_ARGS, "--dry-run", "--storage", "postgresql+nosuchdriver://u:S3cret@localhost/db"],
+     "cannot open storage postgresql+nosuchdriver://u:***@localhost/db"),
+    ("--dry-run with --storage a SQLite driver not installed", lambda t: [
+        *GEMM_ARGS, "--dry-run", "--storage", f"sqlite+nosuchdriver:///{t / 'x.db'}"], "cannot open storage"),
     ("collect on a WAL database of another program", lambda t: [
         "collect", "--storage", f"sqlite:///{wal_database_of_another_program(t / 'app.db')}", "--out",
         str(t / "c")], "another program's database"),
@@ -626,6 +629,7 @@ def test_bad_input(name, build, needle, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert rc == 2, err
     assert len(err.strip().splitlines()) == 1, err
+    assert "S3cret" not in err                        # a database password is never printed
     assert err.startswith("tuner: error: ") and needle in err, err
     assert "Traceback" not in err
     assert snapshot(tmp_path) == before, "a refused command changed files"
@@ -745,3 +749,12 @@ def test_a_tampered_engine_source_is_refused_unless_trusted(tmp_path, capsys):
     assert main([*plan, "--trust-engine-source"]) == 0
     assert "matching no known release: imported because of --trust-engine-source" in capsys.readouterr().out
     assert TRUST_ENV not in os.environ                     # the trust ends with the command
+
+
+def test_a_storage_urls_password_is_never_shown():
+    from tuner.search.storage_urls import shown
+    assert shown("postgresql://alice:S3c:r@t@db.example.com:5432/tuner") == "postgresql://alice:***@db.example.com:5432/tuner"
+    assert shown("postgresql+psycopg2://alice:pw@db/tuner") == "postgresql+psycopg2://alice:***@db/tuner"
+    for url in ("postgresql://alice@db/tuner", "postgresql://db:5432/tuner", "journal:///runs/a:b@c/studies.journal",
+                "sqlite:///x:y@z.db"):
+        assert shown(url) == url

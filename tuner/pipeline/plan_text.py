@@ -12,6 +12,7 @@ from tuner.plan.engines import ENGINES
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
 from tuner.search.settings import StudyResult
+from tuner.search.storage_urls import shown
 
 
 def plan_text(opts: RunPlan) -> str:
@@ -27,7 +28,7 @@ def plan_text(opts: RunPlan) -> str:
               f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
              + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
              f"  timing: {policy_text(opts.policy or None) if not opts.replay else 'replayed: as the landscape was recorded'}",
-             f"  storage {run_storage(opts)}",
+             f"  storage {shown(run_storage(opts))}",
              f"  output {opts.out_dir}/"]
     triton_version = installed_version("triton")
     roof = ceilings.load(gpu)

@@ -21,6 +21,7 @@ from tuner.plan.problems import Problem
 from tuner.progress import Progress
 from tuner.search.runner import StudyResult, StudyRunner, study_name
 from tuner.search.storage import sync_storage
+from tuner.search.storage_urls import shown
 from tuner.search.tied_choice import choose_tied, table_default
 from tuner.search.warm_start import incumbent, installed_rows, study_seeds
 
@@ -37,7 +38,7 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
                 if stored_result(storage, opts, p, M) is not None}
     if finished:
         total = sum(len(opts.ms_for(p)) for p in opts.problems)
-        progress.note(f"resuming from {run_storage(opts)}: {len(finished)} of {total} "
+        progress.note(f"resuming from {shown(run_storage(opts))}: {len(finished)} of {total} "
                       "studies finished before; their stored results are shown, not run again")
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None

@@ -18,6 +18,7 @@ from optuna.storages import BaseStorage
 from tuner.errors import TunerError
 from tuner.search.journal_lines import is_journal
 from tuner.search.storage import journal_path, open_storage
+from tuner.search.storage_urls import shown
 
 log = logging.getLogger("tuner")
 
@@ -54,21 +55,21 @@ def check_sqlite_file(path: Path, url: str) -> None:
     if not path.exists():
         return
     if not path.is_file():
-        raise TunerError(f"--storage {url}: {path} is not a file")
+        raise TunerError(f"--storage {shown(url)}: {path} is not a file")
     if path.stat().st_size == 0:
         return
     from tuner.reading import read_head
     if read_head(path, len(SQLITE_HEADER), "--storage ") != SQLITE_HEADER:
-        raise TunerError(f"--storage {url}: {path} is not a SQLite database (no SQLite header)")
+        raise TunerError(f"--storage {shown(url)}: {path} is not a SQLite database (no SQLite header)")
     pending = [p for p in (Path(f"{path}-journal"), Path(f"{path}-wal")) if p.exists() and p.stat().st_size > 0]
     try:
         tables = _sqlite_tables(path, "immutable")
     except sqlite3.Error as e:
         if not pending:
-            raise TunerError(f"--storage {url}: {path} is not a SQLite database ({e})") from None
+            raise TunerError(f"--storage {shown(url)}: {path} is not a SQLite database ({e})") from None
         tables = set()
     if tables and "studies" not in tables:
-        raise TunerError(f"--storage {url}: {path} is another program's database (tables "
+        raise TunerError(f"--storage {shown(url)}: {path} is another program's database (tables "
                          f"{', '.join(sorted(tables)[:5])}); give a new file")
     if not pending:
         return
@@ -83,15 +84,15 @@ def check_sqlite_file(path: Path, url: str) -> None:
             tables = _sqlite_tables(path, "rw")           # rolls back the hot journal, recovers the WAL
     except sqlite3.Error as e:
         if "readonly" in str(e) or getattr(e, "sqlite_errorname", "").startswith("SQLITE_READONLY"):
-            raise TunerError(f"--storage {url}: {path} holds a write that a killed process left unfinished, and "
+            raise TunerError(f"--storage {shown(url)}: {path} holds a write that a killed process left unfinished, and "
                              "rolling it back needs write access to it and its folder (nothing is lost): run "
                              "where it can be written") from None
         if "locked" in str(e) or "busy" in str(e).lower():
-            raise TunerError(f"--storage {url}: {path} is locked by another process (a run or worker still "
+            raise TunerError(f"--storage {shown(url)}: {path} is locked by another process (a run or worker still "
                              "writing?); try again when it is done") from None
-        raise TunerError(f"--storage {url}: {path} is not a SQLite database ({e})") from None
+        raise TunerError(f"--storage {shown(url)}: {path} is not a SQLite database ({e})") from None
     if tables and "studies" not in tables:
-        raise TunerError(f"--storage {url}: {path} is another program's database (tables "
+        raise TunerError(f"--storage {shown(url)}: {path} is another program's database (tables "
                          f"{', '.join(sorted(tables)[:5])}); give a new file")
 
 
@@ -100,20 +101,20 @@ def check_journal_file(path: Path, url: str) -> None:
     if not path.exists():
         return
     if not path.is_file():
-        raise TunerError(f"--storage {url}: {path} is not a file")
+        raise TunerError(f"--storage {shown(url)}: {path} is not a file")
     try:
         ours = is_journal(path)
     except OSError as e:
-        raise TunerError(f"--storage {url}: cannot read {path} ({e.strerror})") from None
+        raise TunerError(f"--storage {shown(url)}: cannot read {path} ({e.strerror})") from None
     if not ours:
-        raise TunerError(f"--storage {url}: {path} is not a journal of Optuna operations; give a new file")
+        raise TunerError(f"--storage {shown(url)}: {path} is not a journal of Optuna operations; give a new file")
 
 
 def check_storage_url(url: str) -> None:
     """Before anything is written: a storage URL, and for a journal or SQLite a file that is
     ours (or new) in a folder we can write."""
     if not isinstance(url, str) or "://" not in url:
-        raise TunerError(f"--storage {url!r} is not a storage URL (journal:///FILE, sqlite:///FILE, "
+        raise TunerError(f"--storage {shown(url)!r} is not a storage URL (journal:///FILE, sqlite:///FILE, "
                          "postgresql://...)")
     local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
     if local is not None:
@@ -125,14 +126,14 @@ def check_storage_url(url: str) -> None:
         from tuner.paths import writable_folder
         ok, existing = writable_folder(path.parent)
         if not ok:
-            raise TunerError(f"--storage {url}: cannot write to {existing}")
+            raise TunerError(f"--storage {shown(url)}: cannot write to {existing}")
 
 
 
 def check_storage_driver(url: str) -> None:
     """For a database URL, that its SQLAlchemy dialect and driver load here (no connection is
     made): what a dry run can say of a storage it does not open."""
-    if journal_path(url) or url.startswith("sqlite"):
+    if journal_path(url) or url.split(":", 1)[0] == "sqlite":      # sqlite+<driver> is checked
         return
     import sqlalchemy
     try:
@@ -142,7 +143,7 @@ def check_storage_driver(url: str) -> None:
         load()
     except Exception as e:  # noqa: BLE001 - a bad URL, an unknown dialect, a driver not installed
         text = str(e).strip().splitlines()
-        raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
+        raise TunerError(f"cannot open storage {shown(url)}: {text[0] if text else type(e).__name__}") from None
 
 def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     """The run's storage, after checking it is ours: one clear line for bad URLs, missing
@@ -152,7 +153,7 @@ def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
     if local is not None:
         if existing and not local.is_file():
-            raise TunerError(f"--storage {url}: {local} not found (no run stored there; nothing was created)")
+            raise TunerError(f"--storage {shown(url)}: {local} not found (no run stored there; nothing was created)")
         from tuner.paths import make_folder
         make_folder(local.parent)
     try:
@@ -160,10 +161,10 @@ def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     except Exception as e:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
         from tuner.paths import is_disk_full
         if is_disk_full(e):
-            raise TunerError(f"no space left on the device for storage {url}: free some and run the same "
+            raise TunerError(f"no space left on the device for storage {shown(url)}: free some and run the same "
                              "command again") from None
         text = str(e).strip().splitlines()
-        raise TunerError(f"cannot open storage {url}: {text[0] if text else type(e).__name__}") from None
+        raise TunerError(f"cannot open storage {shown(url)}: {text[0] if text else type(e).__name__}") from None
 
 
 def storage_holds_anything(url: str) -> bool:
