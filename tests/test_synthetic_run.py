@@ -21,7 +21,8 @@ def test_the_missions_command_runs_end_to_end_on_a_synthetic_landscape(tmp_path,
     assert len(studies) == 6 and all("us (SYNTHETIC)" in line for line in studies)      # 3 problems x 2 M
     assert "*** SYNTHETIC cost model" in out
     # the closing table names no kernel as the times' source, and each engine's file-name form
-    assert "fused MoE (sorted tokens, grouped GEMMs) [SYNTHETIC: no kernel ran]; config =" in out and "[ours]" not in out
+    assert "fused MoE (sorted tokens, grouped GEMMs) [SYNTHETIC: no kernel ran]\nconfig = BLOCK_SIZE_M" in out
+    assert "[ours]" not in out
     assert ("named <shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json "
             "(or [128, 128])") in out
     manifest = json.loads((run / "manifest.json").read_text())

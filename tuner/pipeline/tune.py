@@ -60,7 +60,8 @@ def closing_lines(opts, results: dict) -> list[str]:
         lines.append(run_source(opts.out_dir))
         # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
         whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
-        lines.append(f"{kernel.description} [{whose}]; config = " + " ".join(kernel.config_keys))
+        lines.append(f"{kernel.description} [{whose}]")
+        lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
         lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir)
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
