@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU proof on a freshly started, bare GPU machine with no network, one device call per part.
 #
-#   bash scripts/gpu_proof.sh --call 1|2 [--minutes 5] [--gpu H100|H200] [--out DIR] [tuner proof options...]
+#   bash scripts/gpu_proof.sh --call 1|2 [--minutes 4.5] [--gpu H100|H200] [--out DIR] [tuner proof options...]
 #
 # Expects, beside the repository (made here by scripts/prepare_gpu_proof.sh and carried):
 #   .whl/         Optuna, threadpoolctl and their dependencies as wheels (the machine's Python lacks them)
@@ -28,11 +28,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 if ! python3 -c "import optuna, threadpoolctl" 2>/dev/null; then
-  if PYTHONPATH=/tmp/site python3 -c "import optuna, threadpoolctl" 2>/dev/null; then
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}      # a warm machine: call 1 installed them
-  elif ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      || { echo "gpu_proof: installing the carried wheels failed" >&2; exit 2; }
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    # a warm machine keeps what call 1 installed: reused only when made from these very wheels
+    stamp=$(cat .whl/*.whl | sha256sum | cut -d' ' -f1)
+    if [ "$(cat /tmp/site/.tuner-wheels 2>/dev/null)" != "$stamp" ]; then
+      rm -rf /tmp/site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "gpu_proof: installing the carried wheels failed" >&2; exit 2; }
+      echo "$stamp" > /tmp/site/.tuner-wheels
+    fi
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   else
     echo "gpu_proof: optuna or threadpoolctl is missing and no wheels are in .whl/ (run scripts/prepare_gpu_proof.sh and carry .whl)" >&2

@@ -31,13 +31,13 @@ rm -rf .baselines && cp -r ../shared/baselines .baselines
 du -sh .whl .engine-src .baselines
 cat <<'MSG'
 Device calls (15 minutes of device time in all; see bench/README.md for the time plan):
-  run(command="bash scripts/gpu_proof.sh --call 1 --minutes 5",
-      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=355)
+  run(command="bash scripts/gpu_proof.sh --call 1 --minutes 4.5",
+      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=325)
   then here: tar xzf <files_at>/proof-H200-<date>.tar.gz   (puts back bench/results/H200-<date>/;
              call 2 continues that folder only if it is unpacked BEFORE call 2: the working tree travels;
              make call 2 at once: within 30 s the machine is still warm and no start is paid)
   run(command="bash scripts/gpu_proof.sh --call 2 --minutes 3.5",
-      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=270)
+      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=265)
   then here: tar xzf <files_at>/proof-H200-<date>.tar.gz
              python3 -m tuner proof --call local --gpu H200 --out bench/results/H200-<date>
 If no H200 can be had: the same two calls with kind="nvidia-h100-x1" (H100 in the names);

@@ -1,7 +1,7 @@
 """`tuner proof`: the GPU proof, most valuable first, in two device calls and a local part.
 
 GPU time is rare (a lent machine, 15 minutes of device time for a task, one command at most
-10 minutes, a machine start 1-2 minutes), so the proof is cut into two short calls (5 and 3.5
+10 minutes, a machine start 1-2 minutes), so the proof is cut into two short calls (4.5 and 3.5
 minutes of steps, bench/README.md), ordered by value, and everything that needs no GPU runs here
 after:
 
@@ -345,8 +345,8 @@ def add_parser(sub, common) -> None:
                            "sampler study. Each step is time-boxed and written before the next (and bundled into "
                            "--bundle). --device cpu rehearses it on the CPU device with a tiny model (for CI).")
     proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
-    proof.add_argument("--minutes", type=float, default=5.0,
-                       help="this call's budget for its steps (default 5: call 1 of a 15-minute lease)")
+    proof.add_argument("--minutes", type=float, default=4.5,
+                       help="this call's budget for its steps (default 4.5: call 1 of a 15-minute lease)")
     proof.add_argument("--out", default=None, metavar="DIR",
                        help="default bench/results/<gpu>-<date>/ (with --device cpu: runs/proof-cpu-device-...)")
     proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,

@@ -9,12 +9,12 @@ Why the smoke test has a floor: it is the first thing that measures on a freshly
 machine, so it pays every cold start of the call: Python and torch imported from a cold disk,
 CUDA initialised in the measuring child, 16 compile workers started, Triton's cache empty (the
 first compile of vLLM's fused-MoE kernel), DeepSeek-V3's expert weights made on the GPU, the
-float64 reference. Its share alone (0.12 of what is left after the environment: 58 s of an
-8-minute call, 35 s of a 5-minute one) is what the CPU device's rehearsal of it took at worst (31-52 s), with no margin;
-150 s is about three times that. A smoke that finishes sooner leaves the rest to the next steps.
+float64 reference. Its share alone (0.12 of what is left after the environment: 31 s of the
+4.5-minute call 1 a 15-minute lease allows) is what the CPU device's rehearsal of it took at
+worst (31-52 s), with no margin; 150 s is about three times that. A smoke that finishes sooner leaves the rest to the next steps.
 The environment step has a floor too (30 s): `tuner ceilings` is a new process on that cold
 machine (torch imported, CUDA initialised, a bandwidth and two matmul rates measured), and with
-the 15-minute lease's short call 1 (--minutes 5) its share alone would be 18 s.
+the 15-minute lease's short call 1 (--minutes 4.5) its share alone would be 16 s.
 `tuner proof --plan` prints the boxes.
 """
 
