@@ -95,12 +95,17 @@ def test_a_forced_install_says_each_reason_once(one_m_landscape, tmp_path, capsy
 
 def test_the_file_name_legend_says_each_engines_form():
     """The closing table's legend (and drift's) gives the text every file name holds after its
-    shape, as the files hold it: SGLang's block_shape=[128, 128] is not shown as vLLM's."""
-    from tuner.emit.run_table import name_legend
-    vllm = "vllm/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
-    sglang = "sglang/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    shape, as the files hold it: SGLang's block_shape=[128, 128] is said as SGLang's, not shown
+    as vLLM's; and the folders are each engine's where they differ."""
+    from tuner.emit.run_table import name_legend, where_lines
+    vllm = ("vllm", "vllm/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
+    sglang = ("sglang", "sglang/fp8_gemm/N=7168,K=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
     assert name_legend([vllm]) == "<shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
     assert name_legend([sglang]) == "<shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
     assert name_legend([vllm, sglang]) == ("<shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
-                                           " (or [128, 128])")
-    assert name_legend([vllm, vllm.replace("H200", "H100")]) == ""          # no one text: the rows say it
+                                           " (sglang: [128, 128])")
+    assert name_legend([vllm, ("vllm", vllm[1].replace("H200", "H100"))]) == ""    # no one text: the rows say it
+    assert where_lines("OUT", [vllm, sglang]) == ["file: the table each row goes to, in OUT/<engine>/fp8_gemm/"]
+    moe = [("sglang", "sglang/fused_moe/configs/triton_3_6_0/E=257,N=256.json"), ("vllm", "vllm/fused_moe/E=256,N=256.json")]
+    assert where_lines("OUT", moe) == ["file: the table each row goes to, under OUT/:",
+                                       "      vllm/fused_moe/, sglang/fused_moe/configs/triton_3_6_0/"]

@@ -269,7 +269,7 @@ def drift_table(df) -> list[str]:
                          if x)
         rows.append([short_file({r["engine"]: r["table"]}), str(r["M"]), r["kernel_source"], num(r["table_us"]),
                      num(r["default_us"]), num(r["speedup"]), r["verdict"], note[:40]])
-    legend = name_legend(list(df["table"]))
+    legend = name_legend(list(zip(df["engine"], df["table"])))
     head = ["file: the table each row re-times", *([f"      named {legend}"] if legend else [])]
     return head + fixed_width(["file", "M", "kernel", "table_us", "default_us", "speedup", "verdict", "note"], rows,
                               left=(0, 2, 6, 7))

@@ -38,20 +38,36 @@ def short_file(files: dict[str, str]) -> str:
     return ", ".join(f"{'+'.join(engines)} {shape}" for shape, engines in by_shape.items())
 
 
-def name_legend(rels: list[str]) -> str:
+def name_legend(files: list[tuple[str, str]]) -> str:
     """'<shape>,device_name=NVIDIA_H200,dtype=....json': what every file name holds after its
-    shape, when that is one text for all ('' when not). Engines space block_shape=[...] their
-    own way (vLLM [128,128], SGLang [128, 128]): files of both are said with both forms."""
-    rests = {re.sub(r"_down$", "", r.rsplit("/", 1)[-1].removesuffix(".json")).partition(",device_name=")[2]
-             for r in rels}
+    shape, when that is one text for all ('' when not), of `files` [(engine, path)]. Engines space
+    block_shape=[...] their own way (vLLM [128,128], SGLang [128, 128]): where both are there,
+    the other form is said with its engine ('(sglang: [128, 128])')."""
+    rests: dict[str, set] = {}
+    for engine, path in files:
+        rest = re.sub(r"_down$", "", path.rsplit("/", 1)[-1].removesuffix(".json")).partition(",device_name=")[2]
+        rests.setdefault(rest, set()).add(engine)
     squeezed = {r.replace(" ", "") for r in rests}
     if len(squeezed) != 1 or "" in squeezed:
         return ""
     if len(rests) == 1:
-        return f"<shape>,device_name={rests.pop()}.json"
-    spaced = sorted({m for r in rests for m in re.findall(r"\[[^\]]* [^\]]*\]", r)})
+        return f"<shape>,device_name={next(iter(rests))}.json"
+    spaced = {m: engines for r, engines in rests.items() for m in re.findall(r"\[[^\]]* [^\]]*\]", r)}
     return f"<shape>,device_name={squeezed.pop()}.json" + (
-        f" (or {' '.join(spaced)})" if spaced else "")
+        " (" + "; ".join(f"{'/'.join(sorted(e))}: {m}" for m, e in sorted(spaced.items())) + ")" if spaced else "")
+
+
+def where_lines(out_dir, files: list[tuple[str, str]]) -> list[str]:
+    """Where a run's tables are, under its folder: one form for all engines when they share it
+    (OUT/<engine>/fp8_gemm/), else each engine's folder on a line below (SGLang's MoE tables sit
+    in configs/triton_X_Y_Z/), in the engines' order."""
+    from tuner.plan.engines import ENGINE_NAMES
+    by_engine = {engine: rel.rsplit("/", 1)[0] if "/" in rel else "" for engine, rel in files}
+    forms = {folder.replace(engine, "<engine>", 1) for engine, folder in by_engine.items()}
+    if len(forms) <= 1:
+        return [f"file: the table each row goes to, in {out_dir}/{forms.pop() + '/' if forms else ''}"]
+    order = sorted(by_engine, key=lambda e: (ENGINE_NAMES.index(e) if e in ENGINE_NAMES else len(ENGINE_NAMES), e))
+    return [f"file: the table each row goes to, under {out_dir}/:", "      " + ", ".join(f"{by_engine[e]}/" for e in order)]
 
 
 def fixed_width(headers: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> list[str]:
@@ -83,9 +99,9 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                 *([_kept_text(r)] if kept else []),
                 *([choice_text(r.choice)] if chosen else []),
             ])
-    rels = [rel for key, fs in files.items() if key in results for rel in fs.values()]
-    legend = name_legend(rels)
-    where = [f"file: the table each row goes to, in {out_dir}/<engine>/"]
+    written = [(engine, rel) for key, fs in files.items() if key in results for engine, rel in fs.items()]
+    legend = name_legend(written)
+    where = where_lines(out_dir, written)
     if legend:
         where.append(f"      named {legend}")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
