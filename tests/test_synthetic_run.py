@@ -26,6 +26,8 @@ def test_the_missions_command_runs_end_to_end_on_a_synthetic_landscape(tmp_path,
     assert ("named <shape>,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json "
             "(sglang: [128, 128])") in out
     assert "\n      vllm/fused_moe/, sglang/fused_moe/configs/triton_" in out
+    table = out.split("\nconfig = ", 1)[1].splitlines()
+    assert max(map(len, table)) <= 120, max(table, key=len)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["tp"] == 8 and len(manifest["tables"]) == 3
     assert all(t["environment"]["synthetic"] and t["identity"]["times"] == "SYNTHETIC" for t in manifest["tables"])

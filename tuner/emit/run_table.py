@@ -86,10 +86,10 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     # the row kept (tuned, installed, default) and why, where any row is not the tuned config
     chosen = any((r.choice or {}).get("kept", "tuned") != "tuned" for rs in results.values() for r in rs)
     if chosen:
-        from tuner.search.choice import choice_text
+        from tuner.search.choice import choice_short
     rows = []
     for pkey, rs in results.items():
-        label = short_file(files.get(pkey) or {}) or "(not written: same as its up table)"
+        label = short_file(files.get(pkey) or {}) or "(as up table: not written)"
         for r in sorted(rs, key=lambda r: r.M):
             rows.append([
                 label, str(r.M), " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
@@ -97,16 +97,21 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                 f"{r.default_time_us:.2f}" if r.default_time_us else f"- ({r.default_error or 'not timed'})"[:24],
                 f"{r.speedup:.2f}x" if r.speedup else "-", str(r.trials), r.numerics.get("status", "-"),
                 *([_kept_text(r)] if kept else []),
-                *([choice_text(r.choice)] if chosen else []),
+                *([choice_short(r.choice)] if chosen else []),
             ])
     written = [(engine, rel) for key, fs in files.items() if key in results for engine, rel in fs.items()]
     legend = name_legend(written)
     where = where_lines(out_dir, written)
     if legend:
         where.append(f"      named {legend}")
+    if chosen:
+        min_gain = next((r.choice["min_gain"] for rs in results.values() for r in rs
+                         if r.choice and r.choice.get("min_gain") is not None), None)
+        where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above "
+                     + (f"--min-gain {min_gain:.0%}" if min_gain is not None else "--min-gain"))
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
-    return where + fixed_width(headers, rows, left=(0, 2, 7, 8))
+    return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9))
 
 
 def _kept_text(r) -> str:

@@ -110,3 +110,12 @@ def choice_text(choice: dict | None) -> str:
     if not choice:
         return "tuned"
     return f"{choice.get('kept', 'tuned')}: {choice.get('why', '')}".rstrip(": ")
+
+
+def choice_short(choice: dict | None) -> str:
+    """Which config a row holds, and the tuned config's paired gain over the incumbent where one
+    was measured ('default +1.8%'), for a terminal table's column; the why is choice_text's."""
+    if not choice:
+        return "tuned"
+    gain = choice.get("gain")
+    return f"{choice.get('kept', 'tuned')}" + (f" {gain:+.1%}" if isinstance(gain, (int, float)) else "")
