@@ -110,21 +110,24 @@ def check_journal_file(path: Path, url: str) -> None:
         raise TunerError(f"--storage {shown(url)}: {path} is not a journal of Optuna operations; give a new file")
 
 
+def local_file(url: str) -> Path | None:
+    """The file a journal or SQLite storage URL names; None for a database server's."""
+    return journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+
 def check_storage_url(url: str) -> None:
     """Before anything is written: a storage URL, and for a journal or SQLite a file that is
     ours (or new) in a folder we can write."""
     if not isinstance(url, str) or "://" not in url:
         raise TunerError(f"--storage {shown(url)!r} is not a storage URL (journal:///FILE, sqlite:///FILE, "
                          "postgresql://...)")
-    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    local = local_file(url)
     if local is not None:
-        path = local
         if journal_path(url):
-            check_journal_file(path, url)
+            check_journal_file(local, url)
         else:
-            check_sqlite_file(path, url)
+            check_sqlite_file(local, url)
         from tuner.paths import writable_folder
-        ok, existing = writable_folder(path.parent)
+        ok, existing = writable_folder(local.parent)
         if not ok:
             raise TunerError(f"--storage {shown(url)}: cannot write to {existing}")
 
@@ -150,7 +153,7 @@ def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
     drivers, unreachable servers and foreign databases. `existing`: a storage to read
     (collect, worker): a SQLite file that is not there is refused, nothing is created."""
     check_storage_url(url)
-    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    local = local_file(url)
     if local is not None:
         if existing and not local.is_file():
             raise TunerError(f"--storage {shown(url)}: {local} not found (no run stored there; nothing was created)")
@@ -170,5 +173,5 @@ def open_checked_storage(url: str, existing: bool = False) -> BaseStorage:
 def storage_holds_anything(url: str) -> bool:
     """Whether a storage holds anything yet: its file is there (a journal, SQLite), or it is a
     database server's."""
-    local = journal_path(url) or (Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") else None)
+    local = local_file(url)
     return local is None or (local.is_file() and local.stat().st_size > 0)
