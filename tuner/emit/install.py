@@ -44,6 +44,7 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
     read_json,
     writable_folder,
 )
+from tuner.plan.batch_keys import batch_key
 from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
@@ -129,7 +130,7 @@ def validate_table(path: Path, engine: str, kind: str) -> dict:
     for key, cfg in table.items():
         if key == "triton_version" and drops_version:
             continue
-        if not re.fullmatch(r"[0-9]+", key) or int(key) < 1:
+        if batch_key(key) is None:
             raise TunerError(f"table {path}: key {key!r} is not a batch size ({engine}'s loader would crash on it)")
         if not isinstance(cfg, dict):
             raise TunerError(f"table {path}: the entry for M={key} is not a config object")

@@ -19,12 +19,17 @@ RECORD = "record.json"
 
 def row_times(table_entry: dict) -> dict[int, float]:
     """{M: time_us} of a manifest table entry's rows that have a time."""
-    out = {}
-    for m, e in (table_entry.get("entries") or {}).items():
-        t = e.get("time_us")
-        if str(m).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
-            out[int(m)] = float(t)
-    return out
+    entries = table_entry.get("entries")
+    return _times({m: e.get("time_us") for m, e in entries.items() if isinstance(e, dict)}
+                  if isinstance(entries, dict) else {})
+
+
+def _times(raw: dict) -> dict[int, float]:
+    """{M: time} of the rows whose key is a batch size and whose time a positive finite number."""
+    from tuner.plan.batch_keys import batch_key
+    return {m: float(t) for k, t in raw.items()
+            if (m := batch_key(k)) is not None and isinstance(t, (int, float)) and not isinstance(t, bool)
+            and 0 < t < float("inf")}
 
 
 def timed_on(table_entry: dict) -> dict:
@@ -41,8 +46,8 @@ def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[in
     entry = installed_entry(dest, engine, backup_root, lambda e: isinstance(e.get("times"), dict))
     if entry is None:
         return None
-    times = {int(m): float(t) for m, t in entry["times"].items() if str(m).isdigit()}
-    return times, entry.get("timed_on") or {}
+    on = entry.get("timed_on")
+    return _times(entry["times"]), on if isinstance(on, dict) else {}
 
 
 def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e: True) -> dict | None:

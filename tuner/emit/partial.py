@@ -34,7 +34,9 @@ def of_entry(table_entry: dict) -> dict | None:
     value = table_entry.get(KEY)
     if not isinstance(value, dict) or problem(value):
         return None
-    tuned = sorted(int(m) for m in (table_entry.get("entries") or {}) if str(m).isdigit())
+    from tuner.plan.batch_keys import batch_key
+    entries = table_entry.get("entries")
+    tuned = sorted(m for k in (entries if isinstance(entries, dict) else {}) if (m := batch_key(k)) is not None)
     planned = sorted(set(value["planned"]))
     left = [m for m in planned if m not in tuned]
     if not left:

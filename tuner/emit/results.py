@@ -98,7 +98,8 @@ def _config_problem(cfg) -> str | None:
 
 
 def _entry_problem(i: int, m, e: dict) -> str | None:
-    if not str(m).isdigit() or not 1 <= int(m) <= MAX_M:
+    from tuner.plan.batch_keys import batch_key
+    if batch_key(m, MAX_M) is None:
         return f"table {i}: entry key {m!r} is not a batch size (1 to {MAX_M})"
     for key in ("config", "default_config"):
         if e.get(key) is not None and (why := _config_problem(e[key])):

@@ -174,7 +174,8 @@ class StudyRunner:
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
         study.sampler = make_sampler(self.settings, keys, choices, target.allowed,
-                                     warm=sum(is_warm(label) for label, _ in target.seeds))
+                                     warm=sum(is_warm(label) for label, _ in target.seeds),
+                                     kinds=self.space.key_kinds)
         return study
 
     def identity(self) -> dict:
