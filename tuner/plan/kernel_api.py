@@ -226,10 +226,11 @@ MAX_CONFIG_VALUE = 1 << 12       # no launch-config value reaches it (tiles 256,
 def table_batch_size(key, where: str) -> int:
     """A table's key as a batch size: a whole number from 1 to MAX_TABLE_M, else one line."""
     from tuner.errors import TunerError
-    text = str(key).strip()
-    if not text.isdigit() or not 1 <= int(text) <= MAX_TABLE_M:
+    from tuner.plan.batch_keys import batch_key
+    m = batch_key(key.strip() if isinstance(key, str) else key, MAX_TABLE_M)
+    if m is None:
         raise TunerError(f"{where}: key {str(key)[:40]!r} is not a batch size (a whole number from 1 to {MAX_TABLE_M})")
-    return int(text)
+    return m
 
 
 def checked_config(spec: KernelSpec, entry, where: str) -> Config:

@@ -81,7 +81,7 @@ class StudyRunner:
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
-             incumbents: list[tuple[str, Config]] | None = None) -> StudyResult:
+             incumbents: list[tuple] | None = None) -> StudyResult:
         """The study's result: from the storage when a run already finished it, else
         searched now (continuing what the storage holds). `fixed` pins some config keys
         (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
@@ -178,7 +178,8 @@ class StudyRunner:
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
         study.sampler = make_sampler(self.settings, keys, choices, target.allowed,
-                                     warm=sum(is_warm(label) or label == PRIOR for label, _ in target.seeds))
+                                     warm=sum(is_warm(label) or label == PRIOR for label, _ in target.seeds),
+                                     kinds=self.space.key_kinds)
         return study
 
     def identity(self) -> dict:
@@ -406,6 +407,12 @@ class StudyRunner:
                            kept_default=d.get("kept_default"), tied=d.get("tied") or {},
                            search=d.get("search") or {}, choice=d.get("choice") or {},
                            first_failure=d.get("first_failure"))
+
+    def store(self, result: StudyResult) -> None:
+        """Store a result decided after its study (two tied tables' joint race)."""
+        study = optuna.load_study(study_name=study_name(result.problem, result.M, self.prefix, self.kernel.source),
+                                  storage=self.storage)
+        study.set_user_attr("result", result.as_dict())
 
     # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
