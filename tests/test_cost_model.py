@@ -134,7 +134,7 @@ def test_the_prior_seeds_are_measured_right_after_the_default():
 
 
 def test_with_the_prior_a_study_of_the_h200_landscape_is_within_2_percent_in_12_trials():
-    # without the prior the same searches need 9-19 trials (seeds 0-2; bench/results/cost-model.md)
+    # without the prior the same searches need 9-15 trials (10 seeds: bench/results/cost-model.md)
     for _, kernel, params, M, pts in check.landscape_sets():
         best = min(pts.values())
 
