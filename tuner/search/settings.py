@@ -26,6 +26,8 @@ class SearchSettings:
     budgets: dict[str, int] = field(default_factory=dict)
     # a table's row changes only for a paired gain above this (--min-gain; tuner/search/choice.py)
     row_gain: float = 0.02
+    # candidates the Hopper cost model ranks fastest, measured first (tuner/search/prior.py; 0: none)
+    prior: int = 6
 
     def budget_for(self, problem: Problem, M: int) -> int:
         """The budget of the study of (problem, M)."""
