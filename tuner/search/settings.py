@@ -30,6 +30,8 @@ class SearchSettings:
     sized: str = ""
     # patience as this share of a study's own budget (0: `patience`, grown for larger budgets)
     patience_share: float = 0.0
+    # candidates the Hopper cost model ranks fastest, measured first (tuner/search/prior.py; 0: none)
+    prior: int = 6
 
     def budget_for(self, problem: Problem, M: int) -> int:
         """The budget of the study of (problem, M)."""
