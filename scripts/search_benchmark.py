@@ -223,6 +223,9 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
     device = cache.get("device_name") or Path(source.path).name.split(".")[0]
     size = cache.get("problem_size") or []
     size = size if isinstance(size, list) else [size]          # pnpoly's is one number
+    # M: the problem's first dimension where it is a batch size our landscapes can hold (pnpoly's
+    # 20e6 points are not: 1; the problem itself is in "problem")
+    m_of = int(size[0]) if size and 1 <= int(size[0]) <= 1 << 20 else 1
     problem = {"kernel": cache.get("kernel_name", name), "problem_size": size}
     origin = {"repository": source.url, "commit": source.commit, "path": source.path,
               "what": source.what, "gpu": device, "license": source.license,
@@ -242,7 +245,7 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
     with gzip.open(tmp, "wt") as f:
         f.write(json.dumps(header) + "\n")
         for e in entries:
-            rec = {"problem": problem, "M": int(size[0]) if size else 1, "config": {k: int(e[k]) for k in keys}}
+            rec = {"problem": problem, "M": m_of, "config": {k: int(e[k]) for k in keys}}
             t = e.get("time")
             if isinstance(t, (int, float)) and t > 0:
                 rec["time_us"] = round(float(t) * 1000.0, 4)

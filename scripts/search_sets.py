@@ -122,8 +122,10 @@ def report(raws: dict[str, dict], ref: dict, split: dict[str, list[str]]) -> str
     rule = ["", "## The rule: no default that wins on one set and loses significantly on the other", ""]
     for label, v in verdicts.items():
         lost = [w for w in ("tuning", "checking") if "worse" in v.get(w, set())]
+        unjudged = [w for w in ("tuning", "checking") if not v.get(w)]
         rule.append(f"- {label}: " + (f"significantly worse than plain TPE on the {' and '.join(lost)} set"
-                                       if lost else "no worse than plain TPE on either set (48 and 100 trials)"))
+                                       if lost else f"no runs against plain TPE on the {' and '.join(unjudged)} set"
+                                       if unjudged else "no worse than plain TPE on either set (48 and 100 trials)"))
     return "\n".join(out + rule) + "\n"
 
 
