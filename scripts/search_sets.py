@@ -117,6 +117,12 @@ def report(raws: dict[str, dict], ref: dict, split: dict[str, list[str]]) -> str
             rows = set_rows(raw, names, label, ref)
             verdicts.setdefault(label, {})[which] = {r["verdict"] for r in rows}
             out.append(table(rows))
+        families = sorted({n.split("-")[0] for n in names})
+        out.append(f"\nPer kernel ({', '.join(families)}): the same, over the set's landscapes of that kernel\n")
+        out.append(table([{"kernel": f, "code": label, **{("default" if k.startswith("default") else k): v
+                                                           for k, v in r.items()}}
+                          for f in families for label, raw in raws.items()
+                          for r in set_rows(raw, [n for n in names if n.split("-")[0] == f], label, ref)]))
         out.append("\nPer landscape: mean ratio to the best +- 95 % interval\n")
         out.append(table(landscape_rows(raws, names, ref)))
     rule = ["", "## The rule: no default that wins on one set and loses significantly on the other", ""]
