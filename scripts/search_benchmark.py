@@ -334,7 +334,8 @@ def run(args) -> int:
             variant = name if name in ("random", "plain-tpe", "plain-gp") else f"ours:{name}"
             budget = 48 if name.endswith("48") else max(CHECKPOINTS)
             t0 = time.monotonic()
-            traces = benchmark_traces(land, space, gpu, variant, range(args.seeds), budget, settings_for)
+            traces = benchmark_traces(land, space, gpu, variant, range(args.first_seed, args.first_seed + args.seeds),
+                                      budget, settings_for)
             rows = benchmark_rows(traces)
             spent = time.monotonic() - t0
             print(f"{path.name} {label}: {len(traces)} runs in {spent:.0f}s", file=sys.stderr)
@@ -464,6 +465,7 @@ def main() -> int:
                    "are converted when missing)")
     r.add_argument("--only", nargs="*", help="landscape names")
     r.add_argument("--seeds", type=int, default=40)
+    r.add_argument("--first-seed", type=int, default=0, help="seeds first..first+seeds-1 (more runs to add to a --save)")
     r.add_argument("--variants", nargs="*", default=["ours", "plain-tpe", "random"], choices=list(VARIANTS))
     r.add_argument("--out", help="also write the report here (Markdown)")
     r.add_argument("--save", help="also write each run's ratio at each checkpoint here (JSON, for search_sets.py)")

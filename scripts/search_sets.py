@@ -135,6 +135,20 @@ def report(raws: dict[str, dict], ref: dict, split: dict[str, list[str]]) -> str
     return "\n".join(out + rule) + "\n"
 
 
+def merge_into(into: dict, data: dict) -> dict:
+    """Add one --save file's runs: a (landscape, variant) already there gets these runs too (other seeds,
+    run with --first-seed)."""
+    for land, variants in data.items():
+        for variant, entry in variants.items():
+            have = into.setdefault(land, {}).get(variant)
+            if have is None:
+                into[land][variant] = {**entry, "ratios": {n: list(r) for n, r in entry["ratios"].items()}}
+            else:
+                for n, r in entry["ratios"].items():
+                    have["ratios"].setdefault(n, []).extend(r)
+    return into
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--raw", nargs="+", required=True, metavar="LABEL=PATH")
@@ -149,13 +163,7 @@ def main() -> int:
             print(f"search_sets: error: --raw {item}: give LABEL=PATH of a file search_benchmark.py --save wrote",
                   file=sys.stderr)
             return 2
-        data = json.loads(Path(path).read_text())
-        if label == "ref":
-            for land, variants in data.items():
-                ref.setdefault(land, {}).update(variants)
-        else:
-            for land, variants in data.items():
-                raws.setdefault(label, {}).setdefault(land, {}).update(variants)
+        merge_into(ref if label == "ref" else raws.setdefault(label, {}), json.loads(Path(path).read_text()))
     text = report(raws, ref, read_split(Path(args.split)))
     print(text)
     if args.out:
