@@ -60,6 +60,24 @@ def install_target(engine: str, site_packages: str | None, moe_config_dir: str |
     return Target(engine, site, True, version or engine_version)
 
 
+def restore_roots(engine: str, site_packages: str | None, moe_config_dir: str | None) -> list[Path] | None:
+    """The folders `install --restore` undoes the last install into: those an install with the
+    same --site-packages and --moe-config-dir writes (None, neither given: the engine's last
+    install, wherever it went)."""
+    from tuner.emit.engine_tables import find_site_packages
+    from tuner.emit.install import config_roots
+    if not site_packages and not moe_config_dir:
+        return None
+    config_dir = Path(moe_config_dir) if moe_config_dir else None
+    try:
+        site = find_site_packages(engine, site_packages)
+    except TunerError:
+        if site_packages:
+            raise
+        return [config_roots(Path("/nonexistent"), engine, config_dir)["fused_moe"]]
+    return list(config_roots(site, engine, config_dir).values())
+
+
 def engine_wheel(engine: str, version: str | None) -> Path | None:
     """The wheel of exactly this version among the wheels at hand ($TUNER_ENGINE_WHEELS, the
     wheels fetched), or None."""
