@@ -110,18 +110,23 @@ def shipped_copies(target: Target, config_dir: Path, notes: list[str]) -> list:
                      f"at hand to copy them from: shapes without a table of ours will run {engine}'s default config; "
                      f"`tuner engine-source fetch {engine}=={target.version}` fetches it, then install again")
         return []
-    import zipfile
-
-    from tuner.reading import zip_member
+    from tuner.paths import inside
+    from tuner.reading import open_zip, zip_member
     folder = ENGINES[engine].moe_folder + "/"
     copies = []
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            for name in sorted(n for n in z.namelist() if n.startswith(folder) and n.endswith(".json")):
+    # bounded (a FIFO or a link to /dev/zero named like the wheel is refused, never waited on or
+    # read without end), and every member's name checked before any file is written
+    with open_zip(wheel, f"{target.label}'s wheel ") as z:
+        for name in sorted(n for n in z.namelist() if n.startswith(folder) and n.endswith(".json")):
+            rel = name[len(folder):]
+            if any(p in ("", ".", "..") for p in rel.split("/")) or "\\" in rel or not inside(root / rel, root):
+                raise TunerError(f"{wheel}: member {name[:120]!r} is not a plain path under {folder}: refusing the "
+                                 "wheel (nothing was installed)")
+            try:
                 text = zip_member(z, name, f"wheel {wheel}").decode()
-                copies.append(Copy(wheel, root / name[len(folder):], "shipped", root, text=text))
-    except (OSError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise TunerError(f"cannot read {target.label}'s shipped MoE tables from {wheel}: {e}") from None
+            except UnicodeDecodeError:
+                raise TunerError(f"{wheel}: shipped table {name} is not UTF-8 text (nothing was installed)") from None
+            copies.append(Copy(wheel, root / rel, "shipped", root, text=text))
     return copies
 
 
