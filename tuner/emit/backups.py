@@ -37,7 +37,6 @@ from tuner.errors import TunerError
 from tuner.paths import (
     atomic_write_bytes,
     atomic_write_json,
-    atomic_write_text,
     inside,
     make_folder,
     open_for_append,
@@ -207,7 +206,7 @@ def describe(backup: Path, record: dict) -> str:
     """Which install a backup undoes, for the line a restore prints first."""
     when = record.get("installed") if isinstance(record.get("installed"), str) else backup.name
     state = {WRITING: " (interrupted: rolled back)", UNDOING: " (its undo was interrupted: finished)"}.get(
-        record.get("state"), "")
+        str(record.get("state")), "")
     return f"the {record.get('engine')} install of {when} into {', '.join(sorted(record_roots(record)))}{state}"
 
 
