@@ -260,7 +260,9 @@ def run(args) -> int:
                                                                     "kernel": kernel_name}, out)
         if profile is not None:
             header["traffic"] = profile.as_manifest()
-            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"])
+            from tuner.measure.noise import for_environment
+            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"],
+                                                    for_environment(header))
         json_path, md_path = write_outputs(rows, out, header)
     finally:
         for m in measurers:
