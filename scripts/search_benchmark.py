@@ -219,17 +219,19 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
         entries = [e for e in entries if all(e[k] == (e[v] if isinstance(v, str) else v) for k, v in slice_.items())]
     keys = [k for k in cache["tune_params_keys"] if len(tune[k]) > 1 and k not in (slice_ or {})]
     values = {k: sorted({int(e[k]) for e in entries}) for k in keys}
+    # the MI250X caches name no device: the GPU their file is named for
+    device = cache.get("device_name") or Path(source.path).name.split(".")[0]
     size = cache.get("problem_size") or []
     size = size if isinstance(size, list) else [size]          # pnpoly's is one number
     problem = {"kernel": cache.get("kernel_name", name), "problem_size": size}
     origin = {"repository": source.url, "commit": source.commit, "path": source.path,
-              "what": source.what, "gpu": cache["device_name"], "license": source.license,
+              "what": source.what, "gpu": device, "license": source.license,
               "units": "kernel_tuner 'time' in ms, here in us",
               "slice": slice_ and {k: (f"= {v}" if isinstance(v, str) else v) for k, v in slice_.items()},
               "fixed": {k: tune[k][0] for k in cache["tune_params_keys"] if len(tune[k]) == 1}}
     if source.pypi:
         origin["sdist"] = f"{source.pypi[0]}-{source.pypi[1]}.tar.gz (sha256 in 'commit')"
-    header = {"format": "tuner-landscape/1", "kernel": name, "device": cache["device_name"],
+    header = {"format": "tuner-landscape/1", "kernel": name, "device": device,
               "recorded": entries[0].get("timestamp") if entries else None,
               "config_keys": keys, "problem_keys": list(problem), "params": values,
               "default_config": {k: source.default[k] for k in keys}, "origin": origin,
