@@ -134,11 +134,12 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
     """All contenders of every (problem, M) of one kernel, timed on `measurer`."""
     rows: list[BenchRow] = []
     check_tables(kernel, gpu, problems, baselines, tuned)
-    reads = shipped_reads(kernel, problems, gpu, engines, engine_source)
+    reads = shipped_reads(kernel, problems, gpu, engines or [], engine_source)
     source = time_source(measurer.environment(), measurer.label)
     for problem in problems:
         for M in batch_sizes[problem.key]:
-            floor = ceilings.floor_us(kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M))
+            nbytes, flops = kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M)
+            floor = ceilings.floor_us(nbytes, flops)
             cands = contenders(kernel, gpu, problem, M, baselines, tuned, landscape, reads.get(problem.key))
             # one call: the configs are timed under the same conditions
             unique = {json.dumps(c.config, sort_keys=True): c.config for c in cands if c.config is not None}
@@ -152,7 +153,9 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
                 m = times[json.dumps(c.config, sort_keys=True)]
                 mine.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
                                      floor, source, m.error))
-            rows += mine + reference_rows(kernel, problem, M, floor, measurer)
+            for row in (here := mine + reference_rows(kernel, problem, M, floor, measurer)):
+                row.roofline = (nbytes, flops, ceilings)     # a time beating the floor: which figure is wrong
+            rows += here
             best = min((r for r in mine if r.time_us), key=lambda r: r.time_us or math.inf, default=None)
             progress(f"{kernel.source_label} {problem.key} M={M}: "
                      + (f"best {best.contender} {best.time_us:.2f} us ({short_label(measurer.environment())})"
@@ -164,7 +167,8 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
 def add_parser(sub, common) -> None:
     """`tuner bench` and its options."""
     bench = sub.add_parser("bench", help="time every contender per batch size against the roofline",
-                           description="Per problem and M: the engine's default config, each shipped table "
+                           description="Per problem and M: the engine's default config, the row each engine reads today, "
+                           "each shipped table "
                            "(--baseline), our tuned table (--tuned), a landscape's best, and a reference outside "
                            "Triton where one exists, timed together, with their spread and their fraction of the "
                            "roofline. Writes bench-<device>-<date>.json, a Markdown report and a plot per problem.")
@@ -281,7 +285,9 @@ def run(args) -> int:
                                                                     "kernel": kernel_name}, out)
         if profile is not None:
             header["traffic"] = profile.as_manifest()
-            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"])
+            from tuner.measure.noise import for_environment
+            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"],
+                                                    for_environment(header))
         json_path, md_path = write_outputs(rows, out, header)
     finally:
         for m in measurers:

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from tuner.measure.measurers import Measurer
+from tuner.measure.noise import threshold_text
 from tuner.plan.kernel_api import Config, KernelSpec, config_tuple
 from tuner.plan.problems import Problem
 
@@ -82,10 +83,10 @@ def verdict(g: PairedGain, min_gain: float) -> tuple[bool, str]:
         return False, "the tuned config failed in the paired re-time"
     spread = f"spread {g.spread:.1%} over {g.pairs} pairs"
     if g.gain <= min_gain:
-        return False, f"gain {g.gain:+.1%} ({spread}) is not above --min-gain {min_gain:.0%}"
+        return False, f"gain {g.gain:+.1%} ({spread}) is not above {threshold_text(min_gain)}"
     if g.low <= 0:
         return False, f"gain {g.gain:+.1%} but not in most pairs ({spread}, p20 {g.low:+.1%})"
-    return True, f"gain {g.gain:+.1%} ({spread}) above --min-gain {min_gain:.0%}"
+    return True, f"gain {g.gain:+.1%} ({spread}) above {threshold_text(min_gain)}"
 
 
 def choose_row(kernel: KernelSpec, measurer: Measurer, result, incumbents: list[tuple],
