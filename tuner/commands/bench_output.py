@@ -167,7 +167,8 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
         w = weighted(profile, (keys, base), (keys, new))
         plain = geomean([base[k] / new[k] for k in keys if base.get(k) and new.get(k)])
         from tuner.measure.noise import speedup
-        said = (f" (within the {noise.describe()}: not a speed-up)" if within(w.speedup, noise) else "")
+        said = (f" (within the {noise.describe()}: not a speed-up)"
+                if noise is not None and within(w.speedup, noise) else "")
         return (f"{label}: {speedup_text(w, against)}{said}"
                 + (f" (plain geomean {speedup(plain, noise)} over {len(keys)} batch sizes)" if plain else ""))
 
