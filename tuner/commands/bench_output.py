@@ -73,6 +73,9 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
                   markdown_table(table, floatfmt=".3g"), ""]
     if header.get("traffic_lines"):
         lines += ["## Judged by traffic", "", *[f"- {line}" for line in header["traffic_lines"]], ""]
+    if header.get("verdict_lines"):
+        lines += ["## Verdict: the fastest contender per M, and the backend flag to run", "", "```",
+                  *header["verdict_lines"], "```", ""]
     notes = sorted({r.error for r in rows if r.contender.startswith(("reference", "torch", "DeepGEMM")) and r.error})
     if notes:
         lines += ["## References outside Triton", ""] + [f"- {n}" for n in notes] + [""]
