@@ -80,7 +80,7 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
                         _, tied_r = race_tied(runner, up, problem, M, up_r, tied_r, pairs, opts.settings.row_gain)
                     r = tied_r
             done.append(M)
-            progress.end_study(summary(r, time_unit(opts)))
+            progress.end_study(summary(r, time_unit(opts), getattr(opts.settings.row_gain, "noise", None)))
             sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
             if after_study:
                 after_study()           # the tables as far as they go: a stopped run keeps them
@@ -157,12 +157,13 @@ def label(problem: Problem) -> str:
     return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
 
 
-def summary(r: StudyResult, unit: str = "us") -> str:
+def summary(r: StudyResult, unit: str = "us", noise=None) -> str:
     if r.resumed:
-        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit)
+        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit, noise)
     if r.config is None:
         why = r.numerics.get('detail', r.stopped)
         return f"no config ({why}; first failure: {r.first_failure})" if r.timed_nothing and r.first_failure \
             else f"no config ({why})"
-    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    from tuner.measure.noise import speedup
+    sp = f", {speedup(r.speedup, noise)} default" if r.speedup else ""
     return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"
