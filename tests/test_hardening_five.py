@@ -2,6 +2,8 @@
 range, a journal with a damaged tail, a damaged SQLite storage, refusals that write, and
 temporaries left behind."""
 
+import random
+
 import numpy as np
 import pytest
 
@@ -18,3 +20,40 @@ def test_expert_ids_out_of_range_are_refused(tmp_path, ids, dtype):
     np.save(tmp_path / "r.npy", np.array(ids, dtype=dtype))
     with pytest.raises(TunerError, match="is out of range"):
         rt.load_routing(tmp_path / "r.npy")
+
+
+def journal_of_16_trials(path):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(path))))
+    for i in range(16):
+        study.add_trial(optuna.trial.create_trial(params={"x": i}, distributions={
+            "x": optuna.distributions.IntDistribution(0, 99)}, value=float(i)))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("tail", [b"\0" * 3000, bytes(random.Random(7).randrange(256) for _ in range(3000)),
+                                  b'{"op_code": 4, "worker_id": "x", "study_id": 0, "tri' + b"\0" * 100 + b"\n junk"],
+                         ids=["NUL", "random", "torn then junk"])
+def test_a_journal_with_a_damaged_tail_is_said_and_repaired(tmp_path, capsys, tail):
+    """Before: 'is not a journal of Optuna operations; give a new file', though its 16 trials
+    were whole. Now the line says what is wrong, and the command it names repairs it."""
+    from tuner.cli import main
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    journal.write_bytes(whole + tail)
+    capsys.readouterr()
+    assert main(["collect", "--storage", f"journal:///{journal}", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "damaged tail after" in err, err
+    assert f"tuner repair-journal {journal}" in err and not (tmp_path / "o").exists()
+    assert main(["repair-journal", str(journal)]) == 0
+    assert journal.read_bytes() == whole
+    assert (tmp_path / "s.journal.damaged-tail").read_bytes() == tail
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(journal))))
+    assert len(study.trials) == 16
