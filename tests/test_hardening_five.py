@@ -57,3 +57,28 @@ def test_a_journal_with_a_damaged_tail_is_said_and_repaired(tmp_path, capsys, ta
     from optuna.storages.journal import JournalFileBackend
     study = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(journal))))
     assert len(study.trials) == 16
+
+
+@pytest.mark.parametrize("command", ["collect", "worker"])
+def test_a_damaged_sqlite_storage_is_one_line(tmp_path, capsys, command):
+    """An Optuna SQLite storage of 16 trials whose second page is random bytes (its header and
+    schema read fine, so the storage checks pass): one line, exit 2. Before:
+    StorageInternalError, exit 1."""
+    import optuna
+
+    from tuner.cli import main
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = tmp_path / "s.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    for i in range(16):
+        study.add_trial(optuna.trial.create_trial(params={"x": i}, distributions={
+            "x": optuna.distributions.IntDistribution(0, 99)}, value=float(i)))
+    del study
+    with open(db, "r+b") as f:
+        f.seek(4096)
+        f.write(bytes(random.Random(1).randrange(256) for _ in range(4096)))
+    argv = ["--storage", f"sqlite:///{db}"] + (["--out", str(tmp_path / "o")] if command == "collect" else [])
+    capsys.readouterr()
+    rc = main([command, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
