@@ -228,7 +228,8 @@ _HELD: list = []          # lock files held open by a case's "other process", fo
 def night_running(root: Path) -> Path:
     """A nightly config whose runs_dir another night holds (its lock, flocked here)."""
     import fcntl
-    config = nightly_job(root)
+    (root / "l.jsonl").write_text("")          # a job that replays: it needs no GPU to reach the lock
+    config = nightly_job(root, replay=str(root / "l.jsonl"))
     (root / "runs").mkdir(exist_ok=True)
     f = open(root / "runs" / ".nightly.lock", "a")
     fcntl.flock(f.fileno(), fcntl.LOCK_EX)

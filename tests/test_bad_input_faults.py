@@ -108,7 +108,10 @@ def install_args(results, site):
 def test_kill_9_mid_install_then_install_again(tmp_path, env):
     site, results = make_site(tmp_path / "site"), make_results(tmp_path / "r", warps=8)
     proc = start(install_args(results, site), env)
-    time.sleep(1.2)
+    deadline = time.monotonic() + 120          # mid-install: a table's temporary held open (0.15 s each)
+    while not list((site / GEMM_FOLDER).glob(".*.tmp")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
     proc.kill()
     proc.wait()
     assert set(warps_installed(site)) <= {2, 8} and len(warps_installed(site)) == 12   # whole files only

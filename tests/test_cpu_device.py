@@ -34,9 +34,10 @@ def tuner(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid
 
 
-def left_in(sid: int | None = None, pgids: list[int] | None = None, within_s: float = 10.0) -> list[int]:
+def left_in(sid: int | None = None, pgids: list[int] | None = None, within_s: float = 60.0) -> list[int]:
     """The processes still alive in a session (or in any of some process groups) once they
-    had `within_s` to go (a resource tracker notices its clients are gone within a moment)."""
+    had `within_s` to go (a resource tracker notices its clients are gone within a moment; the
+    wait ends as soon as none is left, so a loaded machine only waits longer)."""
     deadline = time.monotonic() + within_s
     while True:
         alive = members(sid=sid) if sid is not None else [p for g in pgids or [] for p in members(pgid=g)]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from bounded import deadline
 from synthetic import write_synthetic_landscape
 
 from tuner.cli import main
@@ -104,9 +105,8 @@ time.sleep(60)
     assert holder.stdout.readline().strip() == "locked"
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    start = time.monotonic()
-    optuna.load_study(study_name="s", storage=journal(path)).set_user_attr("after", 1)
-    assert time.monotonic() - start < 5
+    with deadline(120):         # a lock left held would block for ever; a loaded machine is only slower
+        optuna.load_study(study_name="s", storage=journal(path)).set_user_attr("after", 1)
 
 
 def test_writes_sync_at_most_once_a_second_and_at_the_end_of_a_study(tmp_path, monkeypatch):

@@ -60,8 +60,10 @@ def add_parser(sub, common) -> None:
 def policy_lines(report, engine: str) -> list[str]:
     """How each table read was timed, where `tuner install` recorded it (the measurement
     policy: tuner/measure/policy.py); shipped tables say nothing of it."""
+    from tuner.emit import partial
+    from tuner.emit.audit_report import wrap
     from tuner.emit.install import BACKUP_ROOT
-    from tuner.emit.merge_rule import installed_times
+    from tuner.emit.merge_rule import installed_entry, installed_times
     from tuner.measure.policy import policy_text
     lines = []
     for ka in getattr(report, "kernels", []):
@@ -73,6 +75,9 @@ def policy_lines(report, engine: str) -> list[str]:
             f"{policy_text({k: v for k, v in timed.items() if k != 'device'})} on {timed.get('device')} "
             "(installed by tuner)" if timed else "not recorded (a shipped table, or installed before tuner recorded "
             "it)"))
+        entry = installed_entry(Path(ka.where), engine, BACKUP_ROOT)
+        if entry is not None and (line := partial.audit_line(Path(ka.where).name, entry)):
+            lines += wrap(line)
     return lines
 
 

@@ -116,8 +116,8 @@ def job_request(job: dict, out: Path, baseline: Path | None = None, minutes: flo
         if key in options:
             options[key] = str(options[key])
     return TuneRequest(command=job["kernel"], model=str(job["model"]), gpu=str(job["gpu"]), out=str(out),
-                       quiet=True, baseline=str(baseline) if baseline is not None else None, minutes=minutes,
-                       **options)
+                       quiet=True, baseline=str(baseline) if baseline is not None else None,
+                       synthetic=bool(job.get("synthetic")), minutes=minutes, **options)
 
 
 def check_jobs(cfg: dict, path: Path) -> None:
@@ -149,6 +149,9 @@ def environment_now(job: dict) -> dict:
         from tuner.measure.landscape import read_header
         h = read_header(job["replay"])
         return {k: h.get(k) for k in ENV_KEYS}
+    if job.get("synthetic"):
+        from tuner.commands.nightly_modes import SYNTHETIC_DEVICE
+        return {**dict.fromkeys(ENV_KEYS), "device": SYNTHETIC_DEVICE}
     env = {**software_versions(), **nvml_snapshot(nvml_index(0))}
     try:
         import torch
@@ -169,15 +172,15 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     decide together). Rewrites the new run's tables and manifest; returns how many entries
     were kept."""
     from tuner.commands.drift import Measurers
+    from tuner.commands.nightly_modes import run_landscape
     from tuner.emit.results import table_json
     from tuner.plan.gpus import get_gpu
     from tuner.plan.kernel_api import table_entry
     from tuner.plan.kernel_registry import get_kernel
     from tuner.plan.problems import Problem
     from tuner.search.runner import StudyRunner
-
     old, new = _tables_of(prev_run), _tables_of(new_run)
-    measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),
+    measurers = Measurers(get_gpu(job["gpu"]), run_landscape(job, new_run), kernel_source=job.get("kernel_source"),
                           engine_source=job.get("engine_source"))
     kept = 0
     try:
@@ -260,7 +263,8 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     changed = prev_run is None or prev is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
     drifted = False
     if prev_run is not None and not changed and begun is None:
-        measurers = Measurers(get_gpu(job["gpu"]), job.get("replay"), kernel_source=job.get("kernel_source"),
+        from tuner.commands.nightly_modes import run_landscape
+        measurers = Measurers(get_gpu(job["gpu"]), run_landscape(job, prev_run), kernel_source=job.get("kernel_source"),
                               engine_source=job.get("engine_source"))
         try:
             model = load_model(job["model"]) if job["kernel"] == "moe" else None
@@ -337,11 +341,15 @@ def _begun(prev: dict | None, env: dict) -> Path | None:
     return Path(prev["run"])
 
 
-def run_night(config_path: Path, night: str | None = None, log=print, minutes: float | None = None,
-              began: float | None = None) -> int:
+def run_night(config_path: Path, night: str | None = None, log=print, dry_run: bool = False,
+              synthetic: bool = False, minutes: float | None = None, began: float | None = None) -> int:
+    from tuner.commands import nightly_modes
     from tuner.paths import check_writable
     cfg = load_config(config_path)
     runs_dir = Path(cfg.get("runs_dir") or "runs/nightly")
+    if synthetic:
+        cfg["jobs"] = [nightly_modes.synthetic_job(job) for job in cfg["jobs"]]
+        runs_dir = nightly_modes.synthetic_runs_dir(runs_dir)
     noise = float(cfg.get("noise", 0.02))
     night = night or _dt.date.today().isoformat()
     if not NAME.fullmatch(night) or night in ("state.json",):
@@ -351,6 +359,9 @@ def run_night(config_path: Path, night: str | None = None, log=print, minutes: f
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
     check_jobs(cfg, config_path)
+    if dry_run:
+        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, say=log)
+    nightly_modes.require_devices(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
     with one_night_at_a_time(runs_dir):
         state = read_state(state_path)        # as the night that held the lock left it
@@ -417,6 +428,10 @@ def add_parser(sub, common) -> None:
                            "fine, 3 a table regressed, 1 a job failed.")
     night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
     night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
+    night.add_argument("--dry-run", action="store_true", help="print every job's plan; nothing measured or written")
+    night.add_argument("--synthetic", action="store_true",
+                       help="time the jobs without a landscape of their own on SYNTHETIC ones made on the fly (no GPU; "
+                            "into RUNS_DIR-synthetic)")
     from tuner.commands.options import minutes
     night.add_argument("--minutes", type=minutes, default=None, metavar="M",
                        help="the night's slot: the jobs' retunes stop after M minutes, their tables written with "
@@ -424,5 +439,5 @@ def add_parser(sub, common) -> None:
 
 
 def run(args) -> int:
-    return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True), minutes=args.minutes,
-                     began=getattr(args, "started", None))
+    return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True), dry_run=args.dry_run,
+                     synthetic=args.synthetic, minutes=args.minutes, began=getattr(args, "started", None))

@@ -130,7 +130,8 @@ class Installation:
 
 
 def _version_key(v: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else 0 for x in re.split(r"[.+-]", v))
+    from tuner.plan.batch_keys import whole_number
+    return tuple(whole_number(x, 0) for x in re.split(r"[.+-]", v))
 
 
 def _wheel_version(path: Path, engine: str) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tuner.emit import backups, merge_rule
+from tuner.emit import backups, merge_rule, partial
 from tuner.emit.backups import (  # noqa: F401 (RECORD, read_record: the names users of this module know)
     RECORD,
     check_writable_folders,
@@ -44,6 +44,7 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
     read_json,
     writable_folder,
 )
+from tuner.plan.batch_keys import batch_key
 from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
 
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
@@ -64,6 +65,7 @@ class Copy:
     times: dict | None = None     # {M: time_us} of its rows and what they were timed on (merge_rule.py)
     timed_on: dict | None = None
     not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
+    partial: dict | None = None   # a table tuned at fewer batch sizes than planned (tuner/emit/partial.py)
 
     def content(self) -> str:
         from tuner.reading import read_text
@@ -128,7 +130,7 @@ def validate_table(path: Path, engine: str, kind: str) -> dict:
     for key, cfg in table.items():
         if key == "triton_version" and drops_version:
             continue
-        if not re.fullmatch(r"[0-9]+", key) or int(key) < 1:
+        if batch_key(key) is None:
             raise TunerError(f"table {path}: key {key!r} is not a batch size ({engine}'s loader would crash on it)")
         if not isinstance(cfg, dict):
             raise TunerError(f"table {path}: the entry for M={key} is not a config object")
@@ -235,6 +237,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                     times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
         notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest),
                            min_gain)
+        copy.partial = partial.of_entry(t)
+        if copy.partial is not None:
+            notes.append(partial.install_note(rel, copy.partial, merge))
         copies.append(copy)
     for why, rels in forced.items():
         names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
@@ -253,15 +258,27 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
 
 
 def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Path) -> Path | None:
-    """The file that will be at `dest` just before our table is written: the one there now,
-    or, for SGLang's config-dir variable, the shipped table install copies there first."""
+    """The table the engine reads today for the file about to be written at `dest`: the one
+    there now; for SGLang's config-dir variable, the shipped table install copies there first;
+    else, where the loader falls back to another Triton version's folder (SGLang), the file of
+    that name it falls back to, so that a --merge keeps the rows the engine runs today."""
     if dest.is_file():
         return dest
-    if moe_config_dir is not None and table_family(engine, "fused_moe").env_replaces_root:
+    family = table_family(engine, "fused_moe")
+    if moe_config_dir is not None and family.env_replaces_root:
         root = config_roots(site, engine, moe_config_dir)["fused_moe"]
-        if inside(dest, root):
-            shipped = site / ENGINES[engine].moe_folder / dest.relative_to(root)
-            return shipped if shipped.is_file() else None
+        if inside(dest, root):      # what the variable's folder will hold: the package's tables, copied first
+            dest = site / ENGINES[engine].moe_folder / dest.relative_to(root)
+            if dest.is_file():
+                return dest
+    if family.per_triton and dest.parent.name.startswith("triton_"):
+        from tuner.plan.table_lookup import _version_tuple
+        others = []
+        for folder in dest.parent.parent.glob("triton_*"):
+            version = folder.name.removeprefix("triton_").split("_")
+            if folder != dest.parent and all(x.isdigit() for x in version) and (folder / dest.name).is_file():
+                others.append((_version_tuple(".".join(version)), folder / dest.name))
+        return max(others)[1] if others else None      # the loader's fallback: the newest other version
     return None
 
 
@@ -363,6 +380,8 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                            "sha256": final[str(c.dest)]}
             if c.merged:
                 entry["merged"] = c.merged
+            if c.partial:
+                entry["partial"] = c.partial
             if c.times is not None:          # what a later --merge compares against (merge_rule.py)
                 entry["times"] = {str(m): t for m, t in c.times.items()
                                   if not c.merged or m not in c.merged.get("kept", []) or str(m) in

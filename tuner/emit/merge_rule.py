@@ -19,12 +19,17 @@ RECORD = "record.json"
 
 def row_times(table_entry: dict) -> dict[int, float]:
     """{M: time_us} of a manifest table entry's rows that have a time."""
-    out = {}
-    for m, e in (table_entry.get("entries") or {}).items():
-        t = e.get("time_us")
-        if str(m).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
-            out[int(m)] = float(t)
-    return out
+    entries = table_entry.get("entries")
+    return _times({m: e.get("time_us") for m, e in entries.items() if isinstance(e, dict)}
+                  if isinstance(entries, dict) else {})
+
+
+def _times(raw: dict) -> dict[int, float]:
+    """{M: time} of the rows whose key is a batch size and whose time a positive finite number."""
+    from tuner.plan.batch_keys import batch_key
+    return {m: float(t) for k, t in raw.items()
+            if (m := batch_key(k)) is not None and isinstance(t, (int, float)) and not isinstance(t, bool)
+            and 0 < t < float("inf")}
 
 
 def timed_on(table_entry: dict) -> dict:
@@ -38,6 +43,15 @@ def timed_on(table_entry: dict) -> dict:
 def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[int, float], dict] | None:
     """The times and identity the newest install of `dest` recorded (None: none recorded), the
     installs taken newest first by their sequence (tuner/emit/backups.py), never by name."""
+    entry = installed_entry(dest, engine, backup_root, lambda e: isinstance(e.get("times"), dict))
+    if entry is None:
+        return None
+    on = entry.get("timed_on")
+    return _times(entry["times"]), on if isinstance(on, dict) else {}
+
+
+def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e: True) -> dict | None:
+    """The backup record's entry for `dest` of its newest install (that `wanted` accepts)."""
     from tuner.emit.backups import order_key
     from tuner.errors import TunerError
     from tuner.reading import read_json_file
@@ -49,9 +63,8 @@ def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[in
         except TunerError:
             continue
         for entry in data.get("files", []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and entry.get("dest") == str(dest) and isinstance(entry.get("times"), dict):
-                times = {int(m): float(t) for m, t in entry["times"].items() if str(m).isdigit()}
-                return times, entry.get("timed_on") or {}
+            if isinstance(entry, dict) and entry.get("dest") == str(dest) and wanted(entry):
+                return entry
     return None
 
 

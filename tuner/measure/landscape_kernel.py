@@ -12,6 +12,7 @@ Header fields, besides the landscape format's ("format", "kernel", "device", ...
   "problem_keys": ["M", "N", "K"]         the problem's keys
   "params": {"MWG": [16, 32, ...], ...}   every value each parameter takes
   "default_config": {"MWG": 64, ...}      the project's default (the study's seed), optional
+  "kinds": {"use_method": "category"}     keys' kinds as a space file declares them, optional
   "origin": {"repository": ..., "path": ..., "commit": ..., "license": ...}
 """
 
@@ -66,8 +67,10 @@ def landscape_kernel(header: dict) -> KernelSpec:
 def landscape_space(kernel: KernelSpec, header: dict) -> SearchSpace:
     """Every value of every parameter, no pruning rules: the landscape's points are the
     configs that exist (a replay searches only those)."""
-    return SearchSpace(kernel, {k: sorted(int(v) for v in header["params"][k]) for k in kernel.config_keys}, {},
-                       source=f"landscape {header['kernel']}")
+    from tuner.plan.key_kinds import checked_kinds
+    choices = {k: sorted(int(v) for v in header["params"][k]) for k in kernel.config_keys}
+    return SearchSpace(kernel, choices, {}, source=f"landscape {header['kernel']}",
+                       kinds=checked_kinds(header.get("kinds"), choices, "landscape header"))
 
 
 def landscape_gpu(header: dict) -> GpuSpec:

@@ -184,7 +184,7 @@ def with_incumbents(opts: RunPlan, results: dict[str, list[StudyResult]]) -> dic
     (its shipped table's, as the engine looks it up, else the engine's default), so that a
     partial table never makes the engine slower at a batch size it did not tune. Tables tied
     together change together: a batch size tuned in one and not the other keeps both incumbents."""
-    from tuner.pipeline.studies import incumbent_rows
+    from tuner.pipeline.studies import incumbent_tables
     from tuner.search.tied_choice import table_default
     from tuner.search.warm_start import incumbent
     tuned = {k: {r.M for r in rs} for k, rs in results.items()}
@@ -196,11 +196,13 @@ def with_incumbents(opts: RunPlan, results: dict[str, list[StudyResult]]) -> dic
                 tuned[q.key] = tuned.get(q.key, set()) & both
     out: dict[str, list[StudyResult]] = {}
     fills: dict[tuple[str, int], dict] = {}
+    if opts.incumbents is None:          # resolved once a run: the tables each engine reads today
+        opts.incumbents = incumbent_tables(opts)
     for p in sorted(opts.problems, key=lambda q: bool(q.tied_to)):     # a tied table after the one it hangs on
         if p.key not in results and not (p.tied_to and p.tied_to in out):
             continue
         rows = [r for r in results.get(p.key, []) if r.M in tuned.get(p.key, set())]
-        installed = incumbent_rows(opts, p)[1]
+        installed = opts.incumbents[p.key][1] if p.key in opts.incumbents else {}
         for M in (m for m in opts.ms_for(p) if m not in tuned.get(p.key, set())):
             partner = fills.get((p.tied_to, M)) if p.tied_to else None
             default = table_default(opts.kernel, p, M, partner)

@@ -41,7 +41,7 @@ def save_plan(storage: BaseStorage, opts: RunPlan) -> None:
         "batch_sizes": {p.key: sorted(opts.ms_for(p)) for p in opts.problems},
         "settings": dataclasses.asdict(opts.settings),
         "space": {"choices": opts.space.choices, "constraints": opts.space.constraints,
-                  "source": opts.space.source},
+                  "source": opts.space.source, "kinds": opts.space.kinds},
         "engines": opts.engines, "baseline": opts.baseline, "run_info": opts.run_info,
         **({"warm": opts.warm.as_dict()} if opts.warm else {}),
     })
@@ -111,7 +111,7 @@ def _plan_of(name: str, plan: dict, prefix: str, out_dir: Path | None, load_code
         ref["origin"] = origin_for(ref["source"], engine_source)
     kernel = get_kernel(**ref, load_code=load_code)
     space = SearchSpace(kernel, {k: list(v) for k, v in plan["space"]["choices"].items()},
-                        plan["space"]["constraints"], plan["space"]["source"])
+                        plan["space"]["constraints"], plan["space"]["source"], dict(plan["space"].get("kinds") or {}))
     problems = [Problem(kernel.name, d["params"], tuple(d["layers"]), tuple(d["engines"]),
                         d.get("tied_to"), tuple(d.get("tied_keys", ()))) for d in plan["problems"]]
     command = next((c for c, k in KERNEL_OF.items() if k == kernel.name), None)

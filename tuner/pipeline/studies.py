@@ -15,6 +15,7 @@ from optuna.storages import BaseStorage
 from tuner.errors import TunerError
 from tuner.measure.measurers import Measurer
 from tuner.pipeline.baselines import load_baseline_table
+from tuner.pipeline.incumbents import engine_tables
 from tuner.pipeline.run_plan import RunPlan, run_storage
 from tuner.plan.engines import lookup_nearest
 from tuner.plan.problems import Problem
@@ -23,7 +24,8 @@ from tuner.search.runner import StudyResult, StudyRunner, study_name
 from tuner.search.storage import sync_storage
 from tuner.search.storage_urls import shown
 from tuner.search.tied_choice import choose_tied, table_default
-from tuner.search.warm_start import incumbent, installed_rows, study_seeds
+from tuner.search.tied_race import incumbent_pairs, race_tied
+from tuner.search.warm_start import incumbent, study_seeds
 from tuner.search.window import Window, WindowClosed
 
 
@@ -42,11 +44,10 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
         total = sum(len(opts.ms_for(p)) for p in opts.problems)
         progress.note(f"resuming from {shown(run_storage(opts))}: {len(finished)} of {total} "
                       "studies finished before; their stored results are shown, not run again")
+    installed = incumbent_tables(opts)
     if window is not None:
         from tuner.pipeline.windows import study_order, study_states
-        landscape = getattr(measurer, "landscape", None)
-        order = study_order(opts, study_states(opts, storage), landscape)
-        incumbents = {p.key: incumbent_rows(opts, p) for p in opts.problems}
+        order = study_order(opts, study_states(opts, storage), getattr(measurer, "landscape", None))
         try:
             for problem, M in order:
                 if window.closed:
@@ -54,34 +55,24 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
                 # the batch sizes done: those whose study is finished, in this window or an earlier one
                 ms_done = [m for m in sorted(opts.ms_for(problem))
                            if m != M and stored_result(storage, opts, problem, m) is not None]
-                _study(opts, storage, measurer, runner, progress, problem, M, ms_done, *incumbents[problem.key],
-                       after_study)
+                _study(opts, storage, measurer, runner, progress, installed, problem, M, ms_done, after_study)
         except WindowClosed:
             window.closed = True
         finally:
             sync_storage(storage)       # what the window measured is on the disk
         return
     for problem in opts.problems:
-        baseline, installed = incumbent_rows(opts, problem)
         done: list[int] = []
         for M in sorted(opts.ms_for(problem)):
-            if _study(opts, storage, measurer, runner, progress, problem, M, done, baseline, installed, after_study):
+            if _study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study):
                 done.append(M)
 
 
-def incumbent_rows(opts: RunPlan, problem: Problem) -> tuple[dict | None, dict]:
-    """(--baseline's table, the rows a tuned config must beat: --baseline's, else the table the
-    engine reads today)."""
-    baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
-    installed = baseline or installed_rows(opts.warm, opts.kernel.name, problem.params, opts.gpu,
-                                           problem.engines[0] if len(problem.engines) == 1 else "")
-    return baseline, installed
-
-
 def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,
-           problem: Problem, M: int, done: list[int], baseline: dict | None, installed: dict,
+           installed: dict, problem: Problem, M: int, done: list[int],
            after_study: Callable[[], object] | None) -> bool:
     """One study, seeded; False where a tied table has nothing to tie to at M."""
+    baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
     tied_config = None
     if problem.tied_to:
         tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
@@ -99,18 +90,57 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
                          opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
     # a tied table searches its shared keys freely too: both tables choose them together below
     try:
-        r = runner.tune(problem, M, seeds, None, default, incumbent(opts.kernel, installed, M))
+        r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
     except WindowClosed:
         progress.end_study("cut: the window closed; the trials measured are kept for the next")
         raise
     if problem.tied_to and not r.tied:
-        r = choose_tied(runner, measurer, problem, by_key(opts)[problem.tied_to], M, opts.settings.top_k,
-                        lambda q: stored_result(storage, opts, q, M)) or r
+        up = by_key(opts)[problem.tied_to]
+        tied_r = choose_tied(runner, measurer, problem, up, M, opts.settings.top_k,
+                             lambda q: stored_result(storage, opts, q, M))
+        if tied_r is not None:
+            # the pair chosen together is raced against the pair the engine runs today
+            up_d = stored_result(storage, opts, up, M) or {}
+            up_r = StudyRunner.result_from_dict(up, M, up_d) if up_d.get("default_config") else None
+            if up_r is not None:
+                down_rows = incumbents(opts, installed, problem, M)
+                pairs = incumbent_pairs(opts.kernel, up, problem, M, [
+                    *incumbents(opts, installed, up, M), ("default", opts.kernel.default_config(up.params, M))],
+                    down_rows[0] if down_rows else None)
+                _, tied_r = race_tied(runner, up, problem, M, up_r, tied_r, pairs, opts.settings.row_gain)
+            r = tied_r
     progress.end_study(summary(r, time_unit(opts)))
     sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
     if after_study:
         after_study()           # the tables as far as they go: a stopped run keeps them
     return True
+
+
+def incumbent_tables(opts: RunPlan) -> dict[str, tuple[str, dict, str]]:
+    """{problem key: (label, rows, where)} of the table a tuned row must beat: --baseline's,
+    else the one the engine reads today on this GPU (tuner/pipeline/incumbents.py); a problem
+    without one is not in it (its default config is the incumbent)."""
+    out: dict[str, tuple[str, dict, str]] = {}
+    found: dict = {}
+    for problem in opts.problems:
+        baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
+        if baseline:
+            out[problem.key] = ("installed", baseline, f"--baseline {opts.baseline}")
+            continue
+        if opts.kernel.emit_table is not None:
+            continue                    # our own format: no engine reads it
+        tables = engine_tables(opts.kernel, problem, opts.gpu, opts.engines, opts.request.engine_source, found)
+        if tables:
+            out[problem.key] = ("installed", tables[0].rows, tables[0].where)
+    return out
+
+
+def incumbents(opts: RunPlan, installed: dict, problem: Problem, M: int) -> list[tuple]:
+    """[(label, the row the engine reads at M: the nearest key, where)] ([] where it reads none)."""
+    if problem.key not in installed:
+        return []
+    label, rows, where = installed[problem.key]
+    return [(lb, cfg, where) for lb, cfg in incumbent(opts.kernel, rows, M)]
 
 
 def by_key(opts: RunPlan) -> dict[str, Problem]:

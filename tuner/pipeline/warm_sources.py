@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.plan.batch_keys import batch_key
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
 from tuner.search.warm_start import PER_SOURCE_M, Known, WarmPool, gpu_tier, shape_distance
@@ -95,7 +96,7 @@ def studies(journal: Path, kernel: KernelSpec, gpu: str, source: str) -> list[Kn
         for name in names:
             head, _, m = name.rpartition(":M=")
             key = head.split(":", 1)[1] if ":" in head else ""
-            if not m.isdigit() or key not in problems:
+            if batch_key(m) is None or key not in problems:
                 continue
             trials = optuna.load_study(study_name=name, storage=store).get_trials(deepcopy=False)
             timed = sorted(((tr.value, tr.user_attrs["config"]) for tr in trials
@@ -112,7 +113,7 @@ def _known_of(table_files, kernel: KernelSpec, source: str) -> list[Known]:
         if t.problem.kernel != kernel.name:
             continue
         for m, cfg in t.table.items():
-            if isinstance(cfg, dict) and str(m).isdigit():
+            if isinstance(cfg, dict) and batch_key(m) is not None:
                 out.append(Known(cfg, kernel.name, t.problem.params, int(m), t.device, source, 0))
     return out
 

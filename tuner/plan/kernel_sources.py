@@ -74,7 +74,8 @@ def fetch_hint(engine: str) -> str:
 
 def version_key(version: str) -> tuple:
     """'0.5.23' -> (0, 5, 23): versions compared as numbers, not as text (0.5.3 < 0.5.23)."""
-    return tuple(int(x) if x.isdigit() else -1 for x in re.findall(r"\d+|[a-z]+", version))
+    from tuner.plan.batch_keys import whole_number
+    return tuple(whole_number(x, -1) for x in re.findall(r"[0-9]+|[a-z]+", version))
 
 
 def _wheel_version(path: Path, dist: str) -> str | None:

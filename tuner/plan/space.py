@@ -144,6 +144,9 @@ class SearchSpace:
     choices: dict[str, list[int]]
     constraints: dict[str, dict]
     source: str = ""
+    # kinds the space file declares (tuner/plan/key_kinds.py); not in `version`: they steer
+    # the search's model, not what a config measures
+    kinds: dict[str, str] = field(default_factory=dict)
     # (problem, GPU) -> the configs that pass the rules that do not read M (see M_FREE)
     _m_free: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -158,6 +161,12 @@ class SearchSpace:
         same, an edited space file another. Studies and landscapes record it."""
         text = json.dumps({"choices": self.choices, "constraints": self.constraints}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def key_kinds(self) -> dict[str, str]:
+        """Every key's kind: declared in the space file, else implied by its values."""
+        from tuner.plan.key_kinds import resolved_kinds
+        return resolved_kinds(self.choices, self.kinds)
 
     def _ctx(self, params: Params, M: int, gpu: GpuSpec) -> RuleContext:
         return RuleContext(self.kernel, params, M, gpu, self.choices)
@@ -240,6 +249,8 @@ def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpac
     unknown = [c for c in constraints if c not in RULES]
     if unknown:
         raise TunerError(f"search space {path}: unknown constraint {unknown[0]!r}; known: {', '.join(RULES)}")
-    return SearchSpace(kernel, choices, {k: dict(v or {}) for k, v in constraints.items()}, str(path))
+    from tuner.plan.key_kinds import checked_kinds
+    kinds = checked_kinds(data.get("kinds"), choices, f"search space {path}")
+    return SearchSpace(kernel, choices, {k: dict(v or {}) for k, v in constraints.items()}, str(path), kinds)
 
 

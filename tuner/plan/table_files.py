@@ -70,7 +70,8 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
             raise TunerError(f"{path} is named like an engine table but is not one: not a JSON object")
         return []
     table = {k: v for k, v in raw.items() if k != "triton_version"}
-    if named and not all(str(k).isdigit() and 0 < int(k) <= MAX_TABLE_M and isinstance(v, dict)
+    from tuner.plan.batch_keys import is_batch_key
+    if named and not all(is_batch_key(k, MAX_TABLE_M) and isinstance(v, dict)
                          for k, v in table.items()):
         raise TunerError(f"{path} is named like an engine table but is not one: its keys must be batch sizes "
                          f"(1 to {MAX_TABLE_M}) and its values configs")

@@ -23,11 +23,12 @@ REMOVED = {"cmaes": "--sampler cmaes was removed: Optuna's CMA-ES leaves categor
 
 
 def make_sampler(settings: SearchSettings, keys: tuple[str, ...] = (), choices: dict | None = None,
-                 candidates=(), warm: int = 0) -> BaseSampler:
+                 candidates=(), warm: int = 0, kinds: dict | None = None) -> BaseSampler:
     """The study's sampler. `gp` scores the study's own candidates (tuner/search/surrogate.py); the
     others propose within the parameters' values. A constant liar only where trials run
     in parallel (a batch of more than one). `warm`: the study's warm seeds
-    (tuner/search/warm_start.py), which shorten gp's random start. Every sampler is seeded
+    (tuner/search/warm_start.py), which shorten gp's random start; `kinds`: the space's key
+    kinds (tuner/plan/key_kinds.py), how gp's model encodes each key. Every sampler is seeded
     with --seed alone, so the same seed gives the same search in any process."""
     import optuna
 
@@ -41,7 +42,7 @@ def make_sampler(settings: SearchSettings, keys: tuple[str, ...] = (), choices: 
     if s.sampler == "gp":
         from tuner.search.surrogate import CandidateGPSampler
         return CandidateGPSampler(keys, choices or {}, candidates, seed=s.seed,
-                                  n_startup=startup(max(4, min(8, s.budget // 6)), warm))
+                                  n_startup=startup(max(4, min(8, s.budget // 6)), warm), kinds=kinds)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler in REMOVED:

@@ -3,9 +3,10 @@
 A study's configs are a finite, known set (the pruned grid, within a landscape's points on
 a replay), so instead of proposing points in a box and throwing away those that are pruned
 or already measured, this sampler scores every candidate nobody measured or holds and picks
-the best: a Gaussian process on log(time) over the configs' features (log2 of each value,
-scaled to [0, 1]; Matern 5/2 with a length scale per key, fitted by marginal likelihood with a
-log-normal prior) on the times' ranks mapped to a normal (a Gaussian copula, not log(time)),
+the best: a Gaussian process on log(time) over the configs' features (each key encoded by
+its kind, tuner/plan/key_kinds.py: log2 of a power-of-two size, log2 and alignment of another
+size, one column per value of a category; scaled to [0, 1]; Matern 5/2 with a length scale per key,
+fitted by marginal likelihood with a log-normal prior) on the times' ranks mapped to a normal (a Gaussian copula, not log(time)),
 expected improvement as the acquisition. Until `n_startup` configs besides the seeds are
 measured it picks at random among the candidates. A failed config counts as the slowest seen (the model then
 steers away from its neighbourhood). Configs other workers (or this batch) are measuring
@@ -79,15 +80,49 @@ def one_blas_thread():
         yield
 
 
-def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]]) -> np.ndarray:
-    cols = []
+def _scaled(v: np.ndarray, vals) -> np.ndarray:
+    lo, hi = float(min(vals)), float(max(vals))
+    return (v - lo) / (hi - lo) if hi > lo else np.zeros_like(v)
+
+
+def _alignment(v: np.ndarray) -> np.ndarray:
+    """log2 of the largest power of two dividing each value (0 counts as the best aligned)."""
+    iv = v.astype(np.int64)
+    low = np.where(iv > 0, iv & -iv, 0)
+    out = np.log2(np.maximum(low, 1)).astype(float)
+    return np.where(iv > 0, out, out.max(initial=0.0) + 1.0)
+
+
+def _features(candidates: np.ndarray, choices: Sequence[Sequence[int]],
+              kinds: Sequence[str] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The model's features of each candidate, by each key's kind (tuner/plan/key_kinds.py),
+    and the columns that share a length scale: log (log2 of the value), ordered (log2 of the
+    value, and apart its alignment: a value 16x slower off powers of two is then learnt
+    from the alignment column, not smeared over its neighbours), category (one column per
+    value, 1/sqrt(2) apart so that two values are as far as a key's whole range).
+    Every column lies in [0, 1]."""
+    cols: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
+
+    def add(*new: np.ndarray) -> None:
+        groups.append(np.arange(len(cols), len(cols) + len(new)))
+        cols.extend(new)
+
     for j, vals in enumerate(choices):
+        kind = kinds[j] if kinds else ("log" if min(vals) > 0 else "ordered")
         v = candidates[:, j].astype(float)
-        lo, hi = float(min(vals)), float(max(vals))
-        if lo > 0:
-            v, lo, hi = np.log2(v), math.log2(lo), math.log2(hi)
-        cols.append((v - lo) / (hi - lo) if hi > lo else np.zeros_like(v))
-    return np.stack(cols, axis=1)
+        fvals = np.array(sorted(vals), dtype=float)
+        if kind == "category" and len(vals) > 2:
+            add(*[(v == x).astype(float) / math.sqrt(2) for x in fvals])
+        elif kind == "category" or min(vals) <= 0:
+            add(_scaled(v, fvals))
+        else:
+            add(_scaled(np.log2(v), np.log2(fvals)))
+            if kind == "ordered":
+                al = _alignment(fvals)
+                if al.max() > al.min():
+                    add(_scaled(_alignment(v), al))
+    return np.stack(cols, axis=1), groups
 
 
 def _matern52(a: np.ndarray, b: np.ndarray, ls: np.ndarray) -> np.ndarray:
@@ -95,28 +130,30 @@ def _matern52(a: np.ndarray, b: np.ndarray, ls: np.ndarray) -> np.ndarray:
     return (1 + d + d * d / 3) * np.exp(-d)
 
 
-def _log_likelihood(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> float:
+def _log_likelihood(x: np.ndarray, y: np.ndarray, ls: np.ndarray, groups: Sequence[np.ndarray]) -> float:
     k = _matern52(x, x, ls) + NOISE * np.eye(len(x))
     try:
         chol = np.linalg.cholesky(k)
     except np.linalg.LinAlgError:
         return -math.inf
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
-    prior = -0.5 * float(((np.log(ls / LS_PRIOR[0]) / LS_PRIOR[1]) ** 2).sum())
+    per_group = np.array([ls[cols[0]] for cols in groups])       # one prior term per key, whatever its columns
+    prior = -0.5 * float(((np.log(per_group / LS_PRIOR[0]) / LS_PRIOR[1]) ** 2).sum())
     return float(-0.5 * y @ alpha - np.log(np.diag(chol)).sum()) + prior
 
 
-def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray) -> np.ndarray:
-    """One pass of coordinate search over LENGTH_SCALES, key by key, on the marginal likelihood."""
+def _fit_length_scales(x: np.ndarray, y: np.ndarray, ls: np.ndarray, groups: Sequence[np.ndarray]) -> np.ndarray:
+    """One pass of coordinate search over LENGTH_SCALES, group by group (a key's columns: one,
+    or a category's one per value), on the marginal likelihood."""
     ls = ls.copy()
-    for j in range(x.shape[1]):
-        best, best_v = -math.inf, ls[j]
+    for cols in groups:
+        best, best_v = -math.inf, ls[cols[0]]
         for v in LENGTH_SCALES:
-            ls[j] = v
-            ll = _log_likelihood(x, y, ls)
+            ls[cols] = v
+            ll = _log_likelihood(x, y, ls, groups)
             if ll > best:
                 best, best_v = ll, v
-        ls[j] = best_v
+        ls[cols] = best_v
     return ls
 
 
@@ -178,12 +215,17 @@ class CandidateGPSampler(BaseSampler):
     """Optuna sampler choosing among `candidates` (config tuples over `keys`)."""
 
     def __init__(self, keys: Sequence[str], choices: dict[str, list[int]], candidates, seed: int = 0,
-                 n_startup: int = 8):
+                 n_startup: int = 8, kinds: dict[str, str] | None = None):
+        from tuner.plan.key_kinds import resolved_kinds
         self.keys = tuple(keys)
         self.choices = {k: list(choices[k]) for k in self.keys}
+        # the space's kinds (declared, or implied by the space's values); a key it does not
+        # name gets the kind the study's own values imply
+        self.kinds = {**resolved_kinds(self.choices), **{k: v for k, v in (kinds or {}).items() if k in self.choices}}
         self.candidates = np.array(sorted(candidates), dtype=np.int64).reshape(-1, len(self.keys))
         self.index = {tuple(int(v) for v in row): i for i, row in enumerate(self.candidates)}
-        self.x_all = _features(self.candidates, [self.choices[k] for k in self.keys])
+        self.x_all, self.groups = _features(self.candidates, [self.choices[k] for k in self.keys],
+                                            [self.kinds[k] for k in self.keys])
         self.rng = np.random.default_rng(seed)
         self._restored = False
         self.n_startup = n_startup
@@ -272,7 +314,7 @@ class CandidateGPSampler(BaseSampler):
             if isinstance(stored, dict) and len(stored.get("ls") or ()) == len(self.ls):
                 self.ls, self._fitted_at = np.array(stored["ls"], dtype=float), int(stored["at"])
         if self._fitted_at < 0 or len(idx) - self._fitted_at >= REFIT_EVERY:
-            self.ls = _fit_length_scales(x, y, self.ls)
+            self.ls = _fit_length_scales(x, y, self.ls, self.groups)
             self._fitted_at = len(idx)
             if study is not None:
                 study.set_user_attr(FIT_ATTR, {"at": self._fitted_at, "ls": [float(v) for v in self.ls]})

@@ -1,0 +1,62 @@
+"""`tuner nightly` tried without a GPU (issue 41, item 3): --dry-run prints every job's plan and
+writes nothing; --synthetic runs the night on SYNTHETIC landscapes (into RUNS_DIR-synthetic),
+and a second such night finds nothing changed; without a device, a night that would time on
+the GPU refuses before its first job, writing nothing."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from synthetic import block_fp8_model
+
+from tuner.cli import main
+
+
+def nightly_yaml(root: Path) -> Path:
+    model = block_fp8_model(root / "tiny.yaml", 1024, 8)
+    job = {"kernel": "gemm", "model": str(model), "gpu": "H200", "tp": 1, "trials": 4, "batch_sizes": [1],
+           "kernel_source": "ours"}
+    path = root / "n.yaml"
+    path.write_text(yaml.safe_dump({"runs_dir": str(root / "runs"), "jobs": [{**job, "name": "a"}]}))
+    return path
+
+
+def no_gpu() -> bool:
+    import torch
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not no_gpu(), reason="a GPU is visible: the night would run")
+def test_a_night_without_a_device_refuses_up_front_and_writes_nothing(tmp_path, capsys):
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "job 'a'" in err[0] and "no CUDA GPU" in err[0], err
+    assert "--dry-run" in err[0] and "--synthetic" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.yaml", "tiny.yaml"]
+
+
+def test_a_dry_run_prints_every_jobs_plan_and_writes_nothing(tmp_path, capsys):
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "job a: tuner gemm" in out and "first run" in out and "studies" in out
+    assert str(tmp_path / "runs" / "n1" / "a") in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.yaml", "tiny.yaml"]
+
+
+def test_two_synthetic_nights_tune_then_keep(tmp_path, capsys):
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    runs = tmp_path / "runs-synthetic"
+    [first] = json.loads((runs / "n1" / "summary.json").read_text())
+    assert first["status"] == "fresh"
+    manifest = json.loads((runs / "n1" / "a" / "manifest.json").read_text())
+    assert manifest["tables"] and (runs / "n1" / "a" / "synthetic-fp8_gemm.jsonl.gz").is_file()
+    assert main(["nightly", str(config), "--night", "n2", "--synthetic"]) == 0
+    [second] = json.loads((runs / "n2" / "summary.json").read_text())
+    assert second["status"] == "unchanged"                # the same cost model: no drift, nothing retuned
+    assert "SYNTHETIC" in json.loads((runs / "state.json").read_text())["a"]["environment"]["device"]
+    assert not (tmp_path / "runs").exists()               # a real night's folder is never touched
+    capsys.readouterr()
