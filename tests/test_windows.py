@@ -105,8 +105,7 @@ def test_two_windows_leave_what_one_run_of_both_leaves(landscape, tmp_path, coun
         if partial is None:
             assert sorted(tuned) == MS
             continue
-        assert partial["tuned"] == sorted(tuned) and set(partial["incumbent"]) == {str(m) for m in MS} - set(
-            map(str, tuned))
+        assert partial["planned"] == MS and set(partial["incumbent"]) == {str(m) for m in MS} - set(map(str, tuned))
         for rel in entry["files"].values():
             rows = json.loads((split / rel).read_text())
             assert sorted(map(int, rows)) == MS

@@ -220,11 +220,13 @@ def with_incumbents(opts: RunPlan, results: dict[str, list[StudyResult]]) -> dic
 
 
 def _entry(opts: RunPlan, problem: Problem, results: list[StudyResult], files: dict, run_info: dict) -> dict:
-    """The manifest's entry of a table: its tuned rows, and where it is partial, which batch
-    sizes are tuned and which keep the incumbent (and whose)."""
+    """The manifest's entry of a table: its tuned rows, and where it is partial (tuner/emit/partial.py)
+    every batch size planned, and those whose row keeps the incumbent (and whose: installed or default)."""
     tuned = [r for r in results if r.stopped != NOT_TUNED]
     entry = manifest_entry(opts.kernel, problem, tuned, files, run_info)
     kept = {str(r.M): r.choice.get("row") for r in results if r.stopped == NOT_TUNED}
     if kept:
-        entry["partial"] = {"tuned": sorted(r.M for r in tuned), "incumbent": kept}
+        entry["partial"] = {"planned": sorted(r.M for r in results), "incumbent": kept,
+                            "why": "not tuned yet (the run stopped or its --minutes window ended); their rows "
+                                   "keep the incumbent, the row the engine reads today"}
     return entry
