@@ -84,6 +84,9 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
                   markdown_table(table, floatfmt=".3g"), ""]
     if header.get("traffic_lines"):
         lines += ["## Judged by traffic", "", *[f"- {line}" for line in header["traffic_lines"]], ""]
+    if header.get("verdict_lines"):
+        lines += ["## Verdict: the fastest contender per M, and the backend flag to run", "", "```",
+                  *header["verdict_lines"], "```", ""]
     wrong = [r for r in rows if r.judged().error]
     if wrong:
         lines += ["## Faster than the roofline floor: a figure is wrong", "",
@@ -145,12 +148,14 @@ def finite(x) -> float | None:
 
 
 # -- judged by traffic ---------------------------------------------------------------------------
-def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Problem], source: str) -> list[str]:
+def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Problem], source: str,
+                  noise=None) -> list[str]:
     """A bench judged by traffic: per kernel and problem, each contender's traffic-weighted
     speedup over the default (and the tuned table's over each shipped one), next to the
     plain geomean; each served M is counted at the benched M nearest to it. With a model,
     per kernel and engine, the estimated kernel time per pass of the tuned and shipped
     tables against the default."""
+    from tuner.measure.noise import within
     from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
     times: dict[tuple, dict[int, float | None]] = {}
@@ -164,8 +169,11 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
     def judged(keys, base, new, label, against):
         w = weighted(profile, (keys, base), (keys, new))
         plain = geomean([base[k] / new[k] for k in keys if base.get(k) and new.get(k)])
-        return (f"{label}: {speedup_text(w, against)}"
-                + (f" (plain geomean {plain:.2f}x over {len(keys)} batch sizes)" if plain else ""))
+        from tuner.measure.noise import speedup
+        said = (f" (within the {noise.describe()}: not a speed-up)"
+                if noise is not None and within(w.speedup, noise) else "")
+        return (f"{label}: {speedup_text(w, against)}{said}"
+                + (f" (plain geomean {speedup(plain, noise)} over {len(keys)} batch sizes)" if plain else ""))
 
     for src, pkey in groups:
         base = times.get((src, pkey, "default"))

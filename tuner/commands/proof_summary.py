@@ -111,10 +111,12 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
                   f"{len(tuned.get('tables', []))} tables, {n} entries ("
                   + "; ".join(f"{r.name} {r.status}, {r.seconds / 60:.1f} minutes" for r in tunes)
                   + "). Report: tuned/moe/report/report.md", ""]
+        from tuner.measure.noise import for_environment, speedup
+        noise = for_environment(tuned.get("environment") or env)
         for t in tuned.get("tables", []):
             who = (t.get("kernel_source") or {}).get("source", "ours")
             for m, entry in sorted((t.get("entries") or {}).items(), key=lambda kv: int(kv[0])):
-                speed = f", {entry['speedup']:.2f}x the default" if entry.get("speedup") else ""
+                speed = f", {speedup(entry['speedup'], noise)} the default" if entry.get("speedup") else ""
                 lines.append(f"- [{who}] {', '.join(t.get('files', {}).values()) or t['problem']} M={m}: "
                              + (f"{entry['time_us']:.2f} us{speed}, numerics "
                                 f"{entry.get('numerics', {}).get('status')}" if entry.get("time_us") else

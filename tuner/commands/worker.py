@@ -54,6 +54,21 @@ def run_worker(args) -> int:
     return 0
 
 
+def add_repair_parser(sub, common) -> None:
+    """`tuner repair-journal`: keep a journal's whole operations, move its damaged tail aside."""
+    rep = sub.add_parser("repair-journal", help="keep a journal's whole operations, move a damaged tail aside",
+                         description="A journal storage whose tail is damaged (NULs, random bytes) after whole "
+                         "operations: keep those operations, move the rest to FILE.damaged-tail.")
+    rep.add_argument("journal", metavar="FILE")
+
+
+def run_repair(args) -> int:
+    from tuner.search.journal_repair import repair
+    for line in repair(Path(args.journal)):
+        print(line)
+    return 0
+
+
 def add_collect_parser(sub, common) -> None:
     """`tuner collect`: write a stored run's tables."""
     collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",
@@ -79,7 +94,8 @@ def run_collect(args) -> int:
         if results:
             from tuner.emit.run_table import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
-            for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out):
+            for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out,
+                                        opts.settings.row_gain):
                 print(line)
     print(f"tables and manifest in {args.out}/")
     return 0

@@ -184,9 +184,8 @@ def with_incumbents(opts: RunPlan, results: dict[str, list[StudyResult]]) -> dic
     (its shipped table's, as the engine looks it up, else the engine's default), so that a
     partial table never makes the engine slower at a batch size it did not tune. Tables tied
     together change together: a batch size tuned in one and not the other keeps both incumbents."""
-    from tuner.pipeline.studies import incumbent_tables
+    from tuner.pipeline.studies import incumbent_tables, incumbents
     from tuner.search.tied_choice import table_default
-    from tuner.search.warm_start import incumbent
     tuned = {k: {r.M for r in rs} for k, rs in results.items()}
     for p in opts.problems:          # tied tables: the batch sizes tuned in all of them
         group = [q for q in opts.problems if q.tied_to == p.key]
@@ -202,11 +201,10 @@ def with_incumbents(opts: RunPlan, results: dict[str, list[StudyResult]]) -> dic
         if p.key not in results and not (p.tied_to and p.tied_to in out):
             continue
         rows = [r for r in results.get(p.key, []) if r.M in tuned.get(p.key, set())]
-        installed = opts.incumbents[p.key][1] if p.key in opts.incumbents else {}
         for M in (m for m in opts.ms_for(p) if m not in tuned.get(p.key, set())):
             partner = fills.get((p.tied_to, M)) if p.tied_to else None
             default = table_default(opts.kernel, p, M, partner)
-            row = incumbent(opts.kernel, installed, M)
+            row = incumbents(opts, opts.incumbents, p, M)      # as tuning takes it: [(label, config, where)]
             keep = row[0][1] if row and (not partner or all(row[0][1].get(k) == partner.get(k)
                                                              for k in p.tied_keys)) else default
             fills[(p.key, M)] = keep

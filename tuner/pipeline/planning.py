@@ -140,7 +140,9 @@ def load_common(req: TuneRequest):
     # Batches as large as the configs compiled at once on a GPU; a replay compiles nothing.
     settings = default_settings(trials, sampler=req.sampler, seed=req.seed, patience=req.patience,
                                 parallel=1 if req.replay else req.compile_workers)
-    settings.row_gain = float(req.min_gain)
+    # a gain within the between-process noise of the device timed is not a gain (tuner/measure/noise.py)
+    from tuner.measure.noise import GainThreshold, for_request
+    settings.row_gain = GainThreshold(float(req.min_gain), for_request(req.device, gpu.cuda_name, req.replay))
     return model, gpu, settings
 
 

@@ -109,38 +109,45 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
                     down_rows[0] if down_rows else None)
                 _, tied_r = race_tied(runner, up, problem, M, up_r, tied_r, pairs, opts.settings.row_gain)
             r = tied_r
-    progress.end_study(summary(r, time_unit(opts)))
+    progress.end_study(summary(r, time_unit(opts), getattr(opts.settings.row_gain, "noise", None)))
     sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
     if after_study:
         after_study()           # the tables as far as they go: a stopped run keeps them
     return True
 
 
-def incumbent_tables(opts: RunPlan) -> dict[str, tuple[str, dict, str]]:
-    """{problem key: (label, rows, where)} of the table a tuned row must beat: --baseline's,
-    else the one the engine reads today on this GPU (tuner/pipeline/incumbents.py); a problem
-    without one is not in it (its default config is the incumbent)."""
-    out: dict[str, tuple[str, dict, str]] = {}
+def incumbent_tables(opts: RunPlan) -> dict[str, list[tuple[dict, str]]]:
+    """{problem key: [(rows, where)]} of the tables a tuned row must beat: --baseline's, else
+    the one each engine of the problem reads today on this GPU (tuner/pipeline/incumbents.py),
+    where every such engine reads one; a problem not in it has the default as incumbent."""
+    from tuner.plan.engines import TABLE_FAMILIES
+    out: dict[str, list[tuple[dict, str]]] = {}
     found: dict = {}
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         if baseline:
-            out[problem.key] = ("installed", baseline, f"--baseline {opts.baseline}")
+            out[problem.key] = [(baseline, f"--baseline {opts.baseline}")]
             continue
         if opts.kernel.emit_table is not None:
             continue                    # our own format: no engine reads it
+        readers = [e for e in problem.engines if e in opts.engines and (e, opts.kernel.table_kind) in TABLE_FAMILIES]
         tables = engine_tables(opts.kernel, problem, opts.gpu, opts.engines, opts.request.engine_source, found)
-        if tables:
-            out[problem.key] = ("installed", tables[0].rows, tables[0].where)
+        if tables and len(tables) == len(readers):
+            out[problem.key] = [(t.rows, t.where) for t in tables]
     return out
 
 
 def incumbents(opts: RunPlan, installed: dict, problem: Problem, M: int) -> list[tuple]:
-    """[(label, the row the engine reads at M: the nearest key, where)] ([] where it reads none)."""
-    if problem.key not in installed:
+    """[("installed", the row the engine reads at M: the nearest key, where)]; [] where it
+    reads none, or where the engines sharing this problem's one row (a table written for
+    both) read different rows at M: the default is the incumbent then, as before any table."""
+    from tuner.plan.kernel_api import config_tuple
+    rows = [(incumbent(opts.kernel, r, M), where) for r, where in installed.get(problem.key, [])]
+    if not rows or not all(r for r, _ in rows):
         return []
-    label, rows, where = installed[problem.key]
-    return [(lb, cfg, where) for lb, cfg in incumbent(opts.kernel, rows, M)]
+    if len({config_tuple(opts.kernel, r[0][1]) for r, _ in rows}) > 1:
+        return []
+    return [(rows[0][0][0][0], rows[0][0][0][1], "; ".join(where for _, where in rows))]
 
 
 def by_key(opts: RunPlan) -> dict[str, Problem]:
@@ -187,12 +194,13 @@ def label(problem: Problem) -> str:
     return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
 
 
-def summary(r: StudyResult, unit: str = "us") -> str:
+def summary(r: StudyResult, unit: str = "us", noise=None) -> str:
     if r.resumed:
-        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit)
+        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit, noise)
     if r.config is None:
         why = r.numerics.get('detail', r.stopped)
         return f"no config ({why}; first failure: {r.first_failure})" if r.timed_nothing and r.first_failure \
             else f"no config ({why})"
-    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    from tuner.measure.noise import speedup
+    sp = f", {speedup(r.speedup, noise)} default" if r.speedup else ""
     return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"

@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from tuner.measure.measurers import Measurer
+from tuner.measure.noise import threshold_text
 from tuner.plan.kernel_api import Config, KernelSpec, config_tuple
 from tuner.plan.problems import Problem
 
@@ -82,10 +83,10 @@ def verdict(g: PairedGain, min_gain: float) -> tuple[bool, str]:
         return False, "the tuned config failed in the paired re-time"
     spread = f"spread {g.spread:.1%} over {g.pairs} pairs"
     if g.gain <= min_gain:
-        return False, f"gain {g.gain:+.1%} ({spread}) is not above --min-gain {min_gain:.0%}"
+        return False, f"gain {g.gain:+.1%} ({spread}) is not above {threshold_text(min_gain)}"
     if g.low <= 0:
         return False, f"gain {g.gain:+.1%} but not in most pairs ({spread}, p20 {g.low:+.1%})"
-    return True, f"gain {g.gain:+.1%} ({spread}) above --min-gain {min_gain:.0%}"
+    return True, f"gain {g.gain:+.1%} ({spread}) above {threshold_text(min_gain)}"
 
 
 def choose_row(kernel: KernelSpec, measurer: Measurer, result, incumbents: list[tuple],
@@ -136,5 +137,8 @@ def choice_short(choice: dict | None) -> str:
     was measured ('default +1.8%'), for a terminal table's column; the why is choice_text's."""
     if not choice:
         return "tuned"
-    gain = choice.get("gain")
-    return f"{choice.get('kept', 'tuned')}" + (f" {gain:+.1%}" if isinstance(gain, (int, float)) else "")
+    gain, kept = choice.get("gain"), choice.get("kept", "tuned")
+    if isinstance(gain, (int, float)):
+        return f"{kept} {gain:+.1%}"
+    # no pair timed: the search's best was the incumbent itself (nothing to gain), or none could be timed
+    return f"{kept} (same)" if choice.get("incumbent") == kept else kept
