@@ -17,7 +17,6 @@ is tuner/search/stopping.py's.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 import warnings
@@ -43,7 +42,7 @@ from tuner.search.settings import SearchSettings, StudyResult, default_settings,
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
 from tuner.search.warm_start import is_warm, seeds_by_source
-from tuner.search.window import Window, WindowClosed
+from tuner.search.window import Window, measuring_in
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
@@ -104,11 +103,9 @@ class StudyRunner:
         self._queue_seeds(study, target)
         try:
             stopped, measured = self._search(study, target)
-            # re-timing the finalists and checking them: as long as the longest close so far, at least
-            # two batches; in this window or the next
-            if self.window and not self.window.fits(max(self.window.finish_s, 2 * self._batch_seconds(study))):
-                raise WindowClosed()
-            with self._measuring(closing=True):
+            if self.window:       # the finalists timed again and checked: in this window, or the next
+                self.window.before_close(study.get_trials(deepcopy=False))
+            with measuring_in(self.window, closing=True):
                 result = self._finish(problem, M, measured, target.default, stopped)
                 # the row changes only for a real gain over what the engine runs today (an installed row, else
                 # the default)
@@ -249,8 +246,8 @@ class StudyRunner:
             stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle)
             if stopped:
                 return stopped, measured
-            if self.window and not self.window.fits(self._batch_seconds(study)):
-                raise WindowClosed()       # the trials measured so far stay: the next window goes on
+            if self.window:     # no time for another batch: the trials measured so far stay for the next window
+                self.window.before_batch(trials)
             room = budget - len(measured) - len(running)
             if room <= 0:                     # the last trials are out with other workers
                 self._wait(study, target)
@@ -321,22 +318,11 @@ class StudyRunner:
     def _measure(self, study: optuna.Study, target: _Target,
                  batch: list[tuple[optuna.Trial, Config]]) -> list[Measurement]:
         with measuring(self.storage, batch):
-            with self._measuring():
+            with measuring_in(self.window):
                 results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
             for (trial, _), m in zip(batch, results):
                 self._tell(study, trial, m)
         return results
-
-    def _measuring(self, closing: bool = False):
-        """Measuring, which the window's deadline may cut (tuner/search/window.py)."""
-        return self.window.measuring(closing) if self.window else contextlib.nullcontext()
-
-    def _batch_seconds(self, study: optuna.Study) -> float:
-        """What the next batch is expected to take: the longest batch measured in this window, or
-        the longest this study's measured trials took from ask to tell (an earlier window's too)."""
-        took = [(tr.datetime_complete - tr.datetime_start).total_seconds()
-                for tr in study.get_trials(deepcopy=False) if counts(tr) and tr.datetime_start and tr.datetime_complete]
-        return max([self.window.longest_s if self.window else 0.0, *took])
 
     def _wait(self, study: optuna.Study, target: _Target) -> None:
         """Other workers hold the last trials: look again after a while, failing theirs

@@ -51,6 +51,25 @@ class Window:
             self.closed = True
         return not self.closed
 
+    def batch_seconds(self, trials) -> float:
+        """What the next batch is expected to take: the longest batch measured in this window, or
+        the longest of the study's measured trials (Optuna FrozenTrials) from ask to tell (an
+        earlier window's too)."""
+        from tuner.search.storage import counts
+        took = [(t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+                if counts(t) and t.datetime_start and t.datetime_complete]
+        return max([self.longest_s, *took])
+
+    def before_batch(self, trials) -> None:
+        if not self.fits(self.batch_seconds(trials)):
+            raise WindowClosed()
+
+    def before_close(self, trials) -> None:
+        """A study's close (its finalists timed again, checked): as long as the longest close so
+        far, and at least two batches."""
+        if not self.fits(max(self.finish_s, 2 * self.batch_seconds(trials))):
+            raise WindowClosed()
+
     @contextlib.contextmanager
     def measuring(self, closing: bool = False) -> Iterator[None]:
         """Measuring a batch (closing: a study's finalists): the deadline's alarm may cut it
@@ -90,3 +109,8 @@ class Window:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, before)
+
+
+def measuring_in(window: Window | None, closing: bool = False):
+    """Measuring in a window (which its deadline may cut), or without one."""
+    return window.measuring(closing) if window is not None else contextlib.nullcontext()
