@@ -82,3 +82,43 @@ def test_a_damaged_sqlite_storage_is_one_line(tmp_path, capsys, command):
     rc = main([command, *argv])
     err = capsys.readouterr().err
     assert rc == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_routing_store_on_a_full_disk_says_so_and_leaves_nothing(tmp_path):
+    """The file size limit (as `ulimit -f`) stands for a full disk. Before: numpy's writer
+    raised 'N requested and 0 written' with no errno (an internal error) and left its
+    temporary in OUT/routing/."""
+    import errno
+    import resource
+    import signal
+    ids = np.random.default_rng(0).integers(0, 256, size=(1, 20_000, 8)).astype(np.int32)
+    routing = rt.RecordedRouting(ids, "test", "r")
+    folder = tmp_path / "routing"
+    folder.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, hard))
+    try:
+        with pytest.raises(OSError) as e:
+            rt.install(routing, folder)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert e.value.errno in (errno.EFBIG, errno.ENOSPC)
+    assert list(folder.iterdir()) == []
+
+
+def test_an_extraction_of_another_engine_is_not_replaced(tmp_path, capsys):
+    """Before: `engine-source extract --engine sglang --out DIR` replaced vLLM's extraction in
+    DIR without a word (exit 0)."""
+    import json
+
+    from tuner.cli import main
+    out = tmp_path / "src"
+    out.mkdir()
+    (out / "tuner-engine-source.json").write_text(json.dumps({"engine": "vllm", "version": "0.33.0", "files": {}}))
+    (out / "kept.py").write_text("x = 1\n")
+    assert main(["engine-source", "extract", "--engine", "sglang", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds vllm's extracted source, not sglang's" in err and len(err.strip().splitlines()) == 1, err
+    assert (out / "kept.py").read_text() == "x = 1\n"
