@@ -110,13 +110,16 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     if chosen:
         min_gain = next((r.choice["min_gain"] for rs in results.values() for r in rs
                          if r.choice and r.choice.get("min_gain") is not None), None)
-        where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above "
-                     + (threshold_text(threshold if threshold is not None else min_gain) if min_gain is not None
-                        else "--min-gain"))
+        # two lines: the noise's wording alone runs 70 columns
+        where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above")
+        where.append("     " + (threshold_text(threshold if threshold is not None else min_gain) if min_gain is not None
+                                else "--min-gain"))
         if any(choice_short(r.choice).endswith(" (same)") for rs in results.values() for r in rs):
             where.append("row (same): the search's best is the incumbent's config itself: no pair to time")
     if noise is not None and any(within(r.speedup, noise) for rs in results.values() for r in rs):
-        where.append(f"speedup ~: within the {noise.describe()}: not a speed-up")
+        # the figure's source on a line of its own: a path can be any length
+        where.append(f"speedup ~: within the {noise.spread:.1%} between processes on {noise.device}: not a speed-up")
+        where.append(f"     (the noise as recorded in {noise.source})")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
     return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9))

@@ -39,9 +39,11 @@ def for_device(device: str | None, synthetic: bool = False) -> Noise | None:
     if not device or synthetic or is_cpu_device_name(device) or not NOISE_DIR.is_dir():
         return None
     for path in sorted(NOISE_DIR.glob("*.json")):
+        from tuner.errors import TunerError
+        from tuner.reading import read_text
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_text(path, "a noise record "))
+        except (OSError, ValueError, TunerError):
             continue
         spread = (data.get("between_process") or {}).get("spread") if isinstance(data, dict) else None
         if (data.get("format") == FORMAT and data.get("device") == device and isinstance(spread, (int, float))
@@ -108,9 +110,12 @@ def threshold_text(threshold: float) -> str:
     return f"--min-gain {float(threshold):.0%}"
 
 
-def for_request(device_kind: str, cuda_name: str, replay: str | None) -> Noise | None:
+def for_request(device_kind: str, cuda_name: str, replay: str | None, synthetic: bool = False) -> Noise | None:
     """The noise of what a tuning run will time: the GPU's own on a GPU, the recording device's for
-    a replayed landscape recorded on a GPU, none on the CPU device or a synthetic landscape."""
+    a replayed landscape recorded on a GPU, none on the CPU device or a synthetic landscape (a
+    --synthetic run makes its landscape after planning, so its flag says so, not the header)."""
+    if synthetic:
+        return None
     if replay:
         from tuner.measure.landscape import read_header
         try:

@@ -142,7 +142,8 @@ def load_common(req: TuneRequest):
                                 parallel=1 if req.replay else req.compile_workers)
     # a gain within the between-process noise of the device timed is not a gain (tuner/measure/noise.py)
     from tuner.measure.noise import GainThreshold, for_request
-    settings.row_gain = GainThreshold(float(req.min_gain), for_request(req.device, gpu.cuda_name, req.replay))
+    settings.row_gain = GainThreshold(float(req.min_gain), for_request(req.device, gpu.cuda_name, req.replay,
+                                                                      synthetic=req.synthetic))
     return model, gpu, settings
 
 
