@@ -255,7 +255,8 @@ def test_the_shell_wrapper_bundles_into_the_device_tools_out(tmp_path):
     out_dir = tmp_path / "OUT"
     out_dir.mkdir()
     env = {**os.environ, "OUT": str(out_dir), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    r = subprocess.run(["bash", "scripts/gpu_proof.sh", "--device", "cpu", "--gpu", "H200", "--minutes", "10",
+    # --minutes 60: a rehearsal's boxes keep the GPU's proportions to it (the environment's: 100 s)
+    r = subprocess.run(["bash", "scripts/gpu_proof.sh", "--device", "cpu", "--gpu", "H200", "--minutes", "60",
                         "--out", str(tmp_path / "res" / "H200-x"), "--steps", "environment"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -43,10 +43,13 @@ class Profile:
     landscape_space: str | None = None   # a YAML written into the folder (the rehearsal's small grid)
     ours_only: tuple[str, ...] = ()      # ours validated on these problems only (the GPU: every one)
     window_gemm_only: tuple[str, ...] = ()   # the window's GEMM shapes (the GPU: every one of the model)
+    patience: int | None = None          # None: as many as the trials
 
 
+# The window's search settings are the committed state's (tuned/NVIDIA_H200/manifest.json: budget 32,
+# patience 16), so that its studies continue as one run would, at the cost per study measured.
 GPU_PROFILE = Profile("deepseek-v3", 8, tuple(DEFAULT_BATCH_SIZES), 16, (1, 256), tuple(GEMM_SHAPES),
-                      (1, 64), (64, 256), None, min(16, os.cpu_count() or 1), 90, 48, 2)
+                      (1, 64), (64, 256), 32, min(16, os.cpu_count() or 1), 90, 48, 2, patience=16)
 # configs/examples/small-moe.json: its GEMM shapes are (768, 256), (256, 256), (512, 256); 8 experts,
 # top-2. Every launch path a GPU call takes, at least once, under the capture rules: vLLM's
 # small-batch path (M * topk * 4 <= E) at M=1 (tune-vllm), its alignment at M=16 (the smoke, as on
@@ -161,7 +164,7 @@ class ProofSteps:
             *(["--dtype", "fp8_w8a8"] if kind == "moe" else []), *(["--only", *only] if only else []),
             "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
             "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
-            *(["--patience", str(trials)] if trials else []),
+            *(["--patience", str(self.profile.patience or trials if window else trials)] if trials else []),
             *(["--baseline", str(baseline[0])] if baseline else []),
             *self.measuring_args(), "--out", str(out), "--quiet"), log, window)
 
@@ -261,7 +264,7 @@ class ProofSteps:
         if load_model(self.model()).is_mla:
             cmds.append(Command(f"the {self.model()} MLA decode table", self.tuner(
                 "mla", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp),
-                *(["--trials", str(p.trials), "--patience", str(p.trials)] if p.trials else []),
+                *(["--trials", str(p.trials), "--patience", str(p.patience or p.trials)] if p.trials else []),
                 *self.measuring_args(), "--out", str(state), "--quiet"), "logs/window-mla.txt", window=True))
         return cmds + self.step_landscapes()
 
