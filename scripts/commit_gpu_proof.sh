@@ -9,20 +9,21 @@
 #    manifest, studies journal) in place of tuned/<device>/, each table the window has not finished
 #    marked partial in the manifest (scripts/mark_partial.py), and its landscape, if any, beside the
 #    committed ones in landscapes/<device>/;
-# 4. commits those paths (git add + commit; --no-commit leaves them staged).
+# 4. commits those paths (git add + commit; --no-commit leaves them staged). $PYTHON: the Python to use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tarball=${1:?give the tarball the device command returned}
 commit=1
+py=${PYTHON:-python3}     # the Python with the project's requirements
 [ "${2:-}" = "--no-commit" ] && commit=0
-top=$(tar tzf "$tarball" | awk -F/ 'NR == 1 {print $1 "/" $2 "/" $3}')
+top=$(tar tzf "$tarball" | awk -F/ '!found && $1 == "bench" && $2 == "results" && $3 != "" {print $1 "/" $2 "/" $3; found = 1}')
 case "$top" in
-  bench/results/*) ;;
+  bench/results/?*) ;;
   *) echo "commit_gpu_proof: $tarball does not unpack under bench/results/ ($top)" >&2; exit 2 ;;
 esac
 tar xzf "$tarball"
 gpu=$(basename "$top" | cut -d- -f1)
-python3 -m tuner proof --call local --gpu "$gpu" --out "$top" || true
+"$py" -m tuner proof --call local --gpu "$gpu" --out "$top" || true
 paths=("$top")
 for state in "$top"/tuned/*/; do
   [ -f "$state/manifest.json" ] || continue
@@ -30,7 +31,7 @@ for state in "$top"/tuned/*/; do
   [ "$device" = "CPU_DEVICE" ] && { echo "commit_gpu_proof: $state is a CPU-device rehearsal: not committed under tuned/" >&2; continue; }
   rm -rf "tuned/$device.new" && cp -r "$state" "tuned/$device.new"
   rm -rf "tuned/$device.new/report"
-  python3 scripts/mark_partial.py "tuned/$device.new"
+  "$py" scripts/mark_partial.py "tuned/$device.new"
   rm -rf "tuned/$device" && mv "tuned/$device.new" "tuned/$device"
   paths+=("tuned/$device")
   for land in "$top"/landscapes/*.jsonl.gz; do
