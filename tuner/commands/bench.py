@@ -118,7 +118,8 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
     source = time_source(measurer.environment(), measurer.label)
     for problem in problems:
         for M in batch_sizes[problem.key]:
-            floor = ceilings.floor_us(kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M))
+            nbytes, flops = kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M)
+            floor = ceilings.floor_us(nbytes, flops)
             cands = contenders(kernel, gpu, problem, M, baselines, tuned, landscape)
             # one call: the configs are timed under the same conditions
             unique = {json.dumps(c.config, sort_keys=True): c.config for c in cands}
@@ -128,7 +129,9 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
                 m = times[json.dumps(c.config, sort_keys=True)]
                 mine.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
                                      floor, source, m.error))
-            rows += mine + reference_rows(kernel, problem, M, floor, measurer)
+            for row in (here := mine + reference_rows(kernel, problem, M, floor, measurer)):
+                row.roofline = (nbytes, flops, ceilings)     # a time beating the floor: which figure is wrong
+            rows += here
             best = min((r for r in mine if r.time_us), key=lambda r: r.time_us or math.inf, default=None)
             progress(f"{kernel.source_label} {problem.key} M={M}: "
                      + (f"best {best.contender} {best.time_us:.2f} us ({short_label(measurer.environment())})"
@@ -257,7 +260,9 @@ def run(args) -> int:
                                                                     "kernel": kernel_name}, out)
         if profile is not None:
             header["traffic"] = profile.as_manifest()
-            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"])
+            from tuner.measure.noise import for_environment
+            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"],
+                                                    for_environment(header))
         json_path, md_path = write_outputs(rows, out, header)
     finally:
         for m in measurers:
