@@ -41,8 +41,8 @@ def test_no_speed_up_is_printed_within_the_noise():
     assert noise.speedup(0.98, n, compact=True) == "~0.98x"
     assert noise.speedup(1.05, n) == "1.05x" and noise.speedup(1.02, None) == "1.02x"
     from tuner.pipeline.studies import summary
-    from tuner.search.settings import StudyResult
     from tuner.plan.problems import Problem
+    from tuner.search.settings import StudyResult
     r = StudyResult(Problem("fp8_gemm", {"N": 1}), 16, (1,), 100.0, 0.01, (2,), 102.0, 8, "budget")
     assert "1.02x (within the 3.1% between-process noise) default" in summary(r, "us", n)
 
@@ -80,3 +80,25 @@ def test_a_gain_within_the_devices_noise_keeps_the_incumbent(tmp_path, capsys, n
     assert entry["config"] == table_entry(KERNEL, default) or entry["config"] == default
     printed = capsys.readouterr().out
     assert "not above the between-process noise 4.0% on NVIDIA H200" in printed
+
+
+def test_drift_calls_a_difference_within_the_noise_a_tie(tmp_path, capsys, noisy_h200, monkeypatch):
+    land, default = near_ties(tmp_path, 0.975)            # the table's config: 2.6% faster than the default
+    recorded = tmp_path / "recorded.jsonl"
+    lines = land.read_text().splitlines(keepends=True)
+    head = json.loads(lines[0])
+    head.pop("synthetic", None)
+    recorded.write_text(json.dumps(head) + "\n" + "".join(lines[1:]))
+    assert main(["gemm", "--model", "deepseek-v3", "--tp", "8", "--only", "N=7168,K=2048", "--batch-sizes", str(M),
+                 "--gpu", "H200", "--replay", str(land), "--trials", "16", "--kernel-source", "ours",
+                 "--out", str(tmp_path / "res"), "--quiet"]) == 0          # synthetic: the 2.6% gain is kept
+
+    def drift(landscape):
+        out = tmp_path / f"drift-{landscape.stem}.json"
+        assert main(["drift", str(tmp_path / "res"), "--gpu", "H200", "--replay", str(landscape),
+                     "--kernel-source", "ours", "--out", str(out)]) == 0
+        return {r["verdict"] for r in json.loads(out.read_text())}       # vLLM's and SGLang's tables
+    assert drift(land) == {"wins"}                        # a synthetic landscape carries no noise
+    assert drift(recorded) == {"same"}                     # recorded on the H200: 2.6% is within its 4%
+    monkeypatch.setattr(noise, "NOISE_DIR", tmp_path / "none")
+    assert drift(recorded) == {"wins"}

@@ -56,6 +56,7 @@ def _commands() -> list[tuple[str, Callable[..., None], Callable[[argparse.Names
         ("proof", proof.add_parser, proof.run),
         ("worker", worker.add_worker_parser, worker.run_worker),
         ("collect", worker.add_collect_parser, worker.run_collect),
+        ("repair-journal", worker.add_repair_parser, worker.run_repair),
     ]
 
 
@@ -138,6 +139,9 @@ def _trust_engine_source(args) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     import signal
+
+    from tuner.search import window
+    started = window.now()             # a --minutes window counts from here: the command's start
     _setup_logging()
     parser = build_parser()
     previous = None
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
+        args.argv = list(sys.argv[1:] if argv is None else argv)     # the command that continues a window
+        args.started = started
         trust_before = _trust_engine_source(args)
         restore_trust = True
         if getattr(args, "device", None) == "cpu":

@@ -84,6 +84,9 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
                   markdown_table(table, floatfmt=".3g"), ""]
     if header.get("traffic_lines"):
         lines += ["## Judged by traffic", "", *[f"- {line}" for line in header["traffic_lines"]], ""]
+    if header.get("verdict_lines"):
+        lines += ["## Verdict: the fastest contender per M, and the backend flag to run", "", "```",
+                  *header["verdict_lines"], "```", ""]
     wrong = [r for r in rows if r.judged().error]
     if wrong:
         lines += ["## Faster than the roofline floor: a figure is wrong", "",
@@ -167,7 +170,8 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
         w = weighted(profile, (keys, base), (keys, new))
         plain = geomean([base[k] / new[k] for k in keys if base.get(k) and new.get(k)])
         from tuner.measure.noise import speedup
-        said = (f" (within the {noise.describe()}: not a speed-up)" if within(w.speedup, noise) else "")
+        said = (f" (within the {noise.describe()}: not a speed-up)"
+                if noise is not None and within(w.speedup, noise) else "")
         return (f"{label}: {speedup_text(w, against)}{said}"
                 + (f" (plain geomean {speedup(plain, noise)} over {len(keys)} batch sizes)" if plain else ""))
 

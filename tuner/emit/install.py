@@ -13,7 +13,9 @@ cleared first. Replaced files are backed up outside the engine's folders, and `t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
@@ -47,6 +49,7 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
 from tuner.plan.batch_keys import batch_key
 from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
 
+log = logging.getLogger("tuner")
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
 # each engine's MoE config-folder variable (--moe-config-dir)
 ENV_VARS = {e: table_family(e, "fused_moe").env_var for e in ENGINE_NAMES}
@@ -360,14 +363,24 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
     `lock=False`: the caller holds the install lock of every target folder already (a
     --merge planned under it)."""
     backup_root = backup_root or BACKUP_ROOT
-    everything = list(extra) + list(copies)
+    # one write per file, the last one asked (ours over a shipped table copied along), every
+    # path absolute: a restore from another folder finds the same files
+    last = {os.path.abspath(c.dest): c for c in [*extra, *copies]}
+    everything = [dataclasses.replace(c, dest=Path(d), root=Path(os.path.abspath(c.root))) for d, c in last.items()]
     roots = sorted({c.root for c in everything}, key=str)
+    for c in everything:                         # every target checked before the first write
+        if not inside(c.dest, c.root) or c.dest == c.root:
+            raise TunerError(f"{c.dest} is outside {c.root}: refusing to write there (nothing was installed)")
     with locked(roots, backup_root) if lock else contextlib.nullcontext():
         clear_leftovers(roots, engine, backup_root)
+        for undone in backups.interrupted(engine, backup_root, roots):
+            log.warning("%s", f"an interrupted install into these folders is rolled back first: "
+                        f"{backups.describe(undone, read_record(undone, engine))}")
+            backups.undo(undone, read_record(undone, engine), engine)
         check_destinations(everything)
         check_writable_folders([c.dest for c in everything] + [backup_root / "x" / "x"])
         texts = [c.content() for c in everything]
-        final = {str(c.dest): sha256_of(t.encode()) for c, t in zip(everything, texts)}   # the last write wins
+        final = {str(c.dest): sha256_of(t.encode()) for c, t in zip(everything, texts)}
         backup, seq = new_backup_folder(engine, backup_root)
         entries = []
         for i, c in enumerate(everything):
@@ -389,10 +402,12 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 entry["timed_on"] = c.timed_on
             entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
-        atomic_write_json(backup / RECORD, {"engine": engine, "sequence": seq, "installed": now_iso(),
-                                            "roots": [str(r) for r in roots], "files": entries}, root=backup_root)
+        record = {"engine": engine, "sequence": seq, "installed": now_iso(), "state": backups.WRITING,
+                  "roots": [str(r) for r in roots], "files": entries}
+        atomic_write_json(backup / RECORD, record, root=backup_root)
         for c, text in zip(everything, texts):
             atomic_write_text(c.dest, text, root=c.root)
+        atomic_write_json(backup / RECORD, {**record, "state": backups.DONE}, root=backup_root)
     return backup
 
 
@@ -400,9 +415,9 @@ def latest_backup(engine: str, backup_root: Path | None = None) -> Path:
     return backups.latest_backup(engine, backup_root or BACKUP_ROOT)
 
 
-def restore(engine: str, backup_root: Path | None = None) -> list[str]:
-    """Undo the last install for an engine (tuner/emit/backups.py)."""
-    return backups.restore(engine, backup_root or BACKUP_ROOT)
+def restore(engine: str, backup_root: Path | None = None, roots: list[Path] | None = None) -> list[str]:
+    """Undo the last install for an engine, or into `roots` (tuner/emit/backups.py)."""
+    return backups.restore(engine, backup_root or BACKUP_ROOT, roots)
 
 
 def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:

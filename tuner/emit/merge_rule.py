@@ -11,6 +11,7 @@ was kept, and why, goes in the new backup record and is said.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e:
     from tuner.emit.backups import order_key
     from tuner.errors import TunerError
     from tuner.reading import read_json_file
+    dest_abs = os.path.abspath(dest)
     records = [(k, r) for r in backup_root.glob(f"{engine}-*/{RECORD}")
                if (k := order_key(r.parent, engine)) is not None and not r.parent.is_symlink()]
     for _, record in sorted(records, reverse=True):
@@ -63,7 +65,8 @@ def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e:
         except TunerError:
             continue
         for entry in data.get("files", []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and entry.get("dest") == str(dest) and wanted(entry):
+            if isinstance(entry, dict) and isinstance(entry.get("dest"), str) \
+                    and os.path.abspath(entry["dest"]) == dest_abs and wanted(entry):
                 return entry
     return None
 

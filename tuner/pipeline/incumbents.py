@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.plan.gpus import GpuSpec
@@ -24,6 +24,7 @@ log = logging.getLogger("tuner")
 class EngineTable:
     """The table one engine reads for one problem: its rows ({"M": config}) and where from."""
     engine: str
+    label: str        # "sglang 0.5.23"
     rows: dict
     where: str        # "sglang 0.5.23 .../configs/triton_3_5_1/E=...json (Triton fallback, Triton 3.6.0)"
 
@@ -72,5 +73,5 @@ def engine_tables(kernel: KernelSpec, problem: Problem, gpu: GpuSpec, engines: l
         if rows:
             where = (f"{inst.label} {resolved.files.display(resolved.rel or '')} ({resolved.how}, "
                      f"Triton {inst.triton})")
-            out.append(EngineTable(engine, rows, where))
+            out.append(EngineTable(engine, inst.label, rows, where))
     return out

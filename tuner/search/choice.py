@@ -137,5 +137,8 @@ def choice_short(choice: dict | None) -> str:
     was measured ('default +1.8%'), for a terminal table's column; the why is choice_text's."""
     if not choice:
         return "tuned"
-    gain = choice.get("gain")
-    return f"{choice.get('kept', 'tuned')}" + (f" {gain:+.1%}" if isinstance(gain, (int, float)) else "")
+    gain, kept = choice.get("gain"), choice.get("kept", "tuned")
+    if isinstance(gain, (int, float)):
+        return f"{kept} {gain:+.1%}"
+    # no pair timed: the search's best was the incumbent itself (nothing to gain), or none could be timed
+    return f"{kept} (same)" if choice.get("incumbent") == kept else kept
