@@ -66,15 +66,20 @@ def cut(line: str, columns: int) -> str:
     return line if len(line) <= columns else line[:columns - 1] + "~"
 
 
+MESSAGE = "tuner: "          # an error's or a warning's line: one line to grep, unless a terminal shows it
+
+
 class Fitting:
     """A text stream whose complete lines are fitted (fit_line) to the width of the stream it
-    writes to; a write holding a carriage return (a redrawn progress line, which fits itself)
-    and a flushed partial line go through as they are. Everything else is the stream's."""
+    writes to, but a message line (MESSAGE) only where a terminal's width is known; a write
+    holding a carriage return (a redrawn progress line, which fits itself) and a flushed partial
+    line go through as they are. Everything else is the stream's."""
 
     def __init__(self, stream):
         self._stream = stream
         self._partial = ""
         self._columns = width(stream)
+        self._messages = self._columns if terminal_known(stream) else 1 << 30
 
     def write(self, text: str) -> int:
         if "\r" in text:
@@ -83,7 +88,9 @@ class Fitting:
         self._partial += text
         if "\n" in self._partial:
             *lines, self._partial = self._partial.split("\n")
-            self._stream.write("".join(out + "\n" for line in lines for out in fit_line(line, self._columns)))
+            self._stream.write("".join(
+                out + "\n" for line in lines
+                for out in fit_line(line, self._messages if line.startswith(MESSAGE) else self._columns)))
         return len(text)
 
     def flush(self) -> None:
