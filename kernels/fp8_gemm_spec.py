@@ -5,7 +5,7 @@ from_code), so that a plan loads neither Triton nor torch."""
 
 from __future__ import annotations
 
-from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_code
+from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Launch, Params, from_code
 
 CODE = "kernels.fp8_gemm"
 
@@ -37,6 +37,28 @@ def shared_memory(params: Params, config: Config) -> int:
     return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"]
 
 
+def work(params: Params, M: int, config: Config) -> list[Launch]:
+    """The launches of a config for the cost model: one program per (M tile, N tile, K split),
+    each loading an A and a B tile and their scales per K step; with SPLIT_K > 1 (SGLang's Hopper
+    kernel) fp32 partials, reduced by a second launch; SWAP_AB puts the N tile on the MMA's rows."""
+    N, K = params["N"], params["K"]
+    bn_s, bk_s = params["block_shape"]
+    bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    split = max(1, int(config.get("SPLIT_K", 1)))
+    tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    rows = min(bm, M)                          # masked rows past M load nothing
+    step_bytes = (rows + bn) * bk + 4 * (rows + _cdiv(bn, bn_s)) * _cdiv(bk, bk_s)
+    mma_m, mma_n = (bn, bm) if config.get("SWAP_AB") else (bm, bn)
+    partials = 4 * split * M * N if split > 1 else 0
+    main = Launch(tiles * split, _cdiv(_cdiv(K, bk), split), mma_m, mma_n, bk, step_bytes, config["num_stages"],
+                  config["num_warps"], shared_memory(params, config), bytes_moved(params, M) + partials,
+                  flops(params, M))
+    if split == 1:
+        return [main]
+    reduce = Launch(tiles, split, rows, bn, 1, 4 * rows * bn, 2, 4, 0, partials + 2 * M * N, float(M * N * split))
+    return [main, reduce]
+
+
 def sglang_default(params: Params, M: int) -> list[Config]:
     return [default_config(params, M) | {"num_stages": 3}]
 
@@ -56,6 +78,7 @@ SPEC = KernelSpec(
     bytes_moved=bytes_moved,
     default_config=default_config,
     shared_memory=shared_memory,
+    work=work,
     extra_seeds=sglang_default,
     layers_per_pass=from_code("tuner.plan.layers", "gemm_table_layers"),
     compile_only=from_code(CODE, "compile_only"),

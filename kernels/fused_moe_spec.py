@@ -6,7 +6,7 @@ the inputs and reference (kernels/fused_moe_inputs.py) are imported only when so
 
 from __future__ import annotations
 
-from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_code
+from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Launch, Params, from_code
 
 CODE = "kernels.fused_moe"
 INPUTS = "kernels.fused_moe_inputs"
@@ -91,6 +91,35 @@ def shared_memory(params: Params, config: Config) -> int:
     return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"] * elt
 
 
+def _grouped_gemm(params: Params, M: int, config: Config, n_out: int, k_in: int) -> Launch:
+    """One grouped GEMM for the cost model: each touched expert's rows in BLOCK_SIZE_M blocks
+    (the padding of its last block computed too), times the N tiles; every block streams its
+    expert's weights over K."""
+    elt = 2 if params["dtype"] == "bf16" else 1
+    bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    touched = max(expected_experts_touched(params, M), 1.0)
+    per_expert = local_pairs(params, M) / touched
+    blocks = max(1, round(touched * -(-per_expert // bm)))
+    rows = int(min(bm, max(1, round(per_expert))))
+    block = params.get("block_shape") or (bn, bk)
+    scales = 4 * (rows + -(-bn // block[0])) if params.get("block_shape") else 0
+    weights = touched * n_out * k_in * elt
+    return Launch(blocks * -(-n_out // bn), -(-k_in // bk), bm, bn, bk, (rows + bn) * bk * elt + scales,
+                  config["num_stages"], config["num_warps"], shared_memory(params, config),
+                  weights + local_pairs(params, M) * (n_out + k_in) * 2, 2.0 * local_pairs(params, M) * n_out * k_in)
+
+
+def work(params: Params, M: int, config: Config) -> list[Launch]:
+    """The grouped GEMMs a config runs (up: gate and up, 2N x K; down: K x N); a whole layer
+    timed with two tables (part "pair") runs its up GEMM with the up table's config."""
+    part = params.get("part", "op")
+    N, K = params["N"], params["K"]
+    up_cfg = {**config, **params["up_config"]} if part == "pair" and params.get("up_config") else config
+    up = [_grouped_gemm(params, M, up_cfg, 2 * N, K)] if part in ("op", "pair", "up") else []
+    down = [_grouped_gemm(params, M, config, K, N)] if part in ("op", "pair", "down") else []
+    return up + down
+
+
 def routing_note(params: Params) -> str:
     """How tokens were routed for timing, in words."""
     ep = expert_parallel(params)
@@ -131,6 +160,7 @@ SPEC = KernelSpec(
     bytes_moved=bytes_moved,
     default_config=default_config,
     shared_memory=shared_memory,
+    work=work,
     compile_only=from_code(CODE, "compile_only"),
     m_tiles=m_tiles,
     layers_per_pass=from_code("tuner.plan.layers", "moe_table_layers"),

@@ -79,6 +79,7 @@ class Source:
     slice: dict | None      # {key: value, or another key it equals}: the slice of the grid kept
     default: dict           # the project's default config (the study's seed)
     license: str
+    kinds: dict | None = None   # keys' kinds a space file would declare (tuner/plan/key_kinds.py)
 
     @property
     def pypi(self) -> tuple[str, str] | None:
@@ -121,6 +122,29 @@ SOURCES["convolution-rtx2080ti"] = Source(
     "autotuning_methodology-1.1.0/tests/autotuning_methodology/integration/mockfiles/mock_gpu.json",
     "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force (10 runs per config)", None,
     CONVOLUTION_DEFAULT, METHODOLOGY_LICENSE)
+# Kernel Tuner's "milo" benchmarks on AMD and NVIDIA GPUs (benchmark_hub's cachefiles/): the 7-parameter
+# convolution on four more GPUs (block_size_x in steps of 16: on AMD's MI250X every one that is not a
+# power of two is 11-16x slower), and a radio-astronomy dedispersion (6 parameters; defaults from the
+# benchmark's own description, kernels/dedispersion_milo.json, strides 0 as its constraints require).
+DEDISP_DEFAULT = {"block_size_x": 16, "block_size_y": 32, "tile_size_x": 1, "tile_size_y": 1,
+                  "tile_stride_x": 0, "tile_stride_y": 0}
+for _gpu in ("A6000", "MI250X", "W6600", "W7800"):
+    SOURCES[f"convolution-{_gpu.lower()}"] = Source(
+        HUB, HUB_A100_COMMIT, f"cachefiles/convolution_milo/{_gpu}.json.gz",
+        "2D convolution 4096^2, 15x15 filter, kernel_tuner brute force", None,
+        {**CONVOLUTION_DEFAULT, "block_size_x": 32, "block_size_y": 8, "use_shmem": 1}, HUB_LICENSE)
+for _gpu in ("A100", "A4000", "A6000", "MI250X", "W6600", "W7800"):
+    SOURCES[f"dedispersion-{_gpu.lower()}"] = Source(
+        HUB, HUB_A100_COMMIT, f"cachefiles/dedispersion_milo/{_gpu}.json.gz",
+        "dedispersion 2048 channels x 25000 samples, kernel_tuner brute force", None, DEDISP_DEFAULT, HUB_LICENSE)
+# Point-in-polygon (pnpoly, 4 parameters): between_method and use_method pick one of several ways
+# to compute, so they are categories; the benchmark's own defaults (kernels/pnpoly.json).
+for _gpu in ("RTX_2080_Ti", "RTX_3060_laptop", "RTX_3090", "RTX_Titan"):
+    SOURCES[f"pnpoly-{_gpu.lower().replace('_', '')}"] = Source(
+        HUB, HUB_COMMIT, f"cachefiles/KernelTuner data/pnpoly/{_gpu}.json.gz",
+        "point-in-polygon, 20e6 points, kernel_tuner brute force", None,
+        {"between_method": 1, "block_size_x": 32, "tile_size": 1, "use_method": 1}, HUB_LICENSE,
+        {"between_method": "category", "use_method": "category"})
 # Landscapes every checkout can make (their origin is on PyPI, which CI reaches).
 ALWAYS = [name for name, src in SOURCES.items() if src.pypi]
 DEFAULT_LANDSCAPES = [Path(os.environ["TUNER_REAL_LANDSCAPES"])] if os.environ.get("TUNER_REAL_LANDSCAPES") else []
@@ -195,20 +219,23 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
         entries = [e for e in entries if all(e[k] == (e[v] if isinstance(v, str) else v) for k, v in slice_.items())]
     keys = [k for k in cache["tune_params_keys"] if len(tune[k]) > 1 and k not in (slice_ or {})]
     values = {k: sorted({int(e[k]) for e in entries}) for k in keys}
+    # the MI250X caches name no device: the GPU their file is named for
+    device = cache.get("device_name") or Path(source.path).name.split(".")[0]
     size = cache.get("problem_size") or []
+    size = size if isinstance(size, list) else [size]          # pnpoly's is one number
     problem = {"kernel": cache.get("kernel_name", name), "problem_size": size}
     origin = {"repository": source.url, "commit": source.commit, "path": source.path,
-              "what": source.what, "gpu": cache["device_name"], "license": source.license,
+              "what": source.what, "gpu": device, "license": source.license,
               "units": "kernel_tuner 'time' in ms, here in us",
               "slice": slice_ and {k: (f"= {v}" if isinstance(v, str) else v) for k, v in slice_.items()},
               "fixed": {k: tune[k][0] for k in cache["tune_params_keys"] if len(tune[k]) == 1}}
     if source.pypi:
         origin["sdist"] = f"{source.pypi[0]}-{source.pypi[1]}.tar.gz (sha256 in 'commit')"
-    header = {"format": "tuner-landscape/1", "kernel": name, "device": cache["device_name"],
+    header = {"format": "tuner-landscape/1", "kernel": name, "device": device,
               "recorded": entries[0].get("timestamp") if entries else None,
               "config_keys": keys, "problem_keys": list(problem), "params": values,
               "default_config": {k: source.default[k] for k in keys}, "origin": origin,
-              "measured_on_gpu": True}
+              "measured_on_gpu": True, **({"kinds": source.kinds} if source.kinds else {})}
     out_dir.mkdir(parents=True, exist_ok=True)
     dst = out_dir / f"{name}.jsonl.gz"
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
@@ -288,6 +315,7 @@ def run(args) -> int:
     files = find_landscapes(dirs, args.only)
     out = []
     summary = []
+    raw: dict = {}
     for path in files:
         header = read_header(path)
         kernel = landscape_kernel(header)
@@ -310,6 +338,11 @@ def run(args) -> int:
             out.append(f"\n**{label}** ({len(traces)} runs, {spent:.0f} s)\n")
             import pandas as pd
             out.append(markdown_table(pd.DataFrame(rows), ".3f"))
+            raw.setdefault(path.name.split(".")[0], {})[name] = {
+                "grid": grid, "params": len(kernel.config_keys), "seconds": round(spent, 1),
+                "ratios": {str(n): [t.ratio_at(n) for t in traces] for n in CHECKPOINTS}}
+            if args.save:         # after every variant: a long run stopped keeps what it did
+                Path(args.save).write_text(json.dumps(raw, indent=1))
             summary.append({"landscape": path.name.split(".")[0], "params": len(kernel.config_keys), "grid": grid,
                             "variant": name, **{f"mean@{r['trials']}": r["mean"] for r in rows},
                             "within1%@100": rows[-1]["within 1%"],
@@ -430,6 +463,7 @@ def main() -> int:
     r.add_argument("--seeds", type=int, default=40)
     r.add_argument("--variants", nargs="*", default=["ours", "plain-tpe", "random"], choices=list(VARIANTS))
     r.add_argument("--out", help="also write the report here (Markdown)")
+    r.add_argument("--save", help="also write each run's ratio at each checkpoint here (JSON, for search_sets.py)")
     w = sub.add_parser("warm", help="cold against warm-started search on pairs of one kernel's landscapes")
     w.add_argument("--landscapes", nargs="*", help="folders of converted landscapes (as for run)")
     w.add_argument("--pairs", nargs="+", default=WARM_PAIRS, metavar="TARGET=SOURCE")

@@ -47,7 +47,8 @@ def test_landscape_synth_and_info(gemm_landscape, tmp_path, capsys):
         assert len(err.splitlines()) == 1 and f"exists and is {kind}" in err and recorded.read_text() == before
 
 
-def test_bench_over_a_landscape(gemm_landscape, tmp_path, capsys, shared_dir):
+def test_bench_over_a_landscape(gemm_landscape, tmp_path, capsys, shared_dir, monkeypatch):
+    monkeypatch.setattr(ceilings, "CEILINGS_DIR", tmp_path / "no-ceilings")     # the datasheet's figures
     out = tmp_path / "bench"
     assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(gemm_landscape),
                  "--baseline", str(shared_dir / "baselines" / "vllm-0.33.0"), "--out", str(out), "--quiet"]) == 0
@@ -103,8 +104,10 @@ def test_bench_refuses_without_gpu_or_landscape(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
-def test_ceilings_file_checks_and_fallback(tmp_path):
+def test_ceilings_file_checks_and_fallback(tmp_path, monkeypatch):
     gpu = get_gpu("H200")
+    assert ceilings.load(gpu, None).source.startswith("measured on NVIDIA H200")     # bench/ceilings/H200.json
+    monkeypatch.setattr(ceilings, "CEILINGS_DIR", tmp_path)
     assert ceilings.load(gpu, None).source.startswith("datasheet")
     good = {"format": ceilings.FORMAT, "device": "NVIDIA H200", "measured": "2026-11-22T10:00:00+00:00",
             "copy_tb_s": 4.3, "fp8_tflops": 1300.0, "bf16_tflops": 790.0}

@@ -189,7 +189,8 @@ STREAMED = {("tuner/search/storage.py", 'open(self.path, "rb") as f'),
             ("tuner/measure/landscape.py", 'open(self.partial, "rb") as src, gzip.open'),
             ("tuner/commands/proof.py", 'open(partial, "rb") as src, gzip.open')}
 READ = re.compile(r"\.read_text\(|\.read_bytes\(|json\.load\(|yaml\.(safe_)?load\(|\.readlines\(|_zip\.read\(|"
-                  r"ZipFile\([^)]*\)\.read\(|[^.]\bopen\([^)]*['\"]r")
+                  r"ZipFile\([^)]*\)\.read\(|[^.]\bopen\([^)]*['\"]r|"
+                  r"ZipFile\((?![^)]*['\"][wax]['\"])|tarfile\.open\((?![^)]*['\"][wx])")
 
 
 def test_every_reader_goes_through_the_bounded_ones():

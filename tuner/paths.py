@@ -168,6 +168,14 @@ def atomic_write_text(path: Path, text: str, root: Path | None = None) -> None:
     atomic_write_file(path, fill, root)
 
 
+def atomic_write_bytes(path: Path, data: bytes, root: Path | None = None) -> None:
+    """`data` into `path`, atomically and confined, byte for byte (see atomic_write_file)."""
+    def fill(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    atomic_write_file(path, fill, root)
+
+
 def open_for_append(path: Path, root: Path | None = None, truncate: bool = False):
     """A text file opened to stream lines into (a landscape's .partial, a step's log),
     confined to `root`, never through a symbolic link at the file itself."""

@@ -60,8 +60,10 @@ def add_parser(sub, common) -> None:
 def policy_lines(report, engine: str) -> list[str]:
     """How each table read was timed, where `tuner install` recorded it (the measurement
     policy: tuner/measure/policy.py); shipped tables say nothing of it."""
+    from tuner.emit import partial
+    from tuner.emit.audit_report import wrap
     from tuner.emit.install import BACKUP_ROOT
-    from tuner.emit.merge_rule import installed_times
+    from tuner.emit.merge_rule import installed_entry, installed_times
     from tuner.measure.policy import policy_text
     lines = []
     for ka in getattr(report, "kernels", []):
@@ -81,6 +83,9 @@ def policy_lines(report, engine: str) -> list[str]:
         else:
             said = "not recorded (a shipped table, or installed before tuner recorded it)"
         lines.append(f"measurement of {Path(ka.where).name}: {said}")
+        entry = installed_entry(Path(ka.where), engine, BACKUP_ROOT)
+        if entry is not None and (line := partial.audit_line(Path(ka.where).name, entry)):
+            lines += wrap(line)
     return lines
 
 

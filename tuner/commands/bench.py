@@ -2,8 +2,11 @@
 
 Contenders, per problem and batch size M:
   default            the engine's launch with no table (the kernel's default config);
+  shipped (<engine> reads)  the row each engine reads today at M (its installed package, or
+                     --engine-source, or $TUNER_ENGINE_WHEELS), resolved as a tuning run's
+                     incumbent is (tuner/pipeline/incumbents.py: SGLang's Triton fallback too);
   shipped <name>     each --baseline folder's table (the engines' shipped ones), its entry for M;
-  tuned              our table (--tuned RUN_DIR), its entry for M;
+  tuned              our table (--tuned RUN_DIR), its entry for M (without one, a row says so);
   landscape best     the best config of a replayed or recorded landscape, where one covers it;
   reference          an implementation outside Triton where the device's software has one
                      (GEMM: torch._scaled_mm with block scales, DeepGEMM if importable).
@@ -67,8 +70,10 @@ def tuned_table(run_dir: Path, kernel: KernelSpec, problem: Problem) -> dict | N
 
 
 def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: list[tuple[str, str]],
-               tuned: Path | None, landscape=None) -> list[Contender]:
-    """The configs (and references) to time for one problem and M."""
+               tuned: Path | None, landscape=None, engine_reads: list | None = None) -> list[Contender]:
+    """The configs (and references) to time for one problem and M: the default, the row each
+    engine reads today (`engine_reads`: tuner.pipeline.incumbents.engine_tables), each
+    --baseline folder's, ours (a `tuned` row without a config says why there is none)."""
     from tuner.pipeline.baselines import load_baseline_table
     from tuner.plan.space import load_space
     space = load_space(kernel)
@@ -76,14 +81,16 @@ def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: lis
     same = lambda entry: space.canonical(problem.params, M, gpu, config_from_entry(kernel, entry))  # noqa: E731
     out = [Contender("default", same(kernel.default_config(problem.params, M)),
                      f"{kernel.source_label}'s launch with no table")]
+    for t in engine_reads or []:
+        out.append(Contender(f"shipped ({t.label} reads)", same(lookup_nearest(t.rows, M)), t.where))
     for label, folder in baselines:
         table = load_baseline_table(folder, kernel, gpu, problem)
         if table:
             out.append(Contender(f"shipped {label}", same(lookup_nearest(table, M))))
-    if tuned is not None:
-        table = tuned_table(tuned, kernel, problem)
-        if table:
-            out.append(Contender("tuned", same(lookup_nearest(table, M))))
+    table = tuned_table(tuned, kernel, problem) if tuned is not None else None
+    out.append(Contender("tuned", same(lookup_nearest(table, M)) if table else None,
+                         "" if table else f"no tuned table for this problem and kernel in --tuned {tuned}"
+                         if tuned is not None else "no tuned table: give --tuned RUN_DIR"))
     if landscape is not None:
         best = landscape.best(problem.params, M)
         if best:
@@ -110,25 +117,45 @@ def check_tables(kernel: KernelSpec, gpu, problems: list[Problem], baselines: li
 
 
 # -- the run --------------------------------------------------------------------------------
+def shipped_reads(kernel: KernelSpec, problems: list[Problem], gpu, engines: list[str],
+                  engine_source: list[str] | None) -> dict[str, list]:
+    """{problem key: [EngineTable]}: the table each engine reads today for each problem, as
+    a tuning run's incumbent is resolved (tuner/pipeline/incumbents.py)."""
+    if kernel.emit_table is not None:
+        return {}                          # our own format: no engine reads it
+    from tuner.pipeline.incumbents import engine_tables
+    found: dict = {}
+    return {p.key: engine_tables(kernel, p, gpu, engines, engine_source, found) for p in problems}
+
+
 def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict, gpu, ceilings: Ceilings,
-                 measurer, baselines, tuned, landscape, progress=print) -> list[BenchRow]:
+                 measurer, baselines, tuned, landscape, progress=print, engines: list[str] | None = None,
+                 engine_source: list[str] | None = None) -> list[BenchRow]:
     """All contenders of every (problem, M) of one kernel, timed on `measurer`."""
     rows: list[BenchRow] = []
     check_tables(kernel, gpu, problems, baselines, tuned)
+    reads = shipped_reads(kernel, problems, gpu, engines or [], engine_source)
     source = time_source(measurer.environment(), measurer.label)
     for problem in problems:
         for M in batch_sizes[problem.key]:
-            floor = ceilings.floor_us(kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M))
-            cands = contenders(kernel, gpu, problem, M, baselines, tuned, landscape)
+            nbytes, flops = kernel.bytes_moved(problem.params, M), kernel.flops(problem.params, M)
+            floor = ceilings.floor_us(nbytes, flops)
+            cands = contenders(kernel, gpu, problem, M, baselines, tuned, landscape, reads.get(problem.key))
             # one call: the configs are timed under the same conditions
-            unique = {json.dumps(c.config, sort_keys=True): c.config for c in cands}
+            unique = {json.dumps(c.config, sort_keys=True): c.config for c in cands if c.config is not None}
             times = dict(zip(unique, measurer.measure(problem, M, list(unique.values()))))
             mine = []
             for c in cands:
+                if c.config is None:                  # a contender with nothing to time: why, in its row
+                    mine.append(BenchRow(kernel.source_label, problem.key, M, c.name, None, None, None, floor,
+                                         "-", c.note))
+                    continue
                 m = times[json.dumps(c.config, sort_keys=True)]
                 mine.append(BenchRow(kernel.source_label, problem.key, M, c.name, c.config, m.time_us, m.spread,
                                      floor, source, m.error))
-            rows += mine + reference_rows(kernel, problem, M, floor, measurer)
+            for row in (here := mine + reference_rows(kernel, problem, M, floor, measurer)):
+                row.roofline = (nbytes, flops, ceilings)     # a time beating the floor: which figure is wrong
+            rows += here
             best = min((r for r in mine if r.time_us), key=lambda r: r.time_us or math.inf, default=None)
             progress(f"{kernel.source_label} {problem.key} M={M}: "
                      + (f"best {best.contender} {best.time_us:.2f} us ({short_label(measurer.environment())})"
@@ -140,7 +167,8 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
 def add_parser(sub, common) -> None:
     """`tuner bench` and its options."""
     bench = sub.add_parser("bench", help="time every contender per batch size against the roofline",
-                           description="Per problem and M: the engine's default config, each shipped table "
+                           description="Per problem and M: the engine's default config, the row each engine reads today, "
+                           "each shipped table "
                            "(--baseline), our tuned table (--tuned), a landscape's best, and a reference outside "
                            "Triton where one exists, timed together, with their spread and their fraction of the "
                            "roofline. Writes bench-<device>-<date>.json, a Markdown report and a plot per problem.")
@@ -251,13 +279,15 @@ def run(args) -> int:
                         say(f"note: {p.key}: the landscape lacks M={','.join(str(m) for m in batch_sizes if m not in covered)}")
                     ms[p.key] = covered
                 rows += bench_kernel(kernel, probs, ms, gpu, ceilings, measurer, baselines, tuned,
-                                               landscape, progress=say)
+                                     landscape, progress=say, engines=args.engines, engine_source=args.engine_source)
                 benched.update({p.key: p for p in probs})
         header = bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": args.tp, "ep": args.ep,
                                                                     "kernel": kernel_name}, out)
         if profile is not None:
             header["traffic"] = profile.as_manifest()
-            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"])
+            from tuner.measure.noise import for_environment
+            header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"],
+                                                    for_environment(header))
         json_path, md_path = write_outputs(rows, out, header)
     finally:
         for m in measurers:

@@ -12,6 +12,7 @@ from pathlib import Path
 from tuner.measure.ceilings import Ceilings
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, time_source
+from tuner.measure.roofline import Judged, judge, judge_row
 from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text
 from tuner.plan.problems import Problem
 
@@ -29,16 +30,26 @@ class BenchRow:
     source: str                          # where the time came from
     error: str | None = None
     extra: dict = field(default_factory=dict)
+    # what the floor was made of (set by bench_kernel): which figure is wrong when a time beats it
+    roofline: tuple[float, float, Ceilings] | None = None       # (bytes moved, FLOPs, ceilings)
+
+    def judged(self) -> Judged:
+        if self.roofline is None:
+            return judge_row({"floor_us": self.floor_us, "time_us": self.time_us, "spread": self.spread})
+        nbytes, flops, c = self.roofline
+        return judge(self.time_us, self.spread, nbytes, flops, c.copy_tb_s, c.fp8_tflops, c.datasheet_copy_tb_s,
+                     c.datasheet_fp8_tflops)
 
     @property
     def roofline_fraction(self) -> float | None:
-        return self.floor_us / self.time_us if self.time_us else None
+        return self.judged().fraction
 
     def as_dict(self) -> dict:
+        j = self.judged()
         return {"kernel_source": self.kernel_source, "problem": self.problem, "M": self.M,
                 "contender": self.contender, "config": self.config, "time_us": self.time_us,
-                "spread": self.spread, "floor_us": self.floor_us, "roofline_fraction": self.roofline_fraction,
-                "time_source": self.source, "error": self.error, **self.extra}
+                "spread": self.spread, "floor_us": self.floor_us, "roofline_fraction": j.fraction,
+                "roofline_error": j.error, "roofline_wrong": j.wrong, "time_source": self.source, "error": self.error, **self.extra}
 
 
 
@@ -73,6 +84,12 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
                   markdown_table(table, floatfmt=".3g"), ""]
     if header.get("traffic_lines"):
         lines += ["## Judged by traffic", "", *[f"- {line}" for line in header["traffic_lines"]], ""]
+    wrong = [r for r in rows if r.judged().error]
+    if wrong:
+        lines += ["## Faster than the roofline floor: a figure is wrong", "",
+                  "No fraction is given for these rows (a fraction above 1 is a bug, not a result):", ""]
+        lines += [f"- {r.kernel_source} {r.problem} M={r.M} {r.contender}: {r.time_us:.3g} us, "
+                  f"{r.judged().error}" for r in wrong] + [""]
     notes = sorted({r.error for r in rows if r.contender.startswith(("reference", "torch", "DeepGEMM")) and r.error})
     if notes:
         lines += ["## References outside Triton", ""] + [f"- {n}" for n in notes] + [""]
@@ -128,12 +145,14 @@ def finite(x) -> float | None:
 
 
 # -- judged by traffic ---------------------------------------------------------------------------
-def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Problem], source: str) -> list[str]:
+def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Problem], source: str,
+                  noise=None) -> list[str]:
     """A bench judged by traffic: per kernel and problem, each contender's traffic-weighted
     speedup over the default (and the tuned table's over each shipped one), next to the
     plain geomean; each served M is counted at the benched M nearest to it. With a model,
     per kernel and engine, the estimated kernel time per pass of the tuned and shipped
     tables against the default."""
+    from tuner.measure.noise import within
     from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
     times: dict[tuple, dict[int, float | None]] = {}
@@ -147,8 +166,11 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
     def judged(keys, base, new, label, against):
         w = weighted(profile, (keys, base), (keys, new))
         plain = geomean([base[k] / new[k] for k in keys if base.get(k) and new.get(k)])
-        return (f"{label}: {speedup_text(w, against)}"
-                + (f" (plain geomean {plain:.2f}x over {len(keys)} batch sizes)" if plain else ""))
+        from tuner.measure.noise import speedup
+        said = (f" (within the {noise.describe()}: not a speed-up)"
+                if noise is not None and within(w.speedup, noise) else "")
+        return (f"{label}: {speedup_text(w, against)}{said}"
+                + (f" (plain geomean {speedup(plain, noise)} over {len(keys)} batch sizes)" if plain else ""))
 
     for src, pkey in groups:
         base = times.get((src, pkey, "default"))
@@ -185,7 +207,10 @@ def bench_table(rows: list[dict]) -> list[str]:
               f"{r['time_us']:.3g}" if isinstance(r["time_us"], float) and r["time_us"] == r["time_us"] else "-",
               f"{r['roofline_fraction']:.0%}" if isinstance(r["roofline_fraction"], float)
               and r["roofline_fraction"] == r["roofline_fraction"] else "-",
-              r["error"][:40] if isinstance(r["error"], str) else ""] for r in rows]
+              r["error"][:40] if isinstance(r["error"], str) else
+              (f"beat its floor: {r['roofline_wrong']} wrong"[:40] if r.get("roofline_error") else "")]
+             for r in rows]
     head = [f"problem: {common} and" if common else "problem:"]
     return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
                               left=(0, 1, 3, 6))
+

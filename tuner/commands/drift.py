@@ -25,6 +25,7 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     measurer). Per table and M: the table's config and the default config, timed in the
     same call."""
     from tuner.measure import ceilings
+    from tuner.measure.noise import for_environment
     from tuner.plan.engines import lookup_nearest
     from tuner.plan.kernel_api import checked_config
     from tuner.plan.space import load_space
@@ -51,7 +52,9 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
                 raise TunerError(f"{t.path}: the entry for M={key} (or its tied table's) is not a config of "
                                  f"{', '.join(kernel.config_keys)}") from None
             mine, base = measurer.measure(t.problem, M, [cfg, default])
-            band = max(noise, mine.spread or 0, base.spread or 0)
+            # the engine times the table in its own process: within the between-process noise is a tie
+            between = for_environment(measurer.environment())
+            band = max(noise, mine.spread or 0, base.spread or 0, between.spread if between else 0)
             if mine.time_us is None:
                 verdict = "fails"
             elif base.time_us is None:
@@ -142,12 +145,14 @@ class Measurers:
 
 
 def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, source: str,
-                  tp: int | None = None) -> list[str]:
+                  tp: int | None = None, device: str | None = None, synthetic: bool = False) -> list[str]:
     """Drift judged by traffic: per table, the traffic-weighted speedup of the table over the
     default (each served M timed at the entry the engine would use) next to the plain
     geomean over its entries; per engine, with a model, the estimated kernel time per pass."""
+    from tuner.measure.noise import for_device, speedup, within
     from tuner.plan.kernel_registry import get_kernel
     from tuner.plan.traffic import geomean, speedup_text, step_estimate, step_text, weighted
+    noise = for_device(device, synthetic)
     lines = [*profile.describe()]
     per_engine: dict[str, list] = {}
     missing = []
@@ -161,7 +166,9 @@ def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, sou
         w = weighted(profile, (keys, default), (keys, mine))
         plain = geomean(part["speedup"])
         lines.append(f"{t.path.name} [{t.engine}]: {speedup_text(w, 'the default')}"
-                     + (f" (plain geomean {plain:.2f}x over {len(part)} entries)" if plain else ""))
+                     + (f" (within the {noise.describe()}: not a speed-up)"
+                        if noise is not None and within(w.speedup, noise) else "")
+                     + (f" (plain geomean {speedup(plain, noise)} over {len(part)} entries)" if plain else ""))
         if model is not None:
             count = get_kernel(t.problem.kernel).layers_per_pass
             layers = count(model, t.problem.params, tp) if count else None
@@ -245,9 +252,10 @@ def run(args) -> int:
     if failed:
         print(f"tables' configs that failed, by kind: {summary(failed)}")
     if profile is not None:
-        from tuner.measure.provenance import time_source
-        for line in traffic_lines(df, tables, profile, model,
-                                  time_source(measurers.environment(), "replay" if args.replay else "gpu"), args.tp):
+        from tuner.measure.provenance import is_synthetic, time_source
+        env = measurers.environment()
+        for line in traffic_lines(df, tables, profile, model, time_source(env, "replay" if args.replay else "gpu"),
+                                  args.tp, env.get("device"), is_synthetic(env)):
             print(line)
     if args.out:
         atomic_write_json(Path(args.out), df.to_dict(orient="records"))

@@ -33,7 +33,9 @@ def add_parser(sub, common) -> None:
     inst.add_argument("--min-gain", type=fraction, default=0.02, metavar="FRACTION",
                       help="with --merge: an installed row stays unless the new one, timed on the same device under "
                       "the same measurement policy, is faster by more than this (default 0.02: 2%%)")
-    inst.add_argument("--restore", action="store_true", help="undo the last install for --engine")
+    inst.add_argument("--restore", action="store_true",
+                      help="undo the last install for --engine (with --site-packages or --moe-config-dir: the last "
+                      "into that environment or folder), finished or interrupted; it says which")
 
 
 def run(args) -> int:
@@ -41,7 +43,9 @@ def run(args) -> int:
     from tuner.emit import install as inst
 
     if args.restore:
-        for line in inst.restore(args.engine):
+        from tuner.emit.install_target import restore_roots
+        for line in inst.restore(args.engine, roots=restore_roots(args.engine, args.site_packages,
+                                                                  args.moe_config_dir)):
             print(line)
         return 0
     if not args.results:

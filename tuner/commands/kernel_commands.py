@@ -42,10 +42,11 @@ def common_options() -> Parser:
                    "(the plan lists the keys)")
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=positive, default=None,
-                   help="measured configs per batch size (default 48 for gemm, 32 for moe)")
+                   help="measured configs per batch size (default: sized by its pruned space, 2*sqrt(configs) "
+                   "within 24..160, as the plan prints; with --traffic 48 for gemm, 32 for moe and mla, split by traffic)")
     s.add_argument("--patience", type=positive, default=None,
                    help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
-                   "is measured (default trials/2)")
+                   "is measured (default half the budget)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
                    help="gp (default): a Gaussian process over the study's own candidates; tpe, random: Optuna's")
     s.add_argument("--seed", type=seed, default=0, help="sampler seed (0 to 2^32-1)")

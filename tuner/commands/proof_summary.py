@@ -111,10 +111,12 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
                   f"{len(tuned.get('tables', []))} tables, {n} entries ("
                   + "; ".join(f"{r.name} {r.status}, {r.seconds / 60:.1f} minutes" for r in tunes)
                   + "). Report: tuned/moe/report/report.md", ""]
+        from tuner.measure.noise import for_environment, speedup
+        noise = for_environment(tuned.get("environment") or env)
         for t in tuned.get("tables", []):
             who = (t.get("kernel_source") or {}).get("source", "ours")
             for m, entry in sorted((t.get("entries") or {}).items(), key=lambda kv: int(kv[0])):
-                speed = f", {entry['speedup']:.2f}x the default" if entry.get("speedup") else ""
+                speed = f", {speedup(entry['speedup'], noise)} the default" if entry.get("speedup") else ""
                 lines.append(f"- [{who}] {', '.join(t.get('files', {}).values()) or t['problem']} M={m}: "
                              + (f"{entry['time_us']:.2f} us{speed}, numerics "
                                 f"{entry.get('numerics', {}).get('status')}" if entry.get("time_us") else
@@ -128,12 +130,21 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
                   f"Roofline: {data.get('ceilings')}. Full tables and plots: {bench.relative_to(out).with_suffix('.md')}", ""]
         df = pd.DataFrame(rows)
         if not df.empty and "time_us" in df:
+            from tuner.measure.roofline import judge_row
             best = df.dropna(subset=["time_us"]).sort_values("time_us").groupby(
                 ["kernel_source", "problem", "M"], sort=False).head(1)
             best = best.sort_values(["kernel_source", "problem", "M"])
+            # a fraction above 1 is a bug, not a result: none is printed, the figure at fault is named
+            judged = [judge_row(r) for r in best.to_dict("records")]
+            best = best.assign(roofline_fraction=[j.fraction for j in judged])
             lines += ["Fastest contender per problem and M:", "",
                       markdown_table(best[["kernel_source", "problem", "M", "contender", "time_us", "roofline_fraction"]],
                                      floatfmt=".3g"), ""]
+            wrong = [(r, j) for r, j in zip(best.to_dict("records"), judged) if j.error]
+            if wrong:
+                lines += ["Faster than the roofline floor (no fraction given: a figure is wrong):", ""]
+                lines += [f"- {r['kernel_source']} {r['problem']} M={r['M']} {r['contender']}: {j.error}"
+                          for r, j in wrong] + [""]
         ratio = engine_vs_ours(rows)
         if ratio:
             lines += ["The same tables on the engine's kernel and on ours (ours / engine: how far rankings taken "

@@ -187,7 +187,9 @@ def write_report(run: Path, out: Path | None = None,
     if g:
         where = " (SYNTHETIC: not a measurement)" if "SYNTHETIC" in source else \
             " (CPU DEVICE: not a GPU's times)" if is_loud(source) else ""
-        lines += [f"Geometric-mean speedup over the engines' default config{where}: **{g:.2f}x** "
+        from tuner.measure.noise import for_environment, speedup
+        lines += [f"Geometric-mean speedup over the engines' default config{where}: "
+                  f"**{speedup(g, for_environment(manifest.get('environment')))}** "
                   f"over {df['speedup'].notna().sum()} batch sizes.", ""]
     if traffic_lines:
         lines += ["## Judged by traffic", "", *[f"- {line}" for line in traffic_lines], ""]
@@ -335,9 +337,11 @@ def run_report(args) -> int:
     from tuner.commands.report import geomean
     g = geomean(df["speedup"])
     if g:
+        from tuner.measure.noise import for_environment, speedup
+        noise = for_environment(read_manifest(run).get("environment"))
         print(f"Geometric-mean speedup over the engines' default config"
               f"{' (SYNTHETIC: not a measurement)' if 'SYNTHETIC' in source else ''}"
-              f"{' (CPU DEVICE: not a GPU time)' if 'CPU DEVICE' in source else ''}: {g:.2f}x")
+              f"{' (CPU DEVICE: not a GPU time)' if 'CPU DEVICE' in source else ''}: {speedup(g, noise)}")
     for line in traffic or []:
         print(line)
     print(f"report: {path}")

@@ -77,17 +77,19 @@ def _engines_of(entry: dict) -> list[str]:
 def traffic_report_lines(run: Path, profile, model) -> list[str]:
     """A run's tables judged by traffic: per table the traffic-weighted speedup over the
     default next to the plain geomean, and per engine the estimated kernel time per pass."""
+    from tuner.measure.noise import for_environment
     from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import step_estimate, step_text, weighted
     manifest = read_manifest(run)
     source = run_source(run)
+    noise = for_environment(manifest.get("environment"))
     lines = [*profile.describe()]
     tables = [t for t in manifest.get("tables", []) if t.get("files")]
     for t in sorted(tables, key=label):
         keys, default, tuned = table_times(t)
         w = weighted(profile, (keys, default), (keys, tuned))
         plain = geomean([d / t for d, t in ((default[k], tuned[k]) for k in keys) if d and t])
-        lines.append(f"{label(t)} [{', '.join(_engines_of(t))}]: " + _speedups(w, "the default", plain, len(keys)))
+        lines.append(f"{label(t)} [{', '.join(_engines_of(t))}]: " + _speedups(w, "the default", plain, len(keys), noise))
     lines += _step_lines(tables, lambda t: (table_times(t)[:2], (table_times(t)[0], table_times(t)[2])), profile,
                          model, source, "default", "table", layers_per_pass, step_estimate, step_text)
     return lines
@@ -96,8 +98,11 @@ def traffic_report_lines(run: Path, profile, model) -> list[str]:
 def traffic_diff_lines(old: Path, new: Path, profile, model) -> list[str]:
     """Two runs judged by traffic: per problem the traffic-weighted speedup of NEW over OLD
     (each served M timed at the entry each table would use), and the per-pass estimate."""
+    from tuner.measure.noise import for_environment
     from tuner.plan.layers import layers_per_pass
     from tuner.plan.traffic import step_estimate, step_text, weighted
+    # two runs are two processes: their ratio is noise within the device's between-process spread
+    noise = for_environment(read_manifest(new).get("environment"))
     old_tables = {label(t): t for t in read_manifest(old).get("tables", []) if t.get("files")}
     new_tables = [t for t in read_manifest(new).get("tables", []) if t.get("files") and label(t) in old_tables]
     source = f"old {run_source(old)}; new {run_source(new)}"
@@ -112,16 +117,21 @@ def traffic_diff_lines(old: Path, new: Path, profile, model) -> list[str]:
         w = weighted(profile, (ka, ta), (kb, tb))
         common = [k for k in kb if k in ta and ta[k] and tb[k]]
         plain = geomean([ta[k] / tb[k] for k in common])
-        lines.append(f"{label(t)} [{', '.join(_engines_of(t))}]: new " + _speedups(w, "old", plain, len(common)))
+        lines.append(f"{label(t)} [{', '.join(_engines_of(t))}]: new " + _speedups(w, "old", plain, len(common), noise))
     lines += _step_lines(new_tables, pair, profile, model, source, "old", "new", layers_per_pass, step_estimate,
                          step_text)
     return lines
 
 
-def _speedups(w, against: str, plain: float | None, n: int) -> str:
+def _speedups(w, against: str, plain: float | None, n: int, noise=None) -> str:
+    """The traffic-weighted and plain speedups, each said to be noise when within the device's
+    between-process spread (tuner/measure/noise.py)."""
+    from tuner.measure.noise import speedup, within
     from tuner.plan.traffic import speedup_text
     return (speedup_text(w, against)
-            + (f" (plain geomean {plain:.2f}x over {n} batch sizes)" if plain else " (plain geomean: -)"))
+            + (f" (within the {noise.describe()}: not a speed-up)"
+               if noise is not None and within(w.speedup, noise) else "")
+            + (f" (plain geomean {speedup(plain, noise)} over {n} batch sizes)" if plain else " (plain geomean: -)"))
 
 
 def _step_lines(tables, pair, profile, model, source, base, new, layers_per_pass, step_estimate, step_text):

@@ -79,7 +79,8 @@ def run_collect(args) -> int:
         if results:
             from tuner.emit.run_table import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
-            for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out):
+            for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out,
+                                        opts.settings.row_gain):
                 print(line)
     print(f"tables and manifest in {args.out}/")
     return 0

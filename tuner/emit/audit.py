@@ -51,6 +51,7 @@ from tuner.plan.table_lookup import (
     Resolved,
     gpu_family,
     resolve_table,
+    table_names,
 )
 
 
@@ -254,15 +255,8 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
     params = problem.params
     block = params.get("block_shape")
     part = params.get("part", "gemm") if kind == "fused_moe" else "gemm"
-    if kind == "fused_moe":
-        ask = dict(E=params["E"], N=params["N"], dtype=None if params["dtype"] in ("bf16", "fp16") else params["dtype"],
-                   block_shape=block)
-        name = family.lookup_name(gpu.cuda_name, **ask, down=part == "down")
-        up_name = family.lookup_name(gpu.cuda_name, **ask) if part == "down" else None
-        K = params["N"] if part == "down" else params["K"]
-    else:
-        name = family.lookup_name(gpu.cuda_name, N=params["N"], K=params["K"], block_shape=block)
-        up_name, K = None, params["K"]
+    name, up_name = table_names(family, problem, gpu.cuda_name)
+    K = params["N"] if part == "down" else params["K"]
     override_here = override if family.env_var else None
     resolved = resolve_table(family, name, inst.files, override_here, inst.triton, down_of=up_name)
     ka = KernelAudit(kind, part, problem, family, resolved)

@@ -7,11 +7,18 @@ installs in one second, or in one process, never tie, and "the last install" is 
 number, never the last name in sort order. Its record.json lists every file written, the
 copy of what it replaced (or none: a new file) and the SHA-256 of what was written.
 
-A restore undoes the last install only while every file it wrote is still as it wrote it:
-a file changed since (another install restored out of order, an engine upgrade, a hand edit)
-is not a copy that exists anywhere else, so it is refused, in one line, with nothing
-changed, rather than lost. So the last copy of what an engine shipped is never deleted: a
-backup folder is removed only once all it held is back in place.
+An install is a transaction (issue 42): its record (the resolved absolute target folders,
+each file it will write, the copy of its prior content) goes down with state "writing" before
+the first file is touched, and says "done" once the last is written. A restore undoes an
+install whatever point it was killed at: each file is as the install wrote it or still as it
+was (not reached yet), and either way ends as it was. An install that finds an interrupted
+one into its folders rolls it back first. A file that is neither (another install restored
+out of order, an engine upgrade, a hand edit) is not a copy that exists anywhere else, so
+the restore is refused, in one line, with nothing changed, rather than lost. So the last copy
+of what an engine shipped is never deleted: a backup folder is removed (renamed out of the
+installs' order first, so a kill mid-removal leaves no half record) only once all it held is
+back in place. A record is a JSON object others may add keys to; readers ignore keys they do
+not know.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.paths import (
-    atomic_write_text,
+    atomic_write_bytes,
+    atomic_write_json,
     inside,
     make_folder,
     open_for_append,
@@ -38,6 +46,9 @@ from tuner.paths import (
 from tuner.plan.engines import ENGINES
 
 RECORD = "record.json"
+# a record's state: an install under way (or killed), finished, being undone (or killed undoing)
+WRITING, DONE, UNDOING = "writing", "done", "undoing"
+RESTORED = "restored-"                  # a backup folder whose install was undone, being removed
 LOCK_WAIT_S = float(os.environ.get("TUNER_INSTALL_LOCK_WAIT", "60"))
 SEQUENCE_DIGITS = 8
 # Backup folders of installs before the sequence: <engine>-<YYYYmmddTHHMMSS>-<pid>; they sort
@@ -101,6 +112,9 @@ def clear_leftovers(folders: list[Path], engine: str, backup_root: Path) -> list
                 and time.time() - folder.stat().st_mtime > 60:
             shutil.rmtree(folder, ignore_errors=True)
             cleared.append(str(folder))
+    for folder in backup_root.glob(f"{RESTORED}{engine}-*"):      # a restore killed while removing it
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
     return cleared
 
 
@@ -133,13 +147,67 @@ def new_backup_folder(engine: str, backup_root: Path) -> tuple[Path, int]:
         return folder, seq
 
 
-def latest_backup(engine: str, backup_root: Path) -> Path:
-    """The backup of the engine's last install (with a record), by sequence."""
+def _recorded(engine: str, backup_root: Path) -> list[Path]:
+    """The engine's backup folders with a record, newest install first."""
     found = [(k, p.parent) for p in backup_root.glob(f"{engine}-*/{RECORD}")
              if (k := order_key(p.parent, engine)) is not None and not p.parent.is_symlink()]
+    return [b for _, b in sorted(found, reverse=True)]
+
+
+def real(folder) -> str:
+    return os.path.realpath(folder)
+
+
+def record_roots(record: dict) -> set[str]:
+    """The folders (real paths) an install recorded writing into: its roots, else (a record
+    from before roots were recorded) the folder of each file."""
+    roots = {real(r) for r in record.get("roots") or [] if isinstance(r, str)}
+    return roots or {real(Path(e["dest"]).parent) for e in record.get("files", [])}
+
+
+def latest_backup(engine: str, backup_root: Path, roots: list[Path] | None = None) -> Path:
+    """The backup of the engine's last install (with a record), by sequence; with `roots`, the
+    last install into those folders (every folder it wrote is one of them)."""
+    found = _recorded(engine, backup_root)
     if not found:
         raise TunerError(f"no {engine} install to restore (no backups in {backup_root})")
-    return max(found)[1]
+    if roots is None:
+        return found[0]
+    wanted = {real(r) for r in roots}
+    for backup in found:
+        with contextlib.suppress(TunerError):
+            if record_roots(read_record(backup, engine)) <= wanted:
+                return backup
+    last = ", ".join(sorted(record_roots(read_record(found[0], engine))))
+    raise TunerError(f"no {engine} install into {', '.join(sorted(wanted))} to restore (the last {engine} install "
+                     f"went to {last})")
+
+
+def interrupted(engine: str, backup_root: Path, roots: list[Path]) -> list[Path]:
+    """The installs into any of `roots` that were killed before they finished (record state
+    "writing"), newest first. Called under the lock of `roots`: none of them is running."""
+    wanted = {real(r) for r in roots}
+    found = []
+    for backup in _recorded(engine, backup_root):
+        try:
+            record = read_record(backup, engine)
+        except TunerError:
+            continue
+        if record.get("state") in (WRITING, UNDOING) and record_roots(record) & wanted:
+            if not record_roots(record) <= wanted:       # its other folders are not under our lock
+                raise TunerError(f"an interrupted {engine} install ({backup.name}) wrote into "
+                                 f"{', '.join(sorted(record_roots(record)))}: undo it first with `tuner install "
+                                 f"--restore --engine {engine}` and the --site-packages/--moe-config-dir it was given")
+            found.append(backup)
+    return found
+
+
+def describe(backup: Path, record: dict) -> str:
+    """Which install a backup undoes, for the line a restore prints first."""
+    when = record.get("installed") if isinstance(record.get("installed"), str) else backup.name
+    state = {WRITING: " (interrupted: rolled back)", UNDOING: " (its undo was interrupted: finished)"}.get(
+        str(record.get("state")), "")
+    return f"the {record.get('engine')} install of {when} into {', '.join(sorted(record_roots(record)))}{state}"
 
 
 def read_record(backup: Path, engine: str) -> dict:
@@ -203,7 +271,9 @@ def _restore_plan(backup: Path, record: dict, engine: str) -> list[tuple[Path, P
         wrote = e.get("sha256")
         if wrote is not None:
             now = _current(Path(e["dest"]))
-            if now is not None and sha256_of(now) != wrote:
+            # as the install wrote it, or as it was before (a file an interrupted install never reached)
+            if now is not None and sha256_of(now) != wrote and (
+                    not e["backup"] or now != _current(Path(e["backup"]))):
                 raise TunerError(f"{e['dest']} has changed since the install of {backup.name} (another install or "
                                  "restore, an engine upgrade, or an edit): restoring would lose what is there now, "
                                  f"which no backup holds; nothing was restored (move {backup} aside to restore the "
@@ -212,29 +282,43 @@ def _restore_plan(backup: Path, record: dict, engine: str) -> list[tuple[Path, P
     return plan
 
 
-def restore(engine: str, backup_root: Path) -> list[str]:
-    """Undo the last install for an engine: put replaced files back, remove added ones,
-    under the install lock of every folder it touches, after checking every file."""
-    backup = latest_backup(engine, backup_root)
+def restore(engine: str, backup_root: Path, roots: list[Path] | None = None) -> list[str]:
+    """Undo the last install for an engine (with `roots`: the last into those folders),
+    finished or interrupted: put replaced files back, remove added ones, under the install
+    lock of every folder it touches, after checking every file. The first line says which."""
+    backup = latest_backup(engine, backup_root, roots)
     record = read_record(backup, engine)
-    roots = sorted({r for _, _, r in _restore_plan(backup, record, engine)}, key=str)
-    done: list[str] = []
-    with locked(roots, backup_root):
-        if latest_backup(engine, backup_root) != backup:
+    folders = sorted({r for _, _, r in _restore_plan(backup, record, engine)}, key=str)
+    with locked(folders, backup_root):
+        if latest_backup(engine, backup_root, roots) != backup:
             raise TunerError(f"another {engine} install finished while this restore waited; nothing was restored: "
                              "run `tuner install --restore` again to undo that one")
-        plan = _restore_plan(backup, record, engine)        # again, under the lock: as the files are now
-        check_writable_folders([d for d, _, _ in plan])
-        for dest, saved, root in reversed(plan):
-            if saved is not None:
-                from tuner.reading import read_text
-                text = read_text(saved, "backup ")
-                atomic_write_text(dest, text, root=root)
+        clear_leftovers(folders, engine, backup_root)
+        return [f"restoring {describe(backup, record)}", *undo(backup, record, engine)]
+
+
+def undo(backup: Path, record: dict, engine: str) -> list[str]:
+    """Under the lock of its folders: put back what one install replaced, remove what it
+    added, then its backup folder. Killed at any point, it can be run again."""
+    plan = _restore_plan(backup, record, engine)        # under the lock: as the files are now
+    check_writable_folders([d for d, _, _ in plan])
+    if record.get("state") != UNDOING:       # a kill from here on: the next install finishes the undo
+        atomic_write_json(backup / RECORD, {**record, "state": UNDOING}, root=backup)
+    done: list[str] = []
+    for dest, saved, root in reversed(plan):
+        if saved is not None:
+            from tuner.reading import read_bytes
+            data = read_bytes(saved, "backup ")
+            if _current(dest) != data:
+                atomic_write_bytes(dest, data, root=root)
                 shutil.copymode(saved, dest)          # the replaced file's mode, as it was
-                done.append(f"restored {dest}")
-            elif os.path.lexists(dest):
-                dest.unlink()
-                done.append(f"removed {dest}")
-        # every file this backup held is back in place: the folder is no file's last copy
-        shutil.rmtree(backup)
+            done.append(f"restored {dest}")
+        elif os.path.lexists(dest):
+            dest.unlink()
+            done.append(f"removed {dest}")
+    # every file this backup held is back in place: the folder is no file's last copy. Out of
+    # the installs' order first (one rename), so a kill mid-removal leaves no half a record.
+    gone = backup.with_name(RESTORED + backup.name)
+    os.rename(backup, gone)
+    shutil.rmtree(gone, ignore_errors=True)
     return done

@@ -13,7 +13,9 @@ cleared first. Replaced files are backed up outside the engine's folders, and `t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tuner.emit import backups, merge_rule
+from tuner.emit import backups, merge_rule, partial
 from tuner.emit.backups import (  # noqa: F401 (RECORD, read_record: the names users of this module know)
     RECORD,
     check_writable_folders,
@@ -47,6 +49,7 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
 from tuner.plan.batch_keys import batch_key
 from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
 
+log = logging.getLogger("tuner")
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
 # each engine's MoE config-folder variable (--moe-config-dir)
 ENV_VARS = {e: table_family(e, "fused_moe").env_var for e in ENGINE_NAMES}
@@ -65,6 +68,7 @@ class Copy:
     times: dict | None = None     # {M: time_us} of its rows and what they were timed on (merge_rule.py)
     timed_on: dict | None = None
     not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
+    partial: dict | None = None   # a table tuned at fewer batch sizes than planned (tuner/emit/partial.py)
 
     def content(self) -> str:
         from tuner.reading import read_text
@@ -236,6 +240,9 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                     times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
         notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest),
                            min_gain)
+        copy.partial = partial.of_entry(t)
+        if copy.partial is not None:
+            notes.append(partial.install_note(rel, copy.partial, merge))
         copies.append(copy)
     for why, rels in forced.items():
         names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
@@ -254,15 +261,27 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
 
 
 def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Path) -> Path | None:
-    """The file that will be at `dest` just before our table is written: the one there now,
-    or, for SGLang's config-dir variable, the shipped table install copies there first."""
+    """The table the engine reads today for the file about to be written at `dest`: the one
+    there now; for SGLang's config-dir variable, the shipped table install copies there first;
+    else, where the loader falls back to another Triton version's folder (SGLang), the file of
+    that name it falls back to, so that a --merge keeps the rows the engine runs today."""
     if dest.is_file():
         return dest
-    if moe_config_dir is not None and table_family(engine, "fused_moe").env_replaces_root:
+    family = table_family(engine, "fused_moe")
+    if moe_config_dir is not None and family.env_replaces_root:
         root = config_roots(site, engine, moe_config_dir)["fused_moe"]
-        if inside(dest, root):
-            shipped = site / ENGINES[engine].moe_folder / dest.relative_to(root)
-            return shipped if shipped.is_file() else None
+        if inside(dest, root):      # what the variable's folder will hold: the package's tables, copied first
+            dest = site / ENGINES[engine].moe_folder / dest.relative_to(root)
+            if dest.is_file():
+                return dest
+    if family.per_triton and dest.parent.name.startswith("triton_"):
+        from tuner.plan.table_lookup import _version_tuple
+        others = []
+        for folder in dest.parent.parent.glob("triton_*"):
+            version = folder.name.removeprefix("triton_").split("_")
+            if folder != dest.parent and all(x.isdigit() for x in version) and (folder / dest.name).is_file():
+                others.append((_version_tuple(".".join(version)), folder / dest.name))
+        return max(others)[1] if others else None      # the loader's fallback: the newest other version
     return None
 
 
@@ -344,14 +363,24 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
     `lock=False`: the caller holds the install lock of every target folder already (a
     --merge planned under it)."""
     backup_root = backup_root or BACKUP_ROOT
-    everything = list(extra) + list(copies)
+    # one write per file, the last one asked (ours over a shipped table copied along), every
+    # path absolute: a restore from another folder finds the same files
+    last = {os.path.abspath(c.dest): c for c in [*extra, *copies]}
+    everything = [dataclasses.replace(c, dest=Path(d), root=Path(os.path.abspath(c.root))) for d, c in last.items()]
     roots = sorted({c.root for c in everything}, key=str)
+    for c in everything:                         # every target checked before the first write
+        if not inside(c.dest, c.root) or c.dest == c.root:
+            raise TunerError(f"{c.dest} is outside {c.root}: refusing to write there (nothing was installed)")
     with locked(roots, backup_root) if lock else contextlib.nullcontext():
         clear_leftovers(roots, engine, backup_root)
+        for undone in backups.interrupted(engine, backup_root, roots):
+            log.warning("%s", f"an interrupted install into these folders is rolled back first: "
+                        f"{backups.describe(undone, read_record(undone, engine))}")
+            backups.undo(undone, read_record(undone, engine), engine)
         check_destinations(everything)
         check_writable_folders([c.dest for c in everything] + [backup_root / "x" / "x"])
         texts = [c.content() for c in everything]
-        final = {str(c.dest): sha256_of(t.encode()) for c, t in zip(everything, texts)}   # the last write wins
+        final = {str(c.dest): sha256_of(t.encode()) for c, t in zip(everything, texts)}
         backup, seq = new_backup_folder(engine, backup_root)
         entries = []
         for i, c in enumerate(everything):
@@ -364,6 +393,8 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                            "sha256": final[str(c.dest)]}
             if c.merged:
                 entry["merged"] = c.merged
+            if c.partial:
+                entry["partial"] = c.partial
             if c.times is not None:          # what a later --merge compares against (merge_rule.py)
                 entry["times"] = {str(m): t for m, t in c.times.items()
                                   if not c.merged or m not in c.merged.get("kept", []) or str(m) in
@@ -371,10 +402,12 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 entry["timed_on"] = c.timed_on
             entries.append(entry)
         # The record goes down before the first write, so an interrupted install can be undone.
-        atomic_write_json(backup / RECORD, {"engine": engine, "sequence": seq, "installed": now_iso(),
-                                            "roots": [str(r) for r in roots], "files": entries}, root=backup_root)
+        record = {"engine": engine, "sequence": seq, "installed": now_iso(), "state": backups.WRITING,
+                  "roots": [str(r) for r in roots], "files": entries}
+        atomic_write_json(backup / RECORD, record, root=backup_root)
         for c, text in zip(everything, texts):
             atomic_write_text(c.dest, text, root=c.root)
+        atomic_write_json(backup / RECORD, {**record, "state": backups.DONE}, root=backup_root)
     return backup
 
 
@@ -382,9 +415,9 @@ def latest_backup(engine: str, backup_root: Path | None = None) -> Path:
     return backups.latest_backup(engine, backup_root or BACKUP_ROOT)
 
 
-def restore(engine: str, backup_root: Path | None = None) -> list[str]:
-    """Undo the last install for an engine (tuner/emit/backups.py)."""
-    return backups.restore(engine, backup_root or BACKUP_ROOT)
+def restore(engine: str, backup_root: Path | None = None, roots: list[Path] | None = None) -> list[str]:
+    """Undo the last install for an engine, or into `roots` (tuner/emit/backups.py)."""
+    return backups.restore(engine, backup_root or BACKUP_ROOT, roots)
 
 
 def shipped_moe_tables(site: Path, engine: str) -> list[tuple[Path, str]]:

@@ -60,6 +60,24 @@ def install_target(engine: str, site_packages: str | None, moe_config_dir: str |
     return Target(engine, site, True, version or engine_version)
 
 
+def restore_roots(engine: str, site_packages: str | None, moe_config_dir: str | None) -> list[Path] | None:
+    """The folders `install --restore` undoes the last install into: those an install with the
+    same --site-packages and --moe-config-dir writes (None, neither given: the engine's last
+    install, wherever it went)."""
+    from tuner.emit.engine_tables import find_site_packages
+    from tuner.emit.install import config_roots
+    if not site_packages and not moe_config_dir:
+        return None
+    config_dir = Path(moe_config_dir) if moe_config_dir else None
+    try:
+        site = find_site_packages(engine, site_packages)
+    except TunerError:
+        if site_packages:
+            raise
+        return [config_roots(Path("/nonexistent"), engine, config_dir)["fused_moe"]]
+    return list(config_roots(site, engine, config_dir).values())
+
+
 def engine_wheel(engine: str, version: str | None) -> Path | None:
     """The wheel of exactly this version among the wheels at hand ($TUNER_ENGINE_WHEELS, the
     wheels fetched), or None."""
@@ -92,18 +110,23 @@ def shipped_copies(target: Target, config_dir: Path, notes: list[str]) -> list:
                      f"at hand to copy them from: shapes without a table of ours will run {engine}'s default config; "
                      f"`tuner engine-source fetch {engine}=={target.version}` fetches it, then install again")
         return []
-    import zipfile
-
-    from tuner.reading import zip_member
+    from tuner.paths import inside
+    from tuner.reading import open_zip, zip_member
     folder = ENGINES[engine].moe_folder + "/"
     copies = []
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            for name in sorted(n for n in z.namelist() if n.startswith(folder) and n.endswith(".json")):
+    # bounded (a FIFO or a link to /dev/zero named like the wheel is refused, never waited on or
+    # read without end), and every member's name checked before any file is written
+    with open_zip(wheel, f"{target.label}'s wheel ") as z:
+        for name in sorted(n for n in z.namelist() if n.startswith(folder) and n.endswith(".json")):
+            rel = name[len(folder):]
+            if any(p in ("", ".", "..") for p in rel.split("/")) or "\\" in rel or not inside(root / rel, root):
+                raise TunerError(f"{wheel}: member {name[:120]!r} is not a plain path under {folder}: refusing the "
+                                 "wheel (nothing was installed)")
+            try:
                 text = zip_member(z, name, f"wheel {wheel}").decode()
-                copies.append(Copy(wheel, root / name[len(folder):], "shipped", root, text=text))
-    except (OSError, zipfile.BadZipFile, UnicodeDecodeError) as e:
-        raise TunerError(f"cannot read {target.label}'s shipped MoE tables from {wheel}: {e}") from None
+            except UnicodeDecodeError:
+                raise TunerError(f"{wheel}: shipped table {name} is not UTF-8 text (nothing was installed)") from None
+            copies.append(Copy(wheel, root / rel, "shipped", root, text=text))
     return copies
 
 

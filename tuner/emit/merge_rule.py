@@ -11,6 +11,7 @@ was kept, and why, goes in the new backup record and is said.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,19 @@ def timed_on(table_entry: dict) -> dict:
 def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[int, float], dict] | None:
     """The times and identity the newest install of `dest` recorded (None: none recorded), the
     installs taken newest first by their sequence (tuner/emit/backups.py), never by name."""
+    entry = installed_entry(dest, engine, backup_root, lambda e: isinstance(e.get("times"), dict))
+    if entry is None:
+        return None
+    on = entry.get("timed_on")
+    return _times(entry["times"]), on if isinstance(on, dict) else {}
+
+
+def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e: True) -> dict | None:
+    """The backup record's entry for `dest` of its newest install (that `wanted` accepts)."""
     from tuner.emit.backups import order_key
     from tuner.errors import TunerError
     from tuner.reading import read_json_file
+    dest_abs = os.path.abspath(dest)
     records = [(k, r) for r in backup_root.glob(f"{engine}-*/{RECORD}")
                if (k := order_key(r.parent, engine)) is not None and not r.parent.is_symlink()]
     for _, record in sorted(records, reverse=True):
@@ -59,9 +70,9 @@ def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[in
         except TunerError:
             continue
         for entry in data.get("files", []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and entry.get("dest") == str(dest) and isinstance(entry.get("times"), dict):
-                on = entry.get("timed_on")
-                return _times(entry["times"]), on if isinstance(on, dict) else {}
+            if isinstance(entry, dict) and isinstance(entry.get("dest"), str) \
+                    and os.path.abspath(entry["dest"]) == dest_abs and wanted(entry):
+                return entry
     return None
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tuner import __version__
+from tuner.emit import partial
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso
 from tuner.paths import atomic_write_json, atomic_write_text, read_json
@@ -155,6 +156,8 @@ def manifest_problem(manifest) -> str | None:
         for key in ("measured", "how"):
             if t.get(key) is not None and not isinstance(t[key], str):
                 return f"table {i}: '{key}' is not a string"
+        if (why := partial.problem(t.get(partial.KEY))) is not None:
+            return f"table {i}: {why}"
         for m, e in entries.items():
             if (why := _entry_problem(i, m, e)) is not None:
                 return why

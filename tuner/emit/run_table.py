@@ -79,7 +79,8 @@ def fixed_width(headers: list[str], rows: list[list[str]], left: tuple[int, ...]
     return [line(headers)] + [line(r) for r in rows]
 
 
-def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[str, str]], out_dir) -> list[str]:
+def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[str, str]], out_dir,
+                    threshold: float | None = None) -> list[str]:
     """The closing table of a run: `results` {problem key: [StudyResult]}, `files` {problem key:
     {engine: relative path}} (from the manifest; a problem without files: not written)."""
     kept = any(r.kept_default for rs in results.values() for r in rs)
@@ -87,6 +88,8 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     chosen = any((r.choice or {}).get("kept", "tuned") != "tuned" for rs in results.values() for r in rs)
     if chosen:
         from tuner.search.choice import choice_short
+    from tuner.measure.noise import speedup, threshold_text, within
+    noise = getattr(threshold, "noise", None)          # the paired check's threshold knows the device's noise
     rows = []
     for pkey, rs in results.items():
         label = short_file(files.get(pkey) or {}) or "(as up table: not written)"
@@ -95,7 +98,7 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                 label, str(r.M), " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
                 f"{r.time_us:.2f}" if r.time_us else "-",
                 f"{r.default_time_us:.2f}" if r.default_time_us else f"- ({r.default_error or 'not timed'})"[:24],
-                f"{r.speedup:.2f}x" if r.speedup else "-", str(r.trials), r.numerics.get("status", "-"),
+                speedup(r.speedup, noise, compact=True) if r.speedup else "-", str(r.trials), r.numerics.get("status", "-"),
                 *([_kept_text(r)] if kept else []),
                 *([choice_short(r.choice)] if chosen else []),
             ])
@@ -108,7 +111,12 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
         min_gain = next((r.choice["min_gain"] for rs in results.values() for r in rs
                          if r.choice and r.choice.get("min_gain") is not None), None)
         where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above "
-                     + (f"--min-gain {min_gain:.0%}" if min_gain is not None else "--min-gain"))
+                     + (threshold_text(threshold if threshold is not None else min_gain) if min_gain is not None
+                        else "--min-gain"))
+        if any(choice_short(r.choice).endswith(" (same)") for rs in results.values() for r in rs):
+            where.append("row (same): the search's best is the incumbent's config itself: no pair to time")
+    if noise is not None and any(within(r.speedup, noise) for rs in results.values() for r in rs):
+        where.append(f"speedup ~: within the {noise.describe()}: not a speed-up")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
     return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9))

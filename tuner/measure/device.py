@@ -107,6 +107,13 @@ class _ClockWarmup:
         self.clock_warmups += 1
         return True
 
+    def warm_up(self, seconds: float) -> None:
+        """Ramp the clocks for `seconds` whatever the idle rule says (before a ceiling: the
+        first H200 run's copy ceiling was timed at a 345 MHz SM clock)."""
+        self._ramp(seconds)
+        self.clock_warmups += 1
+        self._timed()
+
     def _timed(self) -> None:
         self._last_timed = time.monotonic()
 
@@ -120,7 +127,8 @@ class CudaDevice(_ClockWarmup):
     label = "gpu"                     # how a measurer on it is labelled (manifests, studies)
     timing = "each run captured in a CUDA graph, its replays timed with CUDA events"   # said in manifests
     input_sets, reps = 4, 40          # per config: input sets rotated, timed replays
-    ceiling_sizes = {"size": 8192, "copy_bytes": 1 << 30, "reps": 20}
+    ceiling_sizes = {"size": 8192, "copy_bytes": [256 << 20, 1 << 30, 2 << 30], "reps": 20}
+    compares_with_datasheet = True    # its ceilings are checked against the GPU's datasheet
 
     def __init__(self, gpu: GpuSpec):
         import torch
@@ -217,6 +225,17 @@ class CudaDevice(_ClockWarmup):
         from tuner.measure.environment import nvml_snapshot
         return nvml_snapshot(self._nvml_index)
 
+    def clocks(self) -> dict:
+        """The SM and memory clocks now (MHz), {} without NVML: cheap enough to poll."""
+        if self._nvml is None:
+            return {}
+        try:
+            nv, h = self._nvml, self._nvml_handle
+            return {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                    "mem_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)}
+        except Exception:  # noqa: BLE001 - a reading missed, not a failure
+            return {}
+
     def throttle_reasons(self) -> int:
         if self._nvml is None:
             return 0
@@ -246,7 +265,8 @@ class CpuDevice(_ClockWarmup):
     # The interpreter is slow: one input set (warmed up, then timed under the rules) and two
     # timed calls take every code path the GPU's four sets and forty replays do, per set included.
     input_sets, reps = 1, 2
-    ceiling_sizes = {"size": 256, "copy_bytes": 16 << 20, "reps": 3}
+    ceiling_sizes = {"size": 256, "copy_bytes": [4 << 20, 16 << 20], "reps": 3}
+    compares_with_datasheet = False   # a CPU's copy is no GPU's: nothing to compare
 
     def __init__(self, gpu: GpuSpec):
         import torch
@@ -294,6 +314,9 @@ class CpuDevice(_ClockWarmup):
         return times
 
     def nvml_snapshot(self) -> dict:
+        return {}
+
+    def clocks(self) -> dict:
         return {}
 
     def throttle_reasons(self) -> int:

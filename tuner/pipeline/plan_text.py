@@ -11,6 +11,7 @@ from tuner.pipeline.run_plan import RunPlan, run_storage
 from tuner.plan.engines import ENGINES
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
+from tuner.search.budget import budget_lines, pruned_sizes
 from tuner.search.settings import StudyResult
 from tuner.search.storage_urls import shown
 
@@ -24,9 +25,12 @@ def plan_text(opts: RunPlan) -> str:
              f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
              f"keys {', '.join(k.config_keys)}",
              (f"  budget {opts.settings.budget} trials per batch size" if not opts.settings.budgets else
+              f"  budget sized by the space: {opts.settings.sized} (--trials N fixes it)" if opts.settings.sized else
               f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
               f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
-             + f", sampler {opts.settings.sampler}, patience {opts.settings.patience}",
+             + f", sampler {opts.settings.sampler}, patience "
+             + ("half the budget" if opts.settings.patience_share else f"{opts.settings.patience}"),
+             *budget_lines(opts.settings, pruned_sizes(opts.space, opts.problems, opts.batch_sizes, gpu)),
              f"  timing: {policy_text(opts.policy or None) if not opts.replay else 'replayed: as the landscape was recorded'}",
              f"  storage {shown(run_storage(opts))}",
              f"  output {opts.out_dir}/"]

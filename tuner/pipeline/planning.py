@@ -75,12 +75,14 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
     plans = []
     for kernel, problems in runs:
         from tuner.pipeline.warm_sources import build_pool
+        space = load_space(kernel, req.space)
         # the engine's own shipped tables for its kernel's tables (both engines' for ours)
         warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
                           [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
         plans.append(RunPlan(
-            request=req, kernel=kernel, space=load_space(kernel, req.space), gpu=gpu, problems=problems,
-            batch_sizes=sorted(set(req.batch_sizes or [])), settings=settings,
+            request=req, kernel=kernel, space=space, gpu=gpu, problems=problems,
+            batch_sizes=sorted(set(req.batch_sizes or [])),
+            settings=sized(req, settings, space, problems, gpu) if req.trials is None and not req.traffic else settings,
             out_dir=out_dir(req, model.name, gpu.key), record=record_path(req.record, kernel, len(runs) > 1),
             gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
             warm=warm,
@@ -100,6 +102,13 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
     return plans
+
+
+def sized(req: TuneRequest, settings, space, problems: list, gpu):
+    """Without --trials, each M's budget from its pruned space (tuner/search/budget.py)."""
+    from tuner.search.budget import pruned_sizes, sized_settings
+    return sized_settings(settings, pruned_sizes(space, problems, sorted(set(req.batch_sizes or [])), gpu),
+                          patience_given=req.patience is not None)
 
 
 def deployment_tp(req: TuneRequest, model, gpu):
@@ -138,7 +147,9 @@ def load_common(req: TuneRequest):
     # Batches as large as the configs compiled at once on a GPU; a replay compiles nothing.
     settings = default_settings(trials, sampler=req.sampler, seed=req.seed, patience=req.patience,
                                 parallel=1 if req.replay else req.compile_workers)
-    settings.row_gain = float(req.min_gain)
+    # a gain within the between-process noise of the device timed is not a gain (tuner/measure/noise.py)
+    from tuner.measure.noise import GainThreshold, for_request
+    settings.row_gain = GainThreshold(float(req.min_gain), for_request(req.device, gpu.cuda_name, req.replay))
     return model, gpu, settings
 
 

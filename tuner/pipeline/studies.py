@@ -15,6 +15,7 @@ from optuna.storages import BaseStorage
 from tuner.errors import TunerError
 from tuner.measure.measurers import Measurer
 from tuner.pipeline.baselines import load_baseline_table
+from tuner.pipeline.incumbents import engine_tables
 from tuner.pipeline.run_plan import RunPlan, run_storage
 from tuner.plan.engines import lookup_nearest
 from tuner.plan.problems import Problem
@@ -23,7 +24,8 @@ from tuner.search.runner import StudyResult, StudyRunner, study_name
 from tuner.search.storage import sync_storage
 from tuner.search.storage_urls import shown
 from tuner.search.tied_choice import choose_tied, table_default
-from tuner.search.warm_start import incumbent, installed_rows, study_seeds
+from tuner.search.tied_race import incumbent_pairs, race_tied
+from tuner.search.warm_start import incumbent, study_seeds
 
 
 def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: Progress,
@@ -40,11 +42,9 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
         total = sum(len(opts.ms_for(p)) for p in opts.problems)
         progress.note(f"resuming from {shown(run_storage(opts))}: {len(finished)} of {total} "
                       "studies finished before; their stored results are shown, not run again")
+    installed = incumbent_tables(opts)
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
-        # the row a tuned config must beat: --baseline's, else the table the engine reads today
-        installed = baseline or installed_rows(opts.warm, opts.kernel.name, problem.params, opts.gpu,
-                                               problem.engines[0] if len(problem.engines) == 1 else "")
         done: list[int] = []
         for M in sorted(opts.ms_for(problem)):
             tied_config = None
@@ -63,15 +63,54 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
             seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
                                  opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
             # a tied table searches its shared keys freely too: both tables choose them together below
-            r = runner.tune(problem, M, seeds, None, default, incumbent(opts.kernel, installed, M))
+            r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
             if problem.tied_to and not r.tied:
-                r = choose_tied(runner, measurer, problem, by_key(opts)[problem.tied_to], M, opts.settings.top_k,
-                                lambda q: stored_result(storage, opts, q, M)) or r
+                up = by_key(opts)[problem.tied_to]
+                tied_r = choose_tied(runner, measurer, problem, up, M, opts.settings.top_k,
+                                     lambda q: stored_result(storage, opts, q, M))
+                if tied_r is not None:
+                    # the pair chosen together is raced against the pair the engine runs today
+                    up_d = stored_result(storage, opts, up, M) or {}
+                    up_r = StudyRunner.result_from_dict(up, M, up_d) if up_d.get("default_config") else None
+                    if up_r is not None:
+                        down_rows = incumbents(opts, installed, problem, M)
+                        pairs = incumbent_pairs(opts.kernel, up, problem, M, [
+                            *incumbents(opts, installed, up, M), ("default", opts.kernel.default_config(up.params, M))],
+                            down_rows[0] if down_rows else None)
+                        _, tied_r = race_tied(runner, up, problem, M, up_r, tied_r, pairs, opts.settings.row_gain)
+                    r = tied_r
             done.append(M)
-            progress.end_study(summary(r, time_unit(opts)))
+            progress.end_study(summary(r, time_unit(opts), getattr(opts.settings.row_gain, "noise", None)))
             sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
             if after_study:
                 after_study()           # the tables as far as they go: a stopped run keeps them
+
+
+def incumbent_tables(opts: RunPlan) -> dict[str, tuple[str, dict, str]]:
+    """{problem key: (label, rows, where)} of the table a tuned row must beat: --baseline's,
+    else the one the engine reads today on this GPU (tuner/pipeline/incumbents.py); a problem
+    without one is not in it (its default config is the incumbent)."""
+    out: dict[str, tuple[str, dict, str]] = {}
+    found: dict = {}
+    for problem in opts.problems:
+        baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
+        if baseline:
+            out[problem.key] = ("installed", baseline, f"--baseline {opts.baseline}")
+            continue
+        if opts.kernel.emit_table is not None:
+            continue                    # our own format: no engine reads it
+        tables = engine_tables(opts.kernel, problem, opts.gpu, opts.engines, opts.request.engine_source, found)
+        if tables:
+            out[problem.key] = ("installed", tables[0].rows, tables[0].where)
+    return out
+
+
+def incumbents(opts: RunPlan, installed: dict, problem: Problem, M: int) -> list[tuple]:
+    """[(label, the row the engine reads at M: the nearest key, where)] ([] where it reads none)."""
+    if problem.key not in installed:
+        return []
+    label, rows, where = installed[problem.key]
+    return [(lb, cfg, where) for lb, cfg in incumbent(opts.kernel, rows, M)]
 
 
 def by_key(opts: RunPlan) -> dict[str, Problem]:
@@ -118,12 +157,13 @@ def label(problem: Problem) -> str:
     return problem.key + (f" [{', '.join(problem.engines)}]" if len(problem.engines) == 1 else "")
 
 
-def summary(r: StudyResult, unit: str = "us") -> str:
+def summary(r: StudyResult, unit: str = "us", noise=None) -> str:
     if r.resumed:
-        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit)
+        return "stored: " + summary(dataclasses.replace(r, resumed=False), unit, noise)
     if r.config is None:
         why = r.numerics.get('detail', r.stopped)
         return f"no config ({why}; first failure: {r.first_failure})" if r.timed_nothing and r.first_failure \
             else f"no config ({why})"
-    sp = f", {r.speedup:.2f}x default" if r.speedup else ""
+    from tuner.measure.noise import speedup
+    sp = f", {speedup(r.speedup, noise)} default" if r.speedup else ""
     return f"{r.time_us:.2f} {unit}{sp} after {r.trials} trials ({r.stopped})"

@@ -62,7 +62,7 @@ def closing_lines(opts, results: dict) -> list[str]:
         whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
-        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir)
+        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain)
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
     if kernel.engine_hints:

@@ -27,6 +27,27 @@ COMPILE_DEVICE = "meta"
 
 
 @dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a config, as the cost model (tuner/plan/cost_model.py) needs it."""
+    programs: int             # programs in the grid
+    k_steps: int              # iterations of each program's K loop
+    tile_m: int               # the MMA tile of one step (rows x cols x depth), padding included
+    tile_n: int
+    tile_k: int
+    step_bytes: int           # bytes a program loads from global memory per K step (tiles and scales)
+    stages: int               # pipeline stages (loads in flight: stages - 1)
+    warps: int
+    smem: int                 # shared memory one program needs (bytes)
+    hbm_bytes: float          # the fewest bytes the launch must move through HBM
+    flops: float = 0.0        # the launch's useful FLOPs (0: from the tiles)
+
+    def __post_init__(self) -> None:
+        for name in ("programs", "k_steps", "tile_m", "tile_n", "tile_k", "stages", "warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Launch.{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """One kernel as the tuner sees it (ours in kernels/, or an engine's own).
 
@@ -82,6 +103,10 @@ class KernelSpec:
     # identically (tuner/plan/space.py group_m_equivalence). A launcher that cannot say returns
     # a number past every GROUP_SIZE_M, which folds nothing.
     m_tiles: Callable[[Params, int, Config], int] | None = None
+    # What a config makes the GPU do, launch by launch (tuner/plan/cost_model.py: programs, K
+    # steps, bytes per step, stages, warps): the cost model's input, which orders a study's
+    # candidates before anything is measured (tuner/search/prior.py). None: no estimate.
+    work: Callable[[Params, int, Config], list[Launch]] | None = None
     # Further configs worth seeding every study with (e.g. another engine's default).
     extra_seeds: Callable[[Params, int], list[Config]] = lambda params, M: []
     # Compile a config without running it (for parallel compile workers); may be None.

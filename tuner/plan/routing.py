@@ -56,6 +56,9 @@ class RecordedRouting:
         return f"{self.source}: {layers} layer(s) x {tokens} tokens, top-{topk}"
 
 
+MAX_EXPERT_ID = (1 << 31) - 1     # ids are stored as int32
+
+
 def is_file_routing(routing: str) -> bool:
     return routing not in BUILT_IN
 
@@ -71,6 +74,12 @@ def _as_array(obj, where: str) -> np.ndarray:
     if arr.ndim != 3 or arr.shape[1] == 0 or arr.shape[2] == 0:
         raise TunerError(f"{where}: expected expert ids of shape [tokens, topk] or [layers, tokens, topk], "
                          f"not {list(arr.shape)}")
+    # compared as Python ints, before any cast: 2^32 + k must not become k (int32), nor 2^63 a negative
+    low, high = int(arr.min()), int(arr.max())
+    if high > MAX_EXPERT_ID or low < -1:
+        bad = high if high > MAX_EXPERT_ID else low
+        raise TunerError(f"{where}: expert id {bad} is out of range (an expert id is from 0 to {MAX_EXPERT_ID}; "
+                         "-1 marks an unused column of SGLang's dump)")
     return arr.astype(np.int64)
 
 

@@ -101,6 +101,20 @@ class Resolved:
         return self.rel is not None
 
 
+def table_names(family: TableFamily, problem, cuda_name: str) -> tuple[str, str | None]:
+    """(the file name `family`'s loader asks for on `cuda_name` for `problem`, and for a `_down`
+    table the up table's name, which the loader reads when no `_down` file is found)."""
+    params = problem.params
+    block = params.get("block_shape")
+    if problem.kernel != "fused_moe":
+        return family.lookup_name(cuda_name, N=params["N"], K=params["K"], block_shape=block), None
+    ask = dict(E=params["E"], N=params["N"], dtype=None if params["dtype"] in ("bf16", "fp16") else params["dtype"],
+               block_shape=block)
+    if params.get("part") == "down":
+        return family.lookup_name(cuda_name, **ask, down=True), family.lookup_name(cuda_name, **ask)
+    return family.lookup_name(cuda_name, **ask), None
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 

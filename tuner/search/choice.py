@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from tuner.measure.measurers import Measurer
+from tuner.measure.noise import threshold_text
 from tuner.plan.kernel_api import Config, KernelSpec, config_tuple
 from tuner.plan.problems import Problem
 
@@ -45,9 +46,26 @@ def _quantile(xs: list[float], q: float) -> float:
 def paired_gain(measurer: Measurer, problem: Problem, M: int, tuned: Config, incumbent: Config,
                 pairs: int = PAIRS) -> PairedGain:
     """Time `tuned` and `incumbent` in `pairs` interleaved pairs, in one call."""
-    got = measurer.measure(problem, M, [tuned, incumbent] * pairs)
-    a = [m.time_us for m in got[0::2]]
-    b = [m.time_us for m in got[1::2]]
+    return paired_gain_of_parts(measurer, [(problem, tuned, incumbent)], M, pairs)
+
+
+def paired_gain_of_parts(measurer: Measurer, parts: list[tuple[Problem, Config, Config]], M: int,
+                         pairs: int = PAIRS, part_us: list | None = None) -> PairedGain:
+    """The paired gain of configs chosen together for several problems (SGLang's up and `_down`
+    tables: [(problem, tuned, incumbent)]): each part timed in `pairs` interleaved pairs in one
+    call; pair i of the whole is the sum of the parts' pair i (a part failed: no pair).
+    `part_us` gets each part's (tuned, incumbent) median time (None: never timed)."""
+    a: list[float | None] = [0.0] * pairs
+    b: list[float | None] = [0.0] * pairs
+    for problem, tuned, incumbent in parts:
+        got = measurer.measure(problem, M, [tuned, incumbent] * pairs)
+        if part_us is not None:
+            xs, ys = [m.time_us for m in got[0::2] if m.time_us], [m.time_us for m in got[1::2] if m.time_us]
+            part_us.append((statistics.median(xs) if xs else None, statistics.median(ys) if ys else None))
+        for i, (x, y) in enumerate(zip(got[0::2], got[1::2])):
+            ai, bi = a[i], b[i]
+            a[i] = None if ai is None or not x.time_us else ai + x.time_us
+            b[i] = None if bi is None or not y.time_us else bi + y.time_us
     both = [(x, y) for x, y in zip(a, b) if x and y]
     if not both:
         return PairedGain(None, None, None, 0, statistics.median([x for x in a if x]) if any(a) else None,
@@ -65,32 +83,34 @@ def verdict(g: PairedGain, min_gain: float) -> tuple[bool, str]:
         return False, "the tuned config failed in the paired re-time"
     spread = f"spread {g.spread:.1%} over {g.pairs} pairs"
     if g.gain <= min_gain:
-        return False, f"gain {g.gain:+.1%} ({spread}) is not above --min-gain {min_gain:.0%}"
+        return False, f"gain {g.gain:+.1%} ({spread}) is not above {threshold_text(min_gain)}"
     if g.low <= 0:
         return False, f"gain {g.gain:+.1%} but not in most pairs ({spread}, p20 {g.low:+.1%})"
-    return True, f"gain {g.gain:+.1%} ({spread}) above --min-gain {min_gain:.0%}"
+    return True, f"gain {g.gain:+.1%} ({spread}) above {threshold_text(min_gain)}"
 
 
-def choose_row(kernel: KernelSpec, measurer: Measurer, result, incumbents: list[tuple[str, Config]],
+def choose_row(kernel: KernelSpec, measurer: Measurer, result, incumbents: list[tuple],
                min_gain: float):
     """The study's result with its row decided: the search's config where it beats the first
     incumbent that can be timed by more than `min_gain` in paired re-timing, else that
-    incumbent. `result` is a StudyResult; its `choice` says which was kept and why."""
+    incumbent. `result` is a StudyResult; its `choice` says which was kept and why.
+    `incumbents`: [(label, config)] or [(label, config, the file it is read from)]."""
     if result.config is None:
         return result
     tuned = config_tuple(kernel, result.config)
     rejected = {config_tuple(kernel, r["config"]) for r in result.rejected}
-    for label, cfg in incumbents:
+    for label, cfg, *where in incumbents:
+        source = {"incumbent_table": where[0]} if where and where[0] else {}
         if cfg is None or config_tuple(kernel, cfg) in rejected:
             continue                                # failed the numerics check already: never kept
         if config_tuple(kernel, cfg) == tuned:
-            return dataclasses.replace(result, choice={"kept": label, "incumbent": label,
+            return dataclasses.replace(result, choice={"kept": label, "incumbent": label, **source,
                                                        "why": f"the search's best is the {label} config itself"})
         g = paired_gain(measurer, result.problem, result.M, result.config, cfg)
         if g.incumbent_us is None:
             continue                               # not timeable (not in a landscape, failed): the next one
         replace, why = verdict(g, min_gain)
-        info = {"kept": "tuned" if replace else label, "incumbent": label, "why": why, "min_gain": min_gain,
+        info = {"kept": "tuned" if replace else label, "incumbent": label, **source, "why": why, "min_gain": min_gain,
                 "gain": g.gain, "spread": g.spread, "pairs": g.pairs, "tuned_us": g.tuned_us,
                 "incumbent_us": g.incumbent_us}
         if replace:
@@ -117,5 +137,8 @@ def choice_short(choice: dict | None) -> str:
     was measured ('default +1.8%'), for a terminal table's column; the why is choice_text's."""
     if not choice:
         return "tuned"
-    gain = choice.get("gain")
-    return f"{choice.get('kept', 'tuned')}" + (f" {gain:+.1%}" if isinstance(gain, (int, float)) else "")
+    gain, kept = choice.get("gain"), choice.get("kept", "tuned")
+    if isinstance(gain, (int, float)):
+        return f"{kept} {gain:+.1%}"
+    # no pair timed: the search's best was the incumbent itself (nothing to gain), or none could be timed
+    return f"{kept} (same)" if choice.get("incumbent") == kept else kept

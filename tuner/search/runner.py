@@ -35,6 +35,7 @@ from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
 from tuner.search.choice import choose_row
 from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
+from tuner.search.prior import PRIOR, prior_seeds
 from tuner.search.samplers import make_sampler
 from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
 from tuner.search.stopping import StoppingRule
@@ -80,7 +81,7 @@ class StudyRunner:
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
-             incumbents: list[tuple[str, Config]] | None = None) -> StudyResult:
+             incumbents: list[tuple] | None = None) -> StudyResult:
         """The study's result: from the storage when a run already finished it, else
         searched now (continuing what the storage holds). `fixed` pins some config keys
         (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
@@ -148,6 +149,9 @@ class StudyRunner:
             allowed.add(t)
         if available is not None:
             allowed &= available
+        # the cost model's fastest candidates next (tuner/search/prior.py), where the kernel describes its work
+        seed_cfgs += prior_seeds(self.kernel, self.gpu, params, M, sorted(allowed), self.settings.prior,
+                                 [self._key(c) for _, c in seed_cfgs])
         return _Target(problem, M, pin(default or self.kernel.default_config(params, M)), allowed, seed_cfgs)
 
     def _open(self, target: _Target) -> optuna.Study:
@@ -174,7 +178,7 @@ class StudyRunner:
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
         study.sampler = make_sampler(self.settings, keys, choices, target.allowed,
-                                     warm=sum(is_warm(label) for label, _ in target.seeds),
+                                     warm=sum(is_warm(label) or label == PRIOR for label, _ in target.seeds),
                                      kinds=self.space.key_kinds)
         return study
 
@@ -403,6 +407,12 @@ class StudyRunner:
                            kept_default=d.get("kept_default"), tied=d.get("tied") or {},
                            search=d.get("search") or {}, choice=d.get("choice") or {},
                            first_failure=d.get("first_failure"))
+
+    def store(self, result: StudyResult) -> None:
+        """Store a result decided after its study (two tied tables' joint race)."""
+        study = optuna.load_study(study_name=study_name(result.problem, result.M, self.prefix, self.kernel.source),
+                                  storage=self.storage)
+        study.set_user_attr("result", result.as_dict())
 
     # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:

@@ -26,6 +26,12 @@ class SearchSettings:
     budgets: dict[str, int] = field(default_factory=dict)
     # a table's row changes only for a paired gain above this (--min-gain; tuner/search/choice.py)
     row_gain: float = 0.02
+    # budgets sized by each M's pruned space (tuner/search/budget.py): the rule, "" when --trials gave one
+    sized: str = ""
+    # patience as this share of a study's own budget (0: `patience`, grown for larger budgets)
+    patience_share: float = 0.0
+    # candidates the Hopper cost model ranks fastest, measured first (tuner/search/prior.py; 0: none)
+    prior: int = 6
 
     def budget_for(self, problem: Problem, M: int) -> int:
         """The budget of the study of (problem, M)."""
@@ -35,6 +41,8 @@ class SearchSettings:
         """Patience grows with a study's share of the budget, so that a batch size given more
         trials is not stopped as early as one given the average."""
         own = self.budget_for(problem, M)
+        if self.patience_share:
+            return max(8, round(own * self.patience_share))
         return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
 
 

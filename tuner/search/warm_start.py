@@ -71,6 +71,7 @@ class WarmPool:
         return cls([Known(**k) for k in d.get("known", [])], list(d.get("sources", [])))
 
     def describe(self, row_gain: float) -> list[str]:
+        from tuner.measure.noise import threshold_text
         """The sources in words, and how seeds are taken, for the plan."""
         if not self.sources:
             lines = ["warm start: none (no --warm-start, and no shipped tables of this kernel were found)"]
@@ -78,7 +79,7 @@ class WarmPool:
             lines = [f"warm start from {s['source']} ({s['kind']}): {s['configs']} known configs" for s in self.sources]
         return lines + [f"warm seeds per study: at most {WARM_SHARE:.0%} of its budget, closest source first (same GPU, "
                         "sibling, other; same shape, nearest; nearest M), each measured again; then a table's row "
-                        f"changes only for a paired gain above {row_gain:.0%} (--min-gain)"]
+                        f"changes only for a paired gain above {threshold_text(row_gain)}"]
 
 
 def _norm(name: str) -> str:

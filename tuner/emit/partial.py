@@ -1,0 +1,69 @@
+"""A partial table: one whose run tuned only some of the batch sizes it planned (a time box ran out).
+
+Its manifest entry says so as `"partial": {"planned": [M...], "why": "..."}`: `planned` is every
+batch size the run meant to tune, the rows it holds (`entries`) are the ones it did. `tuner
+install` says so for each partial table (with --merge the other batch sizes keep the rows the
+engine reads today) and records it in the backup record, where `tuner audit` reads it back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+KEY = "partial"
+
+
+def problem(value) -> str | None:
+    """What is wrong with a manifest entry's "partial" value (None: fine or absent)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "'partial' is not an object"
+    planned = value.get("planned")
+    if not isinstance(planned, list) or not planned or not all(
+            isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in planned):
+        return "partial.planned is not a list of batch sizes"
+    if value.get("why") is not None and not isinstance(value["why"], str):
+        return "partial.why is not a string"
+    return None
+
+
+def of_entry(table_entry: dict) -> dict | None:
+    """{"tuned": [M...], "planned": [M...], "left": [M...], "why": str} of a manifest table
+    entry that tuned fewer batch sizes than it planned; None for a whole table."""
+    value = table_entry.get(KEY)
+    if not isinstance(value, dict) or problem(value):
+        return None
+    from tuner.plan.batch_keys import batch_key
+    entries = table_entry.get("entries")
+    tuned = sorted(m for k in (entries if isinstance(entries, dict) else {}) if (m := batch_key(k)) is not None)
+    planned = sorted(set(value["planned"]))
+    left = [m for m in planned if m not in tuned]
+    if not left:
+        return None
+    return {"tuned": tuned, "planned": planned, "left": left, "why": value.get("why") or ""}
+
+
+def _ms(ms) -> str:
+    return ",".join(map(str, ms))
+
+
+def install_note(rel: str, part: dict, merge: bool) -> str:
+    """What `tuner install` says of a partial table."""
+    rest = ("with --merge they keep the rows the engine reads today" if merge else
+            "they run the nearest tuned row (--merge keeps the rows the engine reads today where a table is there)")
+    return (f"partial: {Path(rel).name} was tuned at M={_ms(part['tuned'])} only ({len(part['tuned'])} of the "
+            f"{len(part['planned'])} batch sizes planned; {part['why'] or 'its run stopped early'}); "
+            f"M={_ms(part['left'])} were not tuned: {rest}")
+
+
+def audit_line(name: str, record_entry: dict) -> str | None:
+    """What `tuner audit` says of an installed table its install recorded as partial."""
+    part = record_entry.get(KEY)
+    if not isinstance(part, dict) or not isinstance(part.get("tuned"), list):
+        return None
+    kept = (record_entry.get("merged") or {}).get("kept") or []
+    return (f"partial: {name} was tuned at M={_ms(part['tuned'])} only ({len(part['tuned'])} of "
+            f"{len(part.get('planned') or [])} planned; installed by tuner); "
+            + (f"M={_ms(kept)} run the rows kept from the table the engine read before" if kept else
+               "the other batch sizes run the nearest tuned row"))
