@@ -148,6 +148,7 @@ def _markdown_written(command: Command) -> Path | None:
     for f, commands in COMMANDS.items() if any(c.runs_here() for c in commands)])
 def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(_scratch(tmp_path))
+    monkeypatch.setenv("COLUMNS", "120")           # a 120-column terminal: every line fits it (issue 41)
     ran = 0
     for command in COMMANDS[file]:
         if not command.runs_here():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from tuner.textwidth import cut, fit_text, width
+from tuner.textwidth import cut, fit_text, terminal_known, width
 
 
 class Progress:
@@ -49,7 +49,7 @@ class Progress:
         if self.tty:
             self.stream.write("\r" + " " * len(self._last) + "\r")
             self._last = ""
-        self.stream.write(fit_text(f"[{self.study}/{self.total}] {self.label}: {summary}", width(self.stream)) + "\n")
+        self.stream.write(self._fit(f"[{self.study}/{self.total}] {self.label}: {summary}") + "\n")
         self.stream.flush()
 
     def note(self, text: str) -> None:
@@ -57,5 +57,9 @@ class Progress:
             if self.tty and self._last:
                 self.stream.write("\n")
                 self._last = ""
-            self.stream.write(fit_text(text, width(self.stream)) + "\n")
+            self.stream.write(self._fit(text) + "\n")
             self.stream.flush()
+
+    def _fit(self, text: str) -> str:
+        """`text` wrapped to the terminal's width; whole where none is known (a log)."""
+        return fit_text(text, width(self.stream)) if terminal_known(self.stream) else text

@@ -1,6 +1,8 @@
-"""Every line a command prints fits 120 columns, or the terminal's width where it is narrower:
-long lines are wrapped at spaces (continuations indented under their line), a progress line
-that is redrawn in place is cut instead (a wrapped one would leave a stale row each redraw)."""
+"""Every line a command prints on a terminal fits 120 columns, or the terminal's width where it
+is narrower ($COLUMNS, else the terminal's own): long lines are wrapped at spaces (continuations
+indented under their line), a progress line that is redrawn in place is cut instead (a wrapped
+one would leave a stale row each redraw). Piped into a file or a script with no $COLUMNS, a
+line goes through whole: a log keeps each message on one line to grep."""
 
 from __future__ import annotations
 
@@ -66,20 +68,17 @@ def cut(line: str, columns: int) -> str:
     return line if len(line) <= columns else line[:columns - 1] + "~"
 
 
-MESSAGE = "tuner: "          # an error's or a warning's line: one line to grep, unless a terminal shows it
-
-
 class Fitting:
-    """A text stream whose complete lines are fitted (fit_line) to the width of the stream it
-    writes to, but a message line (MESSAGE) only where a terminal's width is known; a write
-    holding a carriage return (a redrawn progress line, which fits itself) and a flushed partial
-    line go through as they are. Everything else is the stream's."""
+    """A text stream whose complete lines are fitted (fit_line) to the width of the terminal it
+    writes to ($COLUMNS, or the stream's own); a write holding a carriage return (a redrawn
+    progress line, which fits itself) and a flushed partial line go through as they are.
+    Everything else is the stream's."""
 
     def __init__(self, stream):
         self._stream = stream
         self._partial = ""
-        self._columns = width(stream)
-        self._messages = self._columns if terminal_known(stream) else 1 << 30
+        # piped into a file or a script with no width given, lines go through whole (one to grep)
+        self._columns = width(stream) if terminal_known(stream) else 1 << 30
 
     def write(self, text: str) -> int:
         if "\r" in text:
@@ -88,9 +87,7 @@ class Fitting:
         self._partial += text
         if "\n" in self._partial:
             *lines, self._partial = self._partial.split("\n")
-            self._stream.write("".join(
-                out + "\n" for line in lines
-                for out in fit_line(line, self._messages if line.startswith(MESSAGE) else self._columns)))
+            self._stream.write("".join(out + "\n" for line in lines for out in fit_line(line, self._columns)))
         return len(text)
 
     def flush(self) -> None:
