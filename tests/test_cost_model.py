@@ -103,8 +103,8 @@ def test_prior_seeds_are_the_candidates_the_model_ranks_fastest_and_none_without
     assert prior_seeds(blind, H200, GEMM, 1, cands, 2) == []
 
 
-def _search(kernel, params, M, pts, prior, seed=0):
-    land = Landscape({"device": H200.cuda_name}, kernel)
+def _search(kernel, params, M, pts, prior, seed=0, device=H200.cuda_name):
+    land = Landscape({"device": device}, kernel)
     for t, v in pts.items():
         land.add(params, M, config_dict(kernel, t), Point(v))
     log = []
@@ -131,6 +131,17 @@ def test_the_prior_seeds_are_measured_right_after_the_default():
     default_t = tuple(kernel.default_config(params, M).values())
     expected = ([default] if default is not None else []) + [pts[t] for t in order if t != default_t][:3]
     assert log[:len(expected)] == expected
+
+
+def test_no_prior_seeds_where_the_times_come_from_the_cpu_device():
+    # the interpreter runs many small programs slowest: the Hopper model would pick the worst there
+    _, kernel, params, M, pts = check.landscape_sets()[0]
+    order = sorted(pts, key=lambda t: (estimate_us(kernel.work(params, M, config_dict(kernel, t)), H200), t))
+    on_cpu = _search(kernel, params, M, pts, prior=3, device="CPU device (Triton interpreter)")
+    on_gpu = _search(kernel, params, M, pts, prior=3)
+    top = [pts[t] for t in order[:3]]
+    assert on_gpu[1:4] == top or on_gpu[:3] == top
+    assert on_cpu[1:4] != top and on_cpu[:3] != top
 
 
 def test_with_the_prior_a_study_of_the_h200_landscape_is_within_2_percent_in_12_trials():

@@ -2,6 +2,8 @@
 range, a journal with a damaged tail, a damaged SQLite storage, refusals that write, and
 temporaries left behind."""
 
+import random
+
 import numpy as np
 import pytest
 
@@ -18,3 +20,105 @@ def test_expert_ids_out_of_range_are_refused(tmp_path, ids, dtype):
     np.save(tmp_path / "r.npy", np.array(ids, dtype=dtype))
     with pytest.raises(TunerError, match="is out of range"):
         rt.load_routing(tmp_path / "r.npy")
+
+
+def journal_of_16_trials(path):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(path))))
+    for i in range(16):
+        study.add_trial(optuna.trial.create_trial(params={"x": i}, distributions={
+            "x": optuna.distributions.IntDistribution(0, 99)}, value=float(i)))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("tail", [b"\0" * 3000, bytes(random.Random(7).randrange(256) for _ in range(3000)),
+                                  b'{"op_code": 4, "worker_id": "x", "study_id": 0, "tri' + b"\0" * 100 + b"\n junk"],
+                         ids=["NUL", "random", "torn then junk"])
+def test_a_journal_with_a_damaged_tail_is_said_and_repaired(tmp_path, capsys, tail):
+    """Before: 'is not a journal of Optuna operations; give a new file', though its 16 trials
+    were whole. Now the line says what is wrong, and the command it names repairs it."""
+    from tuner.cli import main
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    journal.write_bytes(whole + tail)
+    capsys.readouterr()
+    assert main(["collect", "--storage", f"journal:///{journal}", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "damaged tail after" in err, err
+    assert f"tuner repair-journal {journal}" in err and not (tmp_path / "o").exists()
+    assert main(["repair-journal", str(journal)]) == 0
+    assert journal.read_bytes() == whole
+    assert (tmp_path / "s.journal.damaged-tail").read_bytes() == tail
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    study = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(journal))))
+    assert len(study.trials) == 16
+
+
+@pytest.mark.parametrize("command", ["collect", "worker"])
+def test_a_damaged_sqlite_storage_is_one_line(tmp_path, capsys, command):
+    """An Optuna SQLite storage of 16 trials whose second page is random bytes (its header and
+    schema read fine, so the storage checks pass): one line, exit 2. Before:
+    StorageInternalError, exit 1."""
+    import optuna
+
+    from tuner.cli import main
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = tmp_path / "s.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    for i in range(16):
+        study.add_trial(optuna.trial.create_trial(params={"x": i}, distributions={
+            "x": optuna.distributions.IntDistribution(0, 99)}, value=float(i)))
+    del study
+    with open(db, "r+b") as f:
+        f.seek(4096)
+        f.write(bytes(random.Random(1).randrange(256) for _ in range(4096)))
+    argv = ["--storage", f"sqlite:///{db}"] + (["--out", str(tmp_path / "o")] if command == "collect" else [])
+    capsys.readouterr()
+    rc = main([command, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_routing_store_on_a_full_disk_says_so_and_leaves_nothing(tmp_path):
+    """The file size limit (as `ulimit -f`) stands for a full disk. Before: numpy's writer
+    raised 'N requested and 0 written' with no errno (an internal error) and left its
+    temporary in OUT/routing/."""
+    import errno
+    import resource
+    import signal
+    ids = np.random.default_rng(0).integers(0, 256, size=(1, 20_000, 8)).astype(np.int32)
+    routing = rt.RecordedRouting(ids, "test", "r")
+    folder = tmp_path / "routing"
+    folder.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, hard))
+    try:
+        with pytest.raises(OSError) as e:
+            rt.install(routing, folder)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert e.value.errno in (errno.EFBIG, errno.ENOSPC)
+    assert list(folder.iterdir()) == []
+
+
+def test_an_extraction_of_another_engine_is_not_replaced(tmp_path, capsys):
+    """Before: `engine-source extract --engine sglang --out DIR` replaced vLLM's extraction in
+    DIR without a word (exit 0)."""
+    import json
+
+    from tuner.cli import main
+    out = tmp_path / "src"
+    out.mkdir()
+    (out / "tuner-engine-source.json").write_text(json.dumps({"engine": "vllm", "version": "0.33.0", "files": {}}))
+    (out / "kept.py").write_text("x = 1\n")
+    assert main(["engine-source", "extract", "--engine", "sglang", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds vllm's extracted source, not sglang's" in err and len(err.strip().splitlines()) == 1, err
+    assert (out / "kept.py").read_text() == "x = 1\n"

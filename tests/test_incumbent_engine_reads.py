@@ -116,3 +116,37 @@ def test_sglang_0_5_23_on_triton_3_6_0_reads_its_deepseek_v3_h200_tables_from_tr
     assert f"triton_3_5_1/{NAME}" in up.where and "Triton fallback" in up.where
     assert f"triton_3_5_1/{DOWN_NAME}" in down.where
     assert down.rows == {k: v for k, v in shipped.items() if k != "triton_version"}
+
+
+def test_a_row_written_for_two_engines_races_their_row_only_where_both_read_the_same(tmp_path):
+    """A GEMM problem of our kernel is one row written into vLLM's and SGLang's tables: the
+    incumbent is the engines' row where both read the same config at M, else the default."""
+    from types import SimpleNamespace
+
+    from tuner.pipeline.studies import incumbent_tables, incumbents
+    from tuner.plan.problems import Problem
+    gemm = get_kernel("fp8_gemm")
+    P = {"N": 256, "K": 256, "block_shape": [128, 128]}
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 3}
+    root = tmp_path / "site"
+    for engine, version, rows in (("vllm", "0.33.0", {"1": cfg, "64": {**cfg, "num_stages": 4}}),
+                                  ("sglang", "0.5.23", {"1": cfg, "64": cfg})):
+        fam = table_family(engine, "fp8_gemm")
+        (root / engine).mkdir(parents=True)
+        (root / engine / "__init__.py").write_text("")
+        (root / f"{engine}-{version}.dist-info").mkdir()
+        folder = root / fam.folder / (fam.triton_folder("3.6.0") if fam.per_triton else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / fam.lookup_name(GPU.cuda_name, N=256, K=256, block_shape=[128, 128])).write_text(json.dumps(rows))
+    (root / "triton-3.6.0.dist-info").mkdir()
+    problem = Problem("fp8_gemm", P, engines=("vllm", "sglang"))
+    opts = SimpleNamespace(problems=[problem], baseline=None, kernel=gemm, gpu=GPU, engines=["vllm", "sglang"],
+                           request=SimpleNamespace(engine_source=[str(root)]))
+    installed = incumbent_tables(opts)
+    (label, row, where), = incumbents(opts, installed, problem, 1)       # both read cfg at M = 1
+    assert label == "installed" and row["num_stages"] == 3 and "vllm 0.33.0" in where and "sglang 0.5.23" in where
+    assert incumbents(opts, installed, problem, 64) == []                # they differ at 64: the default
+    # one engine reads none: the default is the incumbent everywhere
+    opts.request.engine_source = [str(tmp_path / "nothing")]
+    assert incumbents(opts, incumbent_tables(opts), problem, 1) == []

@@ -267,3 +267,27 @@ def test_a_wheel_that_is_no_file_is_refused_not_read(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert rc == 2 and "is not a regular file" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "cfg").exists() or not any((tmp_path / "cfg").rglob("*.json"))
+
+
+def test_an_install_on_a_full_disk_is_one_line_and_undone(tmp_path, monkeypatch, capsys):
+    """Before: the notes, the audit and every 'install <file>' line came first (153 lines on a
+    full disk), then the error; now only the error, and a restore puts all back."""
+    import errno
+    site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
+    before = tree(site)
+    real = inst.atomic_write_text
+    calls = []
+
+    def full(path, text, root=None):
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        calls.append(path)
+        return real(path, text, root=root)
+    monkeypatch.setattr(inst, "atomic_write_text", full)
+    capsys.readouterr()
+    assert main(install_argv(res, site, "merge")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "no space left" in err, (out, err)
+    monkeypatch.setattr(inst, "atomic_write_text", real)
+    assert main(["install", "--restore", "--engine", "vllm", "--site-packages", str(site)]) == 0
+    assert tree(site) == before

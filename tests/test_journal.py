@@ -234,5 +234,6 @@ def test_a_tail_that_no_tuner_wrote_is_refused_and_left_alone(tmp_path, capsys, 
     capsys.readouterr()
     assert main([*args, "--trials", "8"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "not a journal" in err, err
+    # its whole operations are counted and the repair named (issue 42, item 7)
+    assert len(err.strip().splitlines()) == 1 and "a damaged tail after" in err and "repair-journal" in err, err
     assert path.read_bytes() == before

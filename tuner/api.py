@@ -66,36 +66,50 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     # before another install finished.
     planned = plan()
     roots = list(inst.config_roots(site, engine, config_dir).values())
+    # What the install says (its notes, the audit, each table) is said once it is done: a refused
+    # or failed install (a full disk) ends in its one line, not after a page of notes.
+    held: list[tuple[bool, str]] = []
+
+    def hold(line: str) -> None:
+        held.append((False, line))
+
+    def flush() -> None:
+        for is_note, line in held:
+            log.warning("%s", line) if is_note else say(line)
+        held.clear()
+
     with contextlib.nullcontext() if dry_run else inst.locked(roots, inst.BACKUP_ROOT):
         copies, notes, extra, findings = planned if dry_run else plan()
         for note in notes:
-            log.warning("%s", note)
+            held.append((True, note))
         grouped: dict[tuple[str, str, str], list[str]] = {}      # one line per finding, naming its tables
         for f in findings:
             grouped.setdefault((f.severity, f.kind, f.reason), []).append(Path(f.table).name)
         for (severity, kind, reason), names in grouped.items():
             tables = names[0] if len(names) == 1 else f"{len(names)} tables ({names[0]} and {len(names) - 1} more)"
-            say(f"audit: {severity}: {kind}: {tables}: {reason}")
+            hold(f"audit: {severity}: {kind}: {tables}: {reason}")
         if not findings:
-            say(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
+            hold(f"audit: the {len(copies)} tables pass `tuner audit`'s table checks as they would stand")
         if extra:
-            say(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
-                f"into {config_dir} (the variable hides the package's own)")
+            hold(f"{'would copy' if dry_run else 'copying'} {len(extra)} shipped {engine} MoE tables "
+                 f"into {config_dir} (the variable hides the package's own)")
         for label in sorted({c.not_a_gpu for c in copies if c.not_a_gpu}):
             count = sum(c.not_a_gpu == label for c in copies)
-            say(f"*** {label}: {count} of these {len(copies)} tables {'were' if count > 1 else 'was'} chosen on times "
-                f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
-                f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
+            hold(f"*** {label}: {count} of these {len(copies)} tables {'were' if count > 1 else 'was'} chosen on times "
+                 f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
+                 f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
         for c in copies:
-            say(f"{'would install' if dry_run else 'install'} {c.dest}"
-                + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
-                + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
+            hold(f"{'would install' if dry_run else 'install'} {c.dest}"
+                 + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
+                 + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
         from tuner.emit.install_target import engine_log_lines
         for line in engine_log_lines(copies, engine, site, config_dir, where.version):
-            say(line)
+            hold(line)
         if dry_run:
+            flush()
             return None
         backup = inst.install(copies, engine, extra, lock=False)
+        flush()
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
         say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")

@@ -56,6 +56,7 @@ def _commands() -> list[tuple[str, Callable[..., None], Callable[[argparse.Names
         ("proof", proof.add_parser, proof.run),
         ("worker", worker.add_worker_parser, worker.run_worker),
         ("collect", worker.add_collect_parser, worker.run_collect),
+        ("repair-journal", worker.add_repair_parser, worker.run_repair),
     ]
 
 

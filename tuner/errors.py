@@ -50,6 +50,8 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 _SQLITE_WORDS = (("database or disk is full", errno.ENOSPC), ("attempt to write a readonly database", errno.EROFS),
                  ("unable to open database file", errno.ENOENT), ("disk i/o error", errno.EIO))
 
+_SQLITE_DAMAGE = ("database disk image is malformed", "file is not a database")
+
 
 def _chain(e: BaseException | None):
     seen = set()
@@ -85,6 +87,9 @@ def os_error_line(e: BaseException) -> str | None:
             return f"{err.filename}: {err.strerror}" if err.filename is not None else err.strerror
         text = str(err).lower()
         if isinstance(err, sqlite3.Error) or type(err).__module__.startswith("sqlalchemy"):
+            for needle in _SQLITE_DAMAGE:        # bad input, not ours to crash on (issue 42, item 5)
+                if needle in text:
+                    return f"the SQLite storage is damaged ({needle}): move it aside, give a new --storage"
             for needle, code in _SQLITE_WORDS:
                 if needle in text:
                     words = _WORDS[code]

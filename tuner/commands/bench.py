@@ -288,6 +288,9 @@ def run(args) -> int:
             from tuner.measure.noise import for_environment
             header["traffic_lines"] = traffic_lines(rows, profile, model, benched, header["time_source"],
                                                     for_environment(header))
+        from tuner.emit.verdict import verdict_lines
+        header["verdict_lines"] = verdict_lines([r.as_dict() for r in rows], kernel_name,
+                                                profile.served() if profile is not None else None)
         json_path, md_path = write_outputs(rows, out, header)
     finally:
         for m in measurers:
@@ -298,6 +301,8 @@ def run(args) -> int:
     for line in bench_table([r.as_dict() for r in rows]):
         print(line)
     for line in header.get("traffic_lines") or []:
+        print(line)
+    for line in header.get("verdict_lines") or []:
         print(line)
     print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
     return 0

@@ -84,6 +84,9 @@ def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
                   markdown_table(table, floatfmt=".3g"), ""]
     if header.get("traffic_lines"):
         lines += ["## Judged by traffic", "", *[f"- {line}" for line in header["traffic_lines"]], ""]
+    if header.get("verdict_lines"):
+        lines += ["## Verdict: the fastest contender per M, and the backend flag to run", "", "```",
+                  *header["verdict_lines"], "```", ""]
     wrong = [r for r in rows if r.judged().error]
     if wrong:
         lines += ["## Faster than the roofline floor: a figure is wrong", "",

@@ -32,6 +32,7 @@ EXAMPLES: dict[str, list[str]] = {
                       "tuner engine-source extract --engine vllm --out engine-src/vllm"],
     "proof": ["tuner proof --device cpu --gpu H200 --minutes 8 --out /tmp/rehearsal --call 1"],
     "worker": ["tuner worker --storage postgresql://host/tuner --study-prefix night1"],
+    "repair-journal": ["tuner repair-journal runs/night1/studies.journal"],
     "collect": ["tuner collect --storage postgresql://host/tuner --study-prefix night1 --out runs/night1"],
 }
 

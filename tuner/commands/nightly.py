@@ -330,7 +330,7 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state = read_state(state_path)
     check_jobs(cfg, config_path)
     if dry_run:
-        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, say=log)
+        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log)
     nightly_modes.require_devices(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
     with one_night_at_a_time(runs_dir):

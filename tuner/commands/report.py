@@ -309,10 +309,11 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
 
 def add_report_parser(sub, common) -> None:
     """`tuner report` and its options."""
-    rep = sub.add_parser("report", help="tables and plots of a results folder",
+    rep = sub.add_parser("report", help="tables and plots of a results folder; a bench file's verdict",
                          description="Print a results folder's tuned times and speedups, and write a Markdown "
-                         "report with plots (RUN/report/report.md).")
-    rep.add_argument("run", help="a results folder (with manifest.json)")
+                         "report with plots (RUN/report/report.md). Given a bench file (tuner bench's JSON): "
+                         "the fastest contender per M and the backend flag each engine should run.")
+    rep.add_argument("run", help="a results folder (with manifest.json), or a bench file")
     rep.add_argument("--out", default=None, metavar="FILE", help="where the Markdown goes")
     rep.add_argument("--traffic", default=None, metavar="FILE",
                      help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight) to judge the "
@@ -321,8 +322,23 @@ def add_report_parser(sub, common) -> None:
                      help="the model whose layer counts give the per-pass estimate (default: the run's)")
 
 
+def bench_verdict(path: Path) -> list[str]:
+    """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run (tuner/emit/verdict.py)."""
+    from tuner.emit.verdict import verdict_lines
+    from tuner.reading import read_json_file
+    data = read_json_file(path, "bench file ")
+    if not isinstance(data, dict) or data.get("format") != "tuner-bench/1" or not isinstance(data.get("rows"), list):
+        raise TunerError(f"{path} is not a bench file (\"format\": \"tuner-bench/1\", written by tuner bench)")
+    rows = [r for r in data["rows"] if isinstance(r, dict) and {"kernel_source", "problem", "M", "contender"} <= set(r)]
+    return [str(data.get("banner") or "times: unknown source"), *verdict_lines(rows, str(data.get("kernel")))]
+
+
 def run_report(args) -> int:
     from tuner.commands.report import table_sections, write_report
+    if Path(args.run).is_file():
+        for line in bench_verdict(Path(args.run)):
+            print(line)
+        return 0
     from tuner.commands.report_traffic import run_model, run_traffic, traffic_report_lines
     run = Path(args.run)
     read_manifest(run)                      # not a results folder: one line, before the profile's

@@ -54,6 +54,21 @@ def run_worker(args) -> int:
     return 0
 
 
+def add_repair_parser(sub, common) -> None:
+    """`tuner repair-journal`: keep a journal's whole operations, move its damaged tail aside."""
+    rep = sub.add_parser("repair-journal", help="keep a journal's whole operations, move a damaged tail aside",
+                         description="A journal storage whose tail is damaged (NULs, random bytes) after whole "
+                         "operations: keep those operations, move the rest to FILE.damaged-tail.")
+    rep.add_argument("journal", metavar="FILE")
+
+
+def run_repair(args) -> int:
+    from tuner.search.journal_repair import repair
+    for line in repair(Path(args.journal)):
+        print(line)
+    return 0
+
+
 def add_collect_parser(sub, common) -> None:
     """`tuner collect`: write a stored run's tables."""
     collect = sub.add_parser("collect", help="write the tables of a run stored in a shared storage",

@@ -86,31 +86,38 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
                 after_study()           # the tables as far as they go: a stopped run keeps them
 
 
-def incumbent_tables(opts: RunPlan) -> dict[str, tuple[str, dict, str]]:
-    """{problem key: (label, rows, where)} of the table a tuned row must beat: --baseline's,
-    else the one the engine reads today on this GPU (tuner/pipeline/incumbents.py); a problem
-    without one is not in it (its default config is the incumbent)."""
-    out: dict[str, tuple[str, dict, str]] = {}
+def incumbent_tables(opts: RunPlan) -> dict[str, list[tuple[dict, str]]]:
+    """{problem key: [(rows, where)]} of the tables a tuned row must beat: --baseline's, else
+    the one each engine of the problem reads today on this GPU (tuner/pipeline/incumbents.py),
+    where every such engine reads one; a problem not in it has the default as incumbent."""
+    from tuner.plan.engines import TABLE_FAMILIES
+    out: dict[str, list[tuple[dict, str]]] = {}
     found: dict = {}
     for problem in opts.problems:
         baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         if baseline:
-            out[problem.key] = ("installed", baseline, f"--baseline {opts.baseline}")
+            out[problem.key] = [(baseline, f"--baseline {opts.baseline}")]
             continue
         if opts.kernel.emit_table is not None:
             continue                    # our own format: no engine reads it
+        readers = [e for e in problem.engines if e in opts.engines and (e, opts.kernel.table_kind) in TABLE_FAMILIES]
         tables = engine_tables(opts.kernel, problem, opts.gpu, opts.engines, opts.request.engine_source, found)
-        if tables:
-            out[problem.key] = ("installed", tables[0].rows, tables[0].where)
+        if tables and len(tables) == len(readers):
+            out[problem.key] = [(t.rows, t.where) for t in tables]
     return out
 
 
 def incumbents(opts: RunPlan, installed: dict, problem: Problem, M: int) -> list[tuple]:
-    """[(label, the row the engine reads at M: the nearest key, where)] ([] where it reads none)."""
-    if problem.key not in installed:
+    """[("installed", the row the engine reads at M: the nearest key, where)]; [] where it
+    reads none, or where the engines sharing this problem's one row (a table written for
+    both) read different rows at M: the default is the incumbent then, as before any table."""
+    from tuner.plan.kernel_api import config_tuple
+    rows = [(incumbent(opts.kernel, r, M), where) for r, where in installed.get(problem.key, [])]
+    if not rows or not all(r for r, _ in rows):
         return []
-    label, rows, where = installed[problem.key]
-    return [(lb, cfg, where) for lb, cfg in incumbent(opts.kernel, rows, M)]
+    if len({config_tuple(opts.kernel, r[0][1]) for r, _ in rows}) > 1:
+        return []
+    return [(rows[0][0][0][0], rows[0][0][0][1], "; ".join(where for _, where in rows))]
 
 
 def by_key(opts: RunPlan) -> dict[str, Problem]:

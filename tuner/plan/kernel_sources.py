@@ -426,6 +426,15 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
             raise TunerError(f"--out {out} is not a folder")
         if any(out.iterdir()) and not (out / EXTRACT_MANIFEST).is_file():
             raise TunerError(f"--out {out} holds other files (no {EXTRACT_MANIFEST}); give a new or empty folder")
+        if (out / EXTRACT_MANIFEST).is_file():          # another engine's extraction is not replaced unasked
+            from tuner.reading import read_json_file
+            try:
+                was = read_json_file(out / EXTRACT_MANIFEST, "extraction manifest ")
+            except TunerError:
+                was = None
+            if not isinstance(was, dict) or was.get("engine") != engine:
+                what = f"{was.get('engine')}'s extracted source" if isinstance(was, dict) else "an extraction"
+                raise TunerError(f"--out {out} holds {what}, not {engine}'s: give another folder (or remove it)")
     code = locate(engine, source)
     texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
     make_folder(out.parent)

@@ -158,13 +158,21 @@ def checked(routing: RecordedRouting, topk: int, experts: int, where: str) -> No
 def install(routing: RecordedRouting, folder: Path) -> Path:
     """Store the canonical ids where the kernel finds them (`<folder>/<hash>.npy`), and point
     this process (and the measuring children it starts) at that folder."""
-    from tuner.paths import make_folder
+    import io
+
+    from tuner.paths import atomic_write_file, make_folder
     make_folder(folder)
     dst = folder / f"{routing.digest}.npy"
     if not dst.is_file():
-        tmp = folder / f".{routing.digest}.{os.getpid()}.npy"
-        np.save(tmp, routing.ids)
-        os.replace(tmp, dst)
+        # the bytes made first, then written with write(2) into a temporary removed on any error:
+        # numpy's own file writer says a full disk as "N requested and 0 written", no errno
+        buf = io.BytesIO()
+        np.save(buf, routing.ids)
+
+        def fill(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                f.write(buf.getvalue())
+        atomic_write_file(dst, fill, root=folder)
     os.environ[ROUTING_DIR_ENV] = str(folder.resolve())
     return dst
 

@@ -54,6 +54,15 @@ def _block_k_divides_group(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return not block_shape or block_shape[1] % cfg["BLOCK_SIZE_K"] == 0
 
 
+@rule("block_k_is_group", reads_m=False)
+def _block_k_is_group(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    # One K step per scale group: on the H200 (landscapes/NVIDIA_H200/, vLLM's GEMM at M = 1 and
+    # 16) every config with BLOCK_SIZE_K 64 in 128-wide groups took 1.2x the best or more: the
+    # loop pays its latency per step, and a half-group step pays it twice for the same scales.
+    block_shape = ctx.params.get("block_shape")
+    return not block_shape or cfg["BLOCK_SIZE_K"] == block_shape[1]
+
+
 @rule("block_k_clamped", reads_m=False)
 def _block_k_clamped(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     # An engine that clamps K tiles to the weight block runs a wider one as the block-wide

@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from tuner.errors import TunerError
 from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of, one_line
 from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
+from tuner.measure.provenance import is_cpu_device
 from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
@@ -149,8 +150,10 @@ class StudyRunner:
             allowed.add(t)
         if available is not None:
             allowed &= available
-        # the cost model's fastest candidates next (tuner/search/prior.py), where the kernel describes its work
-        seed_cfgs += prior_seeds(self.kernel, self.gpu, params, M, sorted(allowed), self.settings.prior,
+        # the cost model's fastest candidates next (tuner/search/prior.py), where the kernel describes its
+        # work; not on the CPU device, whose interpreter runs worst the many small programs Hopper likes
+        prior = 0 if is_cpu_device(self.measurer.environment()) else self.settings.prior
+        seed_cfgs += prior_seeds(self.kernel, self.gpu, params, M, sorted(allowed), prior,
                                  [self._key(c) for _, c in seed_cfgs])
         return _Target(problem, M, pin(default or self.kernel.default_config(params, M)), allowed, seed_cfgs)
 

@@ -107,7 +107,10 @@ def check_journal_file(path: Path, url: str) -> None:
     except OSError as e:
         raise TunerError(f"--storage {shown(url)}: cannot read {path} ({e.strerror})") from None
     if not ours:
-        raise TunerError(f"--storage {shown(url)}: {path} is not a journal of Optuna operations; give a new file")
+        from tuner.search.journal_repair import damaged_tail_line
+        line = damaged_tail_line(path, shown(url))
+        raise TunerError(line or f"--storage {shown(url)}: {path} is not a journal of Optuna operations; give a new "
+                         "file")
 
 
 def local_file(url: str) -> Path | None:

@@ -20,6 +20,17 @@ def per_release(common: dict[str, str], releases: tuple[str, ...], **changed: di
 
 
 @dataclass(frozen=True)
+class BackendFlag:
+    """The server flag that makes an engine run its Triton kernel for one table family (so its
+    tables are read) on Hopper, what runs without it, and where the engine's source defines the
+    flag (tests/test_verdict.py reads `source_text` in `source_file` of every wheel)."""
+    flag: str                   # "--linear-backend triton"
+    default: str                # what runs without it, in words
+    source_file: str            # the file of the engine's package that defines the flag
+    source_text: str            # text that file holds where it defines it
+
+
+@dataclass(frozen=True)
 class BackendChoice:
     """Whether the engine's default backend choice on Hopper runs the Triton kernel that reads
     one table family, and what changes that: the lines `backend_reads_table` says, with
@@ -80,6 +91,8 @@ class Engine:
     ep_holds_whole_experts: bool = False
     # {table kind: BackendChoice}: whether its default backend on Hopper reads the tables
     hopper_backends: dict = field(default_factory=dict)
+    # {table kind: BackendFlag}: the flag that makes the Triton kernel (and so the tables) run
+    triton_flags: dict = field(default_factory=dict)
 
     def tied_keys(self, kind: str) -> tuple[str, ...]:
         return tuple((self.down_table_tied_keys or {}).get(kind, ()))

@@ -4,7 +4,7 @@ its /metrics says of the batches it runs, and the loader functions these rules w
 
 from __future__ import annotations
 
-from tuner.plan.engine_rules.schema import BackendChoice, Engine, ServingMetrics, TableFamily, per_release
+from tuner.plan.engine_rules.schema import BackendChoice, BackendFlag, Engine, ServingMetrics, TableFamily, per_release
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE_CFG = "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
@@ -39,6 +39,12 @@ ENGINE = Engine(
             False, "not read by default: {facts}", turned_on_by=("SGLANG_ENABLE_JIT_DEEPGEMM",),
             turned_on_line="{variables}=0 is set: the Triton GEMM reads these tables"),
         "fused_moe": BackendChoice(True, "read by default ({facts})"),
+    },
+    triton_flags={
+        "fp8_gemm": BackendFlag("--fp8-gemm-backend triton", "DeepGEMM", "sglang/srt/arg_groups/fields/exec_.py",
+                                'cli_name="--fp8-gemm-backend"'),
+        "fused_moe": BackendFlag("--moe-runner-backend triton", "the Triton MoE runner (auto)",
+                                 "sglang/srt/arg_groups/fields/exec_.py", "moe_runner_backend:"),
     },
 )
 

@@ -4,7 +4,7 @@ how it names, places and reads its tables, which backend reads them on Hopper, w
 
 from __future__ import annotations
 
-from tuner.plan.engine_rules.schema import BackendChoice, Engine, ServingMetrics, TableFamily, per_release
+from tuner.plan.engine_rules.schema import BackendChoice, BackendFlag, Engine, ServingMetrics, TableFamily, per_release
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
@@ -39,6 +39,12 @@ ENGINE = Engine(
             turned_off_by=("VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM"),
             turned_off_line="{variables}=1 is set: DeepGEMM's MoE runs, not the Triton one ({facts})",
             expert_parallel_line="under expert parallelism not read by default: {facts}"),
+    },
+    triton_flags={
+        "fp8_gemm": BackendFlag("--linear-backend triton", "FlashInfer/DeepGEMM, then CUTLASS",
+                                "vllm/engine/arg_utils.py", '"--linear-backend"'),
+        "fused_moe": BackendFlag("--moe-backend triton", "the Triton fused MoE under tensor parallelism",
+                                 "vllm/engine/arg_utils.py", '"--moe-backend"'),
     },
 )
 

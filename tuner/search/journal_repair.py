@@ -1,0 +1,93 @@
+"""A journal with a damaged tail (issue 42, item 7): its whole operations counted, and kept by
+`tuner repair-journal FILE`, the rest moved aside, nothing deleted.
+
+A journal a killed writer left ends in a torn operation (tuner/search/journal_lines.py), which
+the storage reads past. A tail of NULs or random bytes (a disk that lost its last blocks, a
+copy cut short and padded) is no operation at all: the file is still the operations before it,
+whole, and nothing after them can be read as one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tuner.errors import TunerError
+
+MAX_OPERATION_BYTES = 64 << 20      # one operation (a study's plan is the longest: ~100 KiB)
+
+
+def whole_operations(path: Path) -> tuple[int, int, int]:
+    """(operations, the byte after the last of them, the file's size): the lines from the
+    start that are each a whole operation, read a line at a time (each bounded)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        count = good = 0
+        while True:
+            line = f.readline(MAX_OPERATION_BYTES + 1)
+            if not line.endswith(b"\n"):
+                return count, good, size
+            try:
+                op = json.loads(line)
+            except (ValueError, RecursionError):
+                return count, good, size
+            if not isinstance(op, dict) or not isinstance(op.get("op_code"), int) \
+                    or isinstance(op.get("op_code"), bool):
+                return count, good, size
+            count += 1
+            good += len(line)
+
+
+def damaged_tail_line(path: Path, url_shown: str) -> str | None:
+    """The refusal for a journal whose tail is damaged after whole operations (None: it has
+    none, so it is no journal of ours)."""
+    count, good, size = whole_operations(path)
+    if count == 0:
+        return None
+    return (f"--storage {url_shown}: {path} has a damaged tail after {count} whole operations ({size - good} bytes "
+            f"from byte {good} are no operation); `tuner repair-journal {path}` keeps the {count} operations and "
+            "moves the rest aside")
+
+
+def repair(path: Path) -> list[str]:
+    """Keep the whole operations of a journal, move its damaged tail to `<file>.damaged-tail`
+    (a new name when that exists): the tail is written aside, flushed, then cut off."""
+    if not path.is_file():
+        raise TunerError(f"{path}: no such journal file")
+    count, good, size = whole_operations(path)
+    if count == 0:
+        raise TunerError(f"{path} holds no whole operation of Optuna's: not a journal of ours; nothing was changed")
+    if good == size:
+        return [f"{path}: {count} whole operations and nothing after them: nothing to repair"]
+    aside = path.with_name(path.name + ".damaged-tail")
+    n = 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-tail-{n}")
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        out = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            pos = good
+            while pos < size:
+                chunk = os.pread(fd, min(1 << 20, size - pos), pos)
+                if not chunk:
+                    break
+                os.write(out, chunk)
+                pos += len(chunk)
+            os.fsync(out)
+        except BaseException:
+            os.close(out)
+            os.unlink(aside)
+            raise
+        os.close(out)
+        os.ftruncate(fd, good)
+        os.fsync(fd)
+    except OSError as e:
+        from tuner.errors import os_error_words
+        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
+    finally:
+        os.close(fd)
+    return [f"{path}: kept its {count} whole operations ({good} bytes); the damaged tail ({size - good} bytes) is in "
+            f"{aside}"]
