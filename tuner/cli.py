@@ -150,6 +150,9 @@ def _restore_streams(out, err) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import signal
+
+    from tuner.search import window
+    started = window.now()             # a --minutes window counts from here: the command's start
     _setup_logging()
     parser = build_parser()
     from tuner.textwidth import Fitting, error_text
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
+        args.argv = list(sys.argv[1:] if argv is None else argv)     # the command that continues a window
+        args.started = started
         trust_before = _trust_engine_source(args)
         restore_trust = True
         if getattr(args, "device", None) == "cpu":
