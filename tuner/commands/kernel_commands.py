@@ -13,6 +13,7 @@ from tuner.commands.options import (
     context,
     device_option,
     fraction,
+    minutes,
     page,
     parallel_options,
     positive,
@@ -66,6 +67,10 @@ def common_options() -> Parser:
     s.add_argument("--traffic", default=None, metavar="FILE",
                    help="gemm, moe: a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): "
                    "the table's keys, the trial budget and kept defaults follow the batch sizes served")
+    s.add_argument("--minutes", type=minutes, default=None, metavar="M",
+                   help="a time-boxed window: the studies by expected value per GPU second, as many as fit in M "
+                   "minutes; every table written with what it has (rows not tuned keep the incumbent); the same "
+                   "command again continues (docs/tuning.md)")
     s.add_argument("--storage", default=None, metavar="URL",
                    help="journal:///FILE or an Optuna database URL (default journal:///OUT/studies.journal); "
                    "a stopped run resumes from it")

@@ -105,9 +105,9 @@ JOB_KEY_ORDER = ("name", "kernel", "model", "gpu", *JOB_OPTIONS, *JOB_LIST_OPTIO
 JOB_KEYS = set(JOB_KEY_ORDER)
 
 
-def job_request(job: dict, out: Path, baseline: Path | None = None):
+def job_request(job: dict, out: Path, baseline: Path | None = None, minutes: float | None = None):
     """The tuning run of a job; `baseline` (the last run) seeds every study with the
-    configs in use, so the retune starts from what it must beat."""
+    configs in use, so the retune starts from what it must beat; `minutes`: its window."""
     from tuner.pipeline.request import TuneRequest
     options = {k: job[k] for k in JOB_OPTIONS if job.get(k) is not None}
     options.update({k: list(job[k]) if isinstance(job[k], (list, tuple)) else [job[k]]
@@ -117,7 +117,7 @@ def job_request(job: dict, out: Path, baseline: Path | None = None):
             options[key] = str(options[key])
     return TuneRequest(command=job["kernel"], model=str(job["model"]), gpu=str(job["gpu"]), out=str(out),
                        quiet=True, baseline=str(baseline) if baseline is not None else None,
-                       synthetic=bool(job.get("synthetic")), **options)
+                       synthetic=bool(job.get("synthetic")), minutes=minutes, **options)
 
 
 def check_jobs(cfg: dict, path: Path) -> None:
@@ -244,7 +244,7 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     return kept
 
 
-def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
+def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None) -> dict:
     from tuner import api
     from tuner.commands.drift import Measurers, measure_drift
     from tuner.commands.report import write_diff
@@ -255,11 +255,14 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
 
     name = job["name"]
     prev = state.get(name)
-    prev_run = Path(prev["run"]) if prev and Path(prev["run"], "manifest.json").is_file() else None
     env = environment_now(job)
+    begun = _begun(prev, env)
+    if begun is not None and prev is not None:  # a window before this one left the job's retune unfinished
+        prev = {"run": prev["baseline"], "environment": prev["environment"]} if prev.get("baseline") else None
+    prev_run = Path(prev["run"]) if prev and Path(prev["run"], "manifest.json").is_file() else None
     changed = prev_run is None or prev is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
     drifted = False
-    if prev_run is not None and not changed:
+    if prev_run is not None and not changed and begun is None:
         from tuner.commands.nightly_modes import run_landscape
         measurers = Measurers(get_gpu(job["gpu"]), run_landscape(job, prev_run), kernel_source=job.get("kernel_source"),
                               engine_source=job.get("engine_source"))
@@ -269,14 +272,25 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
         finally:
             measurers.close()
         drifted = bool((df["verdict"].isin(["loses", "fails"])).any())
-    if prev_run is not None and not changed and not drifted:
+    if prev_run is not None and not changed and not drifted and begun is None:
         log(f"{name}: environment unchanged and every table still wins: kept {prev_run}")
         return {"job": name, "status": "unchanged", "run": str(prev_run)}
     why = "first run" if prev_run is None else ("environment changed" if changed else "a table lost to the default")
     out = night_dir / name
+    if begun is not None:
+        why, out = f"continuing the retune begun in {begun}", begun
+    minutes = None
+    if window is not None:
+        # the job's tuning gets what is left of the night's window, less a tenth for what follows it
+        # (keeping better previous configs, the diff, the install)
+        minutes = window.left() * 0.9 / 60
+        if minutes * 60 < 1:
+            log(f"{name}: no time left in this window; the next one retunes it")
+            return {"job": name, "status": "waiting", "why": why}
     log(f"{name}: retuning ({why}) into {out}")
+    left: dict = {}
     try:
-        done = tune(job_request(job, out, prev_run))
+        done = tune(job_request(job, out, prev_run, minutes), left=left)
     except TunerError as e:
         raise TunerError(f"{name}: the tuning run failed: {e}") from None
     except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
@@ -288,6 +302,12 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     if untimed:                 # its tables lack those batch sizes: not a night that went fine
         raise TunerError(f"{name}: {untimed}")
     result = {"job": name, "run": str(out), "why": why}
+    if left.get("studies"):
+        # its tables hold what was tuned (the incumbent elsewhere); the next window goes on with it
+        state[name] = {"run": str(out), "environment": env, "unfinished": True,
+                       **({"baseline": str(prev_run)} if prev_run is not None else {})}
+        log(f"{name}: {left['studies']} studies left for the next window (tuner nightly --minutes)")
+        return {**result, "status": "partial", "left": left["studies"]}
     if prev_run is None:
         result["status"] = "fresh"
     else:
@@ -311,8 +331,18 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log) -> dict:
     return result
 
 
+def _begun(prev: dict | None, env: dict) -> Path | None:
+    """The run folder of a retune an earlier window left unfinished, to continue (None: none, or
+    one timed on another environment, whose studies are not this machine's: retuned afresh)."""
+    if not prev or not prev.get("unfinished") or not Path(prev["run"]).is_dir():
+        return None
+    if any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS):
+        return None
+    return Path(prev["run"])
+
+
 def run_night(config_path: Path, night: str | None = None, log=print, dry_run: bool = False,
-              synthetic: bool = False) -> int:
+              synthetic: bool = False, minutes: float | None = None, began: float | None = None) -> int:
     from tuner.commands import nightly_modes
     from tuner.paths import check_writable
     cfg = load_config(config_path)
@@ -330,12 +360,12 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state = read_state(state_path)
     check_jobs(cfg, config_path)
     if dry_run:
-        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, say=log)
+        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log)
     nightly_modes.require_devices(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
     with one_night_at_a_time(runs_dir):
         state = read_state(state_path)        # as the night that held the lock left it
-        return _run_jobs(cfg, runs_dir, night, night_dir, state_path, state, noise, log)
+        return _run_jobs(cfg, runs_dir, night, night_dir, state_path, state, noise, log, minutes, began)
 
 
 def one_night_at_a_time(runs_dir: Path):
@@ -362,13 +392,15 @@ def one_night_at_a_time(runs_dir: Path):
 
 
 def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path: Path, state: dict, noise: float,
-              log) -> int:
+              log, minutes: float | None = None, began: float | None = None) -> int:
     from tuner.paths import make_folder
+    from tuner.search.window import Window
+    window = Window(minutes, began=began) if minutes is not None else None
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
     results = []
     for job in cfg["jobs"]:
         try:
-            results.append(run_job(job, night_dir, state, noise, log))
+            results.append(run_job(job, night_dir, state, noise, log, window))
         except TunerError as e:
             log(f"{job['name']}: FAILED: {e}")
             results.append({"job": job["name"], "status": "failed", "error": str(e)})
@@ -400,8 +432,12 @@ def add_parser(sub, common) -> None:
     night.add_argument("--synthetic", action="store_true",
                        help="time the jobs without a landscape of their own on SYNTHETIC ones made on the fly (no GPU; "
                             "into RUNS_DIR-synthetic)")
+    from tuner.commands.options import minutes
+    night.add_argument("--minutes", type=minutes, default=None, metavar="M",
+                       help="the night's slot: the jobs' retunes stop after M minutes, their tables written with "
+                       "what was tuned, and the next night (or window) with --minutes continues them")
 
 
 def run(args) -> int:
     return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True), dry_run=args.dry_run,
-                     synthetic=args.synthetic)
+                     synthetic=args.synthetic, minutes=args.minutes, began=getattr(args, "started", None))

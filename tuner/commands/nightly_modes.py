@@ -45,16 +45,16 @@ def require_devices(cfg: dict, path: Path) -> None:
         if job.get("replay") or job.get("synthetic"):
             continue
         try:
-            require_gpu(get_gpu(str(job["gpu"])).cuda_name, "its tuning run",
-                        "--dry-run shows every job's plan and --synthetic runs the night on SYNTHETIC landscapes")
+            require_gpu(get_gpu(str(job["gpu"])).cuda_name, "its run", "try --dry-run or --synthetic")
         except TunerError as e:
-            raise TunerError(f"{path}: job {job['name']!r}: {e} (nothing was run or written)") from None
+            raise TunerError(f"job {job['name']!r}: {e}") from None
 
 
-def plan_night(cfg: dict, path: Path, runs_dir: Path, night: str, state: dict, say=print) -> int:
+def plan_night(cfg: dict, path: Path, runs_dir: Path, night: str, state: dict, job_request,
+               say=print) -> int:
     """What `tuner nightly --dry-run` prints: each job's plan, then the files the night would
-    write. Writes nothing."""
-    from tuner.commands.nightly import job_request
+    write. Writes nothing. `job_request` is nightly's own (passed in: nightly imports this module,
+    so importing it back would be a cycle)."""
     from tuner.pipeline.tune import tune
     night_dir = runs_dir / night
     say(f"dry run of the night {night} of {path}: nothing is measured or written")

@@ -50,6 +50,15 @@ def fraction(text: str) -> float:
     return v
 
 
+def minutes(text: str) -> float:
+    """--minutes: a window's length, more than 0 and at most a day."""
+    from tuner.pipeline.request import checked_minutes
+    try:
+        return checked_minutes(text)
+    except TunerError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--minutes must", "must")) from None
+
+
 # the bounds a tuning request holds every way it is made (tuner/pipeline/request.py)
 positive = integer(1, MAX_COUNT)
 batch = integer(1, MAX_COUNT, why=" (batch sizes are tokens per step)")

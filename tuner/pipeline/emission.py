@@ -59,10 +59,11 @@ def collect(opts: RunPlan, storage: BaseStorage, quiet: bool = False, wait: bool
                         f"{opts.settings.sampler}); give another --out to tune them again with this run's")
     if opts.traffic is not None and opts.kernel.emit_table is None:
         results = _prefer_defaults(opts, results)
-    done = [p for p in opts.problems if p.key in results]
+    written = with_incumbents(opts, results)
+    done = [p for p in opts.problems if p.key in written]
     if opts.kernel.emit_table is not None:
         if done:
-            _emit_own_format(opts, done, results, run_info)
+            _emit_own_format(opts, done, written, run_info)
     else:
         from tuner.emit.run_findings import RunFindings
         keys = by_key(opts)
@@ -70,16 +71,17 @@ def collect(opts: RunPlan, storage: BaseStorage, quiet: bool = False, wait: bool
         for problem in done:
             # Tables tied together are written together, over the batch sizes both have.
             if problem.tied_to or any(q.tied_to == problem.key for q in opts.problems):
-                if not problem.tied_to or problem.tied_to not in results:
+                if not problem.tied_to or problem.tied_to not in written:
                     continue
                 group = [keys[problem.tied_to], problem]
             else:
                 group = [problem]
-            _emit(opts, group, [results[p.key] for p in group], env, run_info, findings)
+            _emit(opts, group, [written[p.key] for p in group], env, run_info, findings)
         for line in findings.lines() if findings is not None else []:
             log.warning("%s", line)
     if missing and not quiet:
-        log.warning("%d studies have no result yet; their batch sizes are left out", missing)
+        log.warning("%d studies have no result yet; their rows keep the incumbent (the row the engine reads "
+                    "today)", missing)
     return results
 
 
@@ -122,8 +124,8 @@ def _emit_own_format(opts: RunPlan, done: list[Problem], all_results: dict, run_
     tables, file_of = emit(pairs, opts.gpu.cuda_name)
     for rel, obj in tables.items():
         atomic_write_json(opts.out_dir / rel, obj, root=opts.out_dir)
-    entries = [manifest_entry(opts.kernel, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {},
-                              run_info) for p, results in pairs]
+    entries = [_entry(opts, p, results, {"tuner": file_of[p.key]} if p.key in file_of else {}, run_info)
+               for p, results in pairs]
     update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
 
 
@@ -143,7 +145,7 @@ def _emit(opts: RunPlan, group: list[Problem], group_results: list[list[StudyRes
     for problem, results in zip(group, group_results):
         engines = [] if problem.key in copies else opts.engines
         files = write_tables(opts.out_dir, opts.kernel, problem, results, opts.gpu.cuda_name, triton_version, engines)
-        entry = manifest_entry(opts.kernel, problem, results, files, run_info)
+        entry = _entry(opts, problem, results, files, run_info)
         if problem.key in copies:
             entry["not_written"] = copies[problem.key]
         entries.append(entry)
@@ -170,3 +172,59 @@ def _audit_emitted(opts: RunPlan, problem: Problem, files: dict[str, str], findi
                 findings.add(rel, f, table)
         if crash:
             raise TunerError(f"{rel} was written but {engine}'s loader would not read it ({crash}): a bug, please report")
+
+
+# -- a partial table: the rows not tuned yet keep what the engine reads today ------------------------
+NOT_TUNED = "not tuned"
+
+
+def with_incumbents(opts: RunPlan, results: dict[str, list[StudyResult]]) -> dict[str, list[StudyResult]]:
+    """The rows to write: a table some of whose batch sizes are not tuned yet (a window that
+    ended, a stopped run) holds the incumbent there, the row the engine reads today at that M
+    (its shipped table's, as the engine looks it up, else the engine's default), so that a
+    partial table never makes the engine slower at a batch size it did not tune. Tables tied
+    together change together: a batch size tuned in one and not the other keeps both incumbents."""
+    from tuner.pipeline.studies import incumbent_tables, incumbents
+    from tuner.search.tied_choice import table_default
+    tuned = {k: {r.M for r in rs} for k, rs in results.items()}
+    for p in opts.problems:          # tied tables: the batch sizes tuned in all of them
+        group = [q for q in opts.problems if q.tied_to == p.key]
+        if group and not p.tied_to:
+            both = set.intersection(*(tuned.get(q.key, set()) for q in [p, *group]))
+            for q in [p, *group]:
+                tuned[q.key] = tuned.get(q.key, set()) & both
+    out: dict[str, list[StudyResult]] = {}
+    fills: dict[tuple[str, int], dict] = {}
+    if opts.incumbents is None:          # resolved once a run: the tables each engine reads today
+        opts.incumbents = incumbent_tables(opts)
+    for p in sorted(opts.problems, key=lambda q: bool(q.tied_to)):     # a tied table after the one it hangs on
+        if p.key not in results and not (p.tied_to and p.tied_to in out):
+            continue
+        rows = [r for r in results.get(p.key, []) if r.M in tuned.get(p.key, set())]
+        for M in (m for m in opts.ms_for(p) if m not in tuned.get(p.key, set())):
+            partner = fills.get((p.tied_to, M)) if p.tied_to else None
+            default = table_default(opts.kernel, p, M, partner)
+            row = incumbents(opts, opts.incumbents, p, M)      # as tuning takes it: [(label, config, where)]
+            keep = row[0][1] if row and (not partner or all(row[0][1].get(k) == partner.get(k)
+                                                             for k in p.tied_keys)) else default
+            fills[(p.key, M)] = keep
+            rows.append(StudyResult(p, M, keep, None, None, default, None, 0, NOT_TUNED,
+                                    {"status": "default", "detail": "not tuned yet: the incumbent kept"},
+                                    choice={"row": "installed" if keep is not default else "default",
+                                            "why": "not tuned yet"}))
+        if any(r.stopped != NOT_TUNED for r in rows) or p.tied_to in out:
+            out[p.key] = sorted(rows, key=lambda r: r.M)
+    return out
+
+
+def _entry(opts: RunPlan, problem: Problem, results: list[StudyResult], files: dict, run_info: dict) -> dict:
+    """The manifest's entry of a table: its tuned rows, and where it is partial (tuner/emit/partial.py)
+    every batch size planned, and those whose row keeps the incumbent (and whose: installed or default)."""
+    tuned = [r for r in results if r.stopped != NOT_TUNED]
+    entry = manifest_entry(opts.kernel, problem, tuned, files, run_info)
+    kept = {str(r.M): r.choice.get("row") for r in results if r.stopped == NOT_TUNED}
+    if kept:
+        entry["partial"] = {"planned": sorted(r.M for r in results), "incumbent": kept,
+                            "why": "not tuned yet (the run stopped or its --minutes window ended); their rows "
+                                   "keep the incumbent, the row the engine reads today"}
+    return entry

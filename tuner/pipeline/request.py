@@ -79,6 +79,9 @@ class TuneRequest:
     no_warm_start: bool = False                 # no seeds from the engines' shipped tables
     min_gain: float = 0.02                      # a row changes only for a gain above this (tuner/search/choice.py)
     synthetic: bool = False                     # time on a SYNTHETIC landscape made on the fly (no GPU)
+    minutes: float | None = None                # a time-boxed window: what fits, by value (tuner/pipeline/windows.py)
+    argv: list[str] | None = None               # the command line that made it (to say the one that continues)
+    started: float | None = None                # when the command began, on the window's clock (tuner/search/window.py)
 
     def __post_init__(self) -> None:
         """Checked once, here: every way a request is made (the command line, `tuner.api`, a
@@ -154,6 +157,13 @@ class TuneRequest:
             raise TunerError(f"--routing takes uniform, zipf or a routing file, not {self.routing!r}")
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise TunerError(f"--min-gain must be at least 0 and below 1 (0.02 is 2%), not {self.min_gain!r}")
+        if self.minutes is not None:
+            changes["minutes"] = checked_minutes(self.minutes)
+        if self.started is not None and (isinstance(self.started, bool) or not isinstance(self.started, (int, float))):
+            raise TunerError(f"started takes a time, not {self.started!r}")
+        if self.argv is not None and (not isinstance(self.argv, (list, tuple))
+                                      or not all(isinstance(a, str) for a in self.argv)):
+            raise TunerError(f"argv takes a list of texts, not {self.argv!r}")
         if self.warm_start is not None and (not isinstance(self.warm_start, (list, tuple))
                                             or not all(isinstance(p, str) for p in self.warm_start)):
             raise TunerError(f"--warm-start takes paths, not {self.warm_start!r}")
@@ -195,3 +205,19 @@ class TuneRequest:
                     raise TunerError(f"--{name.replace('_', '-')} takes a list of integers, not {values!r}")
                 changes[name] = [whole(name, v, most=most) for v in values]
         return changes
+
+
+MAX_MINUTES = 24 * 60
+
+
+def checked_minutes(value) -> float:
+    """--minutes: more than 0, at most a day (NaN and infinity fail too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TunerError(f"--minutes must be a number of minutes, not {value!r}")
+    try:
+        v = float(value)
+    except ValueError:
+        raise TunerError(f"--minutes must be a number of minutes, not {value!r}") from None
+    if not 0 < v <= MAX_MINUTES:
+        raise TunerError(f"--minutes must be more than 0 and at most {MAX_MINUTES} (a day), not {value}")
+    return v

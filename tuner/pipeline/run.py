@@ -5,6 +5,7 @@ the tables and manifest from what the storage holds (tuner/pipeline/emission.py)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -26,11 +27,13 @@ from tuner.pipeline.studies import time_unit, tune_all
 from tuner.plan.kernel_api import config_tuple
 from tuner.progress import Progress
 from tuner.search.settings import StudyResult
+from tuner.search.window import Window
 
 
-def run_tuning(opts: RunPlan) -> dict[str, list[StudyResult]]:
+def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[StudyResult]]:
     """Tune every (problem, M) (here, or in one worker process per GPU), then write the
-    tables and the manifest from what the storage holds; returns the results."""
+    tables and the manifest from what the storage holds; returns the results. With a window
+    (--minutes) the studies go by value until its time is up (tuner/pipeline/windows.py)."""
     progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
     t0 = time.monotonic()
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
@@ -42,6 +45,8 @@ def run_tuning(opts: RunPlan) -> dict[str, list[StudyResult]]:
     storage = open_run_storage(opts) if storage_exists(opts) else None
     if storage is not None:
         check_plan(storage, opts)
+    if len(opts.gpus) > 1 and not opts.replay and window is not None:
+        raise TunerError("--minutes runs on one GPU: give --gpus one GPU, or no --minutes")
     if len(opts.gpus) > 1 and not opts.replay:
         from tuner.search.identity import CPU_DEVICE, GPU
         opts.times = CPU_DEVICE if opts.device == "cpu" else GPU
@@ -60,12 +65,14 @@ def run_tuning(opts: RunPlan) -> dict[str, list[StudyResult]]:
             storage = storage or open_run_storage(opts)
             save_plan(storage, opts)
             _say_notes(opts, progress)
-            tune_all(opts, storage, measurer, progress,
-                     after_study=lambda: collect(opts, storage, quiet=True))
+            with window.alarm() if window else contextlib.nullcontext():
+                tune_all(opts, storage, measurer, progress,
+                         after_study=lambda: collect(opts, storage, quiet=True), window=window)
         finally:
             measurer.close()
     results = collect(opts, storage)
-    progress.note(f"done in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
+    ended = "the window closed" if window is not None and window.closed else "done"
+    progress.note(f"{ended} in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
     return results
 
 

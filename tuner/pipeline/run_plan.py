@@ -41,6 +41,7 @@ class RunPlan:
     times: str | None = None         # where the times come from (tuner/search/identity.py), once known
     notes: list[str] = field(default_factory=list)   # lines the run says once it starts (its default --tp)
     warm: WarmPool | None = None     # known configs to seed studies from (tuner/search/warm_start.py)
+    incumbents: dict | None = None   # the tables the engines read today, once resolved (studies.incumbent_tables)
 
     # The request's options a run reads, by the names the pipeline uses.
     @property

@@ -26,15 +26,17 @@ from tuner.search.storage_urls import shown
 from tuner.search.tied_choice import choose_tied, table_default
 from tuner.search.tied_race import incumbent_pairs, race_tied
 from tuner.search.warm_start import incumbent, study_seeds
+from tuner.search.window import Window, WindowClosed
 
 
 def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: Progress,
-             after_study: Callable[[], object] | None = None) -> None:
+             after_study: Callable[[], object] | None = None, window: Window | None = None) -> None:
     """Run every study of the plan against one measurer. Several processes may do this at
-    once on one storage (workers): they share the studies."""
+    once on one storage (workers): they share the studies. With a window (--minutes), the
+    studies go by value (tuner/pipeline/windows.py) until its time is up."""
     runner = StudyRunner(opts.kernel, opts.space, opts.gpu, measurer, storage, opts.settings,
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
-                         prefix=opts.prefix, policy=opts.policy)
+                         prefix=opts.prefix, policy=opts.policy, window=window)
     # A run started again shows the studies it finished before as stored, and says so.
     finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
                 if stored_result(storage, opts, p, M) is not None}
@@ -43,47 +45,75 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
         progress.note(f"resuming from {shown(run_storage(opts))}: {len(finished)} of {total} "
                       "studies finished before; their stored results are shown, not run again")
     installed = incumbent_tables(opts)
+    if window is not None:
+        from tuner.pipeline.windows import study_order, study_states
+        order = study_order(opts, study_states(opts, storage), getattr(measurer, "landscape", None))
+        try:
+            for problem, M in order:
+                if window.closed:
+                    break
+                # the batch sizes done: those whose study is finished, in this window or an earlier one
+                ms_done = [m for m in sorted(opts.ms_for(problem))
+                           if m != M and stored_result(storage, opts, problem, m) is not None]
+                _study(opts, storage, measurer, runner, progress, installed, problem, M, ms_done, after_study)
+        except WindowClosed:
+            window.closed = True
+        finally:
+            sync_storage(storage)       # what the window measured is on the disk
+        return
     for problem in opts.problems:
-        baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
         done: list[int] = []
         for M in sorted(opts.ms_for(problem)):
-            tied_config = None
-            if problem.tied_to:
-                tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
-                if not tied or not tied.get("config"):
-                    continue            # nothing to tie to at this M: left out of both tables
-                tied_config = tied["config"]
-            progress.start_study(f"{label(problem)} M={M}")
-            default = table_default(opts.kernel, problem, M, tied_config)
-            seeds = [("default", default)]
-            seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
-            if baseline:
-                seeds.append(("baseline", lookup_nearest(baseline, M)))
-            # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
-            seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
-                                 opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
-            # a tied table searches its shared keys freely too: both tables choose them together below
-            r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
-            if problem.tied_to and not r.tied:
-                up = by_key(opts)[problem.tied_to]
-                tied_r = choose_tied(runner, measurer, problem, up, M, opts.settings.top_k,
-                                     lambda q: stored_result(storage, opts, q, M))
-                if tied_r is not None:
-                    # the pair chosen together is raced against the pair the engine runs today
-                    up_d = stored_result(storage, opts, up, M) or {}
-                    up_r = StudyRunner.result_from_dict(up, M, up_d) if up_d.get("default_config") else None
-                    if up_r is not None:
-                        down_rows = incumbents(opts, installed, problem, M)
-                        pairs = incumbent_pairs(opts.kernel, up, problem, M, [
-                            *incumbents(opts, installed, up, M), ("default", opts.kernel.default_config(up.params, M))],
-                            down_rows[0] if down_rows else None)
-                        _, tied_r = race_tied(runner, up, problem, M, up_r, tied_r, pairs, opts.settings.row_gain)
-                    r = tied_r
-            done.append(M)
-            progress.end_study(summary(r, time_unit(opts), getattr(opts.settings.row_gain, "noise", None)))
-            sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
-            if after_study:
-                after_study()           # the tables as far as they go: a stopped run keeps them
+            if _study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study):
+                done.append(M)
+
+
+def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,
+           installed: dict, problem: Problem, M: int, done: list[int],
+           after_study: Callable[[], object] | None) -> bool:
+    """One study, seeded; False where a tied table has nothing to tie to at M."""
+    baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
+    tied_config = None
+    if problem.tied_to:
+        tied = wait_for_result(storage, opts, by_key(opts)[problem.tied_to], M)
+        if not tied or not tied.get("config"):
+            return False            # nothing to tie to at this M: left out of both tables
+        tied_config = tied["config"]
+    progress.start_study(f"{label(problem)} M={M}")
+    default = table_default(opts.kernel, problem, M, tied_config)
+    seeds = [("default", default)]
+    seeds += [("default", c) for c in opts.kernel.extra_seeds(problem.params, M)]
+    if baseline:
+        seeds.append(("baseline", lookup_nearest(baseline, M)))
+    # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
+    seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
+                         opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
+    # a tied table searches its shared keys freely too: both tables choose them together below
+    try:
+        r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
+    except WindowClosed:
+        progress.end_study("cut: the window closed; the trials measured are kept for the next")
+        raise
+    if problem.tied_to and not r.tied:
+        up = by_key(opts)[problem.tied_to]
+        tied_r = choose_tied(runner, measurer, problem, up, M, opts.settings.top_k,
+                             lambda q: stored_result(storage, opts, q, M))
+        if tied_r is not None:
+            # the pair chosen together is raced against the pair the engine runs today
+            up_d = stored_result(storage, opts, up, M) or {}
+            up_r = StudyRunner.result_from_dict(up, M, up_d) if up_d.get("default_config") else None
+            if up_r is not None:
+                down_rows = incumbents(opts, installed, problem, M)
+                pairs = incumbent_pairs(opts.kernel, up, problem, M, [
+                    *incumbents(opts, installed, up, M), ("default", opts.kernel.default_config(up.params, M))],
+                    down_rows[0] if down_rows else None)
+                _, tied_r = race_tied(runner, up, problem, M, up_r, tied_r, pairs, opts.settings.row_gain)
+            r = tied_r
+    progress.end_study(summary(r, time_unit(opts), getattr(opts.settings.row_gain, "noise", None)))
+    sync_storage(storage)       # a finished study is on the disk (a journal syncs at most each second)
+    if after_study:
+        after_study()           # the tables as far as they go: a stopped run keeps them
+    return True
 
 
 def incumbent_tables(opts: RunPlan) -> dict[str, list[tuple[dict, str]]]:

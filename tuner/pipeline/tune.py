@@ -12,18 +12,19 @@ from typing import Callable
 from tuner.pipeline.request import TuneRequest
 
 
-def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
+def tune(request: TuneRequest, say: Callable[[str], None] = print, left: dict | None = None) -> list:
     """Plan and run one tuning run per kernel that times some of the tables (each
     engine's own, or ours); `say` gets the plan (dry run) or each kernel's results table.
-    Returns [(run plan, {problem key: [StudyResult]})] (nothing on a dry run)."""
+    Returns [(run plan, {problem key: [StudyResult]})] (nothing on a dry run). With --minutes,
+    `left` (when given) gets {"studies": the plan's studies a later window has to finish}."""
     if not request.trust_engine_source:
-        return _tune(request, say)
+        return _tune(request, say, left)
     # for this run and the processes it starts (measuring children, compile workers)
     from tuner.plan.kernel_sources import TRUST_ENV
     before = os.environ.get(TRUST_ENV)
     os.environ[TRUST_ENV] = "1"
     try:
-        return _tune(request, say)
+        return _tune(request, say, left)
     finally:
         if before is None:
             os.environ.pop(TRUST_ENV, None)
@@ -31,11 +32,15 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print) -> list:
             os.environ[TRUST_ENV] = before
 
 
-def _tune(request: TuneRequest, say: Callable[[str], None]) -> list:
+def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = None) -> list:
     from tuner.pipeline.plan_text import plan_text  # light: a plan loads no Optuna, torch, Triton
     from tuner.pipeline.planning import plan_runs
 
     req = copy.copy(request)             # the defaults it left open are filled in the pipeline's copy
+    window = None
+    if req.minutes is not None and not req.dry_run:
+        from tuner.search.window import Window
+        window = Window(req.minutes, began=req.started)     # the command's start-up and planning count too
     plans = plan_runs(req, say)
     if req.dry_run:
         say("\n\n".join(plan_text(opts) for opts in plans))
@@ -43,11 +48,39 @@ def _tune(request: TuneRequest, say: Callable[[str], None]) -> list:
     from tuner.pipeline.run import run_tuning
     done = []
     for opts in plans:
-        results = run_tuning(opts)
+        if window is not None and window.closed:
+            continue                    # no time left for this kernel's studies: said below
+        results = run_tuning(opts, window)
         for line in closing_lines(opts, results):
             say(line)
         done.append((opts, results))
+    if window is not None:
+        lines, studies_left = window_lines(plans, window, req)
+        for line in lines:
+            say(line)
+        if left is not None:
+            left["studies"] = studies_left
     return done
+
+
+def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]:
+    """What a --minutes window leaves: per kernel, the studies finished and left, and the command
+    that continues (the same command again, with the same --out or --storage)."""
+    from tuner.pipeline.stored_plans import open_run_storage, storage_exists
+    from tuner.pipeline.windows import continue_command, left_lines, study_states, wrap
+    spent = window.clock() - window.started
+    lines = [f"window of {window.minutes:g} min: {spent:.0f} s used"
+             + ("; it closed before the work was done" if window.closed else "")]
+    left = 0
+    for opts in plans:
+        states = study_states(opts, open_run_storage(opts) if storage_exists(opts) else None)
+        lines += left_lines(opts, states, window.minutes)
+        left += sum(not s.finished for s in states.values())
+    if left:
+        out = str(plans[0].out_dir) if plans and not req.storage else None
+        lines.append("continue with (the studies finished are not run again, nor any trial measured):")
+        lines.append(wrap("  " + continue_command(req.argv, out)))
+    return lines, left
 
 
 def closing_lines(opts, results: dict) -> list[str]:

@@ -42,6 +42,7 @@ from tuner.search.settings import SearchSettings, StudyResult, default_settings,
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
 from tuner.search.warm_start import is_warm, seeds_by_source
+from tuner.search.window import Window, measuring_in
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
@@ -68,7 +69,7 @@ class StudyRunner:
 
     def __init__(self, kernel: KernelSpec, space: SearchSpace, gpu: GpuSpec, measurer: Measurer,
                  storage: BaseStorage, settings: SearchSettings, on_trial=None, prefix: str = "",
-                 policy: dict | None = None):
+                 policy: dict | None = None, window: Window | None = None):
         self.kernel = kernel
         self.space = space
         self.gpu = gpu
@@ -79,6 +80,7 @@ class StudyRunner:
         self.poll_s = 2.0          # how often to look again while other workers hold the last trials
         self.prefix = prefix
         self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
+        self.window = window                # --minutes: stop on time (tuner/search/window.py)
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
@@ -99,12 +101,18 @@ class StudyRunner:
             return result
         self._fail_stale(study, target)
         self._queue_seeds(study, target)
-        stopped, measured = self._search(study, target)
-        self._fail_stale(study, target)      # leave no dead worker's trial RUNNING behind
-        result = self._finish(problem, M, measured, target.default, stopped)
-        # the row changes only for a real gain over what the engine runs today (an installed row, else the default)
-        result = choose_row(self.kernel, self.measurer, result, [*(incumbents or []), ("default", target.default)],
-                            self.settings.row_gain)
+        try:
+            stopped, measured = self._search(study, target)
+            if self.window:       # the finalists timed again and checked: in this window, or the next
+                self.window.before_close(study.get_trials(deepcopy=False))
+            with measuring_in(self.window, closing=True):
+                result = self._finish(problem, M, measured, target.default, stopped)
+                # the row changes only for a real gain over what the engine runs today (an installed row, else
+                # the default)
+                result = choose_row(self.kernel, self.measurer, result,
+                                    [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+        finally:
+            self._fail_stale(study, target)      # leave no dead worker's (or cut batch's) trial RUNNING behind
         result.failures = self._failures(study, result)
         result.first_failure = self._first_failure(study)
         seeded = seeds_by_source(label for label, _ in target.seeds)
@@ -238,6 +246,8 @@ class StudyRunner:
             stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle)
             if stopped:
                 return stopped, measured
+            if self.window:     # no time for another batch: the trials measured so far stay for the next window
+                self.window.before_batch(trials)
             room = budget - len(measured) - len(running)
             if room <= 0:                     # the last trials are out with other workers
                 self._wait(study, target)
@@ -308,7 +318,8 @@ class StudyRunner:
     def _measure(self, study: optuna.Study, target: _Target,
                  batch: list[tuple[optuna.Trial, Config]]) -> list[Measurement]:
         with measuring(self.storage, batch):
-            results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
+            with measuring_in(self.window):
+                results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
             for (trial, _), m in zip(batch, results):
                 self._tell(study, trial, m)
         return results

@@ -46,6 +46,8 @@ LENGTH_SCALES = (0.08, 0.15, 0.3, 0.6, 1.2, 3.0)     # per key, in units of the 
 NOISE = 1e-3                                          # of the rank-normalized times
 FAILED_AS_WORST = True                                # a failed config enters the model as the slowest seen
 REFIT_EVERY = 4                                       # observations between length-scale fits
+FIT_ATTR = "gp_fit"                                    # the last fit, kept in the study (length scales)
+RNG_ATTR = "gp_rng"                                    # the random stream's state, kept in the study
 # Candidates the acquisition scores at most per trial (bounds the cost on large spaces): the
 # configs one key away from the best few measured, then a random draw of the rest.
 MAX_SCORED = 4096
@@ -225,6 +227,7 @@ class CandidateGPSampler(BaseSampler):
         self.x_all, self.groups = _features(self.candidates, [self.choices[k] for k in self.keys],
                                             [self.kinds[k] for k in self.keys])
         self.rng = np.random.default_rng(seed)
+        self._restored = False
         self.n_startup = n_startup
         self.ls = np.full(self.x_all.shape[1], 0.3)
         self._fitted_at = -1
@@ -265,11 +268,30 @@ class CandidateGPSampler(BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space or len(self.candidates) == 0:
             return {}
+        # The random stream and the model's fit are kept in the study: a study continued by
+        # another process (the next --minutes window) proposes what one process running on would have.
+        if not self._restored:
+            self._restored = True
+            stored = study.user_attrs.get(RNG_ATTR)
+            if isinstance(stored, dict):
+                try:
+                    self.rng.bit_generator.state = stored
+                except (TypeError, ValueError, KeyError):
+                    pass                 # another generator's state: this one's own stream
+        before = self.rng.bit_generator.state
+        choice = self._choose(study, trial)
+        if choice is None:
+            return {}
+        if self.rng.bit_generator.state != before:
+            study.set_user_attr(RNG_ATTR, self.rng.bit_generator.state)
+        return {k: int(v) for k, v in zip(self.keys, self.candidates[choice])}
+
+    def _choose(self, study: optuna.Study, trial: FrozenTrial) -> int | None:
         done, pending, explored = self._observations(study, trial)
         free = np.ones(len(self.candidates), dtype=bool)
         free[list(done) + pending] = False
         if not free.any():
-            return {}
+            return None
         timed = {i: v for i, v in done.items() if v is not None and v > 0}
         # Seeds (defaults, shipped tables, the neighbouring M's winner) cluster where configs
         # were good before: the random start is counted without them, so the model sees the
@@ -278,18 +300,24 @@ class CandidateGPSampler(BaseSampler):
             choice = int(self.rng.choice(np.flatnonzero(free)))
         else:
             with one_blas_thread():
-                choice = self._acquire(done, timed, pending, free)
-        return {k: int(v) for k, v in zip(self.keys, self.candidates[choice])}
+                choice = self._acquire(done, timed, pending, free, study)
+        return choice
 
-    def _acquire(self, done: dict, timed: dict, pending: list, free: np.ndarray) -> int:
+    def _acquire(self, done: dict, timed: dict, pending: list, free: np.ndarray, study=None) -> int:
         worst = math.log(max(timed.values()))
         idx = np.array([i for i in done if FAILED_AS_WORST or i in timed])
         y = np.array([math.log(done[i]) if done[i] is not None and done[i] > 0 else worst for i in idx])
         y = _copula(y)
         x = self.x_all[idx]
+        if self._fitted_at < 0 and study is not None:
+            stored = study.user_attrs.get(FIT_ATTR)
+            if isinstance(stored, dict) and len(stored.get("ls") or ()) == len(self.ls):
+                self.ls, self._fitted_at = np.array(stored["ls"], dtype=float), int(stored["at"])
         if self._fitted_at < 0 or len(idx) - self._fitted_at >= REFIT_EVERY:
             self.ls = _fit_length_scales(x, y, self.ls, self.groups)
             self._fitted_at = len(idx)
+            if study is not None:
+                study.set_user_attr(FIT_ATTR, {"at": self._fitted_at, "ls": [float(v) for v in self.ls]})
         if pending:       # measured elsewhere now: believe the model's mean for them
             xp = self.x_all[pending]
             yp = self._posterior(x, y, xp)[0]

@@ -1,0 +1,219 @@
+"""Tuning in time-boxed windows (--minutes, issue 38 item 2), on a replayed SYNTHETIC landscape:
+windows that continue each other leave what one longer run leaves (the same studies, the same
+measured configs, the same table files), a table not tuned through holds the incumbent where it
+is not tuned, and a window killed with SIGKILL loses only its trial in flight. The windows' clock
+here counts measured configs (one second each), so where a window closes never depends on how
+fast or idle the machine is."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from synthetic import slowed_cli, write_synthetic_landscape
+
+from tuner.cli import main
+from tuner.plan.gpus import get_gpu
+from tuner.plan.kernel_api import table_entry
+from tuner.plan.kernel_registry import get_kernel
+from tuner.plan.space import load_space
+from tuner.search.storage import counts, open_storage
+
+REPO = Path(__file__).resolve().parents[1]
+KERNEL = get_kernel("fp8_gemm")
+PROBLEMS = [{"N": 7168, "K": 2048, "block_shape": [128, 128]}, {"N": 3072, "K": 1536, "block_shape": [128, 128]}]
+MS = [1, 16, 128]
+TRIALS = 10
+
+
+@pytest.fixture(scope="module")
+def landscape(tmp_path_factory):
+    path = tmp_path_factory.mktemp("land") / "gemm.jsonl.gz"
+    write_synthetic_landscape(path, KERNEL, load_space(KERNEL), get_gpu("H200"), PROBLEMS, MS)
+    return path
+
+
+@pytest.fixture
+def counted_clock(monkeypatch):
+    """The windows' clock: one second per config measured (searched or timed again)."""
+    import tuner.search.window as window
+    from tuner.measure import measurers
+    clock = [0.0]
+    real = measurers.ReplayMeasurer.measure
+
+    def measure(self, problem, M, configs):
+        clock[0] += len(configs)
+        return real(self, problem, M, configs)
+
+    monkeypatch.setattr(measurers.ReplayMeasurer, "measure", measure)
+    monkeypatch.setattr(window, "now", lambda: clock[0])
+    return clock
+
+
+def args(landscape, out, minutes):
+    return ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(landscape),
+            "--out", str(out), "--trials", str(TRIALS), "--batch-sizes", *map(str, MS), "--minutes", str(minutes)]
+
+
+def studies(out: Path) -> dict[str, list[str]]:
+    """{study: its measured configs, sorted}."""
+    storage = open_storage(f"journal:///{out / 'studies.journal'}")
+    got = {}
+    for name in optuna.get_all_study_names(storage):
+        if "tuner-plan" in name:
+            continue
+        trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+        got[name] = sorted(json.dumps(t.user_attrs["config"], sort_keys=True) for t in trials if counts(t))
+    return got
+
+
+def finished(out: Path) -> set[str]:
+    storage = open_storage(f"journal:///{out / 'studies.journal'}")
+    return {n for n in optuna.get_all_study_names(storage) if "tuner-plan" not in n
+            and optuna.load_study(study_name=n, storage=storage).user_attrs.get("result")}
+
+
+def tables(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): p.read_text() for p in out.rglob("*.json") if p.name != "manifest.json"}
+
+
+def test_two_windows_leave_what_one_run_of_both_leaves(landscape, tmp_path, counted_clock, capsys):
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    # 6 studies of 10 trials and 12 configs timed again at the close: window 1 (30 "seconds") ends inside
+    # the second study, window 2 finishes
+    assert main(args(landscape, split, 0.5)) == 0
+    said = capsys.readouterr().out
+    first = studies(split)
+    assert 0 < len(finished(split)) < len(first) <= 6
+    assert any(0 < len(c) < TRIALS for n, c in first.items() if n not in finished(split)), first   # a study cut
+    assert "it closed before the work was done" in said and "continue with" in said
+    block = said[said.index("window of 0.5 min"):].splitlines()       # what the window says of itself
+    assert all(len(line) <= 120 for line in block), block
+    # the command it says continues: the same one (its --out named)
+    command = said.split("continue with")[1].split(":\n", 1)[1].replace("\\\n", " ").split()
+    assert command[:2] == ["tuner", "gemm"] and command[command.index("--out") + 1] == str(split)
+    # the rows not tuned yet hold the default (no engine's table is installed for these shapes)
+    manifest = json.loads((split / "manifest.json").read_text())
+    for entry in manifest["tables"]:
+        partial = entry.get("partial")
+        tuned = [int(m) for m in entry["entries"]]
+        if partial is None:
+            assert sorted(tuned) == MS
+            continue
+        assert partial["planned"] == MS and set(partial["incumbent"]) == {str(m) for m in MS} - set(map(str, tuned))
+        for rel in entry["files"].values():
+            rows = json.loads((split / rel).read_text())
+            assert sorted(map(int, rows)) == MS
+            for m in partial["incumbent"]:
+                assert rows[m] == table_entry(KERNEL, KERNEL.default_config(entry["problem"], int(m)))
+    counted_clock[0] = 0.0
+    assert main(args(landscape, split, 10)) == 0
+    assert "every table of the plan is written" in capsys.readouterr().out
+    counted_clock[0] = 0.0
+    assert main(args(landscape, whole, 10.5)) == 0
+    got, want = studies(split), studies(whole)
+    assert len(want) == 6 and got == want                  # the same configs measured, none twice
+    assert all(len(c) == len(set(c)) == TRIALS for c in got.values())
+    for n, configs in first.items():                       # nothing window 1 measured was lost
+        assert set(configs) <= set(got[n])
+    assert tables(split) == tables(whole) and len(tables(whole)) == 4
+    assert not any("partial" in e for e in json.loads((split / "manifest.json").read_text())["tables"])
+
+
+def test_a_window_takes_the_study_it_cut_first(landscape, tmp_path, counted_clock, capsys):
+    out = tmp_path / "out"
+    assert main(args(landscape, out, 0.5)) == 0           # 30 "seconds": the second study cut
+    cut = [n for n, c in studies(out).items() if n not in finished(out)]
+    assert len(cut) == 1
+    counted_clock[0] = 0.0
+    capsys.readouterr()
+    assert main(args(landscape, out, 10)) == 0
+    first_study = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("["))
+    assert cut[0].split(":", 1)[1].replace(":M=", " M=") in first_study
+
+
+def test_bad_minutes_are_one_line(landscape, tmp_path, capsys):
+    for bad in ("0", "-1", "nan", "1441", "soon"):
+        assert main(args(landscape, tmp_path / "out", bad)) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "--minutes" in err and "must" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_window_killed_loses_only_its_trial_in_flight(landscape, tmp_path):
+    out = tmp_path / "out"
+    argv = [*args(landscape, out, 30), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", slowed_cli(0.05), *argv], env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 300        # generous: a slow machine only waits longer
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+        try:
+            if sum(map(len, studies(out).values())) >= 15:
+                break
+        except Exception:                    # noqa: BLE001 - the storage is not there yet
+            pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = studies(out)
+    assert sum(map(len, before.values())) >= 15
+    done = subprocess.run([sys.executable, "-m", "tuner", *argv], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = studies(out)
+    assert len(after) == 6 and all(len(c) == len(set(c)) == TRIALS for c in after.values())
+    for name, configs in before.items():
+        assert set(configs) <= set(after[name])            # every trial measured before the kill is kept
+
+
+def night_config(d: Path, runs: str, land: Path) -> Path:
+    from synthetic import block_fp8_model
+    model = block_fp8_model(d / "tiny.yaml", 1024, 8)
+    job = {"kernel": "gemm", "model": str(model), "gpu": "H200", "tp": 1, "trials": 6, "batch_sizes": [1, 16],
+           "replay": str(land)}
+    path = d / f"{runs}.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump({"runs_dir": str(d / runs), "jobs": [{**job, "name": "a"}, {**job, "name": "b"}]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def night_landscape(tmp_path_factory):
+    from synthetic import block_fp8_model
+
+    from tuner.plan.models import gemm_problems, load_model
+    d = tmp_path_factory.mktemp("nights")
+    problems = [p.params for p in gemm_problems(load_model(str(block_fp8_model(d / "tiny.yaml", 1024, 8))), 1)]
+    path = d / "land.jsonl"
+    write_synthetic_landscape(path, KERNEL, load_space(KERNEL), get_gpu("H200"), problems, [1, 16])
+    return path
+
+
+def test_nightly_windows_add_up_over_nights(night_landscape, tmp_path, counted_clock, capsys):
+    split, whole = night_config(tmp_path, "split", night_landscape), night_config(tmp_path, "whole", night_landscape)
+    assert main(["nightly", str(split), "--night", "n1", "--minutes", "0.5"]) == 0
+    said = capsys.readouterr().out
+    state = json.loads((tmp_path / "split" / "state.json").read_text())
+    assert state["a"]["unfinished"] and "studies left for the next window" in said
+    summary = json.loads((tmp_path / "split" / "n1" / "summary.json").read_text())
+    assert summary[0]["status"] == "partial" and summary[1]["status"] in ("partial", "waiting")
+    first = studies(tmp_path / "split" / "n1" / "a")
+    counted_clock[0] = 0.0
+    assert main(["nightly", str(split), "--night", "n2", "--minutes", "20"]) == 0
+    assert "continuing the retune begun in" in capsys.readouterr().out
+    state = json.loads((tmp_path / "split" / "state.json").read_text())
+    assert state["a"]["run"].endswith("n1/a") and not any(s.get("unfinished") for s in state.values())
+    counted_clock[0] = 0.0
+    assert main(["nightly", str(whole), "--night", "n1", "--minutes", "20.5"]) == 0
+    for job in ("a", "b"):
+        run = Path(state[job]["run"])
+        got, want = studies(run), studies(tmp_path / "whole" / "n1" / job)
+        assert got == want and all(len(c) == len(set(c)) for c in got.values())
+        assert tables(run) == tables(tmp_path / "whole" / "n1" / job)
+    for name, configs in first.items():
+        assert set(configs) <= set(studies(tmp_path / "split" / "n1" / "a")[name])
