@@ -223,6 +223,9 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
     device = cache.get("device_name") or Path(source.path).name.split(".")[0]
     size = cache.get("problem_size") or []
     size = size if isinstance(size, list) else [size]          # pnpoly's is one number
+    # M: the problem's first dimension where it is a batch size our landscapes can hold (pnpoly's
+    # 20e6 points are not: 1; the problem itself is in "problem")
+    m_of = int(size[0]) if size and 1 <= int(size[0]) <= 1 << 20 else 1
     problem = {"kernel": cache.get("kernel_name", name), "problem_size": size}
     origin = {"repository": source.url, "commit": source.commit, "path": source.path,
               "what": source.what, "gpu": device, "license": source.license,
@@ -242,7 +245,7 @@ def convert_cache(cache: dict, name: str, source: Source, out_dir: Path) -> Path
     with gzip.open(tmp, "wt") as f:
         f.write(json.dumps(header) + "\n")
         for e in entries:
-            rec = {"problem": problem, "M": int(size[0]) if size else 1, "config": {k: int(e[k]) for k in keys}}
+            rec = {"problem": problem, "M": m_of, "config": {k: int(e[k]) for k in keys}}
             t = e.get("time")
             if isinstance(t, (int, float)) and t > 0:
                 rec["time_us"] = round(float(t) * 1000.0, 4)
@@ -331,7 +334,8 @@ def run(args) -> int:
             variant = name if name in ("random", "plain-tpe", "plain-gp") else f"ours:{name}"
             budget = 48 if name.endswith("48") else max(CHECKPOINTS)
             t0 = time.monotonic()
-            traces = benchmark_traces(land, space, gpu, variant, range(args.seeds), budget, settings_for)
+            traces = benchmark_traces(land, space, gpu, variant, range(args.first_seed, args.first_seed + args.seeds),
+                                      budget, settings_for)
             rows = benchmark_rows(traces)
             spent = time.monotonic() - t0
             print(f"{path.name} {label}: {len(traces)} runs in {spent:.0f}s", file=sys.stderr)
@@ -461,6 +465,7 @@ def main() -> int:
                    "are converted when missing)")
     r.add_argument("--only", nargs="*", help="landscape names")
     r.add_argument("--seeds", type=int, default=40)
+    r.add_argument("--first-seed", type=int, default=0, help="seeds first..first+seeds-1 (more runs to add to a --save)")
     r.add_argument("--variants", nargs="*", default=["ours", "plain-tpe", "random"], choices=list(VARIANTS))
     r.add_argument("--out", help="also write the report here (Markdown)")
     r.add_argument("--save", help="also write each run's ratio at each checkpoint here (JSON, for search_sets.py)")

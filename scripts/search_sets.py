@@ -117,14 +117,36 @@ def report(raws: dict[str, dict], ref: dict, split: dict[str, list[str]]) -> str
             rows = set_rows(raw, names, label, ref)
             verdicts.setdefault(label, {})[which] = {r["verdict"] for r in rows}
             out.append(table(rows))
+        families = sorted({n.split("-")[0] for n in names})
+        out.append(f"\nPer kernel ({', '.join(families)}): the same, over the set's landscapes of that kernel\n")
+        out.append(table([{"kernel": f, "code": label, **{("default" if k.startswith("default") else k): v
+                                                           for k, v in r.items()}}
+                          for f in families for label, raw in raws.items()
+                          for r in set_rows(raw, [n for n in names if n.split("-")[0] == f], label, ref)]))
         out.append("\nPer landscape: mean ratio to the best +- 95 % interval\n")
         out.append(table(landscape_rows(raws, names, ref)))
     rule = ["", "## The rule: no default that wins on one set and loses significantly on the other", ""]
     for label, v in verdicts.items():
         lost = [w for w in ("tuning", "checking") if "worse" in v.get(w, set())]
+        unjudged = [w for w in ("tuning", "checking") if not v.get(w)]
         rule.append(f"- {label}: " + (f"significantly worse than plain TPE on the {' and '.join(lost)} set"
-                                       if lost else "no worse than plain TPE on either set (48 and 100 trials)"))
+                                       if lost else f"no runs against plain TPE on the {' and '.join(unjudged)} set"
+                                       if unjudged else "no worse than plain TPE on either set (48 and 100 trials)"))
     return "\n".join(out + rule) + "\n"
+
+
+def merge_into(into: dict, data: dict) -> dict:
+    """Add one --save file's runs: a (landscape, variant) already there gets these runs too (other seeds,
+    run with --first-seed)."""
+    for land, variants in data.items():
+        for variant, entry in variants.items():
+            have = into.setdefault(land, {}).get(variant)
+            if have is None:
+                into[land][variant] = {**entry, "ratios": {n: list(r) for n, r in entry["ratios"].items()}}
+            else:
+                for n, r in entry["ratios"].items():
+                    have["ratios"].setdefault(n, []).extend(r)
+    return into
 
 
 def main() -> int:
@@ -141,13 +163,7 @@ def main() -> int:
             print(f"search_sets: error: --raw {item}: give LABEL=PATH of a file search_benchmark.py --save wrote",
                   file=sys.stderr)
             return 2
-        data = json.loads(Path(path).read_text())
-        if label == "ref":
-            for land, variants in data.items():
-                ref.setdefault(land, {}).update(variants)
-        else:
-            for land, variants in data.items():
-                raws.setdefault(label, {}).setdefault(land, {}).update(variants)
+        merge_into(ref if label == "ref" else raws.setdefault(label, {}), json.loads(Path(path).read_text()))
     text = report(raws, ref, read_split(Path(args.split)))
     print(text)
     if args.out:

@@ -37,8 +37,13 @@ def test_the_plan_prints_the_budget_it_chose_and_why(capsys):
     out = capsys.readouterr().out
     assert "budget sized by the space: 2*sqrt(pruned configs), 24..160 (--trials N fixes it)" in out
     assert "patience half the budget" in out
-    assert "per M, pruned configs -> trials: 1:64->24 4096:1583->80" in out
-    assert "at most 104 measured configs" in out
+    # the budget of each M from the pruned space the plan itself reports
+    sizes = re.search(r"configs after pruning, per M: 1:(\d+) 4096:(\d+)", out).groups()
+    pruned = dict(zip((1, 4096), map(int, sizes)))
+    budgets = {m: sized_budget(n) for m, n in pruned.items()}
+    assert f"per M, pruned configs -> trials: 1:{pruned[1]}->{budgets[1]} 4096:{pruned[4096]}->{budgets[4096]}" in out
+    assert budgets[1] < 48 < budgets[4096]                 # fewer trials where the space is small, more where large
+    assert f"at most {budgets[1] + budgets[4096]} measured configs" in out
     assert all(len(line) <= 120 for line in out.splitlines() if line.startswith("  budget") or "->" in line)
     assert main([*ARGS, "--trials", "48"]) == 0
     out = capsys.readouterr().out

@@ -122,3 +122,30 @@ def test_an_extraction_of_another_engine_is_not_replaced(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds vllm's extracted source, not sglang's" in err and len(err.strip().splitlines()) == 1, err
     assert (out / "kept.py").read_text() == "x = 1\n"
+
+
+def test_what_a_killed_fetch_left_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A killed `engine-source fetch` left its download folder in the wheel cache (321 MB for
+    vLLM's wheel); the next fetch removes it, and never a live fetch's (its lock is held)."""
+    import fcntl
+    import os
+    import subprocess
+
+    from tuner.commands.engine_source import fetch
+    from tuner.paths import FOLDER_LOCK, new_temporary_folder
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "engine-wheels"
+    cache.mkdir(parents=True)
+    dead = cache / ".vllm-0.33.0.x1y2.tmp"            # as a fetch killed mid-download leaves it
+    dead.mkdir()
+    (dead / FOLDER_LOCK).write_text("")
+    (dead / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl.part").write_bytes(b"\0" * 4096)
+    live, held = new_temporary_folder(cache, ".sglang-0.5.23.")      # a fetch still running
+    try:
+        with pytest.raises(TunerError):
+            fetch("vllm", "0.33.0", runner=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1))
+        assert not dead.exists() and live.is_dir()
+        assert [p.name for p in cache.iterdir()] == [live.name]       # the failed fetch's own is gone too
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)

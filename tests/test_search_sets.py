@@ -53,3 +53,10 @@ def test_a_variant_significantly_worse_on_the_held_out_set_is_flagged(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "search_sets.py"), "--raw", "x=/nonexistent"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_runs_of_other_seeds_add_to_a_landscapes_runs():
+    merge_into = _load("search_sets").merge_into
+    merged = merge_into({}, {"a": _raw(1.1, 1.0, ("ours",))})
+    merge_into(merged, {"a": _raw(1.2, 1.0, ("ours",)), "b": _raw(1.0, 1.0, ("ours",))})
+    assert len(merged["a"]["ours"]["ratios"]["48"]) == 10 and len(merged["b"]["ours"]["ratios"]["48"]) == 5
