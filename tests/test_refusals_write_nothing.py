@@ -32,3 +32,18 @@ def test_out_naming_a_file_is_refused_by_the_dry_run_as_by_the_run(tmp_path, cap
     assert main(argv + (["--dry-run"] if dry else [])) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_resume_with_a_larger_budget_says_the_studies_continue(tmp_path, capsys):
+    """Messages that mislead (issue 41, item 6): run again with more --trials, the studies that
+    stopped at the old budget run on; the resume line says so instead of 'not run again'."""
+    args = ["gemm", "--model", SMALL, "--gpu", "H100", "--synthetic", "--batch-sizes", "1", "--only", "N=256,K=256",
+            "--out", str(tmp_path / "o")]
+    assert main([*args, "--trials", "2"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--trials", "2"]) == 0
+    same = capsys.readouterr().err
+    assert "1 shown as stored, not run again" in same and "continued" not in same, same
+    assert main([*args, "--trials", "4"]) == 0
+    grown = capsys.readouterr().err
+    assert "1 continued to the larger budget" in grown and "not run again" not in grown, grown
