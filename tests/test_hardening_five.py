@@ -149,3 +149,19 @@ def test_what_a_killed_fetch_left_is_removed_by_the_next(tmp_path, monkeypatch):
     finally:
         fcntl.flock(held, fcntl.LOCK_UN)
         os.close(held)
+
+
+def test_a_refused_routing_run_stores_no_routing_file(tmp_path, capsys):
+    """A --routing run refused by a check of the plan (a --warm-start that is not there):
+    exit 2 and nothing under OUT. Before: OUT/routing/<hash>.npy was stored first."""
+    from tuner.cli import main
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32)
+    np.save(tmp_path / "r.npy", ids)
+    out = tmp_path / "out"
+    rc = main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours",
+               "--synthetic", "--batch-sizes", "1", "--routing", str(tmp_path / "r.npy"),
+               "--warm-start", str(tmp_path / "none"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "internal error" not in err, err
+    assert not (out / "routing").exists()

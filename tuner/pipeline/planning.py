@@ -49,9 +49,6 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         from tuner.search.storage_checks import check_storage_url
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
-        if recorded is not None:
-            from tuner.plan.routing import install
-            install(recorded, out / "routing")          # where the kernel reads the ids (this run's children too)
         check_storage_url(req.storage or default_storage(out))
     else:
         # a dry run writes and opens nothing, but refuses what the run would: an --out it cannot
@@ -96,6 +93,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         from tuner.measure.synthetic import landscape_for_run
         landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command], str(req.kernel_source), gpu,
                           problems, req.batch_sizes or [], req.space, say=(lambda line: None) if req.quiet else say)
+    if recorded is not None and not req.dry_run:
+        # stored last too, where the kernel reads the ids (this run's children too): a run refused
+        # above stored no routing file (issue 42, item 8)
+        from tuner.plan.routing import install
+        install(recorded, out_dir(req, model.name, gpu.key) / "routing")
     if parallel.line and plans:
         plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:

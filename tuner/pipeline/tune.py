@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from typing import Callable
 
 from tuner.pipeline.request import TuneRequest
@@ -41,7 +42,10 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
     if req.minutes is not None and not req.dry_run:
         from tuner.search.window import Window
         window = Window(req.minutes, began=req.started)     # the command's start-up and planning count too
+    started = req.started if req.started is not None else time.monotonic()
     plans = plan_runs(req, say)
+    for opts in plans:
+        opts.started = started          # a run's "done in" is the command's time, its planning included
     if req.dry_run:
         say("\n\n".join(plan_text(opts) for opts in plans))
         if req.minutes is not None:
