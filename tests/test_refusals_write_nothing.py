@@ -47,3 +47,25 @@ def test_a_resume_with_a_larger_budget_says_the_studies_continue(tmp_path, capsy
     assert main([*args, "--trials", "4"]) == 0
     grown = capsys.readouterr().err
     assert "1 continued to the larger budget" in grown and "not run again" not in grown, grown
+
+
+def test_done_in_counts_the_commands_planning_too(tmp_path, monkeypatch, capsys):
+    """'done in 1s' after 10.7 s (issue 41, item 6): the closing line counts from the command's
+    start, its planning (here a synthetic landscape made slowly on purpose) included."""
+    import re
+    import time
+
+    from tuner.measure import synthetic
+    real = synthetic.landscape_for_run
+
+    def slow(*args, **kwargs):
+        time.sleep(2.5)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(synthetic, "landscape_for_run", slow)
+    t0 = time.monotonic()
+    assert main(["gemm", "--model", SMALL, "--gpu", "H100", "--synthetic", "--batch-sizes", "1", "--only",
+                 "N=256,K=256", "--trials", "2", "--out", str(tmp_path / "o")]) == 0
+    wall = time.monotonic() - t0
+    said = int(re.search(r"done in (\d+)s", capsys.readouterr().err).group(1))
+    # at least the planning's sleep (before: the run's own seconds alone, 1 here), at most the command's
+    assert 2.5 <= said + 0.5 and said <= wall + 0.5, (said, wall)

@@ -35,7 +35,7 @@ def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[St
     tables and the manifest from what the storage holds; returns the results. With a window
     (--minutes) the studies go by value until its time is up (tuner/pipeline/windows.py)."""
     progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
-    t0 = time.monotonic()
+    t0 = opts.started if opts.started is not None else time.monotonic()   # planning, a synthetic landscape: counted
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
     check_baselines(opts)
     # What a killed run's atomic writes left (those no live writer holds: tuner/paths.py).
