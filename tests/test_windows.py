@@ -137,6 +137,20 @@ def test_a_window_takes_the_study_it_cut_first(landscape, tmp_path, counted_cloc
     assert cut[0].split(":", 1)[1].replace(":M=", " M=") in first_study
 
 
+def test_a_dry_run_says_the_order_a_window_takes(landscape, tmp_path, counted_clock, capsys):
+    out = tmp_path / "out"
+    assert main(args(landscape, out, 0.5)) == 0           # the second study cut
+    before = studies(out)
+    cut = next(n for n, c in before.items() if n not in finished(out))
+    capsys.readouterr()
+    assert main([*args(landscape, out, 10), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    first = said.split("  first: ", 1)[1].replace("\n    ", " ").split("; ")
+    assert first[0] == cut.split(":", 1)[1].replace(":M=", " M=")       # the study it cut goes first
+    assert "studies finished; left" in said and "(1 begun)" in said
+    assert studies(out) == before                                       # a dry run measured nothing
+
+
 def test_bad_minutes_are_one_line(landscape, tmp_path, capsys):
     for bad in ("0", "-1", "nan", "1441", "soon"):
         assert main(args(landscape, tmp_path / "out", bad)) == 2
