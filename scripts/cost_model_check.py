@@ -31,10 +31,13 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "bench" / "results" / "H200-2026-11-27"
 LANDSCAPE = REPO / "landscapes" / "NVIDIA_H200" / "fp8_gemm.vllm-deepseek-v3-tp8.jsonl.gz"
-JOURNAL = RUN / "tuned" / "moe" / "studies.journal"
+JOURNALS = (RUN / "tuned" / "moe" / "studies.journal", RUN / "extra" / "mla-partial" / "studies.journal")
 BENCHES = (RUN / "extra" / "bench-gemm" / "bench-NVIDIA_H200-2026-11-27.json",
            RUN / "bench" / "moe" / "bench-NVIDIA_H200-2026-11-27.json")
 WITHIN = 0.02
+MLA_NOTE = ("MLA decode has no work description, so no prior: a trial one (two launches: programs per request, "
+            "head block and split streaming the latent cache, then the merge) ordered the 5 H200 MLA studies "
+            "(extra/mla-partial/, context 1024, M = 1-16) with Spearman -0.20 to 0.13, no better than chance.")
 
 
 def spearman(a, b) -> float:
@@ -95,15 +98,23 @@ def study_sets():
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from tuner.plan.kernel_api import config_from_entry, config_tuple
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = JournalStorage(JournalFileBackend(str(JOURNAL)))
+    out = []
+    for journal in JOURNALS:
+        out += _journal_sets(JournalStorage(JournalFileBackend(str(journal))))
+    return out
+
+
+def _journal_sets(storage):
+    import optuna
+
+    from tuner.plan.kernel_api import config_from_entry, config_tuple
     out = []
     for summary in optuna.get_all_study_summaries(storage):
-        m = re.fullmatch(r"(\w+)@(\w+):(.*):M=(\d+)", summary.study_name)
+        m = re.fullmatch(r"(\w+)(?:@(\w+))?:(.*):M=(\d+)", summary.study_name)
         if not m:
             continue
-        name, source, key, M = m.group(1), m.group(2), m.group(3), int(m.group(4))
+        name, source, key, M = m.group(1), m.group(2) or "ours", m.group(3), int(m.group(4))
         kernel = kernel_of(name, source)
         params = parse_key(key)
         pts = {}
@@ -111,7 +122,8 @@ def study_sets():
             cfg = tr.user_attrs.get("config")
             if cfg and tr.value is not None:
                 pts[config_tuple(kernel, config_from_entry(kernel, cfg))] = float(tr.value)
-        label = f"study {source} {name} part={params.get('part')}"
+        label = f"study {source} {name} " + (f"part={params['part']}" if "part" in params else
+                                              f"context={params.get('context')}")
         out.append((label, kernel, params, M, pts))
     return out
 
@@ -141,6 +153,8 @@ def correlation_rows(gpu) -> list[dict]:
     from tuner.plan.kernel_api import config_dict
     rows = []
     for label, kernel, params, M, pts in landscape_sets() + study_sets() + bench_sets():
+        if kernel.work is None:
+            continue                    # MLA decode: no work description (see the note at the end)
         keys = sorted(pts)
         if M is None:
             est = [estimate_us(kernel.work(params, m, config_dict(kernel, t)), gpu) for m, t in keys]
@@ -195,6 +209,8 @@ def trials_to_best(kernel, params, M, pts, gpu, prior: int, seed: int) -> int | 
 def trials_rows(gpu, seeds: int, prior: int) -> list[dict]:
     rows = []
     for label, kernel, params, M, pts in landscape_sets() + study_sets():
+        if kernel.work is None:
+            continue
         row = {"set": label, "M": M, "configs": len(pts)}
         for name, n in (("without", 0), (f"with {prior}", prior)):
             got = [trials_to_best(kernel, params, M, pts, gpu, n, s) for s in range(seeds)]
@@ -237,7 +253,7 @@ def main() -> int:
             "with the measured time\n\n" + markdown_table(corr) +
             f"\n\n## Measured trials to within {WITHIN:.0%} of the best, replayed (our default search, gp, "
             f"{args.seeds} seeds; the engines' defaults seeded first; a miss counts as configs + 1)\n\n"
-            + markdown_table(trials) + "\n\n" + summary(trials, prior) + "\n")
+            + markdown_table(trials) + "\n\n" + summary(trials, prior) + "\n\n" + MLA_NOTE + "\n")
     print(text)
     if args.out:
         Path(args.out).write_text("Made by `python scripts/cost_model_check.py --out " + args.out + "`.\n\n" + text)
