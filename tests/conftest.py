@@ -32,6 +32,9 @@ def _backups_in_tmp(tmp_path, monkeypatch):
     """`tuner install` backs up into ~/.cache by default; tests keep theirs in tmp_path."""
     from tuner.emit import install
     monkeypatch.setattr(install, "BACKUP_ROOT", tmp_path / "backups")
+    # commands fit their output to $COLUMNS (tuner/textwidth.py): a developer's terminal width
+    # must not change what the tests read (tests of the width set it themselves)
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 # -- Which tests .ci/run runs where (CONTRIBUTING.md, docs/testing.md) -------------------------

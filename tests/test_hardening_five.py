@@ -122,3 +122,63 @@ def test_an_extraction_of_another_engine_is_not_replaced(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds vllm's extracted source, not sglang's" in err and len(err.strip().splitlines()) == 1, err
     assert (out / "kept.py").read_text() == "x = 1\n"
+
+
+def test_what_a_killed_fetch_left_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A killed `engine-source fetch` left its download folder in the wheel cache (321 MB for
+    vLLM's wheel); the next fetch removes it, and never a live fetch's (its lock is held)."""
+    import fcntl
+    import os
+    import subprocess
+
+    from tuner.commands.engine_source import fetch
+    from tuner.paths import FOLDER_LOCK, new_temporary_folder
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "engine-wheels"
+    cache.mkdir(parents=True)
+    dead = cache / ".vllm-0.33.0.x1y2.tmp"            # as a fetch killed mid-download leaves it
+    dead.mkdir()
+    (dead / FOLDER_LOCK).write_text("")
+    (dead / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl.part").write_bytes(b"\0" * 4096)
+    live, held = new_temporary_folder(cache, ".sglang-0.5.23.")      # a fetch still running
+    try:
+        with pytest.raises(TunerError):
+            fetch("vllm", "0.33.0", runner=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1))
+        assert not dead.exists() and live.is_dir()
+        assert [p.name for p in cache.iterdir()] == [live.name]       # the failed fetch's own is gone too
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+
+
+def test_a_refused_routing_run_stores_no_routing_file(tmp_path, capsys):
+    """A --routing run refused by a check of the plan (a --warm-start that is not there):
+    exit 2 and nothing under OUT. Before: OUT/routing/<hash>.npy was stored first."""
+    from tuner.cli import main
+    rng = np.random.default_rng(0)
+    ids = np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32)
+    np.save(tmp_path / "r.npy", ids)
+    out = tmp_path / "out"
+    rc = main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours",
+               "--synthetic", "--batch-sizes", "1", "--routing", str(tmp_path / "r.npy"),
+               "--warm-start", str(tmp_path / "none"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "internal error" not in err, err
+    assert not (out / "routing").exists()
+
+
+def test_warm_start_from_a_folder_with_a_random_journal(tmp_path, capsys):
+    """Before: exit 0 after 108 lines naming the temporary copies it read; now the journal
+    given is named, once."""
+    from test_bad_input import CFG, GEMM, GEMM_ARGS, results_with
+
+    from tuner.cli import main
+    res = results_with(tmp_path / "r", {f"vllm/fp8_gemm/{GEMM}": {"1": CFG}})
+    (res / "studies.journal").write_bytes(b'{"op_code": 0, "worker_id": "w"}\n'
+                                          + bytes(random.Random(5).randrange(256) for _ in range(4000)))
+    rc = main([*GEMM_ARGS, "--synthetic", "--batch-sizes", "1", "--trials", "2", "--warm-start", str(res),
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "tuner-warm-" not in err, err
+    assert sum(str(res / "studies.journal") in line for line in err.splitlines()) == 1, err
+    assert rc in (0, 2) and len(err.strip().splitlines()) <= 4, err

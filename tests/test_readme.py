@@ -148,6 +148,7 @@ def _markdown_written(command: Command) -> Path | None:
     for f, commands in COMMANDS.items() if any(c.runs_here() for c in commands)])
 def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(_scratch(tmp_path))
+    monkeypatch.setenv("COLUMNS", "120")           # a 120-column terminal: every line fits it (issue 41)
     ran = 0
     for command in COMMANDS[file]:
         if not command.runs_here():
@@ -156,6 +157,8 @@ def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
         where = f"{command.where}: {command.text}\n{err[-2000:]}"
         assert rc == 0, where
         assert "Traceback" not in err and "internal error" not in err, where
+        wide = [line for line in (out + err).splitlines() if len(line) > 120]
+        assert not wide, f"{where}\nlines over 120 columns:\n" + "\n".join(wide[:10])
         shows_times = ("--replay" in command.argv or "--synthetic" in command.argv
                        or command.argv[1:2] in (["report"], ["diff"], ["landscape"]))
         if shows_times:               # every landscape in the README and docs/ is synthetic, and says so
@@ -173,9 +176,12 @@ def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
         first, last = tour_lines()
         tour = [c for c in COMMANDS[file] if c.runs_here() and first < c.line < last]
         assert tour
+        monkeypatch.setenv("COLUMNS", "80")         # again on an 80-column terminal: every line fits it
         for command in tour:
             rc, out, err = _run(command, capsys)
             assert rc == 0 and "Traceback" not in err, f"again: {command.where}: {command.text}\n{err[-2000:]}"
+            wide = [line for line in (out + err).splitlines() if len(line) > 80]
+            assert not wide, f"again at 80 columns: {command.where}\n" + "\n".join(wide[:10])
 
 
 def tour_lines() -> tuple[int, int]:

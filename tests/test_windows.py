@@ -137,6 +137,20 @@ def test_a_window_takes_the_study_it_cut_first(landscape, tmp_path, counted_cloc
     assert cut[0].split(":", 1)[1].replace(":M=", " M=") in first_study
 
 
+def test_a_dry_run_says_the_order_a_window_takes(landscape, tmp_path, counted_clock, capsys):
+    out = tmp_path / "out"
+    assert main(args(landscape, out, 0.5)) == 0           # the second study cut
+    before = studies(out)
+    cut = next(n for n, c in before.items() if n not in finished(out))
+    capsys.readouterr()
+    assert main([*args(landscape, out, 10), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    first = said.split("  first: ", 1)[1].replace("\n    ", " ").split("; ")
+    assert first[0] == cut.split(":", 1)[1].replace(":M=", " M=")       # the study it cut goes first
+    assert "studies finished; left" in said and "(1 begun)" in said
+    assert studies(out) == before                                       # a dry run measured nothing
+
+
 def test_bad_minutes_are_one_line(landscape, tmp_path, capsys):
     for bad in ("0", "-1", "nan", "1441", "soon"):
         assert main(args(landscape, tmp_path / "out", bad)) == 2
@@ -217,3 +231,43 @@ def test_nightly_windows_add_up_over_nights(night_landscape, tmp_path, counted_c
         assert tables(run) == tables(tmp_path / "whole" / "n1" / job)
     for name, configs in first.items():
         assert set(configs) <= set(studies(tmp_path / "split" / "n1" / "a")[name])
+
+
+@pytest.mark.triton
+def test_windows_on_the_cpu_device_end_on_time_and_add_up(tmp_path):
+    """The GPU's code path (measuring child, compile worker) on the CPU device, on the real clock: a
+    window far too short for the work ends within its minutes plus 20 s (the start-up before the
+    command's first line, measured here, allowed for), cutting a batch in flight if it must and
+    leaving no process; the next window finishes, and the two leave the studies, trial counts and
+    table files one run of both lengths leaves (CPU-device times are noise: which configs win may
+    differ, so the rows are compared by batch size)."""
+    from test_cpu_device import GEMM_ARGS, left_in
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import tuner.cli"], env=env, check=True, timeout=300)
+    startup = time.monotonic() - t0          # what runs before the window's clock starts
+
+    def window(out: Path, minutes: float):
+        argv = [sys.executable, "-m", "tuner", "gemm", *GEMM_ARGS, "--batch-sizes", "1", "16", "--trials", "2",
+                "--patience", "2", "--compile-workers", "1", "--out", str(out), "--minutes", str(minutes)]
+        t = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        out_text, err = proc.communicate(timeout=900)
+        took = time.monotonic() - t
+        assert proc.returncode == 0, err
+        assert took <= minutes * 60 + 20 + startup, (took, startup, err)
+        assert not left_in(sid=proc.pid), "processes of the window outlived it"
+        return out_text
+
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    first = window(split, 0.05)
+    assert "it closed before the work was done" in first and "continue with" in first
+    assert "every table of the plan is written" in window(split, 10)
+    assert "every table of the plan is written" in window(whole, 10.05)
+    got, want = studies(split), studies(whole)
+    assert sorted(got) == sorted(want) and len(want) == 2
+    assert all(len(c) == len(set(c)) == 2 for c in [*got.values(), *want.values()])
+    assert sorted(tables(split)) == sorted(tables(whole))
+    for rel in tables(whole):
+        assert sorted(json.loads(tables(split)[rel])) == sorted(json.loads(tables(whole)[rel])) == ["1", "16"]

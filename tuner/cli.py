@@ -137,6 +137,17 @@ def _trust_engine_source(args) -> str | None:
     return before
 
 
+def _restore_streams(out, err) -> None:
+    """The streams main() was given, with what was written through the fitting ones flushed."""
+    for stream, raw in ((sys.stdout, out), (sys.stderr, err)):
+        if stream is not raw:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    sys.stdout, sys.stderr = out, err
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
 
@@ -144,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     started = window.now()             # a --minutes window counts from here: the command's start
     _setup_logging()
     parser = build_parser()
+    from tuner.textwidth import Fitting, error_text
     previous = None
     restore_trust, trust_before = False, None
+    # every line the command prints fits 120 columns or the terminal (an error stays one line)
+    raw_out, raw_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Fitting(raw_out), Fitting(raw_err)
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:
@@ -166,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             prepare_process("cpu")          # before any kernel is imported here
         return COMMANDS[args.command](args)
     except TunerError as e:
-        print(f"tuner: error: {e}", file=sys.stderr)
+        _restore_streams(raw_out, raw_err)
+        print(error_text(f"tuner: error: {e}", sys.stderr), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
@@ -176,22 +192,25 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # the reader went away (`tuner diff ... | head`): nothing left to say to anyone
         try:
-            sys.stdout = open(os.devnull, "w")
+            raw_out = open(os.devnull, "w")          # restored in place of the broken pipe
+            sys.stdout = Fitting(raw_out)
         except OSError:
             pass
         return 0
     except Exception as e:  # noqa: BLE001 - never a traceback unless asked for
         if os.environ.get("TUNER_DEBUG"):
             raise
+        _restore_streams(raw_out, raw_err)
         from tuner.errors import os_error_line
         line = os_error_line(e)
         if line is not None:         # a read-only folder, a full disk, a name too long, a link loop
-            print(f"tuner: error: {line}", file=sys.stderr)
+            print(error_text(f"tuner: error: {line}", sys.stderr), file=sys.stderr)
             return 2
         print(f"tuner: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
               "(set TUNER_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
     finally:
+        _restore_streams(raw_out, raw_err)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         if restore_trust:

@@ -11,6 +11,7 @@ followed, and a reader sees the old file or the whole new one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -275,6 +276,62 @@ def remove_stale_temporaries_of(path: Path, older_than_s: float = 0.0) -> list[P
 
 def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+FOLDER_LOCK = ".tuner-lock"
+
+
+def new_temporary_folder(parent: Path, prefix: str) -> tuple[Path, int]:
+    """(folder, fd) of a new temporary folder `<prefix><random>.tmp` in `parent`, with a lock
+    (flock) on a file in it held through `fd` while its maker lives: a killed maker's (a
+    download, an extraction) is found by remove_dead_temporary_folders, a live one's never.
+    The maker closes `fd`; the lock file is removed with release_temporary_folder before the
+    folder is renamed into place."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=TMP_SUFFIX))
+    try:
+        fd = os.open(tmp / FOLDER_LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp, fd
+
+
+def release_temporary_folder(tmp: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp / FOLDER_LOCK)
+
+
+def remove_dead_temporary_folders(parent: Path, prefix: str) -> list[Path]:
+    """Remove the temporary folders (`<prefix>*.tmp` in `parent`) whose makers were killed:
+    those whose lock nobody holds (or, made before their lock, older than UNLOCKED_GRACE_S)."""
+    import shutil
+    removed: list[Path] = []
+    try:
+        found = [d for d in parent.glob(f"{glob_escape(prefix)}*{TMP_SUFFIX}") if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return removed
+    for d in found:
+        try:
+            fd = os.open(d / FOLDER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if time.time() - d.stat().st_mtime > UNLOCKED_GRACE_S * 60:
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(d)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue                          # its maker lives
+        finally:
+            os.close(fd)
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
 
 
 def remove_stale_temporaries(folder: Path, older_than_s: float = 0.0) -> list[Path]:

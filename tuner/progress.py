@@ -1,9 +1,12 @@
-"""A progress line on stderr while tuning: a bar on a terminal, a line per study otherwise."""
+"""A progress line on stderr while tuning: a bar on a terminal (within its width, redrawn in
+place), a line per study otherwise (wrapped to 120 columns or the terminal's width)."""
 
 from __future__ import annotations
 
 import sys
 import time
+
+from tuner.textwidth import cut, fit_text, terminal_known, width
 
 
 class Progress:
@@ -21,16 +24,22 @@ class Progress:
         self.study += 1
         self.label = label
 
+    def line(self, done: int, budget: int, best: float | None, columns: int) -> str:
+        """The redrawn line, one column short of `columns` (a terminal wraps a line that fills its
+        last column): counts, best time and elapsed first, then as much of the study's label as fits."""
+        frac = (self.study - 1 + min(done / max(budget, 1), 1.0)) / self.total
+        bar_width = 20 if columns >= 100 else 10
+        bar = "#" * int(frac * bar_width) + "-" * (bar_width - int(frac * bar_width))
+        best_s = f"{best:.2f} {self.unit}" if best is not None else "-"
+        head = (f"[{bar}] {self.study}/{self.total} trial {done}/{budget} best {best_s} "
+                f"{time.monotonic() - self.t0:.0f}s  ")
+        return cut(head + self.label, columns - 1)
+
     def trial(self, done: int, budget: int, best: float | None) -> None:
         if not self.tty:
             return
-        frac = (self.study - 1 + min(done / max(budget, 1), 1.0)) / self.total
-        width = 24
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        best_s = f"{best:.2f} {self.unit}" if best is not None else "-"
-        line = (f"\r[{bar}] {self.study}/{self.total} {self.label}  trial {done}/{budget}  best {best_s}"
-                f"  {time.monotonic() - self.t0:.0f}s")
-        self.stream.write(line.ljust(len(self._last)))
+        line = self.line(done, budget, best, width(self.stream))
+        self.stream.write("\r" + line.ljust(len(self._last)))
         self.stream.flush()
         self._last = line
 
@@ -40,7 +49,7 @@ class Progress:
         if self.tty:
             self.stream.write("\r" + " " * len(self._last) + "\r")
             self._last = ""
-        self.stream.write(f"[{self.study}/{self.total}] {self.label}: {summary}\n")
+        self.stream.write(self._fit(f"[{self.study}/{self.total}] {self.label}: {summary}") + "\n")
         self.stream.flush()
 
     def note(self, text: str) -> None:
@@ -48,5 +57,9 @@ class Progress:
             if self.tty and self._last:
                 self.stream.write("\n")
                 self._last = ""
-            self.stream.write(text + "\n")
+            self.stream.write(self._fit(text) + "\n")
             self.stream.flush()
+
+    def _fit(self, text: str) -> str:
+        """`text` wrapped to the terminal's width; whole where none is known (a log)."""
+        return fit_text(text, width(self.stream)) if terminal_known(self.stream) else text

@@ -71,14 +71,30 @@ def policy_lines(report, engine: str) -> list[str]:
             continue
         found = installed_times(Path(ka.where), engine, BACKUP_ROOT)
         timed = found[1] if found else None
-        lines.append(f"measurement of {Path(ka.where).name}: " + (
-            f"{policy_text({k: v for k, v in timed.items() if k != 'device'})} on {timed.get('device')} "
-            "(installed by tuner)" if timed else "not recorded (a shipped table, or installed before tuner recorded "
-            "it)"))
+        run = None if timed else run_holding(Path(ka.where))
+        if timed:
+            mark = timed.get("not_a_gpu")
+            said = (f"{mark} times, never measured on a GPU (for {timed.get('device')}; installed by tuner)" if mark
+                    else f"{policy_text({k: v for k, v in timed.items() if k != 'device'})} on {timed.get('device')} "
+                         "(installed by tuner)")
+        elif run is not None:            # the folder audited is a tuner run's own, not an engine's
+            from tuner.emit.run_table import run_source
+            said = f"a table of the tuner run {run}, not installed: {run_source(run)}"
+        else:
+            said = "not recorded (a shipped table, or installed before tuner recorded it)"
+        lines.append(f"measurement of {Path(ka.where).name}: {said}")
         entry = installed_entry(Path(ka.where), engine, BACKUP_ROOT)
         if entry is not None and (line := partial.audit_line(Path(ka.where).name, entry)):
             lines += wrap(line)
     return lines
+
+
+def run_holding(table: Path) -> Path | None:
+    """The tuner results folder a table file lies in (its manifest.json a few folders up), if any."""
+    for folder in list(table.resolve().parents)[:5]:
+        if (folder / "manifest.json").is_file():
+            return folder
+    return None
 
 
 def run(args) -> int:

@@ -106,9 +106,8 @@ def fetch(engine: str, version: str, find_links: str | None = None, index_url: s
     are checked: nothing half-downloaded or foreign is ever left where the tool looks."""
     import os
     import shutil
-    import tempfile
 
-    from tuner.paths import make_folder
+    from tuner.paths import make_folder, new_temporary_folder, remove_dead_temporary_folders
     from tuner.plan.kernel_sources import _wheel_version, fetched_wheels_dir
     cache = fetched_wheels_dir()
     have = [w for w in cache.glob(f"{engine}-{version}-*.whl") if _wheel_version(w, engine) == version] \
@@ -117,7 +116,8 @@ def fetch(engine: str, version: str, find_links: str | None = None, index_url: s
         check_wheel(have[0], engine, version)
         return have[0]
     make_folder(cache)
-    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{engine}-{version}.", suffix=".tmp"))
+    remove_dead_temporary_folders(cache, ".")           # what a killed fetch left (a download: ~300 MB)
+    tmp, held = new_temporary_folder(cache, f".{engine}-{version}.")
     try:
         cmd = pip_command(engine, version, tmp, find_links, index_url, no_index)
         print(f"fetching {engine}=={version} with pip (its wheel only, not installed) ...", file=sys.stderr, flush=True)
@@ -137,6 +137,7 @@ def fetch(engine: str, version: str, find_links: str | None = None, index_url: s
         return final
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(held)
 
 
 def check_wheel(wheel: Path, engine: str, version: str) -> None:

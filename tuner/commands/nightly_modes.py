@@ -45,10 +45,9 @@ def require_devices(cfg: dict, path: Path) -> None:
         if job.get("replay") or job.get("synthetic"):
             continue
         try:
-            require_gpu(get_gpu(str(job["gpu"])).cuda_name, "its tuning run",
-                        "--dry-run shows every job's plan and --synthetic runs the night on SYNTHETIC landscapes")
+            require_gpu(get_gpu(str(job["gpu"])).cuda_name, "its run", "try --dry-run or --synthetic")
         except TunerError as e:
-            raise TunerError(f"{path}: job {job['name']!r}: {e} (nothing was run or written)") from None
+            raise TunerError(f"job {job['name']!r}: {e}") from None
 
 
 def plan_night(cfg: dict, path: Path, runs_dir: Path, night: str, state: dict, job_request,

@@ -219,7 +219,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                 and timed_by["version"] != target_engine:
             problems.append(f"it was timed on {engine} {timed_by['version']}'s kernel, the target runs "
                             f"{engine} {target_engine}")
-        elif timed_by.get("source") == "ours":
+        elif timed_by.get("source") == "ours" and not is_synthetic(env):     # (a SYNTHETIC table timed nothing)
             timed_on_ours.append(rel)
         if problems:
             if not force:

@@ -34,11 +34,16 @@ def _times(raw: dict) -> dict[int, float]:
 
 
 def timed_on(table_entry: dict) -> dict:
-    """What a table's times were taken on: the device and the measurement policy."""
+    """What a table's times were taken on: the device and the measurement policy, and where no
+    GPU timed them, "not_a_gpu" (SYNTHETIC or CPU DEVICE): the mark travels into every install
+    record and what reads one (the audit; a --merge compares no such times with a GPU's)."""
+    from tuner.measure.provenance import CPU_DEVICE, is_cpu_device, is_synthetic
     env = table_entry.get("environment") or {}
     policy = table_entry.get("measurement") or {}
-    return {"device": env.get("device"), "timing": policy.get("timing"), "l2": policy.get("l2"),
-            "routing": policy.get("routing")}
+    on = {"device": env.get("device"), "timing": policy.get("timing"), "l2": policy.get("l2"),
+          "routing": policy.get("routing")}
+    mark = "SYNTHETIC" if is_synthetic(env) else CPU_DEVICE if is_cpu_device(env) else None
+    return {**on, "not_a_gpu": mark} if mark else on
 
 
 def installed_times(dest: Path, engine: str, backup_root: Path) -> tuple[dict[int, float], dict] | None:

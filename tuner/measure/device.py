@@ -384,7 +384,7 @@ def require_gpu(expected_cuda_name: str, what: str = "timing on the GPU",
     what can be done without one."""
     import torch
     if not torch.cuda.is_available():
-        raise TunerError(f"no CUDA GPU is visible, and {what} needs one" + (f"; without one, {without}" if without else ""))
+        raise TunerError(f"no CUDA GPU is visible ({what} needs one)" + (f"; {without}" if without else ""))
     name = torch.cuda.get_device_name()
     if name != expected_cuda_name:
         raise TunerError(f"--gpu asks for {expected_cuda_name!r} but this machine has {name!r}; "

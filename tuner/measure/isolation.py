@@ -238,7 +238,12 @@ class IsolatedMeasurer:
         self.process_groups.append(self.proc.pid)
         self.starts += 1
         self.served = 0
-        if not self.conn.poll(self.start_timeout_s):
+        try:
+            started = self.conn.poll(self.start_timeout_s)
+        except BaseException:                 # stopped while it starts (a --minutes window's end): no child left
+            self._kill()
+            raise
+        if not started:
             self._kill()
             raise TunerError(f"the measuring worker did not start within {self.start_timeout_s:.0f}s")
         try:

@@ -39,9 +39,8 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
     if not req.dry_run and not req.replay and not req.synthetic:
         # the first thing a run without a GPU is told (before the engines' code or --out)
         from tuner.measure.device import require
-        require(req.device, gpu, "a tuning run", "--dry-run shows the plan, --replay FILE tunes over a recorded "
-                "landscape, --synthetic runs it all on a SYNTHETIC one made on the fly (to try the tool), and "
-                "--device cpu runs the GPU's code path on the CPU (times that mean nothing about a GPU)")
+        # only what works here (issue 41): --device cpu at a served model's shapes times no config in minutes
+        require(req.device, gpu, "tuning", "try --dry-run, --synthetic or docs/cpu-device-and-proof.md")
     if parallel.line and req.dry_run:
         say(parallel.line)              # the plan's first line: the deployment it is for, when not --tp's
     if not req.dry_run:
@@ -50,22 +49,22 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         from tuner.search.storage_checks import check_storage_url
         out = out_dir(req, model.name, gpu.key)
         check_out_dir(out)
-        if recorded is not None:
-            from tuner.plan.routing import install
-            install(recorded, out / "routing")          # where the kernel reads the ids (this run's children too)
         check_storage_url(req.storage or default_storage(out))
-    elif req.storage:
-        # a dry run opens nothing, but says what the run would refuse: a storage not ours, no driver
-        from tuner.search.storage_checks import check_storage_driver, check_storage_url
-        check_storage_url(req.storage)
-        check_storage_driver(req.storage)
+    else:
+        # a dry run writes and opens nothing, but refuses what the run would: an --out it cannot
+        # write (a file, another program's folder), a storage not ours, no driver
+        check_out_dir(out_dir(req, model.name, gpu.key))
+        if req.storage:
+            from tuner.search.storage_checks import check_storage_driver, check_storage_url
+            check_storage_url(req.storage)
+            check_storage_driver(req.storage)
+    synthetic_landscape = None
     if req.synthetic:
-        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE, landscape_for_run
+        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE
         say(SYNTHETIC_RUN_LINE)
-        if not req.dry_run:
-            req.replay = str(landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command],
-                                               str(req.kernel_source), gpu, problems, req.batch_sizes or [],
-                                               req.space, say=(lambda line: None) if req.quiet else say))
+        if not req.dry_run:         # replayed from where it will be made, once every check has passed (below)
+            synthetic_landscape = out_dir(req, model.name, gpu.key) / f"synthetic-{KERNEL_OF[req.command]}.jsonl.gz"
+            req.replay = str(synthetic_landscape)
     notes: list[str] = []
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
     from tuner.measure.policy import MeasurementPolicy
@@ -89,6 +88,16 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
+    if synthetic_landscape is not None:
+        # made last: a run refused above (a missing --warm-start, say) replaced no landscape of an earlier one
+        from tuner.measure.synthetic import landscape_for_run
+        landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command], str(req.kernel_source), gpu,
+                          problems, req.batch_sizes or [], req.space, say=(lambda line: None) if req.quiet else say)
+    if recorded is not None and not req.dry_run:
+        # stored last too, where the kernel reads the ids (this run's children too): a run refused
+        # above stored no routing file (issue 42, item 8)
+        from tuner.plan.routing import install
+        install(recorded, out_dir(req, model.name, gpu.key) / "routing")
     if parallel.line and plans:
         plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:

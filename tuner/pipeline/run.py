@@ -27,7 +27,7 @@ from tuner.pipeline.studies import time_unit, tune_all
 from tuner.plan.kernel_api import config_tuple
 from tuner.progress import Progress
 from tuner.search.settings import StudyResult
-from tuner.search.window import Window
+from tuner.search.window import Window, WindowClosed, measuring_in
 
 
 def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[StudyResult]]:
@@ -35,7 +35,7 @@ def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[St
     tables and the manifest from what the storage holds; returns the results. With a window
     (--minutes) the studies go by value until its time is up (tuner/pipeline/windows.py)."""
     progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
-    t0 = time.monotonic()
+    t0 = opts.started if opts.started is not None else time.monotonic()   # planning, a synthetic landscape: counted
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
     check_baselines(opts)
     # What a killed run's atomic writes left (those no live writer holds: tuner/paths.py).
@@ -55,25 +55,39 @@ def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[St
         _say_notes(opts, progress)
         run_gpu_workers(opts, progress)
     else:
-        measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
-        from tuner.search.identity import times_of
-        opts.times = times_of(measurer)
-        try:
-            if isinstance(measurer, ReplayMeasurer):
-                opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
-                progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
-            storage = storage or open_run_storage(opts)
-            save_plan(storage, opts)
-            _say_notes(opts, progress)
-            with window.alarm() if window else contextlib.nullcontext():
-                tune_all(opts, storage, measurer, progress,
-                         after_study=lambda: collect(opts, storage, quiet=True), window=window)
-        finally:
-            measurer.close()
+        with window.alarm() if window else contextlib.nullcontext():
+            try:
+                with measuring_in(window, starting=True):
+                    measurer = make_measurer(opts, progress)    # checks a landscape before anything is written
+            except WindowClosed:
+                progress.note("the window closed while the measuring worker started: nothing measured")
+                if storage is None:
+                    return {}
+            else:
+                storage = _tune_here(opts, storage, measurer, progress, window)
     results = collect(opts, storage)
     ended = "the window closed" if window is not None and window.closed else "done"
     progress.note(f"{ended} in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
     return results
+
+
+def _tune_here(opts: RunPlan, storage: BaseStorage | None, measurer: Measurer, progress: Progress,
+               window: Window | None) -> BaseStorage:
+    """The studies against this process's measurer (closed after); returns the storage."""
+    from tuner.search.identity import times_of
+    opts.times = times_of(measurer)
+    try:
+        if isinstance(measurer, ReplayMeasurer):
+            opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
+            progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
+        storage = storage or open_run_storage(opts)
+        save_plan(storage, opts)
+        _say_notes(opts, progress)
+        tune_all(opts, storage, measurer, progress, after_study=lambda: collect(opts, storage, quiet=True),
+                 window=window)
+    finally:
+        measurer.close()
+    return storage
 
 
 def work(opts: RunPlan, storage: BaseStorage, quiet: bool = False) -> None:

@@ -40,6 +40,7 @@ class RunPlan:
     traffic: TrafficProfile | None = None   # keys, budgets and kept defaults by traffic
     times: str | None = None         # where the times come from (tuner/search/identity.py), once known
     notes: list[str] = field(default_factory=list)   # lines the run says once it starts (its default --tp)
+    started: float | None = None     # time.monotonic() when the command began: its "done in" counts from it
     warm: WarmPool | None = None     # known configs to seed studies from (tuner/search/warm_start.py)
     incumbents: dict | None = None   # the tables the engines read today, once resolved (studies.incumbent_tables)
 

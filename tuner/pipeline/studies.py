@@ -38,12 +38,18 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
                          on_trial=lambda **kw: progress.trial(kw["done"], kw["budget"], kw["best"]),
                          prefix=opts.prefix, policy=opts.policy, window=window)
     # A run started again shows the studies it finished before as stored, and says so.
-    finished = {(p.key, M) for p in opts.problems for M in opts.ms_for(p)
-                if stored_result(storage, opts, p, M) is not None}
-    if finished:
+    stored = {(p.key, M): r for p in opts.problems for M in opts.ms_for(p)
+              if (r := stored_result(storage, opts, p, M)) is not None}
+    # a study that stopped at a budget this run raises continues (tuner/search/runner.py tune)
+    grown = sum(1 for p in opts.problems for M in opts.ms_for(p) if (p.key, M) in stored
+                and stored[p.key, M].get("stopped") == "budget"
+                and stored[p.key, M].get("trials", 0) < opts.settings.budget_for(p, M))
+    if stored:
         total = sum(len(opts.ms_for(p)) for p in opts.problems)
-        progress.note(f"resuming from {shown(run_storage(opts))}: {len(finished)} of {total} "
-                      "studies finished before; their stored results are shown, not run again")
+        kept = len(stored) - grown
+        progress.note(f"resuming from {shown(run_storage(opts))}: {len(stored)} of {total} studies finished before"
+                      + (f"; {kept} shown as stored, not run again" if kept else "")
+                      + (f"; {grown} continued to the larger budget" if grown else ""))
     installed = incumbent_tables(opts)
     if window is not None:
         from tuner.pipeline.windows import study_order, study_states

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from typing import Callable
 
 from tuner.pipeline.request import TuneRequest
@@ -41,9 +42,15 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
     if req.minutes is not None and not req.dry_run:
         from tuner.search.window import Window
         window = Window(req.minutes, began=req.started)     # the command's start-up and planning count too
+    started = req.started if req.started is not None else time.monotonic()
     plans = plan_runs(req, say)
+    for opts in plans:
+        opts.started = started          # a run's "done in" is the command's time, its planning included
     if req.dry_run:
         say("\n\n".join(plan_text(opts) for opts in plans))
+        if req.minutes is not None:
+            for line in window_order_lines(plans, req.minutes):
+                say(line)
         return []
     from tuner.pipeline.run import run_tuning
     done = []
@@ -61,6 +68,21 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
         if left is not None:
             left["studies"] = studies_left
     return done
+
+
+def window_order_lines(plans: list, minutes: float) -> list[str]:
+    """A dry run's --minutes: the order a window takes the studies in (what its storage holds read,
+    nothing written), and what is left by the measured cost per trial where known."""
+    from tuner.pipeline.stored_plans import open_run_storage, storage_exists
+    from tuner.pipeline.windows import left_lines, study_order, study_states, wrap
+    lines = [f"a window of {minutes:g} min takes the studies by value per GPU second (docs/tuning.md):"]
+    for opts in plans:
+        states = study_states(opts, open_run_storage(opts) if storage_exists(opts) else None)
+        order = [f"{p.key} M={m}" for p, m in study_order(opts, states) if not states[(p.key, m)].finished]
+        lines += left_lines(opts, states, minutes)[:1]
+        if order:
+            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else ""), cont=""))
+    return lines
 
 
 def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]:

@@ -60,8 +60,10 @@ def study_states(opts: RunPlan, storage: BaseStorage | None) -> dict[tuple[str, 
                           if t.datetime_start and t.datetime_complete)
             configs = {tuple(sorted(t.user_attrs["config"].items())) for t in trials}
             result = study.user_attrs.get("result")
-            out[(p.key, M)] = StudyState(p, M, budget, len(configs), seconds, result is not None,
-                                         result is not None and not result.get("config"))
+            # finished as the runner takes it: a study stopped at a smaller budget than this run's goes on
+            done = result is not None and (result.get("stopped") != "budget" or result.get("trials", 0) >= budget)
+            out[(p.key, M)] = StudyState(p, M, budget, len(configs), seconds, done,
+                                         done and not (result or {}).get("config"))
     for (key, M), s in out.items():      # a tied table's study is never run where its partner found nothing
         partner = out.get((s.problem.tied_to, M)) if s.problem.tied_to else None
         if partner is not None and partner.empty:

@@ -7,6 +7,7 @@ only where the device cannot be asked (the CPU device); on a GPU the real one is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tuner.errors import TunerError
@@ -40,12 +41,29 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
+# Names people type for a GPU whose key or CUDA name says it otherwise (compared as _plain() is).
+_TYPED = {"h100sxm": "H100", "h100sxm5": "H100", "h10080gb": "H100", "h100hbm3": "H100", "h200sxm": "H200",
+          "h800sxm": "H800"}
+
+
+def _plain(name: str) -> str:
+    """A GPU's name as compared: lower case, without "NVIDIA" and without spaces, dashes or dots."""
+    return re.sub(r"[^a-z0-9]", "", name.lower().replace("nvidia", ""))
+
+
 def get_gpu(name: str) -> GpuSpec:
-    """Look a GPU up by the user's key (case-insensitive) or by its CUDA name."""
+    """Look a GPU up by the user's key or its CUDA name, or a name people type for it ("H100 SXM",
+    "h200 nvl"): case, spaces, dashes and "NVIDIA" aside; an unknown one gets a did-you-mean."""
+    plain = _plain(str(name))
     for spec in GPUS.values():
-        if name.lower() in (spec.key.lower(), spec.cuda_name.lower()):
+        if plain in (_plain(spec.key), _plain(spec.cuda_name)) or _TYPED.get(plain) == spec.key:
             return spec
-    raise TunerError(f"unknown GPU {name!r}; supported: {', '.join(GPUS)}")
+    import difflib
+    names = {_plain(g.key): g.key for g in GPUS.values()} | {typed: key for typed, key in _TYPED.items()}
+    # the same family letter (a B200 is no misspelt H200)
+    close = [c for c in difflib.get_close_matches(plain, list(names), n=3, cutoff=0.7) if c[:1] == plain[:1]][:1]
+    hint = f"did you mean {names[close[0]]}? " if close else ""
+    raise TunerError(f"unknown GPU {name!r}; {hint}supported: {', '.join(GPUS)}")
 
 
 def resolve_gpu(key: str | None, device: str):

@@ -416,9 +416,13 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     folder beside `out` that is renamed into place, so a source lacking a file, a full disk
     or a kill leaves no half-made folder (an earlier extract at `out` is replaced whole)."""
     import shutil
-    import tempfile
 
-    from tuner.paths import make_folder
+    from tuner.paths import (
+        make_folder,
+        new_temporary_folder,
+        release_temporary_folder,
+        remove_dead_temporary_folders,
+    )
     # --out first: a folder it must not replace is refused whether or not the engine is at hand
     out = Path(os.path.abspath(out))
     if os.path.lexists(out):
@@ -438,8 +442,9 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     code = locate(engine, source)
     texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
     make_folder(out.parent)
+    remove_dead_temporary_folders(out.parent, f".{out.name[:200]}.")     # what a killed extract left
     try:
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name[:200]}.", suffix=".tmp"))
+        tmp, held = new_temporary_folder(out.parent, f".{out.name[:200]}.")
     except OSError as e:
         from tuner.errors import os_error_words
         raise TunerError(f"cannot write into {out.parent}: {os_error_words(e)}") from None
@@ -452,6 +457,7 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
                                                    "files": {rel: source_hash(t) for rel, t in texts.items()}},
                           root=tmp)
         os.chmod(tmp, 0o777 & ~_umask())
+        release_temporary_folder(tmp)
         if os.path.lexists(out):                       # an earlier extract (or an empty folder): replaced whole
             old = out.with_name(f".{out.name[:200]}.old.{os.getpid()}.tmp")
             os.replace(out, old)
@@ -461,6 +467,8 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
         if old is not None and not os.path.lexists(out):
             os.replace(old, out)
         raise
+    finally:
+        os.close(held)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out

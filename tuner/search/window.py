@@ -71,9 +71,10 @@ class Window:
             raise WindowClosed()
 
     @contextlib.contextmanager
-    def measuring(self, closing: bool = False) -> Iterator[None]:
-        """Measuring a batch (closing: a study's finalists): the deadline's alarm may cut it
-        (raising WindowClosed here). Its time is kept, the longest of each kind."""
+    def measuring(self, closing: bool = False, starting: bool = False) -> Iterator[None]:
+        """Measuring a batch (closing: a study's finalists; starting: waiting for the measuring
+        worker to start): the deadline's alarm may cut it (raising WindowClosed here). The
+        time of a batch and of a close is kept, the longest of each."""
         if self.left() <= 0:
             self.closed = True
             raise WindowClosed()
@@ -86,7 +87,7 @@ class Window:
             took = self.clock() - t0
             if closing:
                 self.finish_s = max(self.finish_s, took)
-            else:
+            elif not starting:
                 self.longest_s = max(self.longest_s, took)
 
     @contextlib.contextmanager
@@ -111,6 +112,6 @@ class Window:
             signal.signal(signal.SIGALRM, before)
 
 
-def measuring_in(window: Window | None, closing: bool = False):
+def measuring_in(window: Window | None, closing: bool = False, starting: bool = False):
     """Measuring in a window (which its deadline may cut), or without one."""
-    return window.measuring(closing) if window is not None else contextlib.nullcontext()
+    return window.measuring(closing, starting) if window is not None else contextlib.nullcontext()

@@ -1,0 +1,100 @@
+"""Every line a command prints on a terminal fits 120 columns, or the terminal's width where it
+is narrower ($COLUMNS, else the terminal's own): long lines are wrapped at spaces (continuations
+indented under their line), a progress line that is redrawn in place is cut instead (a wrapped
+one would leave a stale row each redraw). Piped into a file or a script with no $COLUMNS, a
+line goes through whole: a log keeps each message on one line to grep."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+MAX_WIDTH = 120
+MIN_WIDTH = 40            # below this a wrapped line says less than a cut one
+
+
+def width(stream=None) -> int:
+    """The columns to fit: $COLUMNS where set (what a shell exports, and what tests set), else the
+    terminal's of `stream` when it is one, else 120; never more than 120."""
+    cols = None
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        cols = int(env)
+    elif stream is not None and hasattr(stream, "isatty"):
+        try:
+            if stream.isatty():
+                cols = os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError):
+            cols = None
+    return max(MIN_WIDTH, min(MAX_WIDTH, cols or MAX_WIDTH))
+
+
+def terminal_known(stream=None) -> bool:
+    """Whether a terminal's width is known ($COLUMNS, or `stream` is a terminal): then even an
+    error is wrapped to it; piped into a log or a script, an error stays one line to grep."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return True
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def error_text(line: str, stream=None) -> str:
+    """An error line as printed: one line, wrapped only to a known terminal (terminal_known)."""
+    return fit_text(line, width(stream)) if terminal_known(stream) else line
+
+
+def fit_line(line: str, columns: int | None = None) -> list[str]:
+    """`line` as lines of at most `columns`: unchanged when it fits, else wrapped at spaces with
+    its continuations indented 4 more than it (a word longer than a line is cut)."""
+    columns = columns or width()
+    if len(line) <= columns:
+        return [line]
+    body = line.lstrip(" ")
+    lead = " " * min(len(line) - len(body), columns // 2)
+    return textwrap.wrap(body, columns, initial_indent=lead, subsequent_indent=lead + "    ",
+                         break_long_words=True, break_on_hyphens=False) or [line[:columns]]
+
+
+def fit_text(text: str, columns: int | None = None) -> str:
+    """Every line of `text` fitted (fit_line)."""
+    columns = columns or width()
+    return "\n".join(out for line in text.split("\n") for out in fit_line(line, columns))
+
+
+def cut(line: str, columns: int) -> str:
+    """`line` cut to `columns` (a redrawn line), the cut said by its last character."""
+    return line if len(line) <= columns else line[:columns - 1] + "~"
+
+
+class Fitting:
+    """A text stream whose complete lines are fitted (fit_line) to the width of the terminal it
+    writes to ($COLUMNS, or the stream's own); a write holding a carriage return (a redrawn
+    progress line, which fits itself) and a flushed partial line go through as they are.
+    Everything else is the stream's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._partial = ""
+        # piped into a file or a script with no width given, lines go through whole (one to grep)
+        self._columns = width(stream) if terminal_known(stream) else 1 << 30
+
+    def write(self, text: str) -> int:
+        if "\r" in text:
+            self.flush()
+            return self._stream.write(text)
+        self._partial += text
+        if "\n" in self._partial:
+            *lines, self._partial = self._partial.split("\n")
+            self._stream.write("".join(out + "\n" for line in lines for out in fit_line(line, self._columns)))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._stream.write(self._partial)
+            self._partial = ""
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
