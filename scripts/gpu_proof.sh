@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The GPU proof on a freshly started, bare GPU machine with no network, one device call per part.
+# The GPU run on a freshly started, bare GPU machine with no network: ONE device command.
 #
-#   bash scripts/gpu_proof.sh --call 1|2 [--minutes 4.5] [--gpu H100|H200] [--out DIR] [tuner proof options...]
+#   bash scripts/gpu_proof.sh [--minutes 9] [--gpu H100|H200] [--out DIR] [tuner proof options...]
 #
 # Expects, beside the repository (made here by scripts/prepare_gpu_proof.sh and carried):
 #   .whl/         Optuna, threadpoolctl and their dependencies as wheels (the machine's Python lacks them)
 #   .engine-src/  the engines' kernel files (`tuner engine-source extract`), one folder per engine
 #   .baselines/   the engines' shipped tables (a copy of ../shared/baselines)
-# Results go to bench/results/<gpu>-<date>/ (call 2 continues the newest such folder, unpacked
-# into the repository from call 1's tarball before the call). When $OUT is set (the device tool),
-# the folder as one tarball (top folder bench/results/<gpu>-<date>: unpack it in the repository
-# root) and summary.md are rewritten there after every step and whenever a table lands.
+# Runs `tuner proof --call gpu`: environment, smoke, validation, then one window of tuning that
+# continues the committed state tuned/<device>/ (carried with the working tree). Results go to
+# bench/results/<gpu>-<date>/; when $OUT is set (the device tool), the folder as one tarball (top
+# folder bench/results/<gpu>-<date>) and summary.md are rewritten there after every step and
+# whenever a table lands. Here, afterwards: bash scripts/commit_gpu_proof.sh <the tarball>.
 # Exit status: tuner proof's (0 fine, 1 a step failed, 2 bad input or no GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,14 +23,14 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --gpu) gpu=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    --call) call=$2; args+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --call|--steps) call=$2; args+=("$1"); shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
 if ! python3 -c "import optuna, threadpoolctl" 2>/dev/null; then
   if ls .whl/*.whl >/dev/null 2>&1; then
-    # a warm machine keeps what call 1 installed: reused only when made from these very wheels
+    # a machine kept warm keeps what an earlier command installed: reused only when made from these very wheels
     stamp=$(cat .whl/*.whl | sha256sum | cut -d' ' -f1)
     if [ "$(cat /tmp/site/.tuner-wheels 2>/dev/null)" != "$stamp" ]; then
       rm -rf /tmp/site
@@ -52,19 +53,7 @@ name = torch.cuda.get_device_name() if torch.cuda.is_available() else ''
 from tuner.plan.gpus import GPUS
 print(next((g.key for g in GPUS.values() if g.cuda_name == name), 'H100'))")
 fi
-if [ -z "$out" ]; then
-  out="bench/results/${gpu}-$(date +%F)"
-  if [ "$call" != "1" ]; then
-    # call 2 continues the proof call 1 left (its tarball unpacked here), whatever its date
-    last=$(ls -d bench/results/"${gpu}"-*/steps.json 2>/dev/null | sort | tail -n 1)
-    if [ -n "$last" ]; then
-      out=$(dirname "$last")
-    else
-      echo "gpu_proof: no call-1 folder here (bench/results/${gpu}-*/steps.json): call 1's tarball was not unpacked" \
-           "in the repository root before this call (tar xzf proof-${gpu}-<date>.tar.gz); going on in $out," \
-           "without call 1's tuned tables (bench-moe has no tuned contender)" >&2
-    fi
-  fi
-fi
+[ -n "$out" ] || out="bench/results/${gpu}-$(date +%F)"
+[ -n "$call" ] || args+=(--call gpu)
 echo "gpu_proof: GPU key $gpu, results in $out" >&2
 exec python3 -m tuner proof --gpu "$gpu" --out "$out" ${OUT:+--bundle "$OUT"} "${args[@]}"

@@ -6,7 +6,7 @@
 #                 nvidia-ml-py, matplotlib, tqdm, packaging, markupsafe), via ../shared/device/wheels.sh
 #   .engine-src/  the engines' kernel files, extracted from their wheels ($TUNER_ENGINE_WHEELS)
 #   .baselines/   the engines' shipped tables (../shared/baselines)
-# Then checks every wheel the proof imports is there, and prints the device calls to make
+# Then checks every wheel the proof imports is there, and prints the device call to make
 # (bench/README.md has them with their time plan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,17 +30,13 @@ done
 rm -rf .baselines && cp -r ../shared/baselines .baselines
 du -sh .whl .engine-src .baselines
 cat <<'MSG'
-Device calls (15 minutes of device time in all; see bench/README.md for the time plan):
-  run(command="bash scripts/gpu_proof.sh --call 1 --minutes 4.5",
-      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=325)
-  then here: tar xzf <files_at>/proof-H200-<date>.tar.gz   (puts back bench/results/H200-<date>/;
-             call 2 continues that folder only if it is unpacked BEFORE call 2: the working tree travels;
-             make call 2 at once: within 30 s the machine is still warm and no start is paid)
-  run(command="bash scripts/gpu_proof.sh --call 2 --minutes 3.5",
-      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=265)
-  then here: tar xzf <files_at>/proof-H200-<date>.tar.gz
-             python3 -m tuner proof --call local --gpu H200 --out bench/results/H200-<date>
-If no H200 can be had: the same two calls with kind="nvidia-h100-x1" (H100 in the names);
-neither engine ships a DeepSeek-V3 TP8 MoE table for the H100, so the MoE bench has no shipped
-contender there. Keep both calls on one kind.
+The device call (one command of at most 10 minutes; bench/README.md has its time plan; first, here:
+python3 -m tuner proof --plan --gpu H200 --call gpu):
+  run(command="bash scripts/gpu_proof.sh --minutes 9",
+      carry=[".whl", ".engine-src", ".baselines"], kind="nvidia-h200", timeout_s=595)
+  then here: bash scripts/commit_gpu_proof.sh <files_at>/proof-H200-<date>.tar.gz
+             (unpacks bench/results/H200-<date>/, runs the local part, puts the window's tables in
+             tuned/NVIDIA_H200/ and its landscape in landscapes/NVIDIA_H200/, commits)
+If no H200 can be had: the same call with kind="nvidia-h100-x1" (H100 in the names); the window
+then starts empty (no committed H100 state).
 MSG

@@ -49,3 +49,13 @@ def test_the_readme_pins_the_triton_its_audit_names_and_says_how_to_build_the_ma
     audited = set(re.findall(r"--triton ([0-9.]+)", readme))
     assert audited == {pinned.group(1)}
     assert 'pip install -e ".[docs]"' in readme.split("mkdocs build", 1)[0]
+
+
+def test_the_mla_closing_table_tells_its_contexts_apart(tmp_path, capsys):
+    """Messages that mislead (item 6): MLA decode's rows, one problem per context in one table
+    file, each say their context instead of all carrying the same label. SYNTHETIC."""
+    assert main(["mla", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--synthetic", "--batch-sizes", "1",
+                 "--trials", "2", "--contexts", "4096", "32768", "--quiet", "--out", str(tmp_path / "o")]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if re.search(r"\s1\s+\d+ \d+ \d+", ln)]
+    assert len(rows) == 2, rows
+    assert "context=4096" in rows[0] and "context=32768" in rows[1]

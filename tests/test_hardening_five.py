@@ -165,3 +165,20 @@ def test_a_refused_routing_run_stores_no_routing_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "internal error" not in err, err
     assert not (out / "routing").exists()
+
+
+def test_warm_start_from_a_folder_with_a_random_journal(tmp_path, capsys):
+    """Before: exit 0 after 108 lines naming the temporary copies it read; now the journal
+    given is named, once."""
+    from test_bad_input import CFG, GEMM, GEMM_ARGS, results_with
+
+    from tuner.cli import main
+    res = results_with(tmp_path / "r", {f"vllm/fp8_gemm/{GEMM}": {"1": CFG}})
+    (res / "studies.journal").write_bytes(b'{"op_code": 0, "worker_id": "w"}\n'
+                                          + bytes(random.Random(5).randrange(256) for _ in range(4000)))
+    rc = main([*GEMM_ARGS, "--synthetic", "--batch-sizes", "1", "--trials", "2", "--warm-start", str(res),
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "tuner-warm-" not in err, err
+    assert sum(str(res / "studies.journal") in line for line in err.splitlines()) == 1, err
+    assert rc in (0, 2) and len(err.strip().splitlines()) <= 4, err

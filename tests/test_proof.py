@@ -9,9 +9,11 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,28 +40,58 @@ NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
+    """The device command's steps, then two windows back to back on the same folder (the first
+    cut by its clock, the second with time for all), then the local part. The first window's
+    state is copied aside before the second starts."""
     root = tmp_path_factory.mktemp("proof")
     out, bundle = root / "H200-rehearsal", root / "OUT"
-    # --minutes far above what the rehearsal's fixed work takes idle (its steps' boxes are shares of
-    # it): a loaded machine only waits longer, no step is cut by the clock
-    codes = {call: main(["proof", "--device", "cpu", "--gpu", "H200", "--minutes", "60", "--out", str(out),
-                         "--bundle", str(bundle), "--call", call]) for call in ("1", "2", "local")}
-    return out, bundle, codes
+    common = ["proof", "--device", "cpu", "--gpu", "H200", "--out", str(out), "--bundle", str(bundle)]
+    took = {}
+
+    def run(name, *args):
+        t0 = time.monotonic()
+        code = main([*common, *args])
+        took[name] = time.monotonic() - t0
+        return code
+    # --minutes far above what the rehearsal's fixed work takes idle (its steps' boxes keep the GPU's
+    # proportions to it): a loaded machine only waits longer, no step is cut by the clock
+    codes = {"gpu": run("gpu", "--minutes", "60", "--steps", "environment", "smoke", "validate")}
+    # the first window: twice what the smoke (one study, one config, the whole measuring path)
+    # took on this machine just now: it is cut somewhere in its work list, wherever that is
+    smoke = next(s for s in json.loads((out / "steps.json").read_text())["steps"] if s["name"] == "smoke")
+    window_1 = 2 * smoke["seconds"] / 60
+    codes["window 1"] = run("window 1", "--minutes", f"{window_1:.2f}", "--steps", "window")
+    first = root / "window-1"
+    if (out / "tuned").is_dir():
+        shutil.copytree(out / "tuned", first)
+    codes["window 2"] = run("window 2", "--minutes", "60", "--steps", "window")
+    codes["local"] = run("local", "--minutes", "60", "--call", "local")
+    print("rehearsal step times (s):", {k: round(v) for k, v in took.items()}, "load", os.getloadavg())
+    took["window 1 minutes"] = window_1
+    return out, bundle, codes, first, took
 
 
 def sglang_shipped(case: dict) -> bool:
     return case["kernel_source"].startswith("sglang") and case["case"].startswith("shipped ")
 
 
+STATE = ("tuned", "CPU_DEVICE")          # the window's state folder in a rehearsal
+
+
+def validated_cases(out: Path) -> list[dict]:
+    return [c for name in ("kernels.json", "ours.json") if (out / "validate" / name).is_file()
+            for c in json.loads((out / "validate" / name).read_text())["cases"]]
+
+
 @pytest.mark.ci_variables
 def test_the_rehearsal_runs_every_step_on_the_cpu_device(rehearsal):
-    out, _, codes = rehearsal
+    out, _, codes, _, _ = rehearsal
     steps = json.loads((out / "steps.json").read_text())["steps"]
     assert [s["name"] for s in steps] == list(STEPS)
     validate = next(s for s in steps if s["name"] == "validate")
-    cases = json.loads((out / "validate" / "kernels.json").read_text())["cases"]
+    cases = validated_cases(out)
     expect_fail = any(sglang_shipped(c) for c in cases) and not SGLANG_COMPILES_HERE
-    assert codes == {"1": 1 if expect_fail else 0, "2": 0, "local": 0}
+    assert codes == {"gpu": 1 if expect_fail else 0, "window 1": 0, "window 2": 0, "local": 0}
     for step in steps:
         if step is not validate or not expect_fail:
             assert step["status"] == "ok", step
@@ -78,39 +110,43 @@ def test_the_rehearsal_runs_every_step_on_the_cpu_device(rehearsal):
 
 
 @pytest.mark.ci_variables
-def test_the_rehearsal_tunes_on_each_engines_kernel_with_compile_workers(rehearsal):
-    out, _, _ = rehearsal
+def test_the_window_tunes_its_work_list_on_each_engines_kernel_with_compile_workers(rehearsal):
+    """Both engines' MoE tables, then both engines' GEMM tables, into one state folder; the
+    validation's full list (the engines' kernels and shipped tables, then ours) before it."""
+    out, _, _, _, _ = rehearsal
     smoke = json.loads((out / "runs" / "smoke" / "manifest.json").read_text())
     assert [e["time_us"] > 0 for t in smoke["tables"] for e in t["entries"].values()] == [True]
-    manifest = json.loads((out / "tuned" / "moe" / "manifest.json").read_text())
+    manifest = json.loads(out.joinpath(*STATE, "manifest.json").read_text())
     engines = os.environ.get("TUNER_ENGINE_WHEELS")
-    by_source = {}
+    by = {}
     for t in manifest["tables"]:
-        by_source.setdefault(t["kernel_source"]["source"], []).append(t)
+        by.setdefault((t["kernel"], t["kernel_source"]["source"]), []).append(t)
         assert t["environment"]["device_kind"] == "cpu"
         # the measuring child started its compile workers, and they built every config for sm_90
         compiles = t["environment"]["compiles"]
         assert compiles["built"] > 0 and compiles["failed"] == compiles["lost"] == 0, compiles
         assert all(e["time_us"] > 0 and e["numerics"]["status"] == "passed" for e in t["entries"].values())
-    assert sorted(by_source) == (["sglang", "vllm"] if engines else ["ours"])
-    assert sum(len(ts) for ts in by_source.values()) == 3        # vLLM's table, SGLang's up and _down
-    validated = json.loads((out / "validate" / "kernels.json").read_text())["cases"]
+    sources = ["sglang", "vllm"] if engines else ["ours"]
+    assert sorted({s for _, s in by}) == sources
+    assert sum(len(ts) for (k, _), ts in by.items() if k == "fused_moe") == 3   # vLLM's, SGLang's up and _down
+    assert sum(len(ts) for (k, _), ts in by.items() if k == "fp8_gemm") == 2    # N=256,K=256 of each engine
+    validated = validated_cases(out)
     expected_to_fail = [c for c in validated if sglang_shipped(c) and not SGLANG_COMPILES_HERE]
     assert validated and all(c["numerics"]["status"] == "passed" and c["time_us"] > 0 for c in validated
                              if c not in expected_to_fail)
     assert all(c["time_source"].startswith("CPU DEVICE") for c in validated if c["time_us"])
     assert {c["kernel_source"].split()[0] for c in validated} == ({"ours", "vllm", "sglang"} if engines else {"ours"})
     # the engines' kernels ran before ours (a validation cut by its time loses ours first)
-    sources = [c["kernel_source"].split()[0] for c in validated]
-    assert sources == sorted(sources, key=lambda s: s == "ours")
+    order = [c["kernel_source"].split()[0] for c in validated]
+    assert order == sorted(order, key=lambda s: s == "ours")
 
 
 @pytest.mark.ci_variables
 def test_the_rehearsal_takes_every_launch_path_of_a_gpu_call_under_the_capture_rules(rehearsal):
     """The smoke at the GPU's M=16 (vLLM's alignment), validate at M=5 (vLLM's alignment with
-    fewer pairs than a block, SGLang's long sorted length), the tunes at M=1 (vLLM's small-batch
+    fewer pairs than a block, SGLang's long sorted length), the window at M=1 (vLLM's small-batch
     path, SGLang's short sorted length); every process that timed said it timed under the rules."""
-    out, _, _ = rehearsal
+    out, _, _, _, _ = rehearsal
     from kernels.engines import vllm
     from tuner.commands.proof_steps import GPU_PROFILE, REHEARSAL_PROFILE
     assert REHEARSAL_PROFILE.smoke_m == GPU_PROFILE.smoke_m == 16
@@ -118,45 +154,78 @@ def test_the_rehearsal_takes_every_launch_path_of_a_gpu_call_under_the_capture_r
     [table] = smoke["tables"]
     E, topk = table["problem"]["E"], table["problem"]["topk"]
     assert list(table["entries"]) == ["16"] and not vllm.naive_block_assignment(16, topk, E)
-    tuned = json.loads((out / "tuned" / "moe" / "manifest.json").read_text())
+    tuned = json.loads(out.joinpath(*STATE, "manifest.json").read_text())
     assert {m for t in tuned["tables"] for m in t["entries"]} == {"1"} and vllm.naive_block_assignment(1, topk, E)
-    validated = json.loads((out / "validate" / "kernels.json").read_text())
-    assert {c["M"] for c in validated["cases"]} == {5}
+    validated = validated_cases(out)
+    assert {c["M"] for c in validated} == {5}
     if os.environ.get("TUNER_ENGINE_WHEELS"):
-        sgl = [c for c in validated["cases"] if c["kernel_source"].startswith("sglang")]
+        sgl = [c for c in validated if c["kernel_source"].startswith("sglang")]
         assert sgl and all(5 * topk >= E + 1 for c in sgl)          # SGLang's long sorted length
-        assert 1 * topk < E + 1                                      # and the tunes' short one
-    environments = [smoke["tables"][0]["environment"], validated["environment"],
+        assert 1 * topk < E + 1                                      # and the window's short one
+    environments = [smoke["tables"][0]["environment"],
+                    *(json.loads((out / "validate" / n).read_text())["environment"] for n in ("kernels.json", "ours.json")
+                      if (out / "validate" / n).is_file()),
                     *(t["environment"] for t in tuned["tables"])]
     assert all("capture's rules" in env["timing"] and env["clock_warmups"] >= 1 for env in environments)
 
 
+def _trials(state: Path) -> dict[str, dict[int, tuple]]:
+    """{study: {trial number: (state, params, values)}} of a state folder's journal."""
+    from tuner.search.storage import open_journal
+    storage = open_journal(state / "studies.journal")
+    return {s.study_name: {t.number: (t.state.name, t.params, t.values)
+                           for t in storage.get_all_trials(s._study_id)}
+            for s in storage.get_all_studies()}
+
+
 @pytest.mark.ci_variables
-def test_the_rehearsal_benches_records_and_studies_labelled_cpu_device(rehearsal):
-    out, _, _ = rehearsal
-    for kernel in ("moe", "gemm"):
-        [path] = (out / "bench" / kernel).glob("bench-*.json")
-        bench = json.loads(path.read_text())
-        assert bench["cpu_device"] is True and bench["banner"].startswith("*** CPU DEVICE")
-        timed = [r for r in bench["rows"] if r["time_us"]]
-        assert timed and all(r["time_source"].startswith("CPU DEVICE") for r in timed)
-    moe = json.loads(next((out / "bench" / "moe").glob("bench-*.json")).read_text())
-    assert {"default", "tuned"} <= {r["contender"] for r in moe["rows"]}      # same kernel, one run
-    import gzip
+def test_the_second_window_continues_the_first(rehearsal):
+    """Two windows back to back on one folder: the first, cut by its clock wherever it was, ended
+    within its minutes plus the stop's grace; the second measured no trial of the first again and
+    reopened no study the first finished (its trials as they were), and the state folder holds
+    every table of the work list at the end."""
+    out, _, _, first, took = rehearsal
+    from tuner.commands.proof_plan import STOP_GRACE_S
+    # the box, SIGTERM then SIGKILL after the grace, the stray-process wait and the bundle
+    assert took["window 1"] <= took["window 1 minutes"] * 60 + STOP_GRACE_S + 30, took
+    state = out.joinpath(*STATE)
+    before, after = _trials(first / STATE[1]) if (first / STATE[1] / "studies.journal").exists() else {}, \
+        _trials(state)
+    finished = set()
+    if (first / STATE[1] / "manifest.json").exists():
+        done = json.loads((first / STATE[1] / "manifest.json").read_text())["tables"]
+        finished = {json.dumps(t["problem"], sort_keys=True) for t in done}
+    for study, trials in before.items():
+        kept = {n: t for n, t in trials.items() if t[0] == "COMPLETE"}
+        assert {n: after[study][n] for n in kept} == kept, study          # nothing lost, nothing measured again
+    final = json.loads((state / "manifest.json").read_text())["tables"]
+    for t in final:
+        if json.dumps(t["problem"], sort_keys=True) in finished:
+            old = next(o for o in done if o["problem"] == t["problem"] and o["files"] == t["files"])
+            assert t["entries"] == old["entries"]                         # a finished study is not reopened
+    assert sum(t["kernel"] == "fused_moe" for t in final) == 3 and sum(t["kernel"] == "fp8_gemm" for t in final) == 2
+    for t in final:
+        for rel in t["files"].values():
+            assert (state / rel).is_file()
+
+
+@pytest.mark.ci_variables
+def test_the_rehearsal_records_a_landscape_and_studies_it_labelled_cpu_device(rehearsal):
+    out, _, _, _, _ = rehearsal
     with gzip.open(out / "landscapes" / "gemm.jsonl.gz", "rt") as f:
         header, *points = [json.loads(line) for line in f]
     assert header["device_kind"] == "cpu" and header["device"] == "CPU device (stand-in for NVIDIA H200)"
     assert len(points) >= 2 and all(p.get("time_us") for p in points)
     study = (out / "sampler" / "gemm.md").read_text()
     assert "CPU DEVICE landscape" in study and "| tpe |" in study
-    assert (out / "tuned" / "moe" / "report" / "report.md").read_text().count("CPU DEVICE") >= 1
+    assert out.joinpath(*STATE, "report", "report.md").read_text().count("CPU DEVICE") >= 1
 
 
 @pytest.mark.ci_variables
 def test_the_bundle_comes_back_through_the_device_tool(rehearsal):
     """At most 8 files, plain names, not deeper than 2 folders, under 16 MiB each; the
     tarball's top folder is where bench/README.md says it unpacks: bench/results/<name>."""
-    out, bundle, _ = rehearsal
+    out, bundle, _, _, _ = rehearsal
     files = [p for p in bundle.rglob("*") if p.is_file()]
     assert sorted(p.name for p in files) == ["proof-H200-rehearsal.tar.gz", "summary.md"]
     assert all(NAME_OK.match(p.name) and p.stat().st_size < 16 << 20 for p in files)
@@ -164,8 +233,8 @@ def test_the_bundle_comes_back_through_the_device_tool(rehearsal):
         names = tar.getnames()
     top = "bench/results/H200-rehearsal"
     assert all(n == top or n.startswith(top + "/") for n in names)
-    for rel in ("summary.md", "steps.json", "tuned/moe/manifest.json", "landscapes/gemm.jsonl.gz",
-                "validate/kernels.json"):
+    for rel in ("summary.md", "steps.json", "tuned/CPU_DEVICE/manifest.json", "tuned/CPU_DEVICE/studies.journal",
+                "landscapes/gemm.jsonl.gz", "validate/kernels.json", "validate/ours.json"):
         assert f"{top}/{rel}" in names
     assert (bundle / "summary.md").read_text() == (out / "summary.md").read_text()
 
@@ -175,11 +244,11 @@ def test_a_call_cut_by_its_time_keeps_what_it_has_and_a_failed_smoke_stops_it(tm
     little to start Python): each step is stopped, says so, and is bundled; the smoke test that
     timed nothing stops the rest of the call, with the reason."""
     proof = Proof(tmp_path / "H200-cut", get_gpu("H200"), minutes=0.005, device="cpu", bundle=tmp_path / "OUT")
-    assert proof.execute(CALLS["1"], log=lambda line: None) == 1
+    assert proof.execute(CALLS["gpu"], log=lambda line: None) == 1
     steps = {s["name"]: s for s in json.loads((tmp_path / "H200-cut" / "steps.json").read_text())["steps"]}
     assert steps["environment"]["status"] == "out of time"
     assert steps["smoke"]["status"] == "failed" and "the smoke test failed" in steps["smoke"]["detail"][-1]
-    assert steps["validate"]["status"] == steps["tune-vllm"]["status"] == "skipped"
+    assert steps["validate"]["status"] == steps["window"]["status"] == "skipped"
     assert steps["validate"]["detail"][0].startswith("not run: the smoke test timed no config")
     with tarfile.open(tmp_path / "OUT" / "proof-H200-cut.tar.gz") as tar:
         assert "bench/results/H200-cut/summary.md" in tar.getnames()
@@ -189,7 +258,8 @@ def test_the_shell_wrapper_bundles_into_the_device_tools_out(tmp_path):
     out_dir = tmp_path / "OUT"
     out_dir.mkdir()
     env = {**os.environ, "OUT": str(out_dir), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    r = subprocess.run(["bash", "scripts/gpu_proof.sh", "--device", "cpu", "--gpu", "H200", "--minutes", "10",
+    # --minutes 60: a rehearsal's boxes keep the GPU's proportions to it (the environment's: 100 s)
+    r = subprocess.run(["bash", "scripts/gpu_proof.sh", "--device", "cpu", "--gpu", "H200", "--minutes", "60",
                         "--out", str(tmp_path / "res" / "H200-x"), "--steps", "environment"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -199,43 +269,33 @@ def test_the_shell_wrapper_bundles_into_the_device_tools_out(tmp_path):
 
 
 # The device tool's limits (/work/.library/device/README.md, as of 2026-11): device time per task,
-# starts and idle waits included; the least left for a start; a start's cost at worst; one command.
-DEVICE_BUDGET_S, START_NEEDS_S, START_S, COMMAND_S = 15 * 60, 4 * 60, 120, 600
-IDLE_S = 30                     # a warm machine's idle wait before it goes back, counted too
-# Per call besides its steps: installing the carried wheels, a stopped step's 20 s, the bundle.
+# starts and idle waits included; a start's cost at worst; one command.
+DEVICE_BUDGET_S, START_S, COMMAND_S = 15 * 60, 120, 600
+# Besides its steps: installing the carried wheels, a stopped step's 20 s, the bundle.
 CALL_OVERHEAD_S = 50
 
 
-def test_the_device_calls_in_bench_readme_fit_the_device_tool():
-    """The `run` calls bench/README.md gives: two GPU calls, each a command of at most 2,000
-    characters whose timeout covers its steps' --minutes and overhead, kind nvidia-h200, the
-    carried paths prepare_gpu_proof.sh makes; both within the task's device time even when the
-    machine goes back between them (idle wait and a new start counted), and after a failed
-    start call 1 still leaving what a start needs; the H100 fallback said."""
+def test_the_device_command_in_bench_readme_fits_the_device_tool():
+    """The one `run` call bench/README.md gives: a command of at most 2,000 characters whose
+    timeout covers its --minutes and overhead and is at most the tool's 10 minutes, kind
+    nvidia-h200, the carried paths prepare_gpu_proof.sh makes; within the task's device time
+    even after a failed start; its --minutes the plan's (DEVICE_MINUTES)."""
+    from tuner.commands.proof_plan import DEVICE_MINUTES
     text = (REPO / "bench" / "README.md").read_text()
-    calls = [json.loads(m) for m in re.findall(r"^run\((\{.*\})\)$", text, flags=re.M)]
-    assert len(calls) == 2
-    for call, part in zip(calls, ("1", "2")):
-        assert call["kind"] == "nvidia-h200" and call["timeout_s"] <= COMMAND_S
-        assert len(call["command"]) <= 2000 and f"--call {part}" in call["command"]
-        minutes = float(re.search(r"--minutes (\d+(?:\.\d+)?)", call["command"]).group(1))
-        assert minutes * 60 + CALL_OVERHEAD_S <= call["timeout_s"]     # the proof stops itself before the tool does
-        assert call["carry"] == [".whl", ".engine-src", ".baselines"]
-    first, second = (c["timeout_s"] for c in calls)
-    # call 2 on a machine gone back: call 1's start, its idle wait, a new start
-    assert 2 * START_S + first + IDLE_S + second <= DEVICE_BUDGET_S
-    # a failed start first (the H100 fallback): call 1 still leaves what a start needs, and call 2
-    # fits on the warm machine (else the README's formula shortens it)
-    assert DEVICE_BUDGET_S - (2 * START_S + first) >= START_NEEDS_S
-    assert 2 * START_S + first + second <= DEVICE_BUDGET_S
-    assert "(budget_left_s - 200) / 60" in text
-    assert "nvidia-h100-x1" in text and "tar xzf" in text
+    [call] = [json.loads(m) for m in re.findall(r"^run\((\{.*\})\)$", text, flags=re.M)]
+    assert call["kind"] == "nvidia-h200" and call["timeout_s"] <= COMMAND_S
+    assert len(call["command"]) <= 2000 and "scripts/gpu_proof.sh" in call["command"]
+    minutes = float(re.search(r"--minutes (\d+(?:\.\d+)?)", call["command"]).group(1))
+    assert minutes == DEVICE_MINUTES and minutes * 60 + CALL_OVERHEAD_S <= call["timeout_s"]
+    assert call["carry"] == [".whl", ".engine-src", ".baselines"]
+    assert 2 * START_S + call["timeout_s"] <= DEVICE_BUDGET_S        # a failed start, then this one
+    assert "scripts/commit_gpu_proof.sh" in text and "nvidia-h100-x1" in text
     prepare = (REPO / "scripts" / "prepare_gpu_proof.sh").read_text()
     assert all(c in prepare for c in (".whl", ".engine-src", ".baselines", "threadpoolctl"))
 
 
 def test_bad_proof_options_are_one_line(tmp_path, capsys):
-    assert main(["proof", "--device", "cpu", "--call", "1", "--steps", "smoke", "--out", str(tmp_path / "p")]) == 2
+    assert main(["proof", "--device", "cpu", "--call", "gpu", "--steps", "smoke", "--out", str(tmp_path / "p")]) == 2
     assert main(["proof", "--device", "cpu", "--steps", "tune", "--out", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "not both" in err[0] and "not a step" in err[1]
@@ -277,21 +337,95 @@ def test_a_step_that_times_nothing_says_why_in_the_log_steps_and_summary(tmp_pat
     assert step_outcome(out, "landscapes").line() == f"timed 3 of 4; first failure: {first}"
     summary = summary_markdown(out, [StepResult("smoke", "failed", 1.0, [f"first failure: {first}"])], "cpu", 60.0)
     assert f"- vllm M=16: no time ({{'runtime': 1}}; first failure: {first})" in summary
-    assert "- validate_kernels: 1 passed, 1 failed (1 not timed; default configs and 1 shipped tables" in summary
+    assert "- validate_kernels (kernels.json): 1 passed, 1 failed (1 not timed; default configs and 1 shipped tables" \
+        in summary
     assert f"FAILED [vllm 0.33.0] fused_moe E=8 M=5 (shipped t.json): not timed: {first}" in summary
 
 
-def test_the_plan_prints_each_steps_time_box_without_a_gpu(capsys):
-    assert main(["proof", "--plan", "--gpu", "H200", "--minutes", "8", "--call", "1"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert "estimates from the plan's shares, not measurements" in lines[0]
-    boxes = {ln.split()[0]: float(ln.split()[1]) for ln in lines[1:-1]}
-    assert list(boxes) == list(CALLS["1"]) and sum(boxes.values()) == pytest.approx(480, abs=1)
-    assert boxes["smoke"] == 150                         # the smoke's floor: a cold machine's first measurement
+def test_the_plan_gives_measured_boxes_and_what_a_window_finishes(capsys):
+    """Every figure of `tuner proof --plan` comes from the committed H200 run and state: each
+    step's box is its time in steps.json x1.3 (validate: its seconds per case over the full
+    list), the costs per study are the tune steps' seconds over the studies their manifest
+    holds and the MLA journal's span over its studies, the studies left are the engines' grid
+    less the committed tables' rows; and a 12-minute window finishes what those add up to."""
+    from tuner.commands.proof_plan import MARGIN
+    run = REPO / "bench" / "results" / "H200-2026-11-27"
+    steps = {s["name"]: s["seconds"] for s in json.loads((run / "steps.json").read_text())["steps"]}
+    tables = json.loads((run / "tuned" / "moe" / "manifest.json").read_text())["tables"]
+    vllm = steps["tune-vllm"] / sum(len(t["entries"]) for t in tables if "vllm" in t["files"])
+    sglang = steps["tune-sglang"] / sum(len(t["entries"]) for t in tables if "sglang" in t["files"])
+    per_case = steps["validate"] / len(json.loads((run / "validate" / "kernels.json").read_text())["cases"])
+    assert round(vllm, 1) == 21.2 and round(sglang, 1) == 8.5              # what the issue quotes
+    committed = json.loads((REPO / "tuned" / "NVIDIA_H200" / "manifest.json").read_text())["tables"]
+    left_vllm = 18 - sum(len(t["entries"]) for t in committed if "vllm" in t["files"])
+    left_sglang = 36 - sum(len(t["entries"]) for t in committed if "sglang" in t["files"])
+
+    assert main(["proof", "--plan", "--gpu", "H200", "--minutes", "9", "--call", "gpu"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 120
+    box = {ln.split()[0]: float(ln.split()[1]) for ln in lines if re.match(r"^  \w+ +\d+ s box", ln)}
+    assert box["environment"] == pytest.approx(max(15, steps["environment"] * MARGIN), abs=0.5)
+    assert box["smoke"] == pytest.approx(steps["smoke"] * MARGIN, abs=0.5)
+    assert box["validate"] == pytest.approx(per_case * (24 + 26) * MARGIN, abs=0.5)
+    assert f"MoE vllm    {left_vllm:4d} studies x {vllm:5.1f} s" in out
+    assert f"MoE sglang  {left_sglang:4d} studies x {sglang:5.1f} s" in out
+    assert re.search(r"MLA +63 studies x +2[45]\.\d s", out)
+    twelve = next(ln for ln in lines if ln.startswith("a 12-minute window (720 s) finishes:"))
+    after_moe = 720 - left_vllm * vllm - left_sglang * sglang
+    assert f"MoE vllm {left_vllm}/{left_vllm}, MoE sglang {left_sglang}/{left_sglang}" in twelve
+    gemm = float(re.search(r"GEMM vllm +144 studies x +([\d.]+) s", out).group(1))
+    assert f"GEMM vllm {int(after_moe // gemm)}/144" in twelve or abs(
+        int(re.search(r"GEMM vllm (\d+)/144", twelve).group(1)) - after_moe / gemm) <= 1
 
 
-def test_call_2_without_call_1s_folder_says_to_unpack_it_first(tmp_path):
-    printed = []
-    proof = Proof(tmp_path / "H200-two", get_gpu("H200"), minutes=0.005, device="cpu")
-    proof.execute(CALLS["2"], log=printed.append)
-    assert any("holds no call-1 results" in line and "tar xzf" in line for line in printed), printed
+def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tmp_path):
+    """On a GPU, the window's state folder starts as a copy of tuned/NVIDIA_H200 (tables,
+    manifest, studies journal), and its commands run in the work list's order, each into that
+    folder: both engines' MoE tables at the engines' 18 batch sizes, both engines' GEMM tables
+    (every shape of the model), MLA decode, then the landscape."""
+    from tuner.plan.engines import DEFAULT_BATCH_SIZES
+    proof = Proof(tmp_path / "H200-x", get_gpu("H200"), minutes=9, device="cuda")
+    cmds = proof.step_window()
+    state = tmp_path / "H200-x" / "tuned" / "NVIDIA_H200"
+    assert "continues the committed state tuned/NVIDIA_H200" in proof.window_note
+    for name in ("manifest.json", "studies.journal"):
+        assert (state / name).read_bytes() == (REPO / "tuned" / "NVIDIA_H200" / name).read_bytes()
+    kinds = [(c.argv[3], c.argv[c.argv.index("--engines") + 1] if "--engines" in c.argv else None) for c in cmds]
+    assert kinds == [("moe", "vllm"), ("moe", "sglang"), ("gemm", "vllm"), ("gemm", "sglang"), ("mla", None),
+                     ("gemm", "vllm")]
+    for c in cmds[:5]:
+        assert c.window and c.argv[c.argv.index("--out") + 1] == str(state)
+    for c in cmds[:4]:
+        ms = c.argv[c.argv.index("--batch-sizes") + 1:]
+        assert [int(m) for m in ms[:len(DEFAULT_BATCH_SIZES)]] == DEFAULT_BATCH_SIZES
+        assert "--only" not in c.argv                                  # every shape of the model
+    assert proof.seed_state() is None                                   # a second window continues, never re-seeds
+    # the committed studies are this window's to continue: the same search space (and settings)
+    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.space import load_space
+    committed = json.loads((state / "manifest.json").read_text())
+    for t in committed["tables"]:
+        engine = t["kernel_source"]["source"]
+        assert t["identity"]["space"] == load_space(get_kernel("fused_moe", engine, load_code=False)).version
+    moe = cmds[0].argv
+    assert (moe[moe.index("--trials") + 1], moe[moe.index("--patience") + 1]) == (
+        str(committed["search"]["budget"]), str(committed["search"]["patience"]))
+
+
+def test_mark_partial_marks_what_lacks_the_grid(tmp_path):
+    """After a window, each table lacking rows of its kernel's grid is marked partial, a whole
+    one unmarked: what install and audit read."""
+    from tuner.emit.partial import mark, of_entry
+    from tuner.plan.engines import DEFAULT_BATCH_SIZES
+    shutil.copy(REPO / "tuned" / "NVIDIA_H200" / "manifest.json", tmp_path / "manifest.json")
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    whole = data["tables"][0]
+    row = next(iter(whole["entries"].values()))
+    whole["entries"] = {str(m): {**row, "M": m} for m in DEFAULT_BATCH_SIZES}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    said = mark(tmp_path, "a test")
+    assert [s.split(":")[0] for s in said] == ["whole", "partial (5 of 18 batch sizes)",
+                                               "partial (5 of 18 batch sizes)"]
+    tables = json.loads((tmp_path / "manifest.json").read_text())["tables"]
+    assert "partial" not in tables[0] and [of_entry(t)["left"][:2] for t in tables[1:]] == [[2, 4], [2, 4]]

@@ -30,7 +30,7 @@ EXAMPLES: dict[str, list[str]] = {
                   "tuner landscape info synthetic-moe.jsonl.gz"],
     "engine-source": ["tuner engine-source fetch vllm==0.33.0",
                       "tuner engine-source extract --engine vllm --out engine-src/vllm"],
-    "proof": ["tuner proof --device cpu --gpu H200 --minutes 8 --out /tmp/rehearsal --call 1"],
+    "proof": ["tuner proof --device cpu --gpu H200 --minutes 8 --out /tmp/rehearsal --call gpu"],
     "worker": ["tuner worker --storage postgresql://host/tuner --study-prefix night1"],
     "repair-journal": ["tuner repair-journal runs/night1/studies.journal"],
     "collect": ["tuner collect --storage postgresql://host/tuner --study-prefix night1 --out runs/night1"],

@@ -1,41 +1,37 @@
-"""`tuner proof`: the GPU proof, most valuable first, in two device calls and a local part.
+"""`tuner proof`: the GPU run, one device command of at most 10 minutes, and a local part.
 
-GPU time is rare (a lent machine, 15 minutes of device time for a task, one command at most
-10 minutes, a machine start 1-2 minutes), so the proof is cut into two short calls (4.5 and 3.5
-minutes of steps, bench/README.md), ordered by value, and everything that needs no GPU runs here
-after:
+GPU time is rare (a lent machine, 15 minutes of device time for a task, one command at most 10
+minutes, a machine start 1-2 minutes), so the GPU run is one command whose every minute becomes
+tables (bench/README.md):
 
-  call 1   environment   GPU, driver, clocks, versions; `tuner ceilings`
+  gpu      environment   GPU, driver, clocks, versions; `tuner ceilings`
            smoke         one MoE config (vLLM's, M=16) through the isolated measurer with compile
                          workers (`tuner moe --trials 1`); when nothing is timed the call stops
                          there, saying the first failure
-           validate      scripts/validate_kernels.py: the engines' kernels, each engine's shipped
-                         MoE tables on its kernel, then ours, against the float64 reference
-           tune-vllm     the vLLM MoE table for DeepSeek-V3 TP8 fp8_w8a8 128x128 at M = 1, 16,
-                         64, 256, 1024, on vLLM's own kernel
-  call 2   tune-sglang   the SGLang MoE tables (up and _down) at the same M, on SGLang's kernel
-           bench-moe     default vs shipped vs tuned, same kernel, one run
-           bench-gemm    (7168, 2048), (3072, 1536), (4608, 7168) against the shipped tables and
-                         torch._scaled_mm
-           landscapes    with the time left: the pruned GEMM grid of (7168, 2048) at M = 1, 16,
-                         for the sampler study
-  local    report        `tuner report` of the tuned tables
+           validate      scripts/validate_kernels.py, the full list: the engines' kernels and each
+                         engine's shipped MoE tables, then ours on every problem (MLA decode too)
+           window        whatever time is left, continuing the committed state (tuned/<device>/):
+                         both engines' MoE tables at the engines' batch-size grid, both engines'
+                         GEMM tables, MLA decode, then a landscape (tuner/commands/proof_steps.py)
+  local    report        `tuner report` of the state folder's tables
            sampler       the sampler study over the recorded landscapes
-Every step runs as child processes with its time box (tuner/commands/proof_plan.py), is stopped
-when out of time (keeping what it measured), says what it timed and the first failure when it
-timed nothing (tuner/commands/proof_outcomes.py), and writes into the output folder before the next starts
-(what each step runs: tuner/commands/proof_steps.py);
-with `--bundle DIR` (the device tool's $OUT) a tarball of the folder and summary.md are
-rewritten after every step and whenever a table or landscape lands, so a call that is cut
-still returns what it measured. With `--device cpu` the same steps run on the CPU device
-(tuner/measure/device.py, every timed run held to CUDA-graph capture's rules) with a tiny model:
-the rehearsal CI runs, so that the first GPU call runs code CI ran; its times are labelled CPU
-DEVICE everywhere.
+Each step's box comes from what it took in the H200 run of 2026-11-27 (tuner/commands/proof_plan.py);
+every step runs as child processes, is stopped when out of time (keeping what it measured), says
+what it timed and the first failure when it timed nothing (tuner/commands/proof_outcomes.py),
+and writes into the output folder before the next starts. With `--bundle DIR` (the device
+tool's $OUT) a tarball of the folder and summary.md are rewritten after every step and whenever
+a table or landscape lands, so a call that is cut still returns what it measured;
+scripts/commit_gpu_proof.sh unpacks it and commits it. With `--device cpu` the same steps run
+on the CPU device (tuner/measure/device.py, every timed run held to CUDA-graph capture's rules)
+with a tiny model: the rehearsal CI runs, so that the GPU run runs code CI ran; its times are
+labelled CPU DEVICE everywhere.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import functools
 import gzip
 import os
 import shutil
@@ -48,7 +44,7 @@ from pathlib import Path
 
 from tuner.commands.options import device_option, trust_option
 from tuner.commands.proof_outcomes import step_outcome
-from tuner.commands.proof_plan import CALLS, SHARES, STEPS, time_box  # noqa: F401 - SHARES: where it was
+from tuner.commands.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
 from tuner.commands.proof_steps import Command, ProofSteps, _last_line
 from tuner.errors import TunerError
 from tuner.measure.process_tree import child_of_this_process, stop_group
@@ -56,6 +52,7 @@ from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_
 from tuner.plan.gpus import GpuSpec
 
 BUNDLE_EVERY_S = 10.0        # while a step runs: look this often for a new table to bundle
+WINDOW_CLOSE_S = 15.0        # a window command told --minutes: this much before its box ends
 STOPPED_BY_SMOKE = "not run: the smoke test timed no config"
 
 
@@ -88,15 +85,20 @@ class Proof(ProofSteps):
                 continue
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
                 [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            argv = c.argv
+            if c.window and window_minutes_supported():
+                # the tuning command stops itself on time (writing every table it has rows for)
+                # before the box's SIGTERM; a margin for its closing writes
+                argv = [*argv, "--minutes", f"{max(0.1, (left - WINDOW_CLOSE_S) / 60):.2f}"]
             started = time.monotonic()
             with open_for_append(self.out / c.log, self.out, truncate=True) as f:
-                f.write(f"$ {' '.join(c.argv)}\n")
+                f.write(f"$ {' '.join(argv)}\n")
                 f.flush()
                 # its own process group: a timeout stops it and its children (the measuring
                 # child and its compile workers die with it: tuner/measure/process_tree.py); and it
                 # is sent SIGTERM when this process dies, kill -9 included, so no step runs
                 # on outside its time box
-                proc = subprocess.Popen(c.argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
                                         start_new_session=True, preexec_fn=child_of_this_process(signal.SIGTERM))
                 try:
                     rc = self._wait(proc, started + left)
@@ -181,16 +183,12 @@ class Proof(ProofSteps):
         order = [s for s in STEPS if s in steps]
         previous = self.previous_results()
         self.results = [r for r in previous if r.name not in order]
-        if set(order) & set(CALLS["2"]) and not set(order) & set(CALLS["1"]) \
-                and not any(r.name in CALLS["1"] for r in previous):
-            log(f"[proof] note: {self.out} holds no call-1 results (steps.json): unpack call 1's tarball in the "
-                "repository root before call 2 (tar xzf proof-<name>.tar.gz); without it, bench-moe has no tuned "
-                "tables and call 2's results land beside none of call 1's")
+        boxes = self.boxes()
         builders = self.builders()
         stopped = None
         for i, name in enumerate(order):
             left = budget - (time.monotonic() - t0)
-            seconds = time_box(order, i, left)           # tuner/commands/proof_plan.py
+            seconds = time_box(order, i, left, boxes)    # tuner/commands/proof_plan.py
             if stopped:
                 result = StepResult(name, "skipped", 0.0, [stopped])
             else:
@@ -211,7 +209,9 @@ class Proof(ProofSteps):
                         self.write_bundle(log)
                         raise
             result.name = name
-            if name == "landscapes":
+            if name == "window":
+                if self.window_note:
+                    result.detail.insert(0, self.window_note)
                 result.detail += [f"kept the partial landscape {k}" for k in self.keep_partial_landscapes()]
             outcome = step_outcome(self.out, name) if result.status not in ("skipped",) else None
             if outcome is not None and outcome.line():
@@ -231,10 +231,18 @@ class Proof(ProofSteps):
             self.write_summary(time.monotonic() - t0)            # after every step: nothing is lost
             self.write_bundle(log)
         log(f"[proof] summary: {self.out / 'summary.md'}")
-        if self.bundle is not None and set(order) & set(CALLS["1"]) and not set(order) & set(CALLS["2"]):
-            log(f"[proof] next: unpack {self.bundle / self.bundle_name()} in the repository root (tar xzf "
-                f"{self.bundle_name()}: it puts back {self.arcname()}/) before call 2, which continues that folder")
+        if self.bundle is not None and set(order) & set(CALLS["gpu"]):
+            log(f"[proof] next, here: bash scripts/commit_gpu_proof.sh <files_at>/{self.bundle_name()}")
         return 1 if any(r.status == "failed" for r in self.results if r.name in order) else 0
+
+    def boxes(self) -> dict[str, float]:
+        """Each device step's box, from the H200 run's measured times (tuner/commands/proof_plan.py)."""
+        from tuner.commands.proof_plan import DEVICE_MINUTES, device_boxes, measured, validation_cases
+        boxes = device_boxes(measured(), validation_cases())
+        # the rehearsal: Triton's interpreter is no GPU; its boxes keep the GPU's proportions to
+        # its --minutes (the GPU's are for a --minutes DEVICE_MINUTES command)
+        scale = self.minutes / DEVICE_MINUTES if self.rehearsal else 1.0
+        return {k: v * scale for k, v in boxes.items()}
 
     def write_summary(self, elapsed: float) -> None:
         from tuner.commands.proof_summary import summary_markdown
@@ -286,6 +294,17 @@ class Proof(ProofSteps):
             self.write_bundle()
 
 
+@functools.lru_cache(maxsize=1)
+def window_minutes_supported() -> bool:
+    """Whether `tuner moe|gemm|mla` take --minutes here (they stop themselves on time, writing
+    every table they have rows for); without it the window's box stops them (SIGTERM), which
+    keeps every finished trial too."""
+    from tuner.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return "--minutes" in sub.choices["moe"]._option_string_actions
+
+
 def leftovers(sid: int, grace_s: float = 5.0) -> list[int]:
     """Processes of a finished command's session still alive after `grace_s` (a resource
     tracker takes a moment to notice its clients are gone); they are killed."""
@@ -328,7 +347,7 @@ def default_engine_source() -> list[str] | None:
 
 
 def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
-    """The steps a call runs (`--call 1|2|local`), or those named (`--steps`); default all."""
+    """The steps a call runs (`--call gpu|local`), or those named (`--steps`); default all."""
     if call and steps:
         raise TunerError("give --call or --steps, not both")
     if call:
@@ -338,15 +357,16 @@ def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
 
 def add_parser(sub, common) -> None:
     """`tuner proof` and its options."""
-    proof = sub.add_parser("proof", help="the GPU proof, most valuable first, in two device calls (scripts/gpu_proof.sh)",
-                           description="Call 1: environment and ceilings, a MoE smoke test (stops the call when "
-                           "nothing is timed), kernel validation, the vLLM MoE tune; call 2: the SGLang MoE tune, "
-                           "the MoE and GEMM benches, a landscape with the time left; local (no GPU): report and "
-                           "sampler study. Each step is time-boxed and written before the next (and bundled into "
-                           "--bundle). --device cpu rehearses it on the CPU device with a tiny model (for CI).")
+    proof = sub.add_parser("proof", help="the GPU run: one device command (scripts/gpu_proof.sh), then a local part",
+                           description="The device command (--call gpu): environment and ceilings, a MoE smoke test "
+                           "(stops the call when nothing is timed), the full kernel validation, then one window of "
+                           "tuning for the time left, continuing tuned/<device>/ (both engines' MoE tables, their "
+                           "GEMM tables, MLA decode, a landscape); local (no GPU): report and sampler study. Each "
+                           "step's box comes from the H200 run's measured times; each step is written before the "
+                           "next (and bundled into --bundle). --device cpu rehearses it with a tiny model (for CI).")
     proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
-    proof.add_argument("--minutes", type=float, default=4.5,
-                       help="this call's budget for its steps (default 4.5: call 1 of a 15-minute lease)")
+    proof.add_argument("--minutes", type=float, default=9.0,
+                       help="this call's budget for its steps (default 9: a 10-minute device command)")
     proof.add_argument("--out", default=None, metavar="DIR",
                        help="default bench/results/<gpu>-<date>/ (with --device cpu: runs/proof-cpu-device-...)")
     proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
@@ -355,14 +375,13 @@ def add_parser(sub, common) -> None:
     trust_option(proof)
     proof.add_argument("--baselines", default=None, metavar="DIR",
                        help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
-    proof.add_argument("--call", choices=("1", "2", "local"), default=None,
-                       help="which part: 1 and 2 need the GPU (one device call each), local runs here after")
+    proof.add_argument("--call", choices=tuple(CALLS), default=None,
+                       help="which part: gpu (the one device command), local (here, after)")
     proof.add_argument("--steps", nargs="+", default=None, metavar="STEP",
-                       help="run only these steps (of: environment smoke validate tune-vllm tune-sglang bench-moe "
-                       "bench-gemm landscapes report sampler); the summary keeps earlier calls' steps")
+                       help=f"run only these steps (of: {' '.join(STEPS)}); the summary keeps earlier calls' steps")
     proof.add_argument("--plan", action="store_true",
-                       help="print the steps' time boxes within --minutes (estimates from the plan's shares) and "
-                       "stop (no GPU needed)")
+                       help="print the steps' time boxes within --minutes (from the H200 run's measured times) and "
+                       "how much of the DeepSeek-V3 H200 work the window finishes, and stop (no GPU needed)")
     proof.add_argument("--bundle", default=None, metavar="DIR",
                        help="after every step, write the folder as one tarball (top folder bench/results/<name>) "
                        "and summary.md into DIR (the device tool's $OUT)")
@@ -381,7 +400,7 @@ def run(args) -> int:
         raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(STEPS)}")
     if args.plan:
         from tuner.commands.proof_plan import plan_lines
-        for call in ("1", "2", "local"):
+        for call in CALLS:
             chosen = [s for s in CALLS[call] if s in steps]
             if chosen:
                 print("\n".join(plan_lines(chosen, args.minutes, args.device)))

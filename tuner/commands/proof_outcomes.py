@@ -84,18 +84,17 @@ def step_outcome(out: Path, step: str) -> Outcome | None:
     """What `step` timed in the proof folder `out` (None: it times nothing, or wrote nothing)."""
     if step == "smoke":
         return _manifest(out / "runs" / "smoke" / "manifest.json")
-    if step in ("tune-vllm", "tune-sglang"):
-        return _manifest(out / "tuned" / "moe" / "manifest.json", step.split("-", 1)[1])
+    if step == "window":          # the state folder's tables (every window's so far)
+        return next((_manifest(m) for m in sorted(out.glob("tuned/*/manifest.json"))), None)
     if step == "validate":
-        data = _json(out / "validate" / "kernels.json")
-        return _rows(data.get("cases", [])) if isinstance(data, dict) else None
-    if step in ("bench-moe", "bench-gemm"):
-        folder = out / "bench" / step.split("-", 1)[1]
-        data = _json(max(folder.glob("bench-*.json"), default=folder / "none"))
-        # references outside Triton that cannot run here say so; they are not the step's timings
-        return _rows(data.get("rows", []), skip=lambda r: r.get("contender") not in (None, "") and
-                     not str(r.get("contender")).startswith(("default", "shipped", "tuned"))) \
-            if isinstance(data, dict) else None
+        cases = [c for f in validation_files(out) if isinstance(d := _json(f), dict)
+                 for c in d.get("cases", [])]
+        return _rows(cases) if cases else None
     if step == "landscapes":
         return _rows(_landscape_records(out / "landscapes"))
     return None
+
+
+def validation_files(out: Path) -> list[Path]:
+    """The validate step's results: the engines' kernels (kernels.json), then ours (ours.json)."""
+    return [p for p in (out / "validate" / "kernels.json", out / "validate" / "ours.json") if p.is_file()]

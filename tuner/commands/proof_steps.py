@@ -1,7 +1,10 @@
 """The GPU proof's steps (`tuner proof`): what each step runs, as tuner commands and scripts
 in child processes, for the real proof on a GPU or the CPU device's rehearsal (the profiles).
 tuner/commands/proof.py runs them in order within their time boxes, keeps what they measured
-and bundles it.
+and bundles it. The window's work (both engines' MoE tables, then their GEMM tables, then MLA
+decode, then a landscape) goes into one state folder, OUT/tuned/<device>/, seeded on a GPU from
+the committed state (tuned/NVIDIA_H200/) and continued by every later window: its studies'
+journal keeps every finished trial, and a study finished before is not opened again.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from tuner.errors import TunerError
 from tuner.measure.environment import now_iso, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.plan.engines import DEFAULT_BATCH_SIZES
 from tuner.plan.gpus import GpuSpec
 
 GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
@@ -25,11 +29,11 @@ class Profile:
     """What the steps measure: the real proof, or the rehearsal's tiny version of it."""
     model: str
     tp: int
-    moe_ms: tuple[int, ...]
+    moe_ms: tuple[int, ...]          # the window's MoE and GEMM batch sizes (the engines' grid on a GPU)
     smoke_m: int
-    validate_ms: tuple[int, ...]
-    gemm_shapes: tuple[str, ...]
-    gemm_ms: tuple[int, ...]
+    validate_ms: tuple[int, ...]     # the engines' kernels and shipped tables
+    gemm_shapes: tuple[str, ...]     # the GEMM shapes validated on the engines' kernels, the landscape's first
+    gemm_ms: tuple[int, ...]         # ours, on every problem of the model
     landscape_ms: tuple[int, ...]
     trials: int | None               # None: the tuning command's default
     compile_workers: int
@@ -37,21 +41,27 @@ class Profile:
     sampler_budget: int
     sampler_seeds: int
     landscape_space: str | None = None   # a YAML written into the folder (the rehearsal's small grid)
+    ours_only: tuple[str, ...] = ()      # ours validated on these problems only (the GPU: every one)
+    window_gemm_only: tuple[str, ...] = ()   # the window's GEMM shapes (the GPU: every one of the model)
+    patience: int | None = None          # None: as many as the trials
 
 
-GPU_PROFILE = Profile("deepseek-v3", 8, (1, 16, 64, 256, 1024), 16, (1, 256), tuple(GEMM_SHAPES),
-                      (1, 16, 128, 1024), (1, 16), None, min(16, os.cpu_count() or 1), 90, 48, 2)
+# The window's search settings are the committed state's (tuned/NVIDIA_H200/manifest.json: budget 32,
+# patience 16), so that its studies continue as one run would, at the cost per study measured.
+GPU_PROFILE = Profile("deepseek-v3", 8, tuple(DEFAULT_BATCH_SIZES), 16, (1, 256), tuple(GEMM_SHAPES),
+                      (1, 64), (64, 256), 32, min(16, os.cpu_count() or 1), 90, 48, 2, patience=16)
 # configs/examples/small-moe.json: its GEMM shapes are (768, 256), (256, 256), (512, 256); 8 experts,
 # top-2. Every launch path a GPU call takes, at least once, under the capture rules: vLLM's
 # small-batch path (M * topk * 4 <= E) at M=1 (tune-vllm), its alignment at M=16 (the smoke, as on
 # the GPU) and with fewer pairs than BLOCK_SIZE_M at M=5 (validate); SGLang's short sorted length
 # (pairs < E + 1) at M=1 (tune-sglang) and its long one at M=5 (validate, with the shipped tables'
 # entries, USE_TMA ones among them, where ../shared/baselines is there).
-REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 16, (5,), ("N=256,K=256",), (1,), (1,),
+REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 16, (5,), ("N=256,K=256",), (5,), (1,),
                             2, 2, 60, 6, 1, landscape_space=(
                                 "kernel: fp8_gemm\nparams:\n  BLOCK_SIZE_M: [16]\n  BLOCK_SIZE_N: [64, 128]\n"
                                 "  BLOCK_SIZE_K: [128]\n  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [3]\n"
-                                "constraints: {block_k_divides_group: {}}\n"))
+                                "constraints: {block_k_divides_group: {}}\n"), ours_only=("E=8,",),
+                            window_gemm_only=("N=256,K=256",))
 
 
 @dataclass
@@ -59,7 +69,7 @@ class Command:
     label: str
     argv: list[str]
     log: str                             # file under the output folder
-
+    window: bool = False                 # a tuning command of the window: told the time it has (--minutes)
 
 
 @dataclass
@@ -73,6 +83,7 @@ class ProofSteps:
     baselines: Path | None = None
     bundle: Path | None = None           # where the tarball and summary.md go (the device tool's $OUT)
     python: str = sys.executable
+    window_note: str | None = None       # what the window started from (said in its step's detail)
 
     @property
     def profile(self) -> Profile:
@@ -121,23 +132,41 @@ class ProofSteps:
             return []
         return [d for d in sorted(self.baselines.iterdir()) if d.is_dir() and (engine is None or d.name.startswith(engine))]
 
+    def state_name(self) -> str:
+        """The state folder's name: the device as the engines name it (a rehearsal's: CPU_DEVICE)."""
+        return "CPU_DEVICE" if self.rehearsal else self.gpu.cuda_name.replace(" ", "_")
+
     def tuned(self) -> Path:
-        return self.out / "tuned" / "moe"
+        """The window's state folder: tables, manifest and studies of every window so far."""
+        return self.out / "tuned" / self.state_name()
+
+    def seed_state(self) -> str | None:
+        """On a GPU, the first window starts from the committed state of this device
+        (tuned/<device>/: tables, manifest, studies journal); a rehearsal starts empty."""
+        from tuner.commands.proof_plan import REPO_ROOT
+        committed = REPO_ROOT / "tuned" / self.state_name()
+        if self.rehearsal or (self.tuned() / "manifest.json").exists() or not committed.is_dir():
+            return None
+        shutil.copytree(committed, self.tuned(), dirs_exist_ok=True)
+        return f"continues the committed state {committed.relative_to(REPO_ROOT)}"
 
     def parallel_args(self) -> list[str]:
         # the proof times TP8's shapes on whichever Hopper it gets (an H100 node cannot hold
         # DeepSeek-V3's weights at TP8): one rank's shapes, on purpose
         return ["--tp", str(self.profile.tp), "--per-rank"]
 
-    def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str) -> Command:
-        baseline = self.baseline_dirs(engine)
+    def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str,
+                 kind: str = "moe", window: bool = False) -> Command:
+        baseline = self.baseline_dirs(engine) if kind == "moe" else []
+        only = list(self.profile.window_gemm_only) if kind == "gemm" else []
         return Command(label, self.tuner(
-            "moe", "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(), "--dtype", "fp8_w8a8",
+            kind, "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(),
+            *(["--dtype", "fp8_w8a8"] if kind == "moe" else []), *(["--only", *only] if only else []),
             "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
             "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
-            *(["--patience", str(trials)] if trials else []),
+            *(["--patience", str(self.profile.patience or trials if window else trials)] if trials else []),
             *(["--baseline", str(baseline[0])] if baseline else []),
-            *self.measuring_args(), "--out", str(out), "--quiet"), log)
+            *self.measuring_args(), "--out", str(out), "--quiet"), log, window)
 
     # -- the steps ---------------------------------------------------------------------
     def step_environment(self) -> list[Command]:
@@ -195,43 +224,49 @@ class ProofSteps:
         return out
 
     def step_validate(self) -> list[Command]:
-        """One validate_kernels run: the engines' kernels first (the MoE layer, then the GEMM
-        shapes benched), each engine's shipped MoE tables at the validate batch sizes on its
-        own kernel right after its default cases (same measuring child), ours last: what a cut
-        step loses is the least valuable."""
+        """The full validation list, the engines' first: their kernels (the MoE layer, then the
+        GEMM shapes the window's landscape starts from), each engine's shipped MoE tables at the
+        validate batch sizes on its own kernel right after its default cases (same measuring
+        child); then ours on every problem of the model, MLA decode included: what a cut step
+        loses is the least valuable."""
         p = self.profile
         engines = self.available_engines()
-        # the MoE layer of the model (and on a GPU the GEMM shapes benched): E=256 and SGLang's E=257
         only = ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes]
         tables = [str(path) for engine, path in self.shipped_moe_tables() if engine in engines]
-        return [Command("validate_kernels", [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key,
-                                             "--model", self.model(), "--tp", str(p.tp), "--kernel-source",
-                                             *engines, "ours", *self.engine_args(), "--only", *only,
-                                             "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
-                                             *(["--tables", *tables] if tables else []),
-                                             "--out", str(self.out / "validate" / "kernels.json")],
-                        "logs/validate-kernels.txt")]
+        common = [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key, "--model", self.model(),
+                  "--tp", str(p.tp)]
+        cmds = []
+        if engines:
+            cmds.append(Command("validate the engines' kernels", [
+                *common, "--kernel-source", *engines, *self.engine_args(), "--only", *only,
+                "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
+                *(["--tables", *tables] if tables else []), "--out", str(self.out / "validate" / "kernels.json")],
+                "logs/validate-kernels.txt"))
+        cmds.append(Command("validate ours", [
+            *common, "--kernel-source", "ours", *(["--only", *p.ours_only] if p.ours_only else []),
+            "--batch-sizes", *map(str, p.gemm_ms), *self.measuring_args(),
+            "--out", str(self.out / "validate" / "ours.json")], "logs/validate-ours.txt"))
+        return cmds
 
-    def step_tune(self, engine: str) -> list[Command]:
+    def step_window(self) -> list[Command]:
+        """The window's work list, most valuable first: both engines' MoE tables at the window's
+        batch sizes, both engines' GEMM tables (every shape of the model), MLA decode (where the
+        model has it), then a landscape; each command continues the state folder."""
+        from tuner.plan.models import load_model
         p = self.profile
-        return [self.moe_tune(engine, p.moe_ms, self.tuned(), p.trials, f"logs/tune-{engine}.txt",
-                              f"tune the {self.model()} MoE tables of {engine}")]
-
-    def step_bench(self, kernel: str) -> list[Command]:
-        p = self.profile
-        engines = self.available_engines()
-        common = ["--gpu", self.gpu.key, *self.parallel_args(), "--model", self.model(), "--quiet",
-                  "--kernel-source", "engine" if engines else "ours", *self.engine_args(), *self.measuring_args()]
-        shipped = ["--baseline", *map(str, self.baseline_dirs())] if self.baseline_dirs() else []
-        ceil = ["--ceilings", str(self.out / "ceilings.json")] if (self.out / "ceilings.json").is_file() else []
-        if kernel == "moe":
-            tuned = ["--tuned", str(self.tuned())] if (self.tuned() / "manifest.json").is_file() else []
-            return [Command("bench moe", self.tuner("bench", "--kernel", "moe", *common, "--batch-sizes",
-                                                    *map(str, p.moe_ms), *shipped, *tuned, *ceil,
-                                                    "--out", str(self.out / "bench" / "moe")), "logs/bench-moe.txt")]
-        return [Command("bench gemm", self.tuner("bench", "--kernel", "gemm", *common, "--only", *p.gemm_shapes,
-                                                 "--batch-sizes", *map(str, p.gemm_ms), *shipped, *ceil,
-                                                 "--out", str(self.out / "bench" / "gemm")), "logs/bench-gemm.txt")]
+        self.window_note = self.seed_state()
+        state = self.tuned()
+        cmds = [self.moe_tune(e, p.moe_ms, state, p.trials, f"logs/window-moe-{e}.txt",
+                              f"the {self.model()} MoE tables of {e}", window=True) for e in ("vllm", "sglang")]
+        cmds += [self.moe_tune(e, p.moe_ms, state, p.trials, f"logs/window-gemm-{e}.txt",
+                               f"the {self.model()} GEMM tables of {e}", kind="gemm", window=True)
+                 for e in ("vllm", "sglang")]
+        if load_model(self.model()).is_mla:
+            cmds.append(Command(f"the {self.model()} MLA decode table", self.tuner(
+                "mla", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp),
+                *(["--trials", str(p.trials), "--patience", str(p.patience or p.trials)] if p.trials else []),
+                *self.measuring_args(), "--out", str(state), "--quiet"), "logs/window-mla.txt", window=True))
+        return cmds + self.step_landscapes()
 
     def step_landscapes(self) -> list[Command]:
         p = self.profile
@@ -250,7 +285,7 @@ class ProofSteps:
     def step_report(self) -> list[Command]:
         if not (self.tuned() / "manifest.json").is_file():
             return []
-        return [Command("report", self.tuner("report", str(self.tuned())), "logs/report-moe.txt")]
+        return [Command("report", self.tuner("report", str(self.tuned())), "logs/report.txt")]
 
     def step_sampler(self) -> list[Command]:
         p = self.profile
@@ -262,9 +297,7 @@ class ProofSteps:
 
     def builders(self) -> dict:
         return {"environment": self.step_environment, "smoke": self.step_smoke, "validate": self.step_validate,
-                "tune-vllm": lambda: self.step_tune("vllm"), "tune-sglang": lambda: self.step_tune("sglang"),
-                "bench-moe": lambda: self.step_bench("moe"), "bench-gemm": lambda: self.step_bench("gemm"),
-                "landscapes": self.step_landscapes, "report": self.step_report, "sampler": self.step_sampler}
+                "window": self.step_window, "report": self.step_report, "sampler": self.step_sampler}
 
 
 def _last_line(path: Path) -> str:

@@ -60,17 +60,18 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
         from tuner.measure.ceilings import summary_lines
         where = "the CPU DEVICE, not a GPU" if ceil.get("device_kind") == "cpu" else "the GPU"
         lines += [f"## Ceilings (measured on {where})", ""] + [f"- {s}" for s in summary_lines(ceil)] + [""]
-    val = _load(out / "validate" / "kernels.json")
+    from tuner.commands.proof_outcomes import validation_files
+    vals = [(f, v) for f in validation_files(out) if isinstance(v := _load(f), dict)]
     checks = sorted((out / "validate").glob("check-*.txt")) if (out / "validate").is_dir() else []
-    if val or checks:
+    if vals or checks:
         lines += ["## Kernels against the float64 reference", ""]
-        if val:
+        for f, val in vals:
             cases = val.get("cases", [])
             # a case fails its numerics or its timing: either is a failure of the kernel on this device
             bad = [c for c in cases if c["numerics"]["status"] != "passed" or not c.get("time_us")]
             where = next((c.get("time_source") for c in cases if c.get("time_source")), "-")
             shipped = sorted({c["case"] for c in cases if str(c.get("case", "")).startswith("shipped ")})
-            lines.append(f"- validate_kernels: {len(cases) - len(bad)} passed, {len(bad)} failed "
+            lines.append(f"- validate_kernels ({f.name}): {len(cases) - len(bad)} passed, {len(bad)} failed "
                          f"({sum(not c.get('time_us') for c in cases)} not timed; default configs"
                          + (f" and {len(shipped)} shipped tables" if shipped else "") + f"; times: {where})")
             lines += [f"  - FAILED [{c['kernel_source']}] {c['kernel']} {c['problem']} M={c['M']} "
@@ -102,15 +103,17 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
                   + (f"{x['time_us']:.2f} us" if x.get("time_us") else
                      f"no time ({x.get('failures')}; first failure: {x.get('first_failure') or '-'})")
                   for t, m, x in entries] + [""]
-    tuned = _load(out / "tuned" / "moe" / "manifest.json")
-    if tuned:
+    state = next(iter(sorted(out.glob("tuned/*/manifest.json"))), None)
+    tuned = _load(state) if state else None
+    if state and tuned:
         from tuner.emit.run_table import run_source
         n = sum(len(t.get("entries", {})) for t in tuned.get("tables", []))
-        tunes = [r for r in results if r.name.startswith("tune-")]
-        lines += ["## MoE tables", "", run_source(out / "tuned" / "moe"), "",
+        tunes = [r for r in results if r.name == "window"]
+        rel = state.parent.relative_to(out)
+        lines += ["## Tables (every window so far)", "", run_source(state.parent), "",
                   f"{len(tuned.get('tables', []))} tables, {n} entries ("
                   + "; ".join(f"{r.name} {r.status}, {r.seconds / 60:.1f} minutes" for r in tunes)
-                  + "). Report: tuned/moe/report/report.md", ""]
+                  + f"). Report: {rel}/report/report.md", ""]
         from tuner.measure.noise import for_environment, speedup
         noise = for_environment(tuned.get("environment") or env)
         for t in tuned.get("tables", []):

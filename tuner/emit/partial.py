@@ -1,9 +1,11 @@
 """A partial table: one whose run tuned only some of the batch sizes it planned (a time box ran out).
 
-Its manifest entry says so as `"partial": {"planned": [M...], "why": "..."}`: `planned` is every
-batch size the run meant to tune, the rows it holds (`entries`) are the ones it did. `tuner
-install` says so for each partial table (with --merge the other batch sizes keep the rows the
-engine reads today) and records it in the backup record, where `tuner audit` reads it back.
+Its manifest entry says so as `"partial": {"tuned": [M...], "planned": [M...], "why": "..."}`
+(`planned`: every batch size the run meant to tune; the rows it holds, `entries`, are the ones it
+did), or as a `--minutes` window writes it, `{"tuned": [M...], "incumbent": {M: whose row}}` (the
+batch sizes not tuned hold the incumbent in the table file). `tuner install` says so for each
+partial table (with --merge the other batch sizes keep the rows the engine reads today) and
+records it in the backup record, where `tuner audit` reads it back.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ def problem(value) -> str | None:
         return None
     if not isinstance(value, dict):
         return "'partial' is not an object"
-    planned = value.get("planned")
-    if not isinstance(planned, list) or not planned or not all(
-            isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in planned):
-        return "partial.planned is not a list of batch sizes"
+    for key in ("planned", "tuned"):
+        ms = value.get(key)
+        if ms is not None and not (isinstance(ms, list) and all(
+                isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms)):
+            return f"partial.{key} is not a list of batch sizes"
+    if value.get("incumbent") is not None and not isinstance(value["incumbent"], dict):
+        return "partial.incumbent is not an object"
     if value.get("why") is not None and not isinstance(value["why"], str):
         return "partial.why is not a string"
     return None
@@ -37,7 +42,8 @@ def of_entry(table_entry: dict) -> dict | None:
     from tuner.plan.batch_keys import batch_key
     entries = table_entry.get("entries")
     tuned = sorted(m for k in (entries if isinstance(entries, dict) else {}) if (m := batch_key(k)) is not None)
-    planned = sorted(set(value["planned"]))
+    planned = sorted({*(value.get("planned") or []), *tuned,
+                      *(m for k in (value.get("incumbent") or {}) if (m := batch_key(k)) is not None)})
     left = [m for m in planned if m not in tuned]
     if not left:
         return None
@@ -67,3 +73,27 @@ def audit_line(name: str, record_entry: dict) -> str | None:
             f"{len(part.get('planned') or [])} planned; installed by tuner); "
             + (f"M={_ms(kept)} run the rows kept from the table the engine read before" if kept else
                "the other batch sizes run the nearest tuned row"))
+
+
+def mark(folder: Path, why: str) -> list[str]:
+    """Mark each table of a results folder's manifest that lacks rows of its kernel's full
+    batch-size grid as partial (and unmark the whole ones), atomically; what it did, per table."""
+    from tuner.emit.results import MANIFEST, read_manifest
+    from tuner.paths import atomic_write_json
+    from tuner.pipeline.request import MLA_BATCH_SIZES
+    from tuner.plan.engines import DEFAULT_BATCH_SIZES
+    manifest = read_manifest(folder)
+    said = []
+    for t in manifest["tables"]:
+        planned = MLA_BATCH_SIZES if t.get("kernel") == "mla_decode" else DEFAULT_BATCH_SIZES
+        t[KEY] = {**(t.get(KEY) if isinstance(t.get(KEY), dict) else {}), "planned": list(planned), "why": why}
+        part = of_entry(t)
+        name = ", ".join(Path(f).name for f in (t.get("files") or {}).values()) or str(t.get("problem"))
+        if part is None:
+            del t[KEY]
+            said.append(f"whole: {name}")
+        else:
+            t[KEY]["tuned"] = part["tuned"]
+            said.append(f"partial ({len(part['tuned'])} of {len(planned)} batch sizes): {name}")
+    atomic_write_json(folder / MANIFEST, manifest, indent=2, root=folder)
+    return said

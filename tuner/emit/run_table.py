@@ -91,8 +91,10 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     from tuner.measure.noise import speedup, threshold_text, within
     noise = getattr(threshold, "noise", None)          # the paired check's threshold knows the device's noise
     rows = []
+    labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or "(as up table: not written)"
+                              for pkey in results})
     for pkey, rs in results.items():
-        label = short_file(files.get(pkey) or {}) or "(as up table: not written)"
+        label = labels[pkey]
         for r in sorted(rs, key=lambda r: r.M):
             rows.append([
                 label, str(r.M), " ".join(f"{r.config[k]}" for k in keys) if r.config else "-",
@@ -120,6 +122,24 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
     return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9))
+
+
+def distinct_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Each problem's row label, with what tells it apart where problems share one file (MLA
+    decode: one table, a problem per context): the problem key's parts the others lack."""
+    by_label: dict[str, list[str]] = {}
+    for pkey, label in labels.items():
+        by_label.setdefault(label, []).append(pkey)
+    out = dict(labels)
+    for label, pkeys in by_label.items():
+        if len(pkeys) < 2:
+            continue
+        parts = {k: re.split(r",(?![^\[]*\])", k) for k in pkeys}      # (a comma in [..] is a value's)
+        common = set.intersection(*(set(v) for v in parts.values()))
+        for k in pkeys:
+            own = ",".join(p for p in parts[k] if p not in common)
+            out[k] = f"{label} {own}" if own else label
+    return out
 
 
 def _kept_text(r) -> str:

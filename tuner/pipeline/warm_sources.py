@@ -79,7 +79,15 @@ def studies(journal: Path, kernel: KernelSpec, gpu: str, source: str) -> list[Kn
     import optuna
 
     from tuner.pipeline.stored_plans import PLAN_FORMAT
+    from tuner.search.journal_lines import is_journal
     from tuner.search.storage import open_journal
+    try:
+        ours = is_journal(journal)
+    except OSError as e:
+        raise TunerError(f"--warm-start: cannot read {journal} ({e.strerror})") from None
+    if not ours:        # said once, of the file given, not of the copy read (issue 42, item 8)
+        raise TunerError(f"--warm-start: {journal} is not a journal of Optuna operations (a damaged tail? "
+                         f"`tuner repair-journal {journal}` keeps its whole operations)")
     with tempfile.TemporaryDirectory(prefix="tuner-warm-") as tmp:
         copy = Path(tmp) / "studies.journal"
         shutil.copyfile(journal, copy)
