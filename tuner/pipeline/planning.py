@@ -264,8 +264,8 @@ def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
 def check_out_dir(out: Path) -> None:
     """Before the first write: --out must be a folder we can write, holding nothing of
     another program (a manifest.json that is not ours)."""
-    from tuner.emit.results import MANIFEST, manifest_problem
     from tuner.paths import writable_folder
+    MANIFEST = "manifest.json"           # tuner/emit/results.py's, named here: a dry run loads no Optuna
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
     ok, existing = writable_folder(out)
@@ -273,6 +273,7 @@ def check_out_dir(out: Path) -> None:
         raise TunerError(f"cannot write to {existing} (--out {out}): permission denied or not a folder")
     manifest = out / MANIFEST
     if os.path.lexists(manifest):
+        from tuner.emit.results import manifest_problem
         from tuner.reading import read_json_file
         try:
             problem = manifest_problem(read_json_file(manifest))
