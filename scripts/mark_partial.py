@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.emit.partial import mark  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner.pipeline.mark_partial import mark  # noqa: E402
 
 
 def main() -> int:

@@ -78,7 +78,7 @@ def test_dry_run_writes_nothing_and_names_files(capsys, tmp_path):
     text = capsys.readouterr().out
     assert rc == 0 and not (tmp_path / "out").exists()
     assert "2880 configs before pruning" in text
-    assert "configs after pruning, per M: 1:64 64:320" in text
+    assert "configs after pruning, per M: 1:32 64:160" in text      # BLOCK_SIZE_K 64 pruned (block_k_is_group)
     assert "vllm/fp8_gemm/N=4096,K=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json" in text
     assert "sglang/fp8_gemm/N=4096,K=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json" in text
     # SGLang fuses the shared expert: no SGLang file for its GEMMs

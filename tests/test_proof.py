@@ -416,7 +416,8 @@ def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tm
 def test_mark_partial_marks_what_lacks_the_grid(tmp_path):
     """After a window, each table lacking rows of its kernel's grid is marked partial, a whole
     one unmarked: what install and audit read."""
-    from tuner.emit.partial import mark, of_entry
+    from tuner.emit.partial import of_entry
+    from tuner.pipeline.mark_partial import mark
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
     shutil.copy(REPO / "tuned" / "NVIDIA_H200" / "manifest.json", tmp_path / "manifest.json")
     data = json.loads((tmp_path / "manifest.json").read_text())

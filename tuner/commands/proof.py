@@ -29,9 +29,7 @@ labelled CPU DEVICE everywhere.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
-import functools
 import gzip
 import os
 import shutil
@@ -86,7 +84,7 @@ class Proof(ProofSteps):
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
                 [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
             argv = c.argv
-            if c.window and window_minutes_supported():
+            if c.window:
                 # the tuning command stops itself on time (writing every table it has rows for)
                 # before the box's SIGTERM; a margin for its closing writes
                 argv = [*argv, "--minutes", f"{max(0.1, (left - WINDOW_CLOSE_S) / 60):.2f}"]
@@ -292,17 +290,6 @@ class Proof(ProofSteps):
                 newest = max(newest, path.stat().st_mtime)
         if newest > self._bundled_at:
             self.write_bundle()
-
-
-@functools.lru_cache(maxsize=1)
-def window_minutes_supported() -> bool:
-    """Whether `tuner moe|gemm|mla` take --minutes here (they stop themselves on time, writing
-    every table they have rows for); without it the window's box stops them (SIGTERM), which
-    keeps every finished trial too."""
-    from tuner.cli import build_parser
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return "--minutes" in sub.choices["moe"]._option_string_actions
 
 
 def leftovers(sid: int, grace_s: float = 5.0) -> list[int]:

@@ -143,7 +143,7 @@ class ProofSteps:
     def seed_state(self) -> str | None:
         """On a GPU, the first window starts from the committed state of this device
         (tuned/<device>/: tables, manifest, studies journal); a rehearsal starts empty."""
-        from tuner.commands.proof_plan import REPO_ROOT
+        from tuner.paths import REPO_ROOT
         committed = REPO_ROOT / "tuned" / self.state_name()
         if self.rehearsal or (self.tuned() / "manifest.json").exists() or not committed.is_dir():
             return None

@@ -73,27 +73,3 @@ def audit_line(name: str, record_entry: dict) -> str | None:
             f"{len(part.get('planned') or [])} planned; installed by tuner); "
             + (f"M={_ms(kept)} run the rows kept from the table the engine read before" if kept else
                "the other batch sizes run the nearest tuned row"))
-
-
-def mark(folder: Path, why: str) -> list[str]:
-    """Mark each table of a results folder's manifest that lacks rows of its kernel's full
-    batch-size grid as partial (and unmark the whole ones), atomically; what it did, per table."""
-    from tuner.emit.results import MANIFEST, read_manifest
-    from tuner.paths import atomic_write_json
-    from tuner.pipeline.request import MLA_BATCH_SIZES
-    from tuner.plan.engines import DEFAULT_BATCH_SIZES
-    manifest = read_manifest(folder)
-    said = []
-    for t in manifest["tables"]:
-        planned = MLA_BATCH_SIZES if t.get("kernel") == "mla_decode" else DEFAULT_BATCH_SIZES
-        t[KEY] = {**(t.get(KEY) if isinstance(t.get(KEY), dict) else {}), "planned": list(planned), "why": why}
-        part = of_entry(t)
-        name = ", ".join(Path(f).name for f in (t.get("files") or {}).values()) or str(t.get("problem"))
-        if part is None:
-            del t[KEY]
-            said.append(f"whole: {name}")
-        else:
-            t[KEY]["tuned"] = part["tuned"]
-            said.append(f"partial ({len(part['tuned'])} of {len(planned)} batch sizes): {name}")
-    atomic_write_json(folder / MANIFEST, manifest, indent=2, root=folder)
-    return said

@@ -417,12 +417,7 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     or a kill leaves no half-made folder (an earlier extract at `out` is replaced whole)."""
     import shutil
 
-    from tuner.paths import (
-        make_folder,
-        new_temporary_folder,
-        release_temporary_folder,
-        remove_dead_temporary_folders,
-    )
+    from tuner.paths import make_folder, new_temporary_folder, release_temporary_folder, remove_dead_temporary_folders
     # --out first: a folder it must not replace is refused whether or not the engine is at hand
     out = Path(os.path.abspath(out))
     if os.path.lexists(out):
