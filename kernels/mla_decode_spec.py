@@ -157,6 +157,7 @@ SPEC = KernelSpec(
     rows=lambda params, M: params["heads"],
     extra_seeds=sglang_default,
     compile_only=from_code(CODE, "compile_only"),
+    compile_per_m=False,     # M is only the grid's first axis and the batch strides' dimension
     emit_table=emit_table,
     read_table=read_table,
     engine_hints=engine_hints,

@@ -100,7 +100,8 @@ class DeviceMeasurer:
         self.throttled_retakes = self.throttled_kept = 0
         # compile jobs handed to the workers: built into Triton's cache, failed (error text
         # kept), or lost (a worker crashed or the wait ran out)
-        self.compiles: dict = {"built": 0, "failed": 0, "lost": 0, "errors": []}
+        self.compiles: dict = {"built": 0, "failed": 0, "lost": 0, "reused": 0, "errors": []}
+        self._submitted: set = set()   # compile keys handed to the workers (kernel.compile_per_m)
         self.kernel = kernel
         self.gpu = gpu
         self.input_sets = input_sets or self.device.input_sets
@@ -154,14 +155,28 @@ class DeviceMeasurer:
     def measure(self, problem: Problem, M: int, configs: list[Config]) -> list[Measurement]:
         return list(self.measure_iter(problem, M, configs))
 
+    def _compile_key(self, problem: Problem, M: int, config: Config) -> tuple:
+        m = M if self.kernel.compile_per_m else None
+        return (problem.key, m, tuple(sorted(config.items())))
+
     def _submit(self, problem: Problem, M: int, configs: list[Config]) -> list:
+        """One future per config; None where the same build was handed out before."""
         if self._pool is None:
             return []
+        futures: list = []
         try:
-            return [self._pool.submit(_compile_in_worker, self.kernel.ref, problem.params, M, c) for c in configs]
+            for c in configs:
+                key = self._compile_key(problem, M, c)
+                if key in self._submitted:
+                    self.compiles["reused"] += 1
+                    futures.append(None)
+                    continue
+                futures.append(self._pool.submit(_compile_in_worker, self.kernel.ref, problem.params, M, c))
+                self._submitted.add(key)
         except BrokenProcessPool:
             self._restart_pool()
             return []
+        return futures
 
     def _await_compile(self, future) -> bool:
         """Wait for one compile job (at most the compile timeout); False when the pool broke."""
@@ -187,7 +202,7 @@ class DeviceMeasurer:
         forwards them one by one, so a crash loses only the config it happened on)."""
         futures = self._submit(problem, M, configs)
         for i, cfg in enumerate(configs):
-            if futures and not self._await_compile(futures[i]):
+            if futures and futures[i] is not None and not self._await_compile(futures[i]):
                 futures = []
             m = self._time(problem, M, cfg)
             if m.error and poisons_context(m.error):
@@ -199,13 +214,14 @@ class DeviceMeasurer:
     def precompile(self, jobs: list[tuple[Problem, int, Config]]) -> dict:
         """Build many (problem, M, config) at once in the compile workers (validation of many
         cases, each with its own problem); returns the compile counts."""
-        futures = [f for p, M, c in jobs for f in self._submit(p, M, [c])]
+        futures = [f for p, M, c in jobs for f in self._submit(p, M, [c]) if f is not None]
         for f in futures:
             if not self._await_compile(f):
                 break
         return self.compile_stats()
 
     def _restart_pool(self) -> None:
+        self._submitted.clear()              # what the broken pool had queued may never have been built
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = self._new_pool()

@@ -184,7 +184,7 @@ def _add_counts(a: dict, b: dict | None) -> dict:
     """Compile counts (and the measurers' counters) of two children added up."""
     if not b:
         return a
-    out: dict = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost")}
+    out: dict = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost", "reused")}
     out["errors"] = (list(a.get("errors", [])) + list(b.get("errors", [])))[:5]
     if a.get("counters") or b.get("counters"):
         ca, cb = a.get("counters") or {}, b.get("counters") or {}

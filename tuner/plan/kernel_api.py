@@ -111,6 +111,10 @@ class KernelSpec:
     extra_seeds: Callable[[Params, int], list[Config]] = lambda params, M: []
     # Compile a config without running it (for parallel compile workers); may be None.
     compile_only: Callable[[Params, int, Config], None] | None = None
+    # False when no constexpr or specialized integer argument of the launch depends on M (the
+    # batch size changes only the grid): one build of a config then serves every M of a problem,
+    # and the compile workers skip the rebuilds (a cache hit still costs a worker's lookup).
+    compile_per_m: bool = True
     # Kernels no engine reads tables for write their own format: given [(problem, results)]
     # and the CUDA device name, return ({relative path: JSON object}, {problem key: path}).
     # None: the engines' tables.
