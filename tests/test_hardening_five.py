@@ -182,3 +182,27 @@ def test_warm_start_from_a_folder_with_a_random_journal(tmp_path, capsys):
     assert "internal error" not in err and "tuner-warm-" not in err, err
     assert sum(str(res / "studies.journal") in line for line in err.splitlines()) == 1, err
     assert rc in (0, 2) and len(err.strip().splitlines()) <= 4, err
+
+
+def test_a_run_refused_for_another_routing_leaves_the_earlier_runs_files(tmp_path, capsys):
+    """A --routing run into an --out whose stored plan has another routing: exit 2, and the
+    earlier run's synthetic landscape and routing file stay as they were. Before: the refusal
+    came after planning had replaced both."""
+    from tuner.cli import main
+    rng = np.random.default_rng(0)
+    out = tmp_path / "out"
+    for name in ("a", "b"):
+        np.save(tmp_path / f"{name}.npy", np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32))
+    argv = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours",
+            "--synthetic", "--batch-sizes", "1", "--trials", "2", "--out", str(out)]
+    assert main([*argv, "--routing", str(tmp_path / "a.npy")]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ("routing" in p.parts
+                                                                            or p.name.startswith("synthetic-"))}
+    assert any(p.name.startswith("synthetic-") for p in before) and any("routing" in p.parts for p in before)
+    capsys.readouterr()
+    assert main([*argv, "--routing", str(tmp_path / "b.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "for another" in err and "internal error" not in err, err
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ("routing" in p.parts
+                                                                           or p.name.startswith("synthetic-"))}
+    assert after == before

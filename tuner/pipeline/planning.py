@@ -88,6 +88,13 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
+    if not req.dry_run and (synthetic_landscape is not None or recorded is not None):
+        # a stored plan for another routing (or device, kernel, space) is refused before the
+        # landscape and routing file below replace an earlier run's (issue 42, item 8)
+        from tuner.pipeline.stored_plans import check_plan, open_run_storage, storage_exists
+        for opts in plans:
+            if storage_exists(opts):
+                check_plan(open_run_storage(opts), opts)
     if synthetic_landscape is not None:
         # made last: a run refused above (a missing --warm-start, say) replaced no landscape of an earlier one
         from tuner.measure.synthetic import landscape_for_run
