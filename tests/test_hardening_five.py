@@ -206,3 +206,26 @@ def test_a_run_refused_for_another_routing_leaves_the_earlier_runs_files(tmp_pat
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and ("routing" in p.parts
                                                                            or p.name.startswith("synthetic-"))}
     assert after == before
+
+
+@pytest.mark.parametrize("name", ["s.jsonl", "s.jsonl.gz"])
+def test_landscape_synth_on_a_full_disk_says_so_and_leaves_nothing(tmp_path, capsys, name):
+    """The file size limit (as `ulimit -f`) stands for a full disk. Before: closing the
+    temporary raised again while it was abandoned, so it stayed beside --out."""
+    import resource
+    import signal
+
+    from tuner.cli import main
+    out = tmp_path / name
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, hard))
+    try:
+        rc = main(["landscape", "synth", "--kernel", "moe", "--model", "deepseek-v3", "--gpu", "H200",
+                   "--tp", "8", "--batch-sizes", "1", "2", "--out", str(out)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    err = capsys.readouterr().err
+    assert rc == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -60,3 +60,28 @@ def test_two_synthetic_nights_tune_then_keep(tmp_path, capsys):
     assert "SYNTHETIC" in json.loads((runs / "state.json").read_text())["a"]["environment"]["device"]
     assert not (tmp_path / "runs").exists()               # a real night's folder is never touched
     capsys.readouterr()
+
+
+def test_a_synthetic_night_on_a_full_disk_says_so_and_leaves_no_temporary(tmp_path, capsys):
+    """The file size limit (as `ulimit -f`) stands for a full disk (issue 42, item 8). Before:
+    the job failed with 'internal error: OSError', and the night's own state write ended in a
+    traceback-like internal error."""
+    import os
+    import resource
+    import signal
+    config = nightly_yaml(tmp_path)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 10, hard))
+    try:
+        rc = main(["nightly", str(config), "--night", "n1", "--synthetic"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    cap = capsys.readouterr()
+    err = cap.err + cap.out
+    assert rc in (1, 2) and "internal error" not in err and "Traceback" not in err, err
+    assert ("space" in err.lower() or "too large" in err.lower()), err
+    left = [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".partial"))]
+    assert left == [], left
+    assert os.path.isfile(config)

@@ -294,6 +294,10 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     except TunerError as e:
         raise TunerError(f"{name}: the tuning run failed: {e}") from None
     except Exception as e:  # noqa: BLE001 - one job's bug must not stop the other jobs
+        from tuner.errors import os_error_line
+        said = os_error_line(e)         # a full disk, say: its words, not an internal error
+        if said is not None:
+            raise TunerError(f"{name}: the tuning run failed: {said}") from None
         if os.environ.get("TUNER_DEBUG"):
             raise
         raise TunerError(f"{name}: the tuning run failed: internal error: {type(e).__name__}: {e}") from None

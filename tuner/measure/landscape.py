@@ -319,13 +319,16 @@ class LandscapeWriter:
 
     def abandon(self) -> None:
         """A landscape written in one go that did not finish: its temporary file goes (a
-        recording keeps its .partial, to be continued)."""
-        self._f.close()
-        if not self.resume:
-            try:
-                os.unlink(self.partial)
-            except FileNotFoundError:
-                pass
+        recording keeps its .partial, to be continued). Closing flushes, which fails again on a
+        full disk: the temporary goes all the same."""
+        try:
+            self._f.close()
+        finally:
+            if not self.resume:
+                try:
+                    os.unlink(self.partial)
+                except FileNotFoundError:
+                    pass
 
     def close(self) -> None:
         from tuner.paths import atomic_write_file

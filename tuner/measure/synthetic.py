@@ -95,10 +95,10 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
                     t = fake_time_us(params, M, cfg)
                     w.write(params, M, cfg, Point(t, None if t else "synthetic failure", 0.01 if t else None))
                     written += 1
+        w.close()               # a full disk fails here too: the temporary goes with abandon
     except BaseException:
         w.abandon()
         raise
-    w.close()
     return written
 
 
