@@ -43,7 +43,7 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
 
 
 def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
-    """Merge this run's entries into OUT/manifest.json (one per kernel and problem), atomically."""
+    """Merge this run's entries into OUT/manifest.json (one per kernel, problem and table file), atomically."""
     path = out_dir / MANIFEST
     old = {}
     if path.exists():
@@ -54,15 +54,15 @@ def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
         if manifest_problem(old):
             raise TunerError(f"{path} is not a tuner manifest ({manifest_problem(old)}); this --out holds "
                              "something else: give another --out")
-    tables = {table_key(t): t for t in old.get("tables", [])}
+    tables = list(old.get("tables", []))
     for e in entries:
-        tables[table_key(e)] = e
+        tables = _merged(tables, e)
     manifest = {
         "format": "tuner-manifest/1",
         "tool": f"tuner {__version__}",
         "written": now_iso(),
         **run_info,
-        "tables": list(tables.values()),
+        "tables": tables,
     }
     atomic_write_json(path, manifest, indent=2, root=out_dir)
     return path
@@ -165,10 +165,30 @@ def manifest_problem(manifest) -> str | None:
 
 
 def table_key(entry: dict) -> str:
-    """A manifest entry's identity: kernel, whose code timed it, problem. The same GEMM
-    shape timed on vLLM's and on SGLang's kernel is two entries."""
+    """A manifest entry's problem: kernel, whose code timed it, problem. The same GEMM shape
+    timed on vLLM's and on SGLang's kernel is two entries; timed on one kernel (ours) for both
+    engines' files by two runs, it is two entries too (update_manifest keeps one per file)."""
     return json.dumps([entry.get("kernel"), (entry.get("kernel_source") or {}).get("source", "ours"),
                        entry.get("problem")], sort_keys=True)
+
+
+def _merged(tables: list[dict], new: dict) -> list[dict]:
+    """`tables` with `new` in: an entry of the same kernel, source and problem gives up the
+    files `new` rewrote (and goes when none is left: `new` takes its place, else comes last).
+    The other engines' files of that problem keep their entries."""
+    engines = set(new.get("files") or {})
+    out, placed = [], False
+    for t in tables:
+        if table_key(t) == table_key(new):
+            files = {k: v for k, v in (t.get("files") or {}).items() if k not in engines}
+            if not engines or not files:
+                if not placed:
+                    out.append(new)
+                    placed = True
+                continue
+            t = {**t, "files": files}
+        out.append(t)
+    return out if placed else [*out, new]
 
 
 def kernel_source_info(kernel: KernelSpec) -> dict:
