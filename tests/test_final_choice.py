@@ -107,12 +107,14 @@ def test_concluding_tied_tables_lets_the_default_win_only_with_the_shared_keys(l
     runner, searched = tune(ReplayMeasurer(landscape), storage)
     measured = sorted((t, c) for c, t in runner.measured(PROBLEM, M).items() if t is not None)
     from tuner.plan.kernel_api import config_dict
-    # a key standing for the one SGLang's up and down tables share (BLOCK_SIZE_M; at M=16 the
-    # space holds no other BLOCK_SIZE_M than the default's 64 but the default itself)
-    shared = ("BLOCK_SIZE_K",)
-    same = [config_dict(KERNEL, c) for _, c in measured if c[2] == default["BLOCK_SIZE_K"]
+    # a key standing for the one SGLang's up and down tables share (BLOCK_SIZE_M). Not
+    # BLOCK_SIZE_K: since rule block_k_is_group the space holds only the group's 128
+    key = "num_warps"
+    i = KERNEL.config_keys.index(key)
+    shared = (key,)
+    same = [config_dict(KERNEL, c) for _, c in measured if c[i] == default[key]
             and c != config_tuple(KERNEL, default)][:2]
-    other = [config_dict(KERNEL, c) for _, c in measured if c[2] != default["BLOCK_SIZE_K"]][:2]
+    other = [config_dict(KERNEL, c) for _, c in measured if c[i] != default[key]][:2]
     assert same and other
     runner.measurer = NoisyRetime(landscape, default, slower=10.0)
     kept = runner.conclude(PROBLEM, M, same, default, shared=shared)
