@@ -85,3 +85,71 @@ def test_a_synthetic_night_on_a_full_disk_says_so_and_leaves_no_temporary(tmp_pa
     left = [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".partial"))]
     assert left == [], left
     assert os.path.isfile(config)
+
+
+def _night_then_compact_state(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """A synthetic night n1, then its state.json rewritten compact (the same jobs), so that the
+    next night's state write changes the file's bytes: what a failed write must leave as it was."""
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    state = tmp_path / "runs-synthetic" / "state.json"
+    state.write_text(json.dumps(json.loads(state.read_text()), separators=(",", ":")))
+    return config, state, state.read_bytes()
+
+
+def test_a_full_disk_at_the_nights_state_write_is_one_line_and_keeps_the_state(tmp_path, capsys):
+    """A full disk (the file size limit, as `ulimit -f 0`, smaller than state.json) when the
+    night writes its own state, the job itself done: exit 2, one line naming the state file and
+    the full disk, the previous state.json byte for byte, no temporary, no half report. Before:
+    the line named no file ('file too large for the file system')."""
+    import resource
+    import signal
+    config, state, before = _night_then_compact_state(tmp_path)
+    capsys.readouterr()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, hard))
+    try:
+        rc = main(["nightly", str(config), "--night", "n2", "--synthetic"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and str(state) in err[0] and "too large" in err[0], err
+    assert state.read_bytes() == before
+    night = tmp_path / "runs-synthetic" / "n2"
+    assert not (night / "report.md").exists() and not (night / "summary.json").exists()
+    assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("target", ["state.json", "report.md", "summary.json"])
+def test_no_space_at_the_nights_own_writes_is_one_line_and_nothing_half_written(tmp_path, monkeypatch, capsys,
+                                                                                target):
+    """ENOSPC injected where the bytes go (half the file written, as a filling disk does) into
+    each of the night's own files in turn: exit 2, one line naming that file and the full disk,
+    the file as it was (state.json: the previous night's, byte for byte), no temporary. Before:
+    the line named no file."""
+    import errno
+
+    from tuner import paths
+    config, state, before = _night_then_compact_state(tmp_path)
+    capsys.readouterr()
+    real = paths.atomic_write_file
+
+    def filling(path, fill, root=None):
+        if Path(path).name != target:
+            return real(path, fill, root)
+
+        def half_then_full(tmp):
+            fill(tmp)
+            data = tmp.read_bytes()
+            tmp.write_bytes(data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, half_then_full, root)
+    monkeypatch.setattr(paths, "atomic_write_file", filling)
+    rc = main(["nightly", str(config), "--night", "n2", "--synthetic"])
+    err = capsys.readouterr().err.strip().splitlines()
+    written = tmp_path / "runs-synthetic" / ("" if target == "state.json" else "n2") / target
+    assert rc == 2 and len(err) == 1 and str(written) in err[0] and "no space left" in err[0], err
+    assert not written.exists() if target != "state.json" else state.read_bytes() == before
+    assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []

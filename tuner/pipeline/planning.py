@@ -92,7 +92,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         # a stored plan for another routing (or device, kernel, space) is refused before the
         # landscape and routing file below replace an earlier run's (issue 42, item 8)
         from tuner.pipeline.stored_plans import check_plan, open_run_storage, storage_exists
+        from tuner.search.identity import CPU_DEVICE, GPU, SYNTHETIC
         for opts in plans:
+            # where the times will come from, where it is known before measuring (a replay's: from
+            # its landscape's content, once read), so that a plan for other times is refused here too
+            opts.times = SYNTHETIC if req.synthetic else None if req.replay else \
+                CPU_DEVICE if req.device == "cpu" else GPU
             if storage_exists(opts):
                 check_plan(open_run_storage(opts), opts)
     if synthetic_landscape is not None:
