@@ -153,3 +153,30 @@ def test_no_space_at_the_nights_own_writes_is_one_line_and_nothing_half_written(
     assert rc == 2 and len(err) == 1 and str(written) in err[0] and "no space left" in err[0], err
     assert not written.exists() if target != "state.json" else state.read_bytes() == before
     assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+
+
+def test_the_night_compares_each_engines_entry_of_one_problem(tmp_path, capsys):
+    """A results folder where one GEMM problem was timed on our kernel for vLLM's file and, by a
+    second run into it, for SGLang's (as the GPU window leaves it: two manifest entries of one
+    kernel, source and problem, update_manifest keeping one per file): keeping the better
+    previous configs compares both entries and keeps both. Before: nightly keyed tables by
+    kernel, source and problem, so it compared the last entry only and rewrote the manifest
+    without the other (vLLM's table left on disk, unrecorded)."""
+    from tuner.commands.nightly import keep_better
+    model = block_fp8_model(tmp_path / "tiny.yaml", 1024, 8)
+    runs = {}
+    for run in ("prev", "new"):
+        for engine in ("vllm", "sglang"):
+            assert main(["gemm", "--model", str(model), "--gpu", "H200", "--tp", "1", "--batch-sizes", "1",
+                         "--trials", "3", "--kernel-source", "ours", "--engines", engine, "--synthetic",
+                         "--only", "N=1024,K=1024", "--out", str(tmp_path / run)]) == 0
+        runs[run] = json.loads((tmp_path / run / "manifest.json").read_text())["tables"]
+    capsys.readouterr()
+    assert [sorted(t["files"]) for t in runs["new"]] == [["vllm"], ["sglang"]]
+    job = {"name": "a", "kernel": "gemm", "gpu": "H200", "kernel_source": "ours", "synthetic": True}
+    assert keep_better(tmp_path / "prev", tmp_path / "new", job, 0.02) == 2     # the same configs: both kept
+    tables = json.loads((tmp_path / "new" / "manifest.json").read_text())["tables"]
+    assert [sorted(t["files"]) for t in tables] == [["vllm"], ["sglang"]]
+    assert all(t["entries"]["1"].get("kept_previous") for t in tables)
+    for t in tables:                # each engine's file holds its entry's config, as the engine reads it
+        assert json.loads((tmp_path / "new" / next(iter(t["files"].values()))).read_text())["1"]

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import TunerError
-from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, MLA_BATCH_SIZES, TuneRequest
-from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
+from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, TuneRequest
+from tuner.plan.engines import ENGINE_NAMES
 
 if TYPE_CHECKING:
     from tuner.pipeline.run_plan import RunPlan
@@ -143,7 +143,8 @@ def load_common(req: TuneRequest):
     from tuner.search.settings import default_settings
 
     if req.batch_sizes is None:
-        req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
+        from tuner.plan.kernel_registry import batch_grid
+        req.batch_sizes = batch_grid(KERNEL_OF[req.command])
     if req.dtype is not None and req.dtype not in DTYPES[req.command]:
         raise TunerError(f"--dtype {req.dtype} is not supported by `tuner {req.command}`; "
                          f"choose from {', '.join(DTYPES[req.command])}")
