@@ -258,3 +258,24 @@ def test_a_plan_stored_for_other_times_is_refused_before_the_synthetic_landscape
     err = capsys.readouterr().err
     assert "source of times GPU (now SYNTHETIC)" in err and "internal error" not in err, err
     assert {p: (p.stat().st_ino, p.read_bytes()) for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("tail", [b'{"op_code": 99}\n', b'{"op_code": 4}\n',
+                                  b'{"op_code": 0, "worker_id": "w", "study_name": "t", "directions": ["x"]}\n'],
+                         ids=["unknown op_code", "a field missing", "a field of another kind"])
+def test_a_journal_ending_in_an_operation_optuna_cannot_replay_is_said_and_repaired(tmp_path, capsys, tail):
+    """A last line that parses, with an op_code, but that Optuna cannot replay. Before: 'cannot
+    open storage ...: Should not reach.' (or "'study_id'"), and `tuner repair-journal` found
+    nothing to repair. Now the line names the operation and the repair, which keeps the 17
+    operations before it."""
+    from tuner.cli import main
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    journal.write_bytes(whole + tail)
+    capsys.readouterr()
+    assert main(["collect", "--storage", f"journal:///{journal}", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "operation 18 is none Optuna can replay" in err, err
+    assert f"tuner repair-journal {journal}" in err and not (tmp_path / "o").exists()
+    assert main(["repair-journal", str(journal)]) == 0
+    assert journal.read_bytes() == whole and (tmp_path / "s.journal.damaged-tail").read_bytes() == tail

@@ -19,7 +19,11 @@ MAX_OPERATION_BYTES = 64 << 20      # one operation (a study's plan is the longe
 
 def whole_operations(path: Path) -> tuple[int, int, int]:
     """(operations, the byte after the last of them, the file's size): the lines from the
-    start that are each a whole operation, read a line at a time (each bounded)."""
+    start that are each a whole operation Optuna replays (a line of JSON with an op_code can
+    still be none: an unknown op_code, a field missing), read a line at a time (each bounded)."""
+    # Optuna's own replay (private: JournalStorage rebuilds its studies with it), one operation at a time
+    from optuna.storages.journal._storage import JournalStorageReplayResult
+    replay = JournalStorageReplayResult("tuner-repair-")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -35,6 +39,10 @@ def whole_operations(path: Path) -> tuple[int, int, int]:
             if not isinstance(op, dict) or not isinstance(op.get("op_code"), int) \
                     or isinstance(op.get("op_code"), bool):
                 return count, good, size
+            try:
+                replay.apply_logs([op])
+            except Exception:  # noqa: BLE001 - whatever Optuna raises on it, it is no operation
+                return count, good, size
             count += 1
             good += len(line)
 
@@ -48,6 +56,17 @@ def damaged_tail_line(path: Path, url_shown: str) -> str | None:
     return (f"--storage {url_shown}: {path} has a damaged tail after {count} whole operations ({size - good} bytes "
             f"from byte {good} are no operation); `tuner repair-journal {path}` keeps the {count} operations and "
             "moves the rest aside")
+
+
+def unreplayable_line(path: Path, error: Exception) -> str:
+    """Why a journal whose lines all parse cannot be opened (an operation Optuna cannot replay),
+    and the repair, as damaged_tail_line says it."""
+    count, good, size = whole_operations(path)
+    what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:100]
+    if count == 0:
+        return f"{path}: its first operation is none Optuna can replay ({what}): not a journal of ours; give a new file"
+    return (f"{path}: operation {count + 1} is none Optuna can replay ({what}), after {count} whole operations; "
+            f"`tuner repair-journal {path}` keeps the {count} operations and moves the rest ({size - good} bytes) aside")
 
 
 def repair(path: Path) -> list[str]:
