@@ -212,3 +212,26 @@ def test_a_job_with_an_option_its_kernel_does_not_take_is_refused_before_the_nig
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "job 'a'" in err[0] and f"--{key} applies to" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["n.yaml", "tiny.yaml", value])
+
+
+@pytest.mark.parametrize("edit", ["unfinished elsewhere", "baseline a number", "unfinished a word"])
+def test_a_state_naming_a_folder_of_no_night_is_refused_before_anything_is_written(tmp_path, capsys, edit):
+    """A night continues a job's unfinished retune in the folder the state names: a state
+    edited (or forged) to name another folder had the night write its run there (into '/',
+    as root). Before: the run was written into that folder; a baseline that is a number ended
+    in 'internal error: TypeError'. Now the state is refused in one line, nothing written."""
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    state = tmp_path / "runs-synthetic" / "state.json"
+    entry = json.loads(state.read_text())["a"]
+    (tmp_path / "elsewhere").mkdir()
+    entry.update({"unfinished elsewhere": {"unfinished": True, "run": str(tmp_path / "elsewhere")},
+                  "baseline a number": {"unfinished": True, "baseline": 5},
+                  "unfinished a word": {"unfinished": "no"}}[edit])
+    state.write_text(json.dumps({"a": entry}))
+    capsys.readouterr()
+    for mode in ("--dry-run", None):
+        assert main(["nightly", str(config), "--night", "n2", "--synthetic", *([mode] if mode else [])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"nightly state {state}: job 'a'" in err[0], err
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and not (tmp_path / "runs-synthetic" / "n2").exists()
