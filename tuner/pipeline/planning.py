@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import TunerError
-from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, MLA_BATCH_SIZES, TuneRequest
-from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
+from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, TuneRequest
+from tuner.plan.engines import ENGINE_NAMES
 
 if TYPE_CHECKING:
     from tuner.pipeline.run_plan import RunPlan
@@ -92,7 +92,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         # a stored plan for another routing (or device, kernel, space) is refused before the
         # landscape and routing file below replace an earlier run's (issue 42, item 8)
         from tuner.pipeline.stored_plans import check_plan, open_run_storage, storage_exists
+        from tuner.search.identity import CPU_DEVICE, GPU, SYNTHETIC
         for opts in plans:
+            # where the times will come from, where it is known before measuring (a replay's: from
+            # its landscape's content, once read), so that a plan for other times is refused here too
+            opts.times = SYNTHETIC if req.synthetic else None if req.replay else \
+                CPU_DEVICE if req.device == "cpu" else GPU
             if storage_exists(opts):
                 check_plan(open_run_storage(opts), opts)
     if synthetic_landscape is not None:
@@ -138,7 +143,8 @@ def load_common(req: TuneRequest):
     from tuner.search.settings import default_settings
 
     if req.batch_sizes is None:
-        req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
+        from tuner.plan.kernel_registry import batch_grid
+        req.batch_sizes = batch_grid(KERNEL_OF[req.command])
     if req.dtype is not None and req.dtype not in DTYPES[req.command]:
         raise TunerError(f"--dtype {req.dtype} is not supported by `tuner {req.command}`; "
                          f"choose from {', '.join(DTYPES[req.command])}")
