@@ -229,3 +229,32 @@ def test_landscape_synth_on_a_full_disk_says_so_and_leaves_nothing(tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plan_stored_for_other_times_is_refused_before_the_synthetic_landscape(tmp_path, capsys):
+    """A --synthetic run into an --out whose stored plan differs only in the source of times
+    (timed on the GPU, as an earlier run there on an H200 would have stored it): exit 2 naming
+    the source of times, and OUT as it was (its synthetic landscape not rewritten). Before: the
+    plan's check knew no source of times until the landscape was made, so the refusal came after
+    the landscape had been replaced."""
+    import optuna
+    from test_bad_input import GEMM_ARGS
+
+    from tuner.cli import main
+    from tuner.search.storage import open_storage
+    out = tmp_path / "out"
+    argv = [*GEMM_ARGS, "--synthetic", "--trials", "2", "--out", str(out)]
+    assert main(argv) == 0
+    store = open_storage(f"journal:///{out / 'studies.journal'}")
+    [name] = [n for n in optuna.get_all_study_names(store) if "tuner-plan:" in n]
+    study = optuna.load_study(study_name=name, storage=store)
+    plan = study.user_attrs["plan"]
+    assert plan["identity"]["times"] == "SYNTHETIC"
+    study.set_user_attr("plan", {**plan, "identity": {**plan["identity"], "times": "GPU"}})
+    del study, store
+    before = {p: (p.stat().st_ino, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "source of times GPU (now SYNTHETIC)" in err and "internal error" not in err, err
+    assert {p: (p.stat().st_ino, p.read_bytes()) for p in out.rglob("*") if p.is_file()} == before

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from bounded import deadline
+from results_folders import results_folder
 
 from tuner.cli import main
 from tuner.emit import install as inst
@@ -44,15 +45,8 @@ def shipped_site(root: Path) -> Path:
 
 def results(root: Path, warps: int = 8) -> Path:
     """A results folder replacing every shipped table (key 1 only: a --merge keeps key 2)."""
-    tables = []
-    for i in range(TABLES):
-        rel = f"vllm/fused_moe/{name(i)}"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(json.dumps({"1": {**CFG, "num_warps": warps}}))
-        tables.append({"kernel": "fused_moe", "problem": {"i": i}, "files": {"vllm": rel},
-                       "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "numerics_passed": True})
-    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": tables}))
-    return root
+    return results_folder(root, "fused_moe", {f"vllm/fused_moe/{name(i)}": {"1": {**CFG, "num_warps": warps}}
+                                              for i in range(TABLES)})
 
 
 def tree(folder: Path) -> dict:
@@ -71,6 +65,21 @@ class Killed(BaseException):
     """Stands for SIGKILL: nothing of the install's own clean-up runs (main() catches no BaseException but this)."""
 
 
+def writes_fail_after(monkeypatch, k: int, error, where=lambda path: True):
+    """The install's table writes go through until k are done; the next one `where` takes
+    raises error(path) (a kill, a full disk). Returns the real writer, to put back."""
+    real = inst.atomic_write_text
+    done: list = []
+
+    def write(path, text, root=None):
+        if where(path) and len(done) == k:
+            raise error(path)
+        done.append(path)
+        return real(path, text, root=root)
+    monkeypatch.setattr(inst, "atomic_write_text", write)
+    return real
+
+
 # -- item 1: killed at any point, restored ------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["merge", "force"])
 def test_an_install_stopped_after_every_write_is_restored(tmp_path, monkeypatch, capsys, mode):
@@ -79,17 +88,8 @@ def test_an_install_stopped_after_every_write_is_restored(tmp_path, monkeypatch,
     'has changed since the install', for the tables it never reached."""
     site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
     before = tree(site)
-    real = inst.atomic_write_text
-
     for k in range(0, TABLES + 1, 5):
-        written = []
-
-        def write(path, text, root=None, written=written, k=k):
-            if Path(path).parent.name == "configs" and len(written) == k:
-                raise Killed()
-            written.append(path)
-            return real(path, text, root=root)
-        monkeypatch.setattr(inst, "atomic_write_text", write)
+        real = writes_fail_after(monkeypatch, k, lambda path: Killed(), lambda path: Path(path).parent.name == "configs")
         with pytest.raises(Killed):
             main(install_argv(res, site, mode))
         monkeypatch.setattr(inst, "atomic_write_text", real)
@@ -106,15 +106,7 @@ def test_the_next_install_rolls_back_an_interrupted_one(tmp_path, monkeypatch, c
     install as 'what was there'): one restore of the second brings back what was shipped."""
     site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
     before = tree(site)
-    real = inst.atomic_write_text
-    calls = []
-
-    def write(path, text, root=None):
-        if len(calls) == 7:
-            raise Killed()
-        calls.append(path)
-        return real(path, text, root=root)
-    monkeypatch.setattr(inst, "atomic_write_text", write)
+    real = writes_fail_after(monkeypatch, 7, lambda path: Killed())
     with pytest.raises(Killed):
         main(install_argv(res, site, "merge"))
     monkeypatch.setattr(inst, "atomic_write_text", real)
@@ -229,12 +221,7 @@ def sglang_wheel(folder: Path, members: dict[str, str]) -> Path:
 
 def sglang_results(root: Path) -> Path:
     rel = "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
-    (root / rel).parent.mkdir(parents=True)
-    (root / rel).write_text(json.dumps({"1": CFG}))
-    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": [
-        {"kernel": "fused_moe", "problem": {}, "files": {"sglang": rel}, "numerics_passed": True,
-         "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}}]}))
-    return root
+    return results_folder(root, "fused_moe", {rel: {"1": CFG}}, engine="sglang")
 
 
 def test_a_wheel_member_climbing_out_is_refused_before_any_write(tmp_path, monkeypatch, capsys):
@@ -275,15 +262,7 @@ def test_an_install_on_a_full_disk_is_one_line_and_undone(tmp_path, monkeypatch,
     import errno
     site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
     before = tree(site)
-    real = inst.atomic_write_text
-    calls = []
-
-    def full(path, text, root=None):
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        calls.append(path)
-        return real(path, text, root=root)
-    monkeypatch.setattr(inst, "atomic_write_text", full)
+    real = writes_fail_after(monkeypatch, 3, lambda path: OSError(errno.ENOSPC, "No space left on device", str(path)))
     capsys.readouterr()
     assert main(install_argv(res, site, "merge")) == 2
     out, err = capsys.readouterr()

@@ -85,3 +85,98 @@ def test_a_synthetic_night_on_a_full_disk_says_so_and_leaves_no_temporary(tmp_pa
     left = [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".partial"))]
     assert left == [], left
     assert os.path.isfile(config)
+
+
+def _night_then_compact_state(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """A synthetic night n1, then its state.json rewritten compact (the same jobs), so that the
+    next night's state write changes the file's bytes: what a failed write must leave as it was."""
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    state = tmp_path / "runs-synthetic" / "state.json"
+    state.write_text(json.dumps(json.loads(state.read_text()), separators=(",", ":")))
+    return config, state, state.read_bytes()
+
+
+def test_a_full_disk_at_the_nights_state_write_is_one_line_and_keeps_the_state(tmp_path, capsys):
+    """A full disk (the file size limit, as `ulimit -f 0`, smaller than state.json) when the
+    night writes its own state, the job itself done: exit 2, one line naming the state file and
+    the full disk, the previous state.json byte for byte, no temporary, no half report. Before:
+    the line named no file ('file too large for the file system')."""
+    import resource
+    import signal
+    config, state, before = _night_then_compact_state(tmp_path)
+    capsys.readouterr()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, hard))
+    try:
+        rc = main(["nightly", str(config), "--night", "n2", "--synthetic"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and str(state) in err[0] and "too large" in err[0], err
+    assert state.read_bytes() == before
+    night = tmp_path / "runs-synthetic" / "n2"
+    assert not (night / "report.md").exists() and not (night / "summary.json").exists()
+    assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("target", ["state.json", "report.md", "summary.json"])
+def test_no_space_at_the_nights_own_writes_is_one_line_and_nothing_half_written(tmp_path, monkeypatch, capsys,
+                                                                                target):
+    """ENOSPC injected where the bytes go (half the file written, as a filling disk does) into
+    each of the night's own files in turn: exit 2, one line naming that file and the full disk,
+    the file as it was (state.json: the previous night's, byte for byte), no temporary. Before:
+    the line named no file."""
+    import errno
+
+    from tuner import paths
+    config, state, before = _night_then_compact_state(tmp_path)
+    capsys.readouterr()
+    real = paths.atomic_write_file
+
+    def filling(path, fill, root=None):
+        if Path(path).name != target:
+            return real(path, fill, root)
+
+        def half_then_full(tmp):
+            fill(tmp)
+            data = tmp.read_bytes()
+            tmp.write_bytes(data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, half_then_full, root)
+    monkeypatch.setattr(paths, "atomic_write_file", filling)
+    rc = main(["nightly", str(config), "--night", "n2", "--synthetic"])
+    err = capsys.readouterr().err.strip().splitlines()
+    written = tmp_path / "runs-synthetic" / ("" if target == "state.json" else "n2") / target
+    assert rc == 2 and len(err) == 1 and str(written) in err[0] and "no space left" in err[0], err
+    assert not written.exists() if target != "state.json" else state.read_bytes() == before
+    assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
+
+
+def test_the_night_compares_each_engines_entry_of_one_problem(tmp_path, capsys):
+    """A results folder where one GEMM problem was timed on our kernel for vLLM's file and, by a
+    second run into it, for SGLang's (as the GPU window leaves it: two manifest entries of one
+    kernel, source and problem, update_manifest keeping one per file): keeping the better
+    previous configs compares both entries and keeps both. Before: nightly keyed tables by
+    kernel, source and problem, so it compared the last entry only and rewrote the manifest
+    without the other (vLLM's table left on disk, unrecorded)."""
+    from tuner.commands.nightly import keep_better
+    model = block_fp8_model(tmp_path / "tiny.yaml", 1024, 8)
+    runs = {}
+    for run in ("prev", "new"):
+        for engine in ("vllm", "sglang"):
+            assert main(["gemm", "--model", str(model), "--gpu", "H200", "--tp", "1", "--batch-sizes", "1",
+                         "--trials", "3", "--kernel-source", "ours", "--engines", engine, "--synthetic",
+                         "--only", "N=1024,K=1024", "--out", str(tmp_path / run)]) == 0
+        runs[run] = json.loads((tmp_path / run / "manifest.json").read_text())["tables"]
+    capsys.readouterr()
+    assert [sorted(t["files"]) for t in runs["new"]] == [["vllm"], ["sglang"]]
+    job = {"name": "a", "kernel": "gemm", "gpu": "H200", "kernel_source": "ours", "synthetic": True}
+    assert keep_better(tmp_path / "prev", tmp_path / "new", job, 0.02) == 2     # the same configs: both kept
+    tables = json.loads((tmp_path / "new" / "manifest.json").read_text())["tables"]
+    assert [sorted(t["files"]) for t in tables] == [["vllm"], ["sglang"]]
+    assert all(t["entries"]["1"].get("kept_previous") for t in tables)
+    for t in tables:                # each engine's file holds its entry's config, as the engine reads it
+        assert json.loads((tmp_path / "new" / next(iter(t["files"].values()))).read_text())["1"]

@@ -162,9 +162,13 @@ def environment_now(job: dict) -> dict:
 
 
 def _tables_of(run: Path) -> dict:
-    from tuner.emit.results import read_manifest, table_key
+    from tuner.emit.results import read_manifest, table_file_key
     manifest = read_manifest(run)
-    return {table_key(t): t for t in manifest["tables"]}
+    return {table_file_key(t): t for t in manifest["tables"]}
+
+
+def _engines(table: dict) -> tuple:
+    return tuple(sorted(map(str, table.get("files") or {})))
 
 
 def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
@@ -184,10 +188,11 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
                           engine_source=job.get("engine_source"))
     kept = 0
     try:
-        by_problem_key = {Problem(t["kernel"], t["problem"]).key: k for k, t in new.items()}
+        # a tied table's group: the table of the problem it is tied to, for the same engines' files
+        by_problem_key = {(Problem(t["kernel"], t["problem"]).key, _engines(t)): k for k, t in new.items()}
         groups: dict[str, list[str]] = {}
         for k, t in new.items():
-            root = by_problem_key.get(t.get("tied_to"), k) if t.get("tied_to") else k
+            root = by_problem_key.get((t.get("tied_to"), _engines(t)), k) if t.get("tied_to") else k
             groups.setdefault(root, []).append(k)
         for keys in groups.values():
             if any(k not in old for k in keys):

@@ -21,7 +21,6 @@ COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
-MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # The largest values the command line takes (tuner/commands/options.py uses these): a request
 # made in Python or from a nightly job's YAML is held to the same bounds.
 MAX_COUNT = 1 << 20                 # batch sizes (tokens per step), trials, patience, seconds, launches
