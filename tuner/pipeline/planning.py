@@ -262,11 +262,32 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
 
 
 def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
+    """--out, else runs/COMMAND-MODEL-GPU-tpN[-epN], the GPU run's folder; a run whose times never
+    come from a GPU says so in its name (-synthetic, -cpu-device) and leaves that folder alone."""
     if req.out:
         return Path(req.out)
-    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "") \
-        + ("-synthetic" if req.synthetic else "")
-    return Path("runs") / name
+    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "")
+    return Path("runs") / (name + not_a_gpu_suffix(req))
+
+
+def not_a_gpu_suffix(req: TuneRequest) -> str:
+    """'-synthetic' for --synthetic or a replay of a SYNTHETIC landscape, '-cpu-device' for the
+    CPU device or a replay of its landscape, '' for a GPU's times (measured or recorded)."""
+    if req.synthetic:
+        return "-synthetic"
+    header: dict = {}
+    if req.replay:
+        from tuner.reading import landscape_header
+        try:
+            header = landscape_header(req.replay)
+        except TunerError:
+            header = {}          # a landscape that cannot be read is refused where it is checked
+    from tuner.measure.provenance import is_cpu_device
+    if header.get("synthetic"):
+        return "-synthetic"
+    if req.device == "cpu" and not req.replay or is_cpu_device(header):
+        return "-cpu-device"
+    return ""
 
 
 def check_out_dir(out: Path) -> None:
