@@ -279,3 +279,32 @@ def test_a_journal_ending_in_an_operation_optuna_cannot_replay_is_said_and_repai
     assert f"tuner repair-journal {journal}" in err and not (tmp_path / "o").exists()
     assert main(["repair-journal", str(journal)]) == 0
     assert journal.read_bytes() == whole and (tmp_path / "s.journal.damaged-tail").read_bytes() == tail
+
+
+def test_a_repair_waits_for_a_writer_appending_to_the_journal(tmp_path):
+    """A live writer appends under an flock on the journal (tuner/search/storage.py): a repair
+    taking no lock measured the file, then cut it, so an operation appended between the two was
+    cut off and copied nowhere. Now the repair takes the writers' lock first: while the lock is
+    held it changes nothing, once released it repairs. Before: it repaired under the lock."""
+    import fcntl
+    import os
+    import threading
+
+    from tuner.search.journal_repair import repair
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    journal.write_bytes(whole + b"\0" * 300)
+    held = os.open(journal, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)              # a writer in the middle of its append
+    said: list = []
+    worker = threading.Thread(target=lambda: said.extend(repair(journal)), daemon=True)
+    try:
+        worker.start()
+        worker.join(2)
+        assert worker.is_alive() and said == [] and journal.read_bytes() == whole + b"\0" * 300
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+    worker.join(30)
+    assert not worker.is_alive() and "kept its 17 whole operations" in said[0]
+    assert journal.read_bytes() == whole

@@ -235,3 +235,16 @@ def test_a_state_naming_a_folder_of_no_night_is_refused_before_anything_is_writt
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"nightly state {state}: job 'a'" in err[0], err
     assert list((tmp_path / "elsewhere").iterdir()) == [] and not (tmp_path / "runs-synthetic" / "n2").exists()
+
+
+def test_a_key_given_twice_in_the_jobs_yaml_is_refused(tmp_path, capsys):
+    """`trials: 4` then `trials: 400` in one job: PyYAML kept the last silently, so the night
+    ran 400 trials a study with nothing said. Now every YAML tuner reads (tuner/reading.py)
+    refuses a mapping holding a key twice, naming the key and its line."""
+    config = nightly_yaml(tmp_path)
+    text = config.read_text()
+    assert "\n  trials: 4\n" in text
+    config.write_text(text.replace("  trials: 4\n", "  trials: 4\n  trials: 400\n"))
+    assert main(["nightly", str(config), "--night", "n1", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has the key 'trials' twice in one mapping (line" in err[0], err

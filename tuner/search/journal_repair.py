@@ -71,9 +71,30 @@ def unreplayable_line(path: Path, error: Exception) -> str:
 
 def repair(path: Path) -> list[str]:
     """Keep the whole operations of a journal, move its damaged tail to `<file>.damaged-tail`
-    (a new name when that exists): the tail is written aside, flushed, then cut off."""
+    (a new name when that exists): the tail is written aside, flushed, then cut off, all under
+    the lock a writer appends under (tuner/search/storage.py JournalFile), so that an operation
+    a live writer appends meanwhile is neither cut off unsaved nor half copied."""
+    import fcntl
     if not path.is_file():
         raise TunerError(f"{path}: no such journal file")
+    from tuner.errors import os_error_words
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except OSError as e:                        # a journal we may only read: fine when it needs no repair
+        count, good, size = whole_operations(path)
+        if count and good == size:
+            return _repair_locked(path, -1)
+        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _repair_locked(path, fd)
+    except OSError as e:
+        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
+    finally:
+        os.close(fd)                            # releases the lock
+
+
+def _repair_locked(path: Path, fd: int) -> list[str]:
     count, good, size = whole_operations(path)
     if count == 0:
         raise TunerError(f"{path} holds no whole operation of Optuna's: not a journal of ours; nothing was changed")
@@ -84,29 +105,22 @@ def repair(path: Path) -> list[str]:
     while os.path.lexists(aside):
         n += 1
         aside = path.with_name(f"{path.name}.damaged-tail-{n}")
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    out = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        out = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            pos = good
-            while pos < size:
-                chunk = os.pread(fd, min(1 << 20, size - pos), pos)
-                if not chunk:
-                    break
-                os.write(out, chunk)
-                pos += len(chunk)
-            os.fsync(out)
-        except BaseException:
-            os.close(out)
-            os.unlink(aside)
-            raise
+        pos = good
+        while pos < size:
+            chunk = os.pread(fd, min(1 << 20, size - pos), pos)
+            if not chunk:
+                break
+            os.write(out, chunk)
+            pos += len(chunk)
+        os.fsync(out)
+    except BaseException:
         os.close(out)
-        os.ftruncate(fd, good)
-        os.fsync(fd)
-    except OSError as e:
-        from tuner.errors import os_error_words
-        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
-    finally:
-        os.close(fd)
+        os.unlink(aside)
+        raise
+    os.close(out)
+    os.ftruncate(fd, good)
+    os.fsync(fd)
     return [f"{path}: kept its {count} whole operations ({good} bytes); the damaged tail ({size - good} bytes) is in "
             f"{aside}"]
