@@ -188,7 +188,7 @@ def seeds_by_source(labels: Iterable[str]) -> dict[str, int]:
 
 def study_seeds(pool: WarmPool | None, kernel, params: dict, M: int, gpu: GpuSpec, budget: int,
                 done: dict[int, dict[tuple, float | None]], share: float = WARM_SHARE,
-                shapes: list[tuple[dict, dict[int, dict[tuple, float | None]]]] = ()) -> list[tuple[str, dict]]:
+                shapes: Iterable[tuple[dict, dict[int, dict[tuple, float | None]]]] = ()) -> list[tuple[str, dict]]:
     """A study's warm seeds, closest first, at most cap(budget): from the pool and from the
     batch sizes of this problem already done in this run ({M: measured}); and SHAPE_SEEDS from
     `shapes`, other problems tuned in this run ([(params, {M: measured})]: the nearest shape,
