@@ -27,6 +27,17 @@ def shared_dir():
     return d
 
 
+@pytest.fixture(scope="session")
+def gemm_landscape(tmp_path_factory):
+    """A SYNTHETIC landscape of DeepSeek-V3's TP8 GEMMs on the H200 at M = 1 and 64, made once
+    for the bench tests (tests/test_bench.py, tests/test_bench_contenders.py); read only."""
+    from tuner.cli import main
+    path = tmp_path_factory.mktemp("land") / "gemm.jsonl.gz"
+    assert main(["landscape", "synth", "--kernel", "gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                 "--batch-sizes", "1", "64", "--out", str(path)]) == 0
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _backups_in_tmp(tmp_path, monkeypatch):
     """`tuner install` backs up into ~/.cache by default; tests keep theirs in tmp_path."""

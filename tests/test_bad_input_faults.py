@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from results_folders import results_folder
 from synthetic import slowed_cli, write_synthetic_landscape
 
 from tuner.plan.gpus import get_gpu
@@ -45,15 +46,8 @@ def gemm_name(n: int) -> str:
 
 def make_results(root: Path, warps: int, count: int = 12) -> Path:
     """A results folder of `count` vLLM GEMM tables, all holding num_warps=`warps`."""
-    tables = []
-    for i in range(count):
-        rel = f"vllm/fp8_gemm/{gemm_name(128 * (i + 1))}"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(json.dumps({"1": {**CFG, "num_warps": warps}}))
-        tables.append({"kernel": "fp8_gemm", "problem": {"i": i}, "files": {"vllm": rel},
-                       "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "numerics_passed": True})
-    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": tables}))
-    return root
+    return results_folder(root, "fp8_gemm", {f"vllm/fp8_gemm/{gemm_name(128 * (i + 1))}": {"1": {**CFG, "num_warps": warps}}
+                                             for i in range(count)})
 
 
 def make_site(root: Path, count: int = 12) -> Path:

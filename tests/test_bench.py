@@ -15,14 +15,6 @@ from tuner.plan.gpus import get_gpu
 COMMON = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8"]
 
 
-@pytest.fixture(scope="module")
-def gemm_landscape(tmp_path_factory):
-    path = tmp_path_factory.mktemp("land") / "gemm.jsonl.gz"
-    assert main(["landscape", "synth", "--kernel", "gemm", *COMMON, "--batch-sizes", "1", "64",
-                 "--out", str(path)]) == 0
-    return path
-
-
 def test_landscape_synth_and_info(gemm_landscape, tmp_path, capsys):
     assert main(["landscape", "info", str(gemm_landscape)]) == 0
     out = capsys.readouterr().out

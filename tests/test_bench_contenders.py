@@ -21,14 +21,6 @@ COMMON = [*MODEL, "--engines", "vllm", "--only", "N=7168,K=2048"]
 P = {"N": 7168, "K": 2048, "block_shape": [128, 128]}
 
 
-@pytest.fixture(scope="module")
-def landscape(tmp_path_factory):
-    path = tmp_path_factory.mktemp("land") / "gemm.jsonl.gz"
-    assert main(["landscape", "synth", "--kernel", "gemm", *MODEL, "--batch-sizes", "1", "64",
-                 "--out", str(path)]) == 0
-    return path
-
-
 def vllm_site(tmp_path, table: dict):
     family = table_family("vllm", "fp8_gemm")
     root = tmp_path / "site"
@@ -53,20 +45,20 @@ def rows_of(out):
 # vLLM's GEMM kernel (its config names, its table's form) comes from its wheel
 @pytest.mark.ci_variables
 @pytest.mark.skipif(wheel_dir() is None, reason="TUNER_ENGINE_WHEELS is not set (.ci/run sets it)")
-def test_one_bench_run_shows_default_shipped_as_read_tuned_and_references(landscape, tmp_path, capsys):
+def test_one_bench_run_shows_default_shipped_as_read_tuned_and_references(gemm_landscape, tmp_path, capsys):
     kernel = get_kernel("fp8_gemm", "vllm")
-    land = read_landscape(landscape, kernel)
+    land = read_landscape(gemm_landscape, kernel)
     # the shipped row at 64: the landscape's slowest timed point, so that it is told from the others
     points = land.lookup(P, 64)
     slowest = max((p.time_us, cfg) for cfg, p in points.items() if p.time_us)
     shipped_cfg = config_dict(kernel, slowest[1])
     site = vllm_site(tmp_path, {"64": table_entry(kernel, shipped_cfg)})
     run = tmp_path / "run"
-    assert main(["gemm", *COMMON, "--batch-sizes", "1", "64", "--replay", str(landscape), "--trials", "6",
+    assert main(["gemm", *COMMON, "--batch-sizes", "1", "64", "--replay", str(gemm_landscape), "--trials", "6",
                  "--out", str(run), "--quiet", "--no-warm-start", "--engine-source", str(site)]) == 0
     out = tmp_path / "bench"
     capsys.readouterr()
-    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(landscape),
+    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(gemm_landscape),
                  "--engine-source", str(site), "--tuned", str(run), "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     by = rows_of(out)
@@ -86,7 +78,7 @@ def test_one_bench_run_shows_default_shipped_as_read_tuned_and_references(landsc
     assert any("shipped (vllm 0.33.0 reads)" in line for line in table) and max(map(len, table)) <= 120
     # without --tuned, the tuned row says so instead of going missing
     out2 = tmp_path / "bench2"
-    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "64", "--replay", str(landscape),
+    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "64", "--replay", str(gemm_landscape),
                  "--engine-source", str(site), "--out", str(out2), "--quiet"]) == 0
     tuned = rows_of(out2)[64]["tuned"]
     assert tuned["time_us"] is None and tuned["error"] == "no tuned table: give --tuned RUN_DIR"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from bounded import deadline
+from results_folders import results_folder
 
 from tuner.cli import main
 from tuner.emit import install as inst
@@ -44,15 +45,8 @@ def shipped_site(root: Path) -> Path:
 
 def results(root: Path, warps: int = 8) -> Path:
     """A results folder replacing every shipped table (key 1 only: a --merge keeps key 2)."""
-    tables = []
-    for i in range(TABLES):
-        rel = f"vllm/fused_moe/{name(i)}"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(json.dumps({"1": {**CFG, "num_warps": warps}}))
-        tables.append({"kernel": "fused_moe", "problem": {"i": i}, "files": {"vllm": rel},
-                       "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}, "numerics_passed": True})
-    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": tables}))
-    return root
+    return results_folder(root, "fused_moe", {f"vllm/fused_moe/{name(i)}": {"1": {**CFG, "num_warps": warps}}
+                                              for i in range(TABLES)})
 
 
 def tree(folder: Path) -> dict:
@@ -71,6 +65,21 @@ class Killed(BaseException):
     """Stands for SIGKILL: nothing of the install's own clean-up runs (main() catches no BaseException but this)."""
 
 
+def writes_fail_after(monkeypatch, k: int, error, where=lambda path: True):
+    """The install's table writes go through until k are done; the next one `where` takes
+    raises error(path) (a kill, a full disk). Returns the real writer, to put back."""
+    real = inst.atomic_write_text
+    done: list = []
+
+    def write(path, text, root=None):
+        if where(path) and len(done) == k:
+            raise error(path)
+        done.append(path)
+        return real(path, text, root=root)
+    monkeypatch.setattr(inst, "atomic_write_text", write)
+    return real
+
+
 # -- item 1: killed at any point, restored ------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["merge", "force"])
 def test_an_install_stopped_after_every_write_is_restored(tmp_path, monkeypatch, capsys, mode):
@@ -79,17 +88,8 @@ def test_an_install_stopped_after_every_write_is_restored(tmp_path, monkeypatch,
     'has changed since the install', for the tables it never reached."""
     site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
     before = tree(site)
-    real = inst.atomic_write_text
-
     for k in range(0, TABLES + 1, 5):
-        written = []
-
-        def write(path, text, root=None, written=written, k=k):
-            if Path(path).parent.name == "configs" and len(written) == k:
-                raise Killed()
-            written.append(path)
-            return real(path, text, root=root)
-        monkeypatch.setattr(inst, "atomic_write_text", write)
+        real = writes_fail_after(monkeypatch, k, lambda path: Killed(), lambda path: Path(path).parent.name == "configs")
         with pytest.raises(Killed):
             main(install_argv(res, site, mode))
         monkeypatch.setattr(inst, "atomic_write_text", real)
@@ -106,15 +106,7 @@ def test_the_next_install_rolls_back_an_interrupted_one(tmp_path, monkeypatch, c
     install as 'what was there'): one restore of the second brings back what was shipped."""
     site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
     before = tree(site)
-    real = inst.atomic_write_text
-    calls = []
-
-    def write(path, text, root=None):
-        if len(calls) == 7:
-            raise Killed()
-        calls.append(path)
-        return real(path, text, root=root)
-    monkeypatch.setattr(inst, "atomic_write_text", write)
+    real = writes_fail_after(monkeypatch, 7, lambda path: Killed())
     with pytest.raises(Killed):
         main(install_argv(res, site, "merge"))
     monkeypatch.setattr(inst, "atomic_write_text", real)
@@ -229,12 +221,7 @@ def sglang_wheel(folder: Path, members: dict[str, str]) -> Path:
 
 def sglang_results(root: Path) -> Path:
     rel = "sglang/fused_moe/triton_3_6_0/E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
-    (root / rel).parent.mkdir(parents=True)
-    (root / rel).write_text(json.dumps({"1": CFG}))
-    (root / "manifest.json").write_text(json.dumps({"format": "tuner-manifest/1", "tables": [
-        {"kernel": "fused_moe", "problem": {}, "files": {"sglang": rel}, "numerics_passed": True,
-         "environment": {"device": "NVIDIA H200", "triton": "3.6.0"}}]}))
-    return root
+    return results_folder(root, "fused_moe", {rel: {"1": CFG}}, engine="sglang")
 
 
 def test_a_wheel_member_climbing_out_is_refused_before_any_write(tmp_path, monkeypatch, capsys):
@@ -275,15 +262,7 @@ def test_an_install_on_a_full_disk_is_one_line_and_undone(tmp_path, monkeypatch,
     import errno
     site, res = shipped_site(tmp_path / "site"), results(tmp_path / "r")
     before = tree(site)
-    real = inst.atomic_write_text
-    calls = []
-
-    def full(path, text, root=None):
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        calls.append(path)
-        return real(path, text, root=root)
-    monkeypatch.setattr(inst, "atomic_write_text", full)
+    real = writes_fail_after(monkeypatch, 3, lambda path: OSError(errno.ENOSPC, "No space left on device", str(path)))
     capsys.readouterr()
     assert main(install_argv(res, site, "merge")) == 2
     out, err = capsys.readouterr()
@@ -291,3 +270,55 @@ def test_an_install_on_a_full_disk_is_one_line_and_undone(tmp_path, monkeypatch,
     monkeypatch.setattr(inst, "atomic_write_text", real)
     assert main(["install", "--restore", "--engine", "vllm", "--site-packages", str(site)]) == 0
     assert tree(site) == before
+
+
+# -- round five, item 3: partial manifests an attacker writes --------------------------------------------
+def partial_results(root: Path, part) -> Path:
+    """results() with its first table's manifest entry partial as `part` says (tuned at M = 1)."""
+    res = results(root)
+    manifest = json.loads((res / "manifest.json").read_text())
+    manifest["tables"][0].update({"partial": part, "entries": {"1": {"config": CFG, "time_us": 1.0}}})
+    (res / "manifest.json").write_text(json.dumps(manifest))
+    return res
+
+
+@pytest.mark.parametrize("part", [
+    {"tuned": [1], "planned": [1, 2], "why": "stopped\ntuner: error: a line the manifest forged"},
+    {"tuned": [1], "planned": [1, 2], "why": "\x1b[2J\x1b]0;retitled\x07"},
+    {"tuned": [1], "planned": [1, 2], "why": "w" * 100_000},
+    {"tuned": [1], "planned": [1, 10 ** 300]},
+], ids=["newline in why", "terminal escapes in why", "100 kB why", "a batch size of 10^300"])
+def test_a_partial_entry_that_would_print_what_it_likes_is_refused(tmp_path, capsys, part):
+    """`why` is printed as it is by install: a newline forged a line of tuner's output, escapes
+    reached the terminal, 100 kB made one line; a batch size past 2^20 was taken. Now the
+    manifest is refused in one line, nothing installed. Before: exit 0, printed."""
+    site = shipped_site(tmp_path / "site")
+    before = tree(site)
+    capsys.readouterr()
+    assert main(install_argv(partial_results(tmp_path / "r", part), site, "merge")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "is not a tuner manifest" in err, (out, err)
+    assert "\x1b" not in err and "forged" not in err and tree(site) == before
+
+
+def test_a_partial_table_of_many_batch_sizes_is_said_in_a_short_line(tmp_path, capsys):
+    """A partial table planned at 100,000 batch sizes: the note lists the first and last few.
+    Before: one line of 589 kB (a terminal fitting it to 120 columns: thousands of lines)."""
+    site = shipped_site(tmp_path / "site")
+    part = {"tuned": [1], "planned": list(range(1, 100_001))}
+    capsys.readouterr()
+    assert main(install_argv(partial_results(tmp_path / "r", part), site, "merge")) == 0
+    cap = capsys.readouterr()
+    [note] = [line for line in (cap.out + cap.err).splitlines() if "partial: " in line]
+    assert len(note) < 400 and "M=2,3,4,5,6,7,8,9,10,...,99999,100000 (99999 in all)" in note, note
+
+
+@pytest.mark.parametrize("part", [{"tuned": [1], "planned": 5}, {"tuned": [{"M": 1}], "planned": [1, 2]},
+                                  {"tuned": [1], "planned": ["²"]}], ids=["planned a number", "tuned dicts", "planned '²'"])
+def test_audit_reads_past_a_damaged_partial_in_a_backup_record(part):
+    """What `tuner audit` says of an installed partial table comes from its backup record: a
+    record damaged (or edited) there crashed audit (TypeError: len() of an int), or printed
+    what it held. Now such an entry says nothing."""
+    from tuner.emit.partial import audit_line
+    assert audit_line("t.json", {"partial": part}) is None
+    assert "tuned at M=1 only (1 of 2 planned" in audit_line("t.json", {"partial": {"tuned": [1], "planned": [1, 2]}})

@@ -434,3 +434,27 @@ def test_mark_partial_marks_what_lacks_the_grid(tmp_path):
                                                "partial (5 of 18 batch sizes)"]
     tables = json.loads((tmp_path / "manifest.json").read_text())["tables"]
     assert "partial" not in tables[0] and [of_entry(t)["left"][:2] for t in tables[1:]] == [[2, 4], [2, 4]]
+
+
+def test_the_grid_a_table_is_whole_at_is_its_kernel_specs(tmp_path, monkeypatch):
+    """mark_partial takes a table's grid from its kernel's spec (KernelSpec.batch_sizes), not
+    from the kernel's name (the house rule): a MoE spec declaring the grid 1, 16, 64 makes the
+    H200 run's MoE tables (M = 1, 16, 64, 256, 1024) whole, and MLA's spec holds its own grid.
+    Before: only a table named mla_decode had a grid other than the engines' 18."""
+    import dataclasses
+
+    import kernels.fused_moe_spec as moe_spec
+    from tuner.emit.partial import of_entry
+    from tuner.pipeline.mark_partial import mark
+    from tuner.plan.kernel_registry import batch_grid, ours
+    assert batch_grid("mla_decode") == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    shutil.copy(REPO / "tuned" / "NVIDIA_H200" / "manifest.json", tmp_path / "manifest.json")
+    monkeypatch.setattr(moe_spec, "SPEC", dataclasses.replace(moe_spec.SPEC, batch_sizes=(1, 16, 64)))
+    ours.cache_clear()
+    try:
+        said = mark(tmp_path, "a test")
+    finally:
+        ours.cache_clear()
+    tables = json.loads((tmp_path / "manifest.json").read_text())["tables"]
+    assert {t["kernel"] for t in tables} == {"fused_moe"} and said == [s for s in said if s.startswith("whole")]
+    assert all(of_entry(t) is None for t in tables)

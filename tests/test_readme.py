@@ -35,6 +35,7 @@ ARCHITECTURE = DOCS / "architecture.md"
 TAGS = ("GPU", "engine", "wheels")
 WHEELS = bool(os.environ.get("TUNER_ENGINE_WHEELS"))
 README_MAX_LINES = 400
+GPU_RUN_FOLDER = re.compile(r"(gemm|moe|mla)-.+-tp\d+(-ep\d+)?")     # tuner/pipeline/planning.py's out_dir
 
 
 @dataclass
@@ -170,6 +171,10 @@ def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
             assert (tmp_path / markdown).is_file(), where
         ran += 1
     assert ran == sum(c.runs_here() for c in COMMANDS[file])
+    # nothing run without a GPU writes into a GPU run's default folder (runs/moe-deepseek-v3-H200-tp8)
+    runs = tmp_path / "runs"
+    gpu_folders = [p.name for p in runs.iterdir() if GPU_RUN_FOLDER.fullmatch(p.name)] if runs.is_dir() else []
+    assert not gpu_folders, f"{file} wrote into a GPU run's default folder: {gpu_folders}"
     if file == "README.md":
         # the try without a GPU runs again as written, in the same folder (its landscape
         # replaced, its run resumed)

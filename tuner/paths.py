@@ -151,11 +151,14 @@ def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | Non
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:
+            # a write's ENOSPC or EFBIG names no file: the line that says it names the target
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
         raise
     finally:
         os.close(held)                         # the writer's lock goes with it

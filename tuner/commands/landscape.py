@@ -80,8 +80,7 @@ def run(args) -> int:
         problems = [p for p in problems if args.kernel_source in p.engines]
         if not problems:
             raise TunerError(f"{args.kernel_source} reads none of this model's {kernel_name} tables")
-    ms = sorted(set(args.batch_sizes or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if args.kernel == "mla"
-                                         else DEFAULT_BATCH_SIZES)))
+    ms = sorted(set(args.batch_sizes or kernel.batch_sizes or DEFAULT_BATCH_SIZES))     # the kernel's grid
     remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
     n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
     again = f"replaced {out} (an earlier SYNTHETIC landscape): " if replacing else ""

@@ -94,7 +94,20 @@ def read_state(path: Path) -> dict:
                 and isinstance(entry.get("environment"), dict)):
             raise TunerError(f"nightly state {path}: job {name!r} must hold \"run\" (a folder) and "
                              f"\"environment\" (an object){hint}")
+        if not isinstance(entry.get("unfinished", False), bool) or not isinstance(entry.get("baseline", ""), str):
+            raise TunerError(f"nightly state {path}: job {name!r}: \"unfinished\" must be true or false and "
+                             f"\"baseline\" a folder{hint}")
+        if entry.get("unfinished") and not _a_nights_job_folder(Path(entry["run"]), path.parent):
+            # the night continues an unfinished retune in its folder: only one of its own nights' (a state
+            # naming any other folder would have it write its run there)
+            raise TunerError(f"nightly state {path}: job {name!r}'s unfinished run {entry['run']} is no job folder "
+                             f"of a night in {path.parent}{hint}")
     return state
+
+
+def _a_nights_job_folder(run: Path, runs_dir: Path) -> bool:
+    """Whether `run` is RUNS_DIR/<night>/<job>, as a night writes a job's run (links followed)."""
+    return Path(os.path.realpath(run)).parent.parent == Path(os.path.realpath(runs_dir))
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.
@@ -162,9 +175,13 @@ def environment_now(job: dict) -> dict:
 
 
 def _tables_of(run: Path) -> dict:
-    from tuner.emit.results import read_manifest, table_key
+    from tuner.emit.results import read_manifest, table_file_key
     manifest = read_manifest(run)
-    return {table_key(t): t for t in manifest["tables"]}
+    return {table_file_key(t): t for t in manifest["tables"]}
+
+
+def _engines(table: dict) -> tuple:
+    return tuple(sorted(map(str, table.get("files") or {})))
 
 
 def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
@@ -184,10 +201,11 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
                           engine_source=job.get("engine_source"))
     kept = 0
     try:
-        by_problem_key = {Problem(t["kernel"], t["problem"]).key: k for k, t in new.items()}
+        # a tied table's group: the table of the problem it is tied to, for the same engines' files
+        by_problem_key = {(Problem(t["kernel"], t["problem"]).key, _engines(t)): k for k, t in new.items()}
         groups: dict[str, list[str]] = {}
         for k, t in new.items():
-            root = by_problem_key.get(t.get("tied_to"), k) if t.get("tied_to") else k
+            root = by_problem_key.get((t.get("tied_to"), _engines(t)), k) if t.get("tied_to") else k
             groups.setdefault(root, []).append(k)
         for keys in groups.values():
             if any(k not in old for k in keys):

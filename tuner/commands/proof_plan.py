@@ -126,8 +126,8 @@ def validation_cases(model: str = "deepseek-v3", tp: int = 8) -> dict[str, int]:
 def work_list(cost: Measured, state: Path = TUNED_STATE, model: str = "deepseek-v3", tp: int = 8) -> list[Work]:
     """The DeepSeek-V3 TP8 work on the H200 still to do, in the window's order, less what the
     committed state's manifest holds."""
-    from tuner.pipeline.request import MLA_BATCH_SIZES
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
+    from tuner.plan.kernel_registry import batch_grid
     from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, load_model, mla_problems, moe_problems
     m = load_model(model)
     tables = _json(state / "manifest.json")["tables"] if (state / "manifest.json").is_file() else []
@@ -138,7 +138,7 @@ def work_list(cost: Measured, state: Path = TUNED_STATE, model: str = "deepseek-
     grid = len(DEFAULT_BATCH_SIZES)
     moe = {e: len(moe_problems(m, tp, 1, "fp8_w8a8", engines=[e])) for e in ("vllm", "sglang")}
     gemm = len(gemm_problems(m, tp))
-    mla = len(mla_problems(m, tp, DEFAULT_CONTEXTS, 64)[0]) * len(MLA_BATCH_SIZES)
+    mla = len(mla_problems(m, tp, DEFAULT_CONTEXTS, 64)[0]) * len(batch_grid("mla_decode"))
     return [
         Work("MoE vllm", moe["vllm"] * grid - done("fused_moe", "vllm"), cost.vllm_s_per_study, "measured"),
         Work("MoE sglang", moe["sglang"] * grid - done("fused_moe", "sglang"), cost.sglang_s_per_study, "measured"),

@@ -172,6 +172,13 @@ def table_key(entry: dict) -> str:
                        entry.get("problem")], sort_keys=True)
 
 
+def table_file_key(entry: dict) -> str:
+    """A manifest entry's problem (table_key) and the engines whose files it holds: one per
+    entry of a manifest (update_manifest keeps one entry per file), so what compares two runs'
+    tables entry by entry (tuner nightly) compares each engine's table of a problem."""
+    return json.dumps([table_key(entry), sorted(map(str, entry.get("files") or {}))])
+
+
 def _merged(tables: list[dict], new: dict) -> list[dict]:
     """`tables` with `new` in: an entry of the same kernel, source and problem gives up the
     files `new` rewrote (and goes when none is left: `new` takes its place, else comes last).

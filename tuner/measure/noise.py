@@ -35,12 +35,12 @@ class Noise:
 def for_device(device: str | None, synthetic: bool = False) -> Noise | None:
     """The recorded between-process spread of `device` (its CUDA name), None for times that are
     no GPU's (synthetic, the CPU device) or a device without a record."""
+    from tuner.errors import TunerError
     from tuner.measure.device import is_cpu_device_name
+    from tuner.reading import read_text
     if not device or synthetic or is_cpu_device_name(device) or not NOISE_DIR.is_dir():
         return None
     for path in sorted(NOISE_DIR.glob("*.json")):
-        from tuner.errors import TunerError
-        from tuner.reading import read_text
         try:
             data = json.loads(read_text(path, "a noise record "))
         except (OSError, ValueError, TunerError):

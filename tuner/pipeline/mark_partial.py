@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.emit.partial import KEY, of_entry
+from tuner.emit.partial import KEY, of_entry, problem
+from tuner.errors import TunerError
 
 
 def mark(folder: Path, why: str) -> list[str]:
@@ -14,12 +15,13 @@ def mark(folder: Path, why: str) -> list[str]:
     batch-size grid as partial (and unmark the whole ones), atomically; what it did, per table."""
     from tuner.emit.results import MANIFEST, read_manifest
     from tuner.paths import atomic_write_json
-    from tuner.pipeline.request import MLA_BATCH_SIZES
-    from tuner.plan.engines import DEFAULT_BATCH_SIZES
+    from tuner.plan.kernel_registry import batch_grid
+    if problem({"why": why}):               # what install would refuse the manifest for
+        raise TunerError(f"the reason given: {problem({'why': why})}")
     manifest = read_manifest(folder)
     said = []
     for t in manifest["tables"]:
-        planned = MLA_BATCH_SIZES if t.get("kernel") == "mla_decode" else DEFAULT_BATCH_SIZES
+        planned = batch_grid(str(t.get("kernel")))        # the kernel's spec says its grid
         t[KEY] = {**(t.get(KEY) if isinstance(t.get(KEY), dict) else {}), "planned": list(planned), "why": why}
         part = of_entry(t)
         name = ", ".join(Path(f).name for f in (t.get("files") or {}).values()) or str(t.get("problem"))

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tuner.errors import TunerError
-from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, MLA_BATCH_SIZES, TuneRequest
-from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
+from tuner.pipeline.request import DEFAULT_TRIALS, DTYPES, KERNEL_OF, TuneRequest
+from tuner.plan.engines import ENGINE_NAMES
 
 if TYPE_CHECKING:
     from tuner.pipeline.run_plan import RunPlan
@@ -92,7 +92,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         # a stored plan for another routing (or device, kernel, space) is refused before the
         # landscape and routing file below replace an earlier run's (issue 42, item 8)
         from tuner.pipeline.stored_plans import check_plan, open_run_storage, storage_exists
+        from tuner.search.identity import CPU_DEVICE, GPU, SYNTHETIC
         for opts in plans:
+            # where the times will come from, where it is known before measuring (a replay's: from
+            # its landscape's content, once read), so that a plan for other times is refused here too
+            opts.times = SYNTHETIC if req.synthetic else None if req.replay else \
+                CPU_DEVICE if req.device == "cpu" else GPU
             if storage_exists(opts):
                 check_plan(open_run_storage(opts), opts)
     if synthetic_landscape is not None:
@@ -138,7 +143,8 @@ def load_common(req: TuneRequest):
     from tuner.search.settings import default_settings
 
     if req.batch_sizes is None:
-        req.batch_sizes = MLA_BATCH_SIZES if req.command == "mla" else DEFAULT_BATCH_SIZES
+        from tuner.plan.kernel_registry import batch_grid
+        req.batch_sizes = batch_grid(KERNEL_OF[req.command])
     if req.dtype is not None and req.dtype not in DTYPES[req.command]:
         raise TunerError(f"--dtype {req.dtype} is not supported by `tuner {req.command}`; "
                          f"choose from {', '.join(DTYPES[req.command])}")
@@ -170,8 +176,6 @@ def recorded_routing(req: TuneRequest, model):
     from tuner.plan import routing as rt
     if not rt.is_file_routing(req.routing):
         return None, None
-    if req.command != "moe":
-        raise TunerError(f"--routing applies to `tuner moe`, not `tuner {req.command}`")
     recorded = rt.load_routing(req.routing)
     experts = (model.n_routed_experts or 0)
     rt.checked(recorded, int(model.num_experts_per_tok or 0), experts, f"--routing {req.routing}")
@@ -185,9 +189,6 @@ def traffic_keys(req: TuneRequest, settings, keys_given: bool):
     """--traffic: the profile; the keys it chooses (unless --batch-sizes names them) become the
     batch sizes, and the trial budget is split over them by traffic (tuner/plan/traffic.py)."""
     from tuner.plan.traffic import choose_keys, key_coverage, load_profile, split_budget
-    if req.command not in ("gemm", "moe"):
-        raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
-                         f"`tuner {req.command}` tunes another M")
     profile = load_profile(str(req.traffic), tp=req.tp)
     if keys_given:
         keys = sorted(set(req.batch_sizes or []))
@@ -261,11 +262,32 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
 
 
 def out_dir(req: TuneRequest, model_name: str, gpu_key: str) -> Path:
+    """--out, else runs/COMMAND-MODEL-GPU-tpN[-epN], the GPU run's folder; a run whose times never
+    come from a GPU says so in its name (-synthetic, -cpu-device) and leaves that folder alone."""
     if req.out:
         return Path(req.out)
-    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "") \
-        + ("-synthetic" if req.synthetic else "")
-    return Path("runs") / name
+    name = f"{req.command}-{model_name}-{gpu_key}-tp{req.tp}" + (f"-ep{req.ep}" if req.ep > 1 else "")
+    return Path("runs") / (name + not_a_gpu_suffix(req))
+
+
+def not_a_gpu_suffix(req: TuneRequest) -> str:
+    """'-synthetic' for --synthetic or a replay of a SYNTHETIC landscape, '-cpu-device' for the
+    CPU device or a replay of its landscape, '' for a GPU's times (measured or recorded)."""
+    if req.synthetic:
+        return "-synthetic"
+    header: dict = {}
+    if req.replay:
+        from tuner.reading import landscape_header
+        try:
+            header = landscape_header(req.replay)
+        except TunerError:
+            header = {}          # a landscape that cannot be read is refused where it is checked
+    from tuner.measure.provenance import is_cpu_device
+    if header.get("synthetic"):
+        return "-synthetic"
+    if req.device == "cpu" and not req.replay or is_cpu_device(header):
+        return "-cpu-device"
+    return ""
 
 
 def check_out_dir(out: Path) -> None:

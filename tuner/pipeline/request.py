@@ -21,7 +21,6 @@ COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
 DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
-MLA_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 # The largest values the command line takes (tuner/commands/options.py uses these): a request
 # made in Python or from a nightly job's YAML is held to the same bounds.
 MAX_COUNT = 1 << 20                 # batch sizes (tokens per step), trials, patience, seconds, launches
@@ -155,6 +154,12 @@ class TuneRequest:
                                  f"{', '.join(str(a) for a in allowed if a)}")
         if not isinstance(self.routing, str) or not self.routing:
             raise TunerError(f"--routing takes uniform, zipf or a routing file, not {self.routing!r}")
+        from tuner.plan.routing import is_file_routing
+        if is_file_routing(self.routing) and self.command != "moe":       # (a nightly job's too, before its night)
+            raise TunerError(f"--routing applies to `tuner moe`, not `tuner {self.command}`")
+        if self.traffic and self.command not in ("gemm", "moe"):
+            raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
+                             f"`tuner {self.command}` tunes another M")
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise TunerError(f"--min-gain must be at least 0 and below 1 (0.02 is 2%), not {self.min_gain!r}")
         if self.minutes is not None:

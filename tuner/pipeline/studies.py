@@ -94,7 +94,8 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
         seeds.append(("baseline", lookup_nearest(baseline, M)))
     # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
     seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
-                         opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
+                         opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done},
+                         shapes=tuned_shapes(opts, storage, runner, problem))
     # a tied table searches its shared keys freely too: both tables choose them together below
     try:
         r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
@@ -121,6 +122,24 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
     if after_study:
         after_study()           # the tables as far as they go: a stopped run keeps them
     return True
+
+
+def tuned_shapes(opts: RunPlan, storage: BaseStorage, runner: StudyRunner, problem: Problem) -> list[tuple]:
+    """[(params, {M: measured})] of the run's other problems that differ from `problem` only in
+    the kernel's warm_across keys, over their finished studies (a warm start across shapes)."""
+    across = set(opts.kernel.warm_across)
+    if not across:
+        return []
+    out = []
+    for other in opts.problems:
+        keys = (set(other.params) | set(problem.params)) - across
+        if other.key == problem.key or any(other.params.get(k) != problem.params.get(k) for k in keys):
+            continue
+        done = {m: runner.measured(other, m) for m in opts.ms_for(other)
+                if stored_result(storage, opts, other, m) is not None}
+        if done:
+            out.append((other.params, done))
+    return out
 
 
 def incumbent_tables(opts: RunPlan) -> dict[str, list[tuple[dict, str]]]:

@@ -52,6 +52,14 @@ def ours(name: str):
                                code_version=digest.hexdigest()[:16])
 
 
+def batch_grid(name: str) -> list[int]:
+    """The batch sizes a table of kernel `name` covers when none are given: its spec's, else
+    the engines' grid (also for a kernel not registered here)."""
+    from tuner.plan.engines import DEFAULT_BATCH_SIZES
+    spec = ours(name) if name in KERNEL_MODULES else None
+    return list(spec.batch_sizes if spec is not None and spec.batch_sizes else DEFAULT_BATCH_SIZES)
+
+
 def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_code: bool = True,
                module: str | None = None):
     """The KernelSpec of kernel `name` from `source`: our file in kernels/ ("ours"), or an
