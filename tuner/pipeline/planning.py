@@ -81,7 +81,8 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             batch_sizes=sorted(set(req.batch_sizes or [])),
             settings=sized(req, settings, space, problems, gpu) if req.trials is None and not req.traffic else settings,
             out_dir=out_dir(req, model.name, gpu.key), record=record_path(req.record, kernel, len(runs) > 1),
-            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
+            # counting GPUs imports torch (1.4 s): only where a run will measure on them
+            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not (req.dry_run or req.replay) else [],
             warm=warm,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
                       "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
