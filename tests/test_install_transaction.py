@@ -311,3 +311,14 @@ def test_a_partial_table_of_many_batch_sizes_is_said_in_a_short_line(tmp_path, c
     cap = capsys.readouterr()
     [note] = [line for line in (cap.out + cap.err).splitlines() if "partial: " in line]
     assert len(note) < 400 and "M=2,3,4,5,6,7,8,9,10,...,99999,100000 (99999 in all)" in note, note
+
+
+@pytest.mark.parametrize("part", [{"tuned": [1], "planned": 5}, {"tuned": [{"M": 1}], "planned": [1, 2]},
+                                  {"tuned": [1], "planned": ["²"]}], ids=["planned a number", "tuned dicts", "planned '²'"])
+def test_audit_reads_past_a_damaged_partial_in_a_backup_record(part):
+    """What `tuner audit` says of an installed partial table comes from its backup record: a
+    record damaged (or edited) there crashed audit (TypeError: len() of an int), or printed
+    what it held. Now such an entry says nothing."""
+    from tuner.emit.partial import audit_line
+    assert audit_line("t.json", {"partial": part}) is None
+    assert "tuned at M=1 only (1 of 2 planned" in audit_line("t.json", {"partial": {"tuned": [1], "planned": [1, 2]}})

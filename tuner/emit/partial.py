@@ -74,8 +74,8 @@ def install_note(rel: str, part: dict, merge: bool) -> str:
 def audit_line(name: str, record_entry: dict) -> str | None:
     """What `tuner audit` says of an installed table its install recorded as partial."""
     part = record_entry.get(KEY)
-    if not isinstance(part, dict) or not isinstance(part.get("tuned"), list):
-        return None
+    if not isinstance(part, dict) or not isinstance(part.get("tuned"), list) or problem(part):
+        return None             # a record damaged or edited by hand: nothing said of it, no crash
     kept = (record_entry.get("merged") or {}).get("kept") or []
     return (f"partial: {name} was tuned at M={_ms(part['tuned'])} only ({len(part['tuned'])} of "
             f"{len(part.get('planned') or [])} planned; installed by tuner); "

@@ -6,6 +6,7 @@ they share the studies, and a result is read back from the storage."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Callable
@@ -180,17 +181,19 @@ def by_key(opts: RunPlan) -> dict[str, Problem]:
 
 
 def stored_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int) -> dict | None:
-    import optuna
+    """The stored result of a finished study (None before it finishes). Read from the storage
+    directly, and copied once: each run reads every study's result after every study, and
+    Optuna's Study.user_attrs deep-copies all of a study's attributes on each access."""
     try:
-        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix, opts.kernel.source),
-                                  storage=storage)
+        study_id = storage.get_study_id_from_name(study_name(problem, M, opts.prefix, opts.kernel.source))
     except KeyError:
         return None
-    result = study.user_attrs.get("result")
-    if result is not None:
-        result = {**result, "environment": study.user_attrs.get("environment", {}),
-                  "measured_by": study.user_attrs.get("measured_by"), "identity": study.user_attrs.get("identity")}
-    return result
+    attrs = storage.get_study_user_attrs(study_id)
+    if attrs.get("result") is None:
+        return None
+    # the storage's own objects (a journal's in-memory state): copied before anyone changes them
+    return copy.deepcopy({**attrs["result"], "environment": attrs.get("environment", {}),
+                          "measured_by": attrs.get("measured_by"), "identity": attrs.get("identity")})
 
 
 def wait_for_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:
