@@ -50,3 +50,16 @@ def test_a_replayed_mla_run_seeds_each_context_from_the_one_tuned_before(tmp_pat
     by_context = {t["problem"]["context"]: t["entries"]["1"] for t in manifest["tables"]}
     assert "this run (neighbouring shapes)" not in by_context[512]["search"].get("seeds", {})
     assert by_context[1024]["search"]["seeds"]["this run (neighbouring shapes)"] == SHAPE_SEEDS
+
+
+def test_the_plan_says_so_where_there_is_another_context(tmp_path, capsys):
+    land = tmp_path / "mla.jsonl.gz"
+    common = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8"]
+    assert main(["landscape", "synth", "--kernel", "mla", *common, "--contexts", "512", "1024",
+                 "--batch-sizes", "1", "--out", str(land)]) == 0
+    said = "seeds per study from the nearest context already tuned in this run"
+    for contexts, says in ((["512", "1024"], True), (["512"], False)):
+        capsys.readouterr()
+        assert main(["mla", *common, "--replay", str(land), "--contexts", *contexts, "--batch-sizes", "1",
+                     "--out", str(tmp_path / "plan"), "--dry-run"]) == 0
+        assert (said in capsys.readouterr().out) is says
