@@ -308,3 +308,54 @@ def test_a_repair_waits_for_a_writer_appending_to_the_journal(tmp_path):
     worker.join(30)
     assert not worker.is_alive() and "kept its 17 whole operations" in said[0]
     assert journal.read_bytes() == whole
+
+
+def test_a_replay_plan_stored_for_other_times_is_refused_before_the_routing_file(tmp_path, capsys):
+    """A --routing replay into a new --out, sharing a --storage whose stored plan differs only in
+    the source of times (timed on the GPU): exit 2 naming the source of times, and nothing
+    written (every file by inode and bytes; no OUT). Before: the plan's early check knew no
+    replay's source of times, so OUT/routing/<hash>.npy was stored before the refusal."""
+    import optuna
+
+    from tuner.cli import main
+    from tuner.search.storage import open_storage
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "r.npy", np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32))
+    argv = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours",
+            "--batch-sizes", "1", "--trials", "2", "--routing", str(tmp_path / "r.npy")]
+    assert main([*argv, "--synthetic", "--out", str(tmp_path / "s")]) == 0
+    [landscape] = (tmp_path / "s").glob("synthetic-*")
+    journal = tmp_path / "shared.journal"
+    argv += ["--replay", str(landscape), "--storage", f"journal:///{journal}"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    store = open_storage(f"journal:///{journal}")
+    [name] = [n for n in optuna.get_all_study_names(store) if "tuner-plan:" in n]
+    study = optuna.load_study(study_name=name, storage=store)
+    plan = study.user_attrs["plan"]
+    assert plan["identity"]["times"] == "SYNTHETIC"
+    study.set_user_attr("plan", {**plan, "identity": {**plan["identity"], "times": "GPU"}})
+    del study, store
+    before = {p: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "source of times GPU (now SYNTHETIC)" in err and "internal error" not in err, err
+    assert {p: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_replays_times_known_before_reading_it_are_those_its_replay_stores():
+    """The early check's source of times for a replay (its header, and the hash of its lines)
+    is the one the replay itself stores, for a recorded (hashed) landscape as for a SYNTHETIC
+    one: else a run of the same landscape would be refused as another plan."""
+    from pathlib import Path
+
+    from tuner.measure.landscape import read_header, replay_times
+    from tuner.measure.measurers import ReplayMeasurer
+    from tuner.plan.kernel_registry import get_kernel
+    recorded = next(Path(__file__).parent.parent.glob("landscapes/NVIDIA_H200/*.jsonl.gz"))
+    header = read_header(recorded)
+    kernel = get_kernel(header["kernel"], header.get("kernel_source", "ours"), load_code=False)
+    replay = ReplayMeasurer.from_file(str(recorded), kernel, header["device"])
+    assert replay.times.startswith("landscape sha256:") and replay_times(recorded) == replay.times
+    assert replay_times(Path(__file__)) is None         # no landscape: refused where it is read

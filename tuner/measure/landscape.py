@@ -111,6 +111,26 @@ def _header(path: Path, line: str) -> dict:
     return header
 
 
+def replay_times(path: str | Path) -> str | None:
+    """Where a replay of this landscape takes its times (tuner/measure/provenance.py), known
+    before it is read: its header, and the hash of its lines as read_landscape takes it; None
+    for a landscape that cannot be read (refused where it is read)."""
+    from tuner.measure.provenance import landscape_times
+    from tuner.reading import text_lines
+    try:
+        header = read_header(path)
+        if not isinstance(header, dict):
+            return None
+        if header.get("synthetic"):
+            return landscape_times(header, "")
+        digest = hashlib.sha256()
+        for _, line in text_lines(Path(path), "landscape "):
+            digest.update(line.encode() + b"\n")
+    except TunerError:
+        return None
+    return landscape_times(header, digest.hexdigest())
+
+
 def read_landscape(path: str | Path, kernel: KernelSpec) -> Landscape:
     """A landscape, every line checked (its number named when one is not a measurement),
     streamed within the bounds of tuner/reading.py (line length, decompressed size)."""

@@ -95,11 +95,14 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         from tuner.pipeline.stored_plans import check_plan, open_run_storage, storage_exists
         from tuner.search.identity import CPU_DEVICE, GPU, SYNTHETIC
         for opts in plans:
-            # where the times will come from, where it is known before measuring (a replay's: from
-            # its landscape's content, once read), so that a plan for other times is refused here too
+            # where the times will come from, known before measuring, so that a plan for other times
+            # is refused here too (a replay's from its landscape's header and lines: read only for this)
             opts.times = SYNTHETIC if req.synthetic else None if req.replay else \
                 CPU_DEVICE if req.device == "cpu" else GPU
             if storage_exists(opts):
+                if req.replay and not req.synthetic:
+                    from tuner.measure.landscape import replay_times
+                    opts.times = replay_times(req.replay)
                 check_plan(open_run_storage(opts), opts)
     if synthetic_landscape is not None:
         # made last: a run refused above (a missing --warm-start, say) replaced no landscape of an earlier one
