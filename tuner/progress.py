@@ -77,8 +77,10 @@ class Progress:
         said, at = self._logged
         if seconds >= LOG_WAIT_AFTER_S and (what != said or seconds - at >= LOG_WAIT_EVERY_S):
             self._logged = (what, seconds)
-            # one line, whatever the study's label: cut to the terminal's width or 120 columns
-            self.note(cut(f"{text}{'; ' + self.label if self.label else ''}", min(width(self.stream), 120)))
+            # one line, whatever the study's label, cut to the terminal's width or 120 columns; not
+            # "[k/n] ...", which is a finished study's line
+            study = f"; study {self.study}/{self.total} {self.label}" if self.study else ""
+            self.note(cut(f"tuner: {what}: {seconds:.0f}s ({total:.0f}s in all){study}", min(width(self.stream), 120)))
 
     def end_study(self, summary: str) -> None:
         if not self.enabled:
