@@ -79,3 +79,94 @@ def patch_interpreter() -> None:
     builder.cast_impl = rounding_cast
     builder.create_dot = numeric_dot
     builder._tuner_patched = True
+
+
+def fast_interpreter() -> None:
+    """Two costs of Triton 3.6's interpreter that change nothing computed. Its tl.dot on a
+    transposed operand (contiguous_dot). And it patches the language anew (inspect.getmembers over
+    triton.language, its tensor and math modules) at every call of a jit function from
+    inside a kernel, though the launch around it has patched the same modules already and
+    a callee's patches are never undone: half of an MLA launch's CPU time went there. Here a
+    call inside a launch skips that when the launch already patched every language module the
+    callee sees (triton.language itself, or its core module, which the language's own jit
+    functions see); nothing else changes (the same functions run on the same values).
+    Only under TRITON_INTERPRET=1; idempotent; a Triton without these internals is left as is."""
+    if not interpreting():
+        return
+    import threading
+    try:
+        from triton.runtime import interpreter as ti
+        patch_lang, executor_call = ti._patch_lang, ti.GridExecutor.__call__
+        langs_of = (ti.tl, ti.tl.core)
+    except (ImportError, AttributeError):
+        return
+    if getattr(ti, "_tuner_fast", False):
+        return
+    state = threading.local()
+    seen: dict = {}
+
+    def langs(fn) -> frozenset:
+        if fn not in seen:
+            seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if any(v is m for m in langs_of))
+        return seen[fn]
+
+    class _Nothing:
+        def restore(self) -> None:
+            pass
+
+    def once_per_launch(fn):
+        patched = getattr(state, "patched", None)
+        if patched is None:              # outside a launch, or the launch's own patch
+            scope = patch_lang(fn)
+            if getattr(state, "launching", False):
+                state.patched = langs(fn)
+            return scope
+        mine = langs(fn)
+        if mine <= patched:
+            return _Nothing()
+        scope = patch_lang(fn)           # kept until the launch ends (the interpreter never undoes it)
+        state.patched = patched | mine
+        return scope
+
+    def launch(self, *args, **kwargs):
+        outer = (getattr(state, "launching", False), getattr(state, "patched", None))
+        state.launching, state.patched = True, None
+        try:
+            return executor_call(self, *args, **kwargs)
+        finally:
+            state.launching, state.patched = outer
+
+    ti._patch_lang = once_per_launch
+    ti.GridExecutor.__call__ = launch
+    ti.InterpreterBuilder.create_dot = contiguous_dot(ti.InterpreterBuilder.create_dot, ti.TensorHandle)
+    ti._tuner_fast = True
+    one_blas_thread()
+
+
+def one_blas_thread() -> None:
+    """The interpreter's numpy on one BLAS thread: its products are tiles (16x512 by 512x64)
+    that one thread multiplies in 35 us, while OpenBLAS's threads wait for each other on
+    every one: 35-65 ms apiece on this 2-core machine at load 8-10 (2026-11-29), where a
+    whole MLA launch then took 0.3 s."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
+def contiguous_dot(create_dot, handle):
+    """The interpreter's tl.dot on contiguous copies of its operands: it calls
+    np.matmul(a, b, dtype=...), which on a transposed view (tl.trans(k), as attention kernels
+    write q.k^T) leaves BLAS for a loop a thousand times slower (35 ms for 16x512 by 512x64).
+    The same values are multiplied in the same precision."""
+    import numpy as np
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a = a if a.data.flags.c_contiguous else handle(np.ascontiguousarray(a.data), a.dtype)
+        b = b if b.data.flags.c_contiguous else handle(np.ascontiguousarray(b.data), b.dtype)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+    return dot
+
+
+fast_interpreter()       # every kernel run under the interpreter imports this module first

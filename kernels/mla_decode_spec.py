@@ -158,6 +158,7 @@ SPEC = KernelSpec(
     extra_seeds=sglang_default,
     compile_only=from_code(CODE, "compile_only"),
     compile_per_m=False,     # M is only the grid's first axis and the batch strides' dimension
+    warm_across=("context",),
     batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),     # decode batches: requests, not tokens
     emit_table=emit_table,
     read_table=read_table,

@@ -66,6 +66,22 @@ def test_a_dry_run_loads_no_heavy_library(argv, tmp_path):
     assert r.stdout.split() == [], f"a dry run imported {r.stdout.strip()}"
 
 
+def test_a_replay_loads_no_torch(tmp_path):
+    """A run that times from a landscape never touches a device: counting the GPUs (which
+    imports torch, 1.4 s of every replayed or synthetic run) is left to runs that measure."""
+    code = ("import sys, io, contextlib; from tuner.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "    rc = main(['moe', '--model', 'deepseek-v3', '--gpu', 'H200', '--tp', '8', '--synthetic',\n"
+            "               '--batch-sizes', '1', '--trials', '3', '--out', 'run', '--quiet'])\n"
+            "assert rc == 0, rc\n"
+            "print('torch' in sys.modules, 'optuna' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**__import__("os").environ, "PYTHONPATH": str(TUNER.parent)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"], r.stdout      # it ran (Optuna), without torch
+    assert (tmp_path / "run" / "manifest.json").is_file()
+
+
 def test_a_request_from_the_command_line_has_every_option():
     args = build_parser().parse_args(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--trials", "9",
                                       "--batch-sizes", "1", "16", "--routing", "zipf", "--engines", "sglang"])

@@ -375,8 +375,8 @@ def test_the_cpu_device_honours_the_measurement_policy():
         assert cold.environment()["policy"]["timing"] == "graph"
         seen = []
         real = warm.device.time_runs
-        warm.device.time_runs = lambda runs, flush, reps, graph=True: seen.append((flush, graph)) or real(
-            runs, flush, reps, graph)
+        warm.device.time_runs = lambda runs, flush, reps, graph=True, **kw: seen.append((flush, graph)) or real(
+            runs, flush, reps, graph, **kw)
         params = {"N": 256, "K": 256, "block_shape": [128, 128]}
         m = warm.measure(Problem("fp8_gemm", params), 1, [kernel.default_config(params, 1)])[0]
         assert m.time_us and seen == [(None, False)]

@@ -258,3 +258,53 @@ def test_a_plan_stored_for_other_times_is_refused_before_the_synthetic_landscape
     err = capsys.readouterr().err
     assert "source of times GPU (now SYNTHETIC)" in err and "internal error" not in err, err
     assert {p: (p.stat().st_ino, p.read_bytes()) for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("tail", [b'{"op_code": 99}\n', b'{"op_code": 4}\n',
+                                  b'{"op_code": 0, "worker_id": "w", "study_name": "t", "directions": ["x"]}\n'],
+                         ids=["unknown op_code", "a field missing", "a field of another kind"])
+def test_a_journal_ending_in_an_operation_optuna_cannot_replay_is_said_and_repaired(tmp_path, capsys, tail):
+    """A last line that parses, with an op_code, but that Optuna cannot replay. Before: 'cannot
+    open storage ...: Should not reach.' (or "'study_id'"), and `tuner repair-journal` found
+    nothing to repair. Now the line names the operation and the repair, which keeps the 17
+    operations before it."""
+    from tuner.cli import main
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    journal.write_bytes(whole + tail)
+    capsys.readouterr()
+    assert main(["collect", "--storage", f"journal:///{journal}", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "operation 18 is none Optuna can replay" in err, err
+    assert f"tuner repair-journal {journal}" in err and not (tmp_path / "o").exists()
+    assert main(["repair-journal", str(journal)]) == 0
+    assert journal.read_bytes() == whole and (tmp_path / "s.journal.damaged-tail").read_bytes() == tail
+
+
+def test_a_repair_waits_for_a_writer_appending_to_the_journal(tmp_path):
+    """A live writer appends under an flock on the journal (tuner/search/storage.py): a repair
+    taking no lock measured the file, then cut it, so an operation appended between the two was
+    cut off and copied nowhere. Now the repair takes the writers' lock first: while the lock is
+    held it changes nothing, once released it repairs. Before: it repaired under the lock."""
+    import fcntl
+    import os
+    import threading
+
+    from tuner.search.journal_repair import repair
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    journal.write_bytes(whole + b"\0" * 300)
+    held = os.open(journal, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)              # a writer in the middle of its append
+    said: list = []
+    worker = threading.Thread(target=lambda: said.extend(repair(journal)), daemon=True)
+    try:
+        worker.start()
+        worker.join(2)
+        assert worker.is_alive() and said == [] and journal.read_bytes() == whole + b"\0" * 300
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+    worker.join(30)
+    assert not worker.is_alive() and "kept its 17 whole operations" in said[0]
+    assert journal.read_bytes() == whole

@@ -270,3 +270,55 @@ def test_an_install_on_a_full_disk_is_one_line_and_undone(tmp_path, monkeypatch,
     monkeypatch.setattr(inst, "atomic_write_text", real)
     assert main(["install", "--restore", "--engine", "vllm", "--site-packages", str(site)]) == 0
     assert tree(site) == before
+
+
+# -- round five, item 3: partial manifests an attacker writes --------------------------------------------
+def partial_results(root: Path, part) -> Path:
+    """results() with its first table's manifest entry partial as `part` says (tuned at M = 1)."""
+    res = results(root)
+    manifest = json.loads((res / "manifest.json").read_text())
+    manifest["tables"][0].update({"partial": part, "entries": {"1": {"config": CFG, "time_us": 1.0}}})
+    (res / "manifest.json").write_text(json.dumps(manifest))
+    return res
+
+
+@pytest.mark.parametrize("part", [
+    {"tuned": [1], "planned": [1, 2], "why": "stopped\ntuner: error: a line the manifest forged"},
+    {"tuned": [1], "planned": [1, 2], "why": "\x1b[2J\x1b]0;retitled\x07"},
+    {"tuned": [1], "planned": [1, 2], "why": "w" * 100_000},
+    {"tuned": [1], "planned": [1, 10 ** 300]},
+], ids=["newline in why", "terminal escapes in why", "100 kB why", "a batch size of 10^300"])
+def test_a_partial_entry_that_would_print_what_it_likes_is_refused(tmp_path, capsys, part):
+    """`why` is printed as it is by install: a newline forged a line of tuner's output, escapes
+    reached the terminal, 100 kB made one line; a batch size past 2^20 was taken. Now the
+    manifest is refused in one line, nothing installed. Before: exit 0, printed."""
+    site = shipped_site(tmp_path / "site")
+    before = tree(site)
+    capsys.readouterr()
+    assert main(install_argv(partial_results(tmp_path / "r", part), site, "merge")) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "is not a tuner manifest" in err, (out, err)
+    assert "\x1b" not in err and "forged" not in err and tree(site) == before
+
+
+def test_a_partial_table_of_many_batch_sizes_is_said_in_a_short_line(tmp_path, capsys):
+    """A partial table planned at 100,000 batch sizes: the note lists the first and last few.
+    Before: one line of 589 kB (a terminal fitting it to 120 columns: thousands of lines)."""
+    site = shipped_site(tmp_path / "site")
+    part = {"tuned": [1], "planned": list(range(1, 100_001))}
+    capsys.readouterr()
+    assert main(install_argv(partial_results(tmp_path / "r", part), site, "merge")) == 0
+    cap = capsys.readouterr()
+    [note] = [line for line in (cap.out + cap.err).splitlines() if "partial: " in line]
+    assert len(note) < 400 and "M=2,3,4,5,6,7,8,9,10,...,99999,100000 (99999 in all)" in note, note
+
+
+@pytest.mark.parametrize("part", [{"tuned": [1], "planned": 5}, {"tuned": [{"M": 1}], "planned": [1, 2]},
+                                  {"tuned": [1], "planned": ["²"]}], ids=["planned a number", "tuned dicts", "planned '²'"])
+def test_audit_reads_past_a_damaged_partial_in_a_backup_record(part):
+    """What `tuner audit` says of an installed partial table comes from its backup record: a
+    record damaged (or edited) there crashed audit (TypeError: len() of an int), or printed
+    what it held. Now such an entry says nothing."""
+    from tuner.emit.partial import audit_line
+    assert audit_line("t.json", {"partial": part}) is None
+    assert "tuned at M=1 only (1 of 2 planned" in audit_line("t.json", {"partial": {"tuned": [1], "planned": [1, 2]}})

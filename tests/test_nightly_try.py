@@ -180,3 +180,71 @@ def test_the_night_compares_each_engines_entry_of_one_problem(tmp_path, capsys):
     assert all(t["entries"]["1"].get("kept_previous") for t in tables)
     for t in tables:                # each engine's file holds its entry's config, as the engine reads it
         assert json.loads((tmp_path / "new" / next(iter(t["files"].values()))).read_text())["1"]
+
+
+@pytest.mark.parametrize("runs_dir", [".", "/", "..", "runs/.."])
+def test_a_synthetic_night_into_a_runs_dir_with_no_name_is_one_line(tmp_path, monkeypatch, capsys, runs_dir):
+    """RUNS_DIR-synthetic has no meaning for '.', '/' or '..'. Before: '.' and '/' ended in
+    'internal error: ValueError', '..' wrote into a folder named '..-synthetic'."""
+    config = nightly_yaml(tmp_path)
+    config.write_text(config.read_text().replace(str(tmp_path / "runs"), runs_dir))
+    monkeypatch.chdir(tmp_path)
+    for mode in ("--dry-run", None):
+        assert main(["nightly", str(config), "--night", "n1", "--synthetic", *([mode] if mode else [])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"runs_dir {runs_dir!r} names no folder of its own" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.yaml", "tiny.yaml"]
+
+
+@pytest.mark.parametrize("key,value", [("routing", "r.npy"), ("traffic", "t.json")], ids=["gemm routing", "mla traffic"])
+def test_a_job_with_an_option_its_kernel_does_not_take_is_refused_before_the_night(tmp_path, capsys, key, value):
+    """A GEMM job with a routing file, an MLA job with a traffic profile: refused with the
+    job's name before anything is written, in a dry run as in a night. Before: for the routing
+    file the dry run's line named no job, and the night ran, wrote its folder and failed the job
+    (exit 1); the MLA job's profile was read first (this empty one refused as empty)."""
+    config = nightly_yaml(tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    (tmp_path / value).write_text("")
+    cfg["jobs"][0].update({key: str(tmp_path / value), **({"kernel": "mla"} if key == "traffic" else {})})
+    config.write_text(yaml.safe_dump(cfg))
+    for mode in ("--dry-run", "--synthetic"):
+        assert main(["nightly", str(config), "--night", "n1", mode]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "job 'a'" in err[0] and f"--{key} applies to" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["n.yaml", "tiny.yaml", value])
+
+
+@pytest.mark.parametrize("edit", ["unfinished elsewhere", "baseline a number", "unfinished a word"])
+def test_a_state_naming_a_folder_of_no_night_is_refused_before_anything_is_written(tmp_path, capsys, edit):
+    """A night continues a job's unfinished retune in the folder the state names: a state
+    edited (or forged) to name another folder had the night write its run there (into '/',
+    as root). Before: the run was written into that folder; a baseline that is a number ended
+    in 'internal error: TypeError'. Now the state is refused in one line, nothing written."""
+    config = nightly_yaml(tmp_path)
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    state = tmp_path / "runs-synthetic" / "state.json"
+    entry = json.loads(state.read_text())["a"]
+    (tmp_path / "elsewhere").mkdir()
+    entry.update({"unfinished elsewhere": {"unfinished": True, "run": str(tmp_path / "elsewhere")},
+                  "baseline a number": {"unfinished": True, "baseline": 5},
+                  "unfinished a word": {"unfinished": "no"}}[edit])
+    state.write_text(json.dumps({"a": entry}))
+    capsys.readouterr()
+    for mode in ("--dry-run", None):
+        assert main(["nightly", str(config), "--night", "n2", "--synthetic", *([mode] if mode else [])]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"nightly state {state}: job 'a'" in err[0], err
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and not (tmp_path / "runs-synthetic" / "n2").exists()
+
+
+def test_a_key_given_twice_in_the_jobs_yaml_is_refused(tmp_path, capsys):
+    """`trials: 4` then `trials: 400` in one job: PyYAML kept the last silently, so the night
+    ran 400 trials a study with nothing said. Now every YAML tuner reads (tuner/reading.py)
+    refuses a mapping holding a key twice, naming the key and its line."""
+    config = nightly_yaml(tmp_path)
+    text = config.read_text()
+    assert "\n  trials: 4\n" in text
+    config.write_text(text.replace("  trials: 4\n", "  trials: 4\n  trials: 400\n"))
+    assert main(["nightly", str(config), "--night", "n1", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has the key 'trials' twice in one mapping (line" in err[0], err

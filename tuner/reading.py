@@ -153,7 +153,8 @@ def read_json_file(path: str | Path, what: str = "", then: str = "", limit: int 
 
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, whose document is checked before it is built: what its aliases
-    expand to, and how deep it nests (a cycle of aliases expands without end)."""
+    expand to, how deep it nests (a cycle of aliases expands without end), and that no mapping
+    holds a key twice."""
 
 
 def _expanded_size(node: yaml.Node, depth: int, memo: dict[int, int], active: set[int]) -> int:
@@ -172,7 +173,12 @@ def _expanded_size(node: yaml.Node, depth: int, memo: dict[int, int], active: se
             if size > MAX_YAML_NODES:
                 break
     elif isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                if k.value in seen:         # PyYAML keeps the last silently: a misspelt copy would win unsaid
+                    raise TunerError(f"has the key {k.value!r} twice in one mapping (line {k.start_mark.line + 1})")
+                seen.add(k.value)
             size += _expanded_size(k, depth + 1, memo, active) + _expanded_size(v, depth + 1, memo, active)
             if size > MAX_YAML_NODES:
                 break

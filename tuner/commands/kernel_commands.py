@@ -88,7 +88,8 @@ def common_options() -> Parser:
                    "then the wheels `tuner engine-source fetch` got)")
     trust_option(k)
     o = p.add_argument_group("measuring and output")
-    o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>; -synthetic or -cpu-device added where no GPU timed it)")
+    o.add_argument("--out", default=None, metavar="DIR", help="results folder (default runs/<kernel>-<model>-<gpu>-tp<N>; "
+                   "-synthetic or -cpu-device added where no GPU timed it)")
     o.add_argument("--replay", default=None, metavar="FILE", help="time by replaying a recorded landscape (no GPU)")
     o.add_argument("--synthetic", action="store_true",
                    help="no GPU: make a SYNTHETIC landscape (a cost model) for this plan on the fly and replay it, "

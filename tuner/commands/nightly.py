@@ -94,7 +94,20 @@ def read_state(path: Path) -> dict:
                 and isinstance(entry.get("environment"), dict)):
             raise TunerError(f"nightly state {path}: job {name!r} must hold \"run\" (a folder) and "
                              f"\"environment\" (an object){hint}")
+        if not isinstance(entry.get("unfinished", False), bool) or not isinstance(entry.get("baseline", ""), str):
+            raise TunerError(f"nightly state {path}: job {name!r}: \"unfinished\" must be true or false and "
+                             f"\"baseline\" a folder{hint}")
+        if entry.get("unfinished") and not _a_nights_job_folder(Path(entry["run"]), path.parent):
+            # the night continues an unfinished retune in its folder: only one of its own nights' (a state
+            # naming any other folder would have it write its run there)
+            raise TunerError(f"nightly state {path}: job {name!r}'s unfinished run {entry['run']} is no job folder "
+                             f"of a night in {path.parent}{hint}")
     return state
+
+
+def _a_nights_job_folder(run: Path, runs_dir: Path) -> bool:
+    """Whether `run` is RUNS_DIR/<night>/<job>, as a night writes a job's run (links followed)."""
+    return Path(os.path.realpath(run)).parent.parent == Path(os.path.realpath(runs_dir))
 
 
 # The job keys that are options of the tuning run, as `tuner gemm|moe|mla` names them.

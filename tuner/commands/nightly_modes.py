@@ -23,6 +23,12 @@ def synthetic_job(job: dict) -> dict:
 
 
 def synthetic_runs_dir(runs_dir: Path) -> Path:
+    """RUNS_DIR-synthetic, beside RUNS_DIR: a runs_dir naming no folder of its own ('.', '/',
+    '..') has no such neighbour, and is refused in one line."""
+    from tuner.errors import TunerError
+    if runs_dir.name in ("", ".", ".."):
+        raise TunerError(f"runs_dir {str(runs_dir)!r} names no folder of its own, and a --synthetic night goes to "
+                         "a folder beside it (RUNS_DIR-synthetic): give runs_dir a folder's name, such as runs/nightly")
     return runs_dir.with_name(runs_dir.name + "-synthetic")
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 KEY = "partial"
+MAX_WHY = 200               # `why` is one line a run wrote ("the --minutes window ended"), printed as it is
+SHOWN = 12                  # batch sizes a line lists; more are cut to the first and last few
 
 
 def problem(value) -> str | None:
@@ -21,15 +23,17 @@ def problem(value) -> str | None:
         return None
     if not isinstance(value, dict):
         return "'partial' is not an object"
+    from tuner.plan.batch_keys import is_batch_key
     for key in ("planned", "tuned"):
         ms = value.get(key)
-        if ms is not None and not (isinstance(ms, list) and all(
-                isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms)):
+        if ms is not None and not (isinstance(ms, list) and all(isinstance(m, int) and is_batch_key(m) for m in ms)):
             return f"partial.{key} is not a list of batch sizes"
     if value.get("incumbent") is not None and not isinstance(value["incumbent"], dict):
         return "partial.incumbent is not an object"
-    if value.get("why") is not None and not isinstance(value["why"], str):
-        return "partial.why is not a string"
+    why = value.get("why")
+    if why is not None and not (isinstance(why, str) and len(why) <= MAX_WHY and why.isprintable()):
+        # printed as it is: a newline would forge a line of our output, an escape rewrite the terminal
+        return f"partial.why is not a line of text (at most {MAX_WHY} printable characters)"
     return None
 
 
@@ -51,7 +55,11 @@ def of_entry(table_entry: dict) -> dict | None:
 
 
 def _ms(ms) -> str:
-    return ",".join(map(str, ms))
+    """Batch sizes as a line lists them: all of a few, the first and last of many (a line stays short)."""
+    ms = list(ms)
+    if len(ms) <= SHOWN:
+        return ",".join(map(str, ms))
+    return ",".join(map(str, ms[:SHOWN - 3])) + ",...," + ",".join(map(str, ms[-2:])) + f" ({len(ms)} in all)"
 
 
 def install_note(rel: str, part: dict, merge: bool) -> str:
@@ -66,8 +74,8 @@ def install_note(rel: str, part: dict, merge: bool) -> str:
 def audit_line(name: str, record_entry: dict) -> str | None:
     """What `tuner audit` says of an installed table its install recorded as partial."""
     part = record_entry.get(KEY)
-    if not isinstance(part, dict) or not isinstance(part.get("tuned"), list):
-        return None
+    if not isinstance(part, dict) or not isinstance(part.get("tuned"), list) or problem(part):
+        return None             # a record damaged or edited by hand: nothing said of it, no crash
     kept = (record_entry.get("merged") or {}).get("kept") or []
     return (f"partial: {name} was tuned at M={_ms(part['tuned'])} only ({len(part['tuned'])} of "
             f"{len(part.get('planned') or [])} planned; installed by tuner); "

@@ -186,7 +186,8 @@ class CudaDevice(_ClockWarmup):
             raise first_capture_error(e) from None
         return g
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True,
+                  warmed: bool = False) -> list[float]:
         """Per-replay times (us) of `runs` (one callable per input set): the clocks ramped after
         idle, each run once (warm-up: binary loaded, data touched, caches filled), each
         captured as a CUDA graph, the graphs replayed once, then replayed in rotation, each
@@ -195,7 +196,8 @@ class CudaDevice(_ClockWarmup):
         start event is recorded on and the graph replayed on: the event is taken once the
         flush has finished, so the flush is never in the timed region and the replay never
         overlaps it. graph=False (--timing eager): the runs launched as they are, launch
-        overhead included, as an engine runs prefill."""
+        overhead included, as an engine runs prefill. `warmed` changes nothing here: each
+        timing warms its runs up again, whatever ran on the GPU since."""
         torch = self.torch
         self.warm_clocks()
         for run in runs:
@@ -287,20 +289,24 @@ class CpuDevice(_ClockWarmup):
     def _ramp(self, seconds: float) -> None:
         """A CPU has no clocks to ramp for us: the idle rule runs, the ramp costs nothing."""
 
-    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True) -> list[float]:
+    def time_runs(self, runs: Sequence[Callable[[], object]], flush, reps: int, graph: bool = True,
+                  warmed: bool = False) -> list[float]:
         """Per-call wall-clock times (us) of `runs`, as the GPU times them: each run once
         outside the rules (the warm-up, as on the GPU before its capture: caches filled,
         kernels compiled), then calls in rotation, at least one per run, each under CUDA-graph
         capture's rules (tuner/measure/capture_rules.py: what the GPU's capture of that run
         would refuse raises here, with the GPU's words), `flush` zeroed before each, outside
         the timed region (None: --l2 warm). graph=False (--timing eager): no capture on the
-        GPU, so no capture rules here either."""
+        GPU, so no capture rules here either. `warmed`: these very runs (config and input
+        sets) were timed in this process before, so what a warm-up does (the interpreter's
+        rewrite cached, lazy state built outside the rules) is done: no warm-up, whose
+        interpreted launch is a third of a timing's CPU time."""
         import contextlib
 
         from tuner.measure.capture_rules import capture_rules
         rules = capture_rules if graph else contextlib.nullcontext
         self.warm_clocks()
-        for run in runs:
+        for run in runs if not warmed else ():
             run()
         times = []
         for r in range(max(reps, len(runs))):

@@ -113,6 +113,7 @@ class DeviceMeasurer:
         self.flush = self.device.flush_buffer(props["l2_bytes"]) if policy.flush_l2 else None
         self._inputs_key: tuple[str, int] | None = None
         self._inputs: list[dict] = []
+        self._warmed: set[tuple] = set()     # configs timed on the resident input sets (CpuDevice.time_runs)
         self._pool: ProcessPoolExecutor | None = None
         if compile_workers > 0 and kernel.compile_only is not None:
             self._pool = self._new_pool()
@@ -147,6 +148,7 @@ class DeviceMeasurer:
         key = (problem.key, M)
         if key != self._inputs_key:      # keep one (problem, M) resident at a time
             self._inputs, self._inputs_key = [], None
+            self._warmed = set()
             self.device.empty_cache()
             self._inputs = [self.kernel.make_inputs(problem.params, M, self.device.tensor_device, seed)
                             for seed in range(self.input_sets)]
@@ -260,9 +262,12 @@ class DeviceMeasurer:
         try:
             sets = self._input_sets(problem, M)      # out of memory here is this config's failure too
             runs = [functools.partial(self.kernel.run, inp, cfg) for inp in sets]
-            times = self.device.time_runs(runs, self.flush, self.reps, graph=self.policy.graph)
+            warm_key = tuple(sorted(cfg.items()))
+            times = self.device.time_runs(runs, self.flush, self.reps, graph=self.policy.graph,
+                                          warmed=warm_key in self._warmed)
         except Exception as e:  # noqa: BLE001 - compile errors, out of resources, launch failures
             return Measurement(None, None, _short_error(e), exception_kind(e))
+        self._warmed.add(warm_key)
         t = summarize(times)
         return valid(Measurement(t.median_us, t.spread, None))
 

@@ -68,15 +68,23 @@ def collect(opts: RunPlan, storage: BaseStorage, quiet: bool = False, wait: bool
         from tuner.emit.run_findings import RunFindings
         keys = by_key(opts)
         findings = None if quiet else RunFindings({m for p in opts.problems for m in opts.ms_for(p)})
-        for problem in done:
-            # Tables tied together are written together, over the batch sizes both have.
-            if problem.tied_to or any(q.tied_to == problem.key for q in opts.problems):
-                if not problem.tied_to or problem.tied_to not in written:
-                    continue
-                group = [keys[problem.tied_to], problem]
-            else:
-                group = [problem]
-            _emit(opts, group, [written[p.key] for p in group], env, run_info, findings)
+        entries: list[dict] = []
+        try:
+            for problem in done:
+                # Tables tied together are written together, over the batch sizes both have.
+                if problem.tied_to or any(q.tied_to == problem.key for q in opts.problems):
+                    if not problem.tied_to or problem.tied_to not in written:
+                        continue
+                    group = [keys[problem.tied_to], problem]
+                else:
+                    group = [problem]
+                entries += _emit(opts, group, [written[p.key] for p in group], env, run_info, findings)
+        finally:
+            # the manifest once for all the tables written (not once a table: a run collects after
+            # every study, and the manifest grows with the run)
+            if entries:
+                update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")},
+                                entries)
         for line in findings.lines() if findings is not None else []:
             log.warning("%s", line)
     if missing and not quiet:
@@ -130,7 +138,8 @@ def _emit_own_format(opts: RunPlan, done: list[Problem], all_results: dict, run_
 
 
 def _emit(opts: RunPlan, group: list[Problem], group_results: list[list[StudyResult]], env: dict,
-          run_info: dict, findings=None) -> None:
+          run_info: dict, findings=None) -> list[dict]:
+    """Write one group's tables (a table, or tables tied together); returns their manifest entries."""
     if len(group) > 1:
         common = set.intersection(*({r.M for r in rs if r.config} for rs in group_results))
         # tied tables are written together where they agree on the keys they share (a tied
@@ -150,7 +159,7 @@ def _emit(opts: RunPlan, group: list[Problem], group_results: list[list[StudyRes
             entry["not_written"] = copies[problem.key]
         entries.append(entry)
         _audit_emitted(opts, problem, files, findings)
-    update_manifest(opts.out_dir, {k: v for k, v in run_info.items() if k not in ("environment", "identity")}, entries)
+    return entries
 
 
 def _audit_emitted(opts: RunPlan, problem: Problem, files: dict[str, str], findings=None) -> None:

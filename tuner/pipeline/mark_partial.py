@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.emit.partial import KEY, of_entry
+from tuner.emit.partial import KEY, of_entry, problem
+from tuner.errors import TunerError
 
 
 def mark(folder: Path, why: str) -> list[str]:
@@ -15,6 +16,8 @@ def mark(folder: Path, why: str) -> list[str]:
     from tuner.emit.results import MANIFEST, read_manifest
     from tuner.paths import atomic_write_json
     from tuner.plan.kernel_registry import batch_grid
+    if problem({"why": why}):               # what install would refuse the manifest for
+        raise TunerError(f"the reason given: {problem({'why': why})}")
     manifest = read_manifest(folder)
     said = []
     for t in manifest["tables"]:

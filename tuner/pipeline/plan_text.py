@@ -41,6 +41,10 @@ def plan_text(opts: RunPlan) -> str:
                  "runs much faster")
     if opts.warm is not None:
         lines += [f"  {line}" for line in opts.warm.describe(opts.settings.row_gain)]
+    if k.warm_across and len(opts.problems) > 1:
+        from tuner.search.warm_start import SHAPE_SEEDS
+        lines.append(f"  and {SHAPE_SEEDS} seeds per study from the nearest {'/'.join(k.warm_across)} already tuned "
+                     "in this run (its nearest batch size), besides that share")
     if opts.traffic is not None:
         lines += traffic_plan_lines(opts)
     for p in opts.problems:

@@ -81,7 +81,8 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             batch_sizes=sorted(set(req.batch_sizes or [])),
             settings=sized(req, settings, space, problems, gpu) if req.trials is None and not req.traffic else settings,
             out_dir=out_dir(req, model.name, gpu.key), record=record_path(req.record, kernel, len(runs) > 1),
-            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not req.dry_run else [],   # (counting asks torch)
+            # counting GPUs imports torch (1.4 s): only where a run will measure on them
+            gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not (req.dry_run or req.replay) else [],
             warm=warm,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
                       "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
@@ -176,8 +177,6 @@ def recorded_routing(req: TuneRequest, model):
     from tuner.plan import routing as rt
     if not rt.is_file_routing(req.routing):
         return None, None
-    if req.command != "moe":
-        raise TunerError(f"--routing applies to `tuner moe`, not `tuner {req.command}`")
     recorded = rt.load_routing(req.routing)
     experts = (model.n_routed_experts or 0)
     rt.checked(recorded, int(model.num_experts_per_tok or 0), experts, f"--routing {req.routing}")
@@ -191,9 +190,6 @@ def traffic_keys(req: TuneRequest, settings, keys_given: bool):
     """--traffic: the profile; the keys it chooses (unless --batch-sizes names them) become the
     batch sizes, and the trial budget is split over them by traffic (tuner/plan/traffic.py)."""
     from tuner.plan.traffic import choose_keys, key_coverage, load_profile, split_budget
-    if req.command not in ("gemm", "moe"):
-        raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
-                         f"`tuner {req.command}` tunes another M")
     profile = load_profile(str(req.traffic), tp=req.tp)
     if keys_given:
         keys = sorted(set(req.batch_sizes or []))

@@ -154,6 +154,12 @@ class TuneRequest:
                                  f"{', '.join(str(a) for a in allowed if a)}")
         if not isinstance(self.routing, str) or not self.routing:
             raise TunerError(f"--routing takes uniform, zipf or a routing file, not {self.routing!r}")
+        from tuner.plan.routing import is_file_routing
+        if is_file_routing(self.routing) and self.command != "moe":       # (a nightly job's too, before its night)
+            raise TunerError(f"--routing applies to `tuner moe`, not `tuner {self.command}`")
+        if self.traffic and self.command not in ("gemm", "moe"):
+            raise TunerError(f"--traffic applies to `tuner gemm` and `tuner moe` (M = tokens per forward pass); "
+                             f"`tuner {self.command}` tunes another M")
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise TunerError(f"--min-gain must be at least 0 and below 1 (0.02 is 2%), not {self.min_gain!r}")
         if self.minutes is not None:

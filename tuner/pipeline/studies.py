@@ -6,6 +6,7 @@ they share the studies, and a result is read back from the storage."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Callable
@@ -93,7 +94,8 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
         seeds.append(("baseline", lookup_nearest(baseline, M)))
     # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
     seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
-                         opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done})
+                         opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done},
+                         shapes=tuned_shapes(opts, storage, runner, problem))
     # a tied table searches its shared keys freely too: both tables choose them together below
     try:
         r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
@@ -120,6 +122,24 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
     if after_study:
         after_study()           # the tables as far as they go: a stopped run keeps them
     return True
+
+
+def tuned_shapes(opts: RunPlan, storage: BaseStorage, runner: StudyRunner, problem: Problem) -> list[tuple]:
+    """[(params, {M: measured})] of the run's other problems that differ from `problem` only in
+    the kernel's warm_across keys, over their finished studies (a warm start across shapes)."""
+    across = set(opts.kernel.warm_across)
+    if not across:
+        return []
+    out = []
+    for other in opts.problems:
+        keys = (set(other.params) | set(problem.params)) - across
+        if other.key == problem.key or any(other.params.get(k) != problem.params.get(k) for k in keys):
+            continue
+        done = {m: runner.measured(other, m) for m in opts.ms_for(other)
+                if stored_result(storage, opts, other, m) is not None}
+        if done:
+            out.append((other.params, done))
+    return out
 
 
 def incumbent_tables(opts: RunPlan) -> dict[str, list[tuple[dict, str]]]:
@@ -161,17 +181,19 @@ def by_key(opts: RunPlan) -> dict[str, Problem]:
 
 
 def stored_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int) -> dict | None:
-    import optuna
+    """The stored result of a finished study (None before it finishes). Read from the storage
+    directly, and copied once: each run reads every study's result after every study, and
+    Optuna's Study.user_attrs deep-copies all of a study's attributes on each access."""
     try:
-        study = optuna.load_study(study_name=study_name(problem, M, opts.prefix, opts.kernel.source),
-                                  storage=storage)
+        study_id = storage.get_study_id_from_name(study_name(problem, M, opts.prefix, opts.kernel.source))
     except KeyError:
         return None
-    result = study.user_attrs.get("result")
-    if result is not None:
-        result = {**result, "environment": study.user_attrs.get("environment", {}),
-                  "measured_by": study.user_attrs.get("measured_by"), "identity": study.user_attrs.get("identity")}
-    return result
+    attrs = storage.get_study_user_attrs(study_id)
+    if attrs.get("result") is None:
+        return None
+    # the storage's own objects (a journal's in-memory state): copied before anyone changes them
+    return copy.deepcopy({**attrs["result"], "environment": attrs.get("environment", {}),
+                          "measured_by": attrs.get("measured_by"), "identity": attrs.get("identity")})
 
 
 def wait_for_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int, poll_s: float = 2.0) -> dict | None:

@@ -115,6 +115,10 @@ class KernelSpec:
     # batch size changes only the grid): one build of a config then serves every M of a problem,
     # and the compile workers skip the rebuilds (a cache hit still costs a worker's lookup).
     compile_per_m: bool = True
+    # Problem keys along which a study is seeded with the best configs of the nearest problem
+    # this run already tuned (the same batch size first): MLA decode's context, whose best configs
+    # move little from one context bucket to the next (tuner/search/warm_start.py). (): none.
+    warm_across: tuple[str, ...] = ()
     # The batch sizes its tables cover when none are given: the tuning command's grid, and the
     # grid a table is whole at (tuner/pipeline/mark_partial.py). (): the engines' grid.
     batch_sizes: tuple[int, ...] = ()

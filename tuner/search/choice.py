@@ -26,6 +26,10 @@ from tuner.plan.problems import Problem
 
 MIN_GAIN = 0.02          # the default --min-gain
 PAIRS = 4                # interleaved pairs timed per decision
+# On the CPU device (Triton's interpreter) two pairs take every step of the decision, as its
+# timing takes one input set and two timed calls for the GPU's four and forty: its times mean
+# nothing about a GPU, and each pair costs two interpreted launches a side.
+CPU_DEVICE_PAIRS = 2
 
 
 @dataclass
@@ -75,6 +79,11 @@ def paired_gain_of_parts(measurer: Measurer, parts: list[tuple[Problem, Config, 
                       len(both), statistics.median(x for x, _ in both), statistics.median(y for _, y in both))
 
 
+def pairs_for(measurer: Measurer) -> int:
+    """The pairs a decision times with this measurer: fewer on the CPU device."""
+    return CPU_DEVICE_PAIRS if (measurer.environment() or {}).get("device_kind") == "cpu" else PAIRS
+
+
 def verdict(g: PairedGain, min_gain: float) -> tuple[bool, str]:
     """(does the tuned config replace the incumbent, why) from a paired gain."""
     if g.gain is None or g.low is None:
@@ -106,7 +115,7 @@ def choose_row(kernel: KernelSpec, measurer: Measurer, result, incumbents: list[
         if config_tuple(kernel, cfg) == tuned:
             return dataclasses.replace(result, choice={"kept": label, "incumbent": label, **source,
                                                        "why": f"the search's best is the {label} config itself"})
-        g = paired_gain(measurer, result.problem, result.M, result.config, cfg)
+        g = paired_gain(measurer, result.problem, result.M, result.config, cfg, pairs_for(measurer))
         if g.incumbent_us is None:
             continue                               # not timeable (not in a landscape, failed): the next one
         replace, why = verdict(g, min_gain)

@@ -19,7 +19,11 @@ MAX_OPERATION_BYTES = 64 << 20      # one operation (a study's plan is the longe
 
 def whole_operations(path: Path) -> tuple[int, int, int]:
     """(operations, the byte after the last of them, the file's size): the lines from the
-    start that are each a whole operation, read a line at a time (each bounded)."""
+    start that are each a whole operation Optuna replays (a line of JSON with an op_code can
+    still be none: an unknown op_code, a field missing), read a line at a time (each bounded)."""
+    # Optuna's own replay (private: JournalStorage rebuilds its studies with it), one operation at a time
+    from optuna.storages.journal._storage import JournalStorageReplayResult
+    replay = JournalStorageReplayResult("tuner-repair-")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -34,6 +38,10 @@ def whole_operations(path: Path) -> tuple[int, int, int]:
                 return count, good, size
             if not isinstance(op, dict) or not isinstance(op.get("op_code"), int) \
                     or isinstance(op.get("op_code"), bool):
+                return count, good, size
+            try:
+                replay.apply_logs([op])
+            except Exception:  # noqa: BLE001 - whatever Optuna raises on it, it is no operation
                 return count, good, size
             count += 1
             good += len(line)
@@ -50,11 +58,43 @@ def damaged_tail_line(path: Path, url_shown: str) -> str | None:
             "moves the rest aside")
 
 
+def unreplayable_line(path: Path, error: Exception) -> str:
+    """Why a journal whose lines all parse cannot be opened (an operation Optuna cannot replay),
+    and the repair, as damaged_tail_line says it."""
+    count, good, size = whole_operations(path)
+    what = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:100]
+    if count == 0:
+        return f"{path}: its first operation is none Optuna can replay ({what}): not a journal of ours; give a new file"
+    return (f"{path}: operation {count + 1} is none Optuna can replay ({what}), after {count} whole operations; "
+            f"`tuner repair-journal {path}` keeps the {count} operations and moves the rest ({size - good} bytes) aside")
+
+
 def repair(path: Path) -> list[str]:
     """Keep the whole operations of a journal, move its damaged tail to `<file>.damaged-tail`
-    (a new name when that exists): the tail is written aside, flushed, then cut off."""
+    (a new name when that exists): the tail is written aside, flushed, then cut off, all under
+    the lock a writer appends under (tuner/search/storage.py JournalFile), so that an operation
+    a live writer appends meanwhile is neither cut off unsaved nor half copied."""
+    import fcntl
     if not path.is_file():
         raise TunerError(f"{path}: no such journal file")
+    from tuner.errors import os_error_words
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except OSError as e:                        # a journal we may only read: fine when it needs no repair
+        count, good, size = whole_operations(path)
+        if count and good == size:
+            return _repair_locked(path, -1)
+        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _repair_locked(path, fd)
+    except OSError as e:
+        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
+    finally:
+        os.close(fd)                            # releases the lock
+
+
+def _repair_locked(path: Path, fd: int) -> list[str]:
     count, good, size = whole_operations(path)
     if count == 0:
         raise TunerError(f"{path} holds no whole operation of Optuna's: not a journal of ours; nothing was changed")
@@ -65,29 +105,22 @@ def repair(path: Path) -> list[str]:
     while os.path.lexists(aside):
         n += 1
         aside = path.with_name(f"{path.name}.damaged-tail-{n}")
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    out = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        out = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            pos = good
-            while pos < size:
-                chunk = os.pread(fd, min(1 << 20, size - pos), pos)
-                if not chunk:
-                    break
-                os.write(out, chunk)
-                pos += len(chunk)
-            os.fsync(out)
-        except BaseException:
-            os.close(out)
-            os.unlink(aside)
-            raise
+        pos = good
+        while pos < size:
+            chunk = os.pread(fd, min(1 << 20, size - pos), pos)
+            if not chunk:
+                break
+            os.write(out, chunk)
+            pos += len(chunk)
+        os.fsync(out)
+    except BaseException:
         os.close(out)
-        os.ftruncate(fd, good)
-        os.fsync(fd)
-    except OSError as e:
-        from tuner.errors import os_error_words
-        raise TunerError(f"cannot repair {path}: {os_error_words(e)}") from None
-    finally:
-        os.close(fd)
+        os.unlink(aside)
+        raise
+    os.close(out)
+    os.ftruncate(fd, good)
+    os.fsync(fd)
     return [f"{path}: kept its {count} whole operations ({good} bytes); the damaged tail ({size - good} bytes) is in "
             f"{aside}"]

@@ -434,8 +434,13 @@ class JournalFile(BaseJournalBackend):
 
 
 def open_journal(path: Path) -> BaseStorage:
-    storage = optuna.storages.JournalStorage(JournalFile(path))
-    return storage
+    try:
+        return optuna.storages.JournalStorage(JournalFile(path))
+    except (KeyError, ValueError, TypeError, AttributeError, AssertionError, RuntimeError) as e:
+        # an operation that parses but that Optuna cannot replay (an unknown op_code, a field missing or
+        # of another type): said, with the repair that keeps the operations before it
+        from tuner.search.journal_repair import unreplayable_line
+        raise TunerError(unreplayable_line(Path(path), e)) from None
 
 
 def sync_storage(storage: BaseStorage) -> None:

@@ -33,6 +33,7 @@ STARTUP_WITH_SEEDS = 2       # random configs the model-based search still measu
 PER_SOURCE_M = 10            # configs taken from one source's study (its best first)
 NEIGHBOURS = 3               # best configs offered by each batch size already done in this run
 NEIGHBOUR_SEEDS = 2         # of which a study takes this many (nearest M first), besides the warm cap
+SHAPE_SEEDS = 2              # and this many from the nearest problem tuned (KernelSpec.warm_across)
 WARM = "warm:"               # seed labels: "warm:<source>"; the sampler counts these as a warm start
 
 
@@ -156,13 +157,16 @@ def neighbours(done: dict[int, dict[tuple, float | None]], kernel: str, params: 
     return out
 
 
+NEAR_SHAPE = "neighbour-shape"      # the label of a seed from another problem tuned in this run
+
+
 def seed_label(k: Known) -> str:
     return "neighbour" if k.source == "this run" else f"{WARM}{k.source}"
 
 
 def is_warm(label: str) -> bool:
-    """A seed from a warm start or a neighbouring batch size (not a default)."""
-    return label.startswith(WARM) or label == "neighbour"
+    """A seed from a warm start, a neighbouring batch size or problem (not a default)."""
+    return label.startswith(WARM) or label in ("neighbour", NEAR_SHAPE)
 
 
 def startup(n_startup: int, warm: int) -> int:
@@ -176,16 +180,20 @@ def seeds_by_source(labels: Iterable[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for lb in labels:
         if is_warm(lb):
-            src = lb[len(WARM):] if lb.startswith(WARM) else "this run (neighbouring batch sizes)"
+            src = (lb[len(WARM):] if lb.startswith(WARM) else "this run (neighbouring shapes)" if lb == NEAR_SHAPE
+                   else "this run (neighbouring batch sizes)")
             out[src] = out.get(src, 0) + 1
     return out
 
 
 def study_seeds(pool: WarmPool | None, kernel, params: dict, M: int, gpu: GpuSpec, budget: int,
-                done: dict[int, dict[tuple, float | None]], share: float = WARM_SHARE) -> list[tuple[str, dict]]:
+                done: dict[int, dict[tuple, float | None]], share: float = WARM_SHARE,
+                shapes: Iterable[tuple[dict, dict[int, dict[tuple, float | None]]]] = ()) -> list[tuple[str, dict]]:
     """A study's warm seeds, closest first, at most cap(budget): from the pool and from the
-    batch sizes of this problem already done in this run ({M: measured}). `kernel` is the
-    study's KernelSpec: a known config it cannot take (a key it lacks) is skipped."""
+    batch sizes of this problem already done in this run ({M: measured}); and SHAPE_SEEDS from
+    `shapes`, other problems tuned in this run ([(params, {M: measured})]: the nearest shape,
+    then the nearest M). `kernel` is the study's KernelSpec: a known config it cannot take (a key
+    it lacks) is skipped."""
     from tuner.plan.kernel_api import config_dict, config_from_entry, config_tuple
 
     def key(cfg: dict) -> tuple | None:
@@ -196,9 +204,15 @@ def study_seeds(pool: WarmPool | None, kernel, params: dict, M: int, gpu: GpuSpe
     near = rank(neighbours(done, kernel.name, params, gpu, lambda t: config_dict(kernel, t)), kernel.name, params, M,
                 gpu, NEIGHBOUR_SEEDS, key)
     taken = {t for _, t in near}
-    far = rank(pool.known if pool else [], kernel.name, params, M, gpu, cap(budget, share) + len(near), key)
+    known = [k for p, d in shapes for k in neighbours(d, kernel.name, p, gpu, lambda t: config_dict(kernel, t))]
+    across = [(k, t) for k, t in rank(known, kernel.name, params, M, gpu, SHAPE_SEEDS + len(near), key)
+              if t not in taken][:SHAPE_SEEDS]
+    taken |= {t for _, t in across}
+    far = rank(pool.known if pool else [], kernel.name, params, M, gpu, cap(budget, share) + len(taken), key)
     far = [(k, t) for k, t in far if t not in taken][:cap(budget, share)]
-    return [(seed_label(k), config_dict(kernel, t)) for k, t in near + far]
+    return ([(seed_label(k), config_dict(kernel, t)) for k, t in near] + [(NEAR_SHAPE, config_dict(kernel, t))
+                                                                          for _, t in across]
+            + [(seed_label(k), config_dict(kernel, t)) for k, t in far])
 
 
 def installed_rows(pool: WarmPool | None, kernel_name: str, params: dict, gpu: GpuSpec, engine: str) -> dict:
