@@ -122,18 +122,11 @@ def test_a_full_disk_at_the_nights_state_write_is_one_line_and_keeps_the_state(t
     assert [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")] == []
 
 
-@pytest.mark.parametrize("target", ["state.json", "report.md", "summary.json"])
-def test_no_space_at_the_nights_own_writes_is_one_line_and_nothing_half_written(tmp_path, monkeypatch, capsys,
-                                                                                target):
-    """ENOSPC injected where the bytes go (half the file written, as a filling disk does) into
-    each of the night's own files in turn: exit 2, one line naming that file and the full disk,
-    the file as it was (state.json: the previous night's, byte for byte), no temporary. Before:
-    the line named no file."""
+def _no_space_at(monkeypatch, target: str) -> None:
+    """ENOSPC at the write of each file named `target`, after half its bytes were written."""
     import errno
 
     from tuner import paths
-    config, state, before = _night_then_compact_state(tmp_path)
-    capsys.readouterr()
     real = paths.atomic_write_file
 
     def filling(path, fill, root=None):
@@ -147,6 +140,41 @@ def test_no_space_at_the_nights_own_writes_is_one_line_and_nothing_half_written(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, half_then_full, root)
     monkeypatch.setattr(paths, "atomic_write_file", filling)
+
+
+@pytest.mark.parametrize("target", ["report.md", "summary.json"])
+def test_a_night_rerun_after_its_report_failed_to_be_written_reports_the_retune(tmp_path, monkeypatch, capsys,
+                                                                                 target):
+    """The disk full at the report (or summary) after the job's retune and state.json were
+    written; the same night run again reports what the night did to the job (here its first
+    run: "fresh"), from the outcome kept with the state. Before: "unchanged", the retune lost."""
+    config = nightly_yaml(tmp_path)
+    _no_space_at(monkeypatch, target)
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 2
+    monkeypatch.undo()
+    night = tmp_path / "runs-synthetic" / "n1"
+    assert not (night / target).exists() and (night / "a" / "manifest.json").is_file()
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    [job] = json.loads((night / "summary.json").read_text())
+    assert job["status"] == "fresh" and job["why"] == "first run" and job["run"] == str(night / "a"), job
+    assert "| a | fresh | why first run |" in (night / "report.md").read_text()
+    assert "a fresh" in capsys.readouterr().out
+    # another night's report says the job is unchanged: the outcome is this night's alone
+    assert main(["nightly", str(config), "--night", "n2", "--synthetic"]) == 0
+    [job] = json.loads((tmp_path / "runs-synthetic" / "n2" / "summary.json").read_text())
+    assert job["status"] == "unchanged", job
+
+
+@pytest.mark.parametrize("target", ["state.json", "report.md", "summary.json"])
+def test_no_space_at_the_nights_own_writes_is_one_line_and_nothing_half_written(tmp_path, monkeypatch, capsys,
+                                                                                target):
+    """ENOSPC injected where the bytes go (half the file written, as a filling disk does) into
+    each of the night's own files in turn: exit 2, one line naming that file and the full disk,
+    the file as it was (state.json: the previous night's, byte for byte), no temporary. Before:
+    the line named no file."""
+    config, state, before = _night_then_compact_state(tmp_path)
+    capsys.readouterr()
+    _no_space_at(monkeypatch, target)
     rc = main(["nightly", str(config), "--night", "n2", "--synthetic"])
     err = capsys.readouterr().err.strip().splitlines()
     written = tmp_path / "runs-synthetic" / ("" if target == "state.json" else "n2") / target
@@ -214,7 +242,8 @@ def test_a_job_with_an_option_its_kernel_does_not_take_is_refused_before_the_nig
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["n.yaml", "tiny.yaml", value])
 
 
-@pytest.mark.parametrize("edit", ["unfinished elsewhere", "baseline a number", "unfinished a word"])
+@pytest.mark.parametrize("edit", ["unfinished elsewhere", "baseline a number", "unfinished a word", "outcome a list",
+                                  "outcome forging a report line", "outcome of no status"])
 def test_a_state_naming_a_folder_of_no_night_is_refused_before_anything_is_written(tmp_path, capsys, edit):
     """A night continues a job's unfinished retune in the folder the state names: a state
     edited (or forged) to name another folder had the night write its run there (into '/',
@@ -227,7 +256,13 @@ def test_a_state_naming_a_folder_of_no_night_is_refused_before_anything_is_writt
     (tmp_path / "elsewhere").mkdir()
     entry.update({"unfinished elsewhere": {"unfinished": True, "run": str(tmp_path / "elsewhere")},
                   "baseline a number": {"unfinished": True, "baseline": 5},
-                  "unfinished a word": {"unfinished": "no"}}[edit])
+                  "unfinished a word": {"unfinished": "no"},
+                  # the night's outcome, kept for a rerun of that night to report (read when the night is n2)
+                  "outcome a list": {"night": "n2", "outcome": ["fresh"]},
+                  "outcome forging a report line": {"night": "n2", "outcome": {
+                      "status": "fresh", "run": entry["run"], "why": "x |\n| b | improved | y"}},
+                  "outcome of no status": {"night": "n2", "outcome": {"status": "unchanged", "run": entry["run"]}},
+                  }[edit])
     state.write_text(json.dumps({"a": entry}))
     capsys.readouterr()
     for mode in ("--dry-run", None):

@@ -102,7 +102,17 @@ def read_state(path: Path) -> dict:
             # naming any other folder would have it write its run there)
             raise TunerError(f"nightly state {path}: job {name!r}'s unfinished run {entry['run']} is no job folder "
                              f"of a night in {path.parent}{hint}")
+        outcome = entry.get("outcome", {})        # goes into the night's report again: scalars, one line each
+        if not (isinstance(outcome, dict) and isinstance(entry.get("night", ""), str)
+                and outcome.get("status", "fresh") in OUTCOMES and all(
+                    v is None or isinstance(v, (int, float)) or (isinstance(v, str) and v.isprintable())
+                    for v in outcome.values())):
+            raise TunerError(f"nightly state {path}: job {name!r}: \"outcome\" must be an object of a night's "
+                             f"job result and \"night\" a night's name{hint}")
     return state
+
+
+OUTCOMES = ("fresh", "same", "improved", "regressed")      # a job's finished retune, kept in the state
 
 
 def _a_nights_job_folder(run: Path, runs_dir: Path) -> bool:
@@ -291,6 +301,10 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
             measurers.close()
         drifted = bool((df["verdict"].isin(["loses", "fails"])).any())
     if prev_run is not None and not changed and not drifted and begun is None:
+        earlier = _retuned_this_night(prev, night_dir)
+        if earlier is not None:     # this night ran before (its report unwritten, say): its outcome, not "unchanged"
+            log(f"{name}: retuned earlier this night ({earlier['status']}) into {prev_run}")
+            return earlier
         log(f"{name}: environment unchanged and every table still wins: kept {prev_run}")
         return {"job": name, "status": "unchanged", "run": str(prev_run)}
     why = "first run" if prev_run is None else ("environment changed" if changed else "a table lost to the default")
@@ -349,8 +363,19 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
                 raise
             log(f"{name}: not installed: {e}")
             result["installed"] = False
-    state[name] = {"run": str(out), "environment": env}
+    # the outcome kept with the state: a rerun of this night after its report failed to be written reports it
+    state[name] = {"run": str(out), "environment": env, "night": night_dir.name, "outcome": result}
     return result
+
+
+def _retuned_this_night(prev: dict | None, night_dir: Path) -> dict | None:
+    """The outcome the state keeps of the job's retune in this very night (None: another night's)."""
+    outcome = (prev or {}).get("outcome")
+    if prev is None or prev.get("night") != night_dir.name or not outcome or outcome.get("run") != prev["run"]:
+        return None
+    if outcome.get("diff") and not Path(outcome["diff"]).is_relative_to(night_dir):
+        return None
+    return outcome
 
 
 def _begun(prev: dict | None, env: dict) -> Path | None:
