@@ -94,6 +94,7 @@ class DeviceMeasurer:
         self.device = make_device(device, gpu)
         self.label = self.device.label
         self.poisoned = False
+        self.on_step = None             # told what is under way (the isolation layer passes it to the progress line)
         self.compile_timeout_s = compile_timeout_s
         self._compile_workers = compile_workers
         self.max_retakes, self.cooldown_s = max_retakes, cooldown_s
@@ -203,15 +204,25 @@ class DeviceMeasurer:
         """Yield each config's measurement as soon as it is taken (the isolation layer
         forwards them one by one, so a crash loses only the config it happened on)."""
         futures = self._submit(problem, M, configs)
+        n = len(configs)
+        where = " in Triton's interpreter" if self.device.kind == "cpu" else ""
         for i, cfg in enumerate(configs):
-            if futures and futures[i] is not None and not self._await_compile(futures[i]):
-                futures = []
+            if futures and futures[i] is not None:
+                if not futures[i].done():
+                    self._step(f"compiling config {i + 1} of {n}")
+                if not self._await_compile(futures[i]):
+                    futures = []
+            self._step(f"timing config {i + 1} of {n}{where}")
             m = self._time(problem, M, cfg)
             if m.error and poisons_context(m.error):
                 self.poisoned = True
             yield m
             if self.poisoned:
                 return
+
+    def _step(self, text: str) -> None:
+        if self.on_step is not None:
+            self.on_step(text)
 
     def precompile(self, jobs: list[tuple[Problem, int, Config]]) -> dict:
         """Build many (problem, M, config) at once in the compile workers (validation of many

@@ -24,10 +24,11 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, Callable
 
 from tuner.errors import TunerError
 from tuner.measure.failures import CRASH, RUNTIME, TIMEOUT
@@ -47,6 +48,7 @@ if QUIET_TRACKER not in sys.warnoptions:
 
 DEFAULT_TIMEOUT_S = 120.0          # one config, compile included: a fifth of a 10-minute device command
 COMPILE_SHARE = 0.5                # a compile worker's build is waited for at most this share of it
+WAIT_TICK_S = 1.0                  # while the child works, whoever waits (the progress line) hears of it this often
 
 
 def _child_main(conn, factory: str, kwargs: dict, pdeathsig: bool, parent: int | None = None) -> None:
@@ -80,6 +82,8 @@ def _serve(conn, factory: str, kwargs: dict) -> None:
         conn.send(("fatal", f"{type(e).__name__}: {e}"))
         return
     compile_stats, counters = getattr(inner, "compile_stats", None), getattr(inner, "counters", None)
+    if hasattr(inner, "on_step"):          # what it is doing (compiling, timing config k of n), as it starts it
+        inner.on_step = lambda text: conn.send(("status", text))
 
     def stats() -> dict | None:
         """Sent with every result: the compile counts and the measurer's counters so far."""
@@ -207,7 +211,8 @@ class IsolatedMeasurer:
     """A Measurer whose work happens in a replaceable child process."""
 
     def __init__(self, kernel: KernelSpec, factory: str, kwargs: dict, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 recycle_after: int = 256, start_timeout_s: float = 900.0, label: str = "gpu"):
+                 recycle_after: int = 256, start_timeout_s: float = 900.0, label: str = "gpu",
+                 on_wait: Callable[[str, float], None] | None = None):
         self.kernel = kernel
         self.factory, self.kwargs = factory, kwargs
         self.timeout_s, self.recycle_after, self.start_timeout_s = timeout_s, recycle_after, start_timeout_s
@@ -220,6 +225,10 @@ class IsolatedMeasurer:
         self._env: dict = {}
         self._compiles_before: dict = {}       # compile counts of children already replaced
         self._compiles_now: dict = {}
+        self.busy = False                      # a request sent and not answered in full (a stop lands mid-request)
+        # told every WAIT_TICK_S while we wait on the child: what it is doing, for how many seconds
+        self.on_wait = on_wait
+        self.step, self._step_since = "", time.monotonic()
         self._start()
 
     # -- the child's life ------------------------------------------------------------
@@ -238,8 +247,10 @@ class IsolatedMeasurer:
         self.process_groups.append(self.proc.pid)
         self.starts += 1
         self.served = 0
+        self.busy = False
         try:
-            started = self.conn.poll(self.start_timeout_s)
+            self._doing("starting the measuring worker")
+            started = self._wait(self.start_timeout_s)
         except BaseException:                 # stopped while it starts (a --minutes window's end): no child left
             self._kill()
             raise
@@ -282,16 +293,38 @@ class IsolatedMeasurer:
         self._kill()
         self._start()
 
+    def _doing(self, step: str) -> None:
+        self.step, self._step_since = step, time.monotonic()
+        if self.on_wait is not None:
+            self.on_wait(step, 0.0)
+
+    def _wait(self, timeout: float) -> bool:
+        """conn.poll(timeout), telling on_wait what the child is doing every WAIT_TICK_S meanwhile."""
+        if self.on_wait is None:
+            return self.conn.poll(max(timeout, 0))
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(max(0.0, min(WAIT_TICK_S, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return False
+            self.on_wait(self.step, time.monotonic() - self._step_since)
+        return True
+
     def _receive(self, timeout: float):
-        """(status, payload), or ("lost", reason) when the child died or hung."""
-        if not self.conn.poll(timeout):
-            return "lost", f"hang: no result within {timeout:.0f}s"
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            self.proc.join(5)
-            _stopped_from_outside(self.proc.exitcode)
-            return "lost", _death_reason(self.proc.exitcode)
+        """(status, payload), or ("lost", reason) when the child died or hung. The child's word
+        of what it is doing ("status") goes to on_wait; the timeout runs on regardless."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._wait(deadline - time.monotonic()):
+                return "lost", f"hang: no result within {timeout:.0f}s"
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                self.proc.join(5)
+                _stopped_from_outside(self.proc.exitcode)
+                return "lost", _death_reason(self.proc.exitcode)
+            if message[0] != "status":
+                return message
+            self._doing(message[1])
 
     def _send(self, message) -> bool:
         try:
@@ -323,6 +356,7 @@ class IsolatedMeasurer:
                 self._restart(None)          # memory stays flat: a fresh child now and then
             # no more than the child's quota: it is replaced after exactly recycle_after configs
             batch = todo[: max(1, self.recycle_after - self.served)]
+            self.busy = True                # until "done": a stop meanwhile kills the child (close)
             if not self._send(("measure", (problem, M, batch))):
                 self.proc.join(5)
                 _stopped_from_outside(self.proc.exitcode)
@@ -338,12 +372,14 @@ class IsolatedMeasurer:
                     self.served += 1
                 elif status == "done":
                     self._compiles_now = payload or {}
+                    self.busy = False
                     break
                 elif status == "restart":   # the child gave up its CUDA context after an error
                     why, self._compiles_now = payload
                     self._restart(why)
                     break
                 elif status == "error":     # the batch as a whole raised: blame the config at hand
+                    self.busy = False
                     results.append(Measurement(None, None, payload.splitlines()[0], RUNTIME))
                     todo.pop(0)
                     break
@@ -366,7 +402,10 @@ class IsolatedMeasurer:
             self._restart(_death_reason(self.proc.exitcode))
             if not self._send((method, args)):
                 return False, "measuring worker was gone"
+        self.busy = True
+        self._doing(method.replace("_", " "))
         status, payload = self._receive(timeout_s or self.timeout_s)
+        self.busy = status not in ("ok", "error")
         if status == "ok":
             result, lost, self._compiles_now = payload
             if lost:
@@ -397,7 +436,10 @@ class IsolatedMeasurer:
         return result
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
+        """Ended cleanly (its compile pool closed) when idle; killed with its group at once when
+        a request is still in flight (a Ctrl-C or SIGTERM mid-measurement: it would read
+        "close" only after the config at hand, minutes later in Triton's interpreter)."""
+        if self.proc is not None and self.proc.is_alive() and not self.busy:
             self._send(("close", None))
             self.proc.join(10)
         self._kill()
@@ -405,7 +447,8 @@ class IsolatedMeasurer:
 
 def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int = 8,
                           timeout_s: float = DEFAULT_TIMEOUT_S, recycle_after: int = 256,
-                          device: str = "cuda", policy: dict | None = None) -> "IsolatedMeasurer":
+                          device: str = "cuda", policy: dict | None = None,
+                          on_wait: Callable[[str, float], None] | None = None) -> "IsolatedMeasurer":
     """The device measurer (tuner.measure.device_measurer) in a replaceable child process, on a CUDA GPU
     or the CPU device. Its compile workers are waited for at most half the timeout, so that a
     slow compile is never taken for a hung config."""
@@ -415,4 +458,4 @@ def isolated_gpu_measurer(kernel: KernelSpec, gpu_key: str, compile_workers: int
                             {"kernel": kernel.ref, "gpu": gpu_key, "compile_workers": compile_workers,
                              "device": device, "compile_timeout_s": COMPILE_SHARE * timeout_s,
                              **({"policy": policy} if policy else {})},
-                            timeout_s=timeout_s, recycle_after=recycle_after, label=label)
+                            timeout_s=timeout_s, recycle_after=recycle_after, label=label, on_wait=on_wait)

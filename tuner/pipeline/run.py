@@ -35,6 +35,7 @@ def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[St
     tables and the manifest from what the storage holds; returns the results. With a window
     (--minutes) the studies go by value until its time is up (tuner/pipeline/windows.py)."""
     progress = Progress(len(opts.problems) * len(opts.batch_sizes), enabled=not opts.quiet, unit=time_unit(opts))
+    progress.interpreted = opts.device == "cpu" and not opts.replay
     t0 = opts.started if opts.started is not None else time.monotonic()   # planning, a synthetic landscape: counted
     # Every input is checked before the first write: the shipped tables to beat, the landscape.
     check_baselines(opts)
@@ -113,7 +114,7 @@ def make_measurer(opts: RunPlan, progress: Progress) -> Measurer:
     # Every compile and timing happens in a replaceable child process (tuner/measure/isolation.py).
     gpu_m = isolation.isolated_gpu_measurer(opts.kernel, opts.gpu.key, opts.compile_workers,
                                             opts.measure_timeout, opts.recycle_after, opts.device,
-                                            policy=opts.policy or None)
+                                            policy=opts.policy or None, on_wait=progress.waiting)
     if not opts.record:
         return gpu_m
     try:
