@@ -295,6 +295,13 @@ def test_emitter_writes_no_down_copy(tmp_path):
         assert files == [f"{S3_MOE}.json"] + ([f"{S3_MOE}_down.json"] if written else [])
         entry = next(t for t in entries if t["problem"]["part"] == "down")
         assert bool(entry["files"]) == written and ("not_written" in entry) != written
+    # run again into the folder that has a `_down` table, and it comes out the same as the up table:
+    # the earlier run's `_down` file goes (SGLang would read it beside the new up table)
+    out = tmp_path / "run-True"
+    assert [p.name for p in out.rglob("*_down.json")] == [f"{S3_MOE}_down.json"]
+    opts = SimpleNamespace(out_dir=out, kernel=kernel, gpu=get_gpu("H200"), engines=["sglang"], batch_sizes=[1, 64])
+    _emit(opts, [up, down], [results(up), results(down)], {"triton": "3.6.0"}, {})
+    assert sorted(p.name for p in out.rglob("*.json")) == [f"{S3_MOE}.json"]
 
 
 def test_traffic_weighs_each_tables_keys(tmp_path, capsys):

@@ -42,6 +42,22 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
     return files
 
 
+def remove_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, cuda_name: str, triton_version: str,
+                  engines: list[str]) -> list[str]:
+    """Remove the files of a table this run does not write (a tied table that came out the same
+    as its partner) where an earlier run into this folder left them: the manifest no longer
+    lists them, and an engine would still read them beside the new table. Returns them."""
+    removed = []
+    for name in engines:
+        if name not in problem.engines:
+            continue
+        rel = ENGINES[name].table_relpath(kernel.table_kind, problem.params, cuda_name, triton_version)
+        if (out_dir / rel).is_file():
+            (out_dir / rel).unlink()
+            removed.append(rel)
+    return removed
+
+
 def update_manifest(out_dir: Path, run_info: dict, entries: list[dict]) -> Path:
     """Merge this run's entries into OUT/manifest.json (one per kernel, problem and table file), atomically."""
     path = out_dir / MANIFEST

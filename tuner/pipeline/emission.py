@@ -10,7 +10,7 @@ from pathlib import Path
 
 from optuna.storages import BaseStorage
 
-from tuner.emit.results import copied_tied_tables, manifest_entry, update_manifest, write_tables
+from tuner.emit.results import copied_tied_tables, manifest_entry, remove_tables, update_manifest, write_tables
 from tuner.errors import TunerError
 from tuner.measure.environment import software_versions
 from tuner.paths import atomic_write_json
@@ -157,6 +157,8 @@ def _emit(opts: RunPlan, group: list[Problem], group_results: list[list[StudyRes
         entry = _entry(opts, problem, results, files, run_info)
         if problem.key in copies:
             entry["not_written"] = copies[problem.key]
+            # an earlier run's file of it goes: the engine would read it beside this run's tables
+            remove_tables(opts.out_dir, opts.kernel, problem, opts.gpu.cuda_name, triton_version, opts.engines)
         entries.append(entry)
         _audit_emitted(opts, problem, files, findings)
     return entries
