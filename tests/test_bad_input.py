@@ -412,6 +412,10 @@ CASES = [
     ("drift MoE table without a model", lambda t: [
         "drift", str((t / MOE).write_text(json.dumps({"1": CFG})) and t / MOE), "--gpu", "H200"], "give --model"),
     ("report without a manifest", lambda t: ["report", str(t)], "holds no manifest.json"),
+    ("landscape synth --out a folder", lambda t: [
+        "landscape", "synth", "--kernel", "gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+        "--batch-sizes", "1", "--out", str(t)], "is a folder: give the path of a file"),
+    ("report of a folder that does not exist", lambda t: ["report", str(t / "no-such-run")], "no-such-run does not exist"),
     ("report of a manifest of the wrong shape", lambda t: [
         "report", str(results_with(t / "r", {}, manifest={"format": "tuner-manifest/1", "tables": [7]}))],
      "table 1 is not an object"),

@@ -283,3 +283,18 @@ def test_a_key_given_twice_in_the_jobs_yaml_is_refused(tmp_path, capsys):
     assert main(["nightly", str(config), "--night", "n1", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has the key 'trials' twice in one mapping (line" in err[0], err
+
+
+def test_a_synthetic_night_says_why_its_tables_are_not_installed(tmp_path, capsys):
+    """A job with `install:` in a --synthetic night: the tables are SYNTHETIC, which is why they
+    stay (not a missing engine, whose advice would lead to one more refusal)."""
+    config = nightly_yaml(tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["jobs"][0]["install"] = {"engine": "vllm"}
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["nightly", str(config), "--night", "n1", "--synthetic"]) == 0
+    printed = "".join(capsys.readouterr())
+    assert "a: not installed: its tables are SYNTHETIC" in printed and "site-packages" not in printed
+    [first] = json.loads((tmp_path / "runs-synthetic" / "n1" / "summary.json").read_text())
+    assert first["installed"] is False
+

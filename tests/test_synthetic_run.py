@@ -44,6 +44,8 @@ def test_a_synthetic_dry_run_writes_nothing_and_clashes_are_refused(tmp_path, ca
     assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--synthetic", "--dry-run", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "*** SYNTHETIC" in printed and "kernel: ours" in printed and not out.exists()
+    # nothing is timed: the plan claims no GPU timing
+    assert "timing: none: a SYNTHETIC cost model" in printed and "CUDA-graph" not in printed
     for clash in (["--replay", str(tmp_path / "x.jsonl")], ["--device", "cpu"]):
         assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--synthetic", *clash]) == 2
         err = capsys.readouterr().err

@@ -352,7 +352,10 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
         slower, faster = int((diff["verdict"] == "slower").sum()), int((diff["verdict"] == "faster").sum())
         result.update({"faster": faster, "slower": slower, "diff": str(md),
                        "status": "regressed" if slower else ("improved" if faster else "same")})
-    if job.get("install"):
+    if job.get("install") and job.get("synthetic"):      # the real reason, not a missing engine's
+        log(f"{name}: not installed: its tables are SYNTHETIC (a cost model's times), never installed")
+        result["installed"] = False
+    elif job.get("install"):
         inst = job["install"]
         try:
             api.install_results(out, inst["engine"], inst.get("site_packages") and str(inst["site_packages"]),

@@ -88,7 +88,9 @@ def read_manifest(folder: Path) -> dict:
     """A results folder's manifest, its shape checked; one clear line when it is not one."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise TunerError(f"{folder} holds no {MANIFEST}: not a tuner results folder")
+        what = "is not a folder" if Path(folder).exists() else "does not exist"
+        raise TunerError(f"{folder} " + (f"holds no {MANIFEST}" if Path(folder).is_dir() else what)
+                         + ": not a tuner results folder")
     manifest = read_json(path)
     problem = manifest_problem(manifest)
     if problem:

@@ -120,6 +120,8 @@ def check_replaceable(path: Path, what: str = "--out") -> bool:
         return True
     kind = ("a landscape recorded on a GPU" if isinstance(header, dict) and header.get("format") == "tuner-landscape/1"
             else "a link" if path.is_symlink() else "a folder" if path.is_dir() else "not a SYNTHETIC landscape")
+    if kind == "a folder":      # never advise removing a folder (it may be a whole results folder)
+        raise TunerError(f"{what} {path} is a folder: give the path of a file, e.g. {path}/synthetic.jsonl.gz")
     raise TunerError(f"{what} {path} exists and is {kind}: only a SYNTHETIC landscape is replaced; "
                      "remove it or give another path")
 

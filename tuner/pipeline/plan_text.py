@@ -31,7 +31,7 @@ def plan_text(opts: RunPlan) -> str:
              + f", sampler {opts.settings.sampler}, patience "
              + ("half the budget" if opts.settings.patience_share else f"{opts.settings.patience}"),
              *budget_lines(opts.settings, pruned_sizes(opts.space, opts.problems, opts.batch_sizes, gpu)),
-             f"  timing: {policy_text(opts.policy or None) if not opts.replay else 'replayed: as the landscape was recorded'}",
+             f"  timing: {timing_text(opts)}",
              f"  storage {shown(run_storage(opts))}",
              f"  output {opts.out_dir}/"]
     triton_version = installed_version("triton")
@@ -85,6 +85,14 @@ def engine_reading_notes(table_kind: str, engines) -> list[str]:
     """What makes each engine read tables of this kind on Hopper (tuner/plan/engines.py)."""
     return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
             for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
+
+
+def timing_text(opts: RunPlan) -> str:
+    """How the plan's times are taken: a dry run of --synthetic has no landscape to replay yet,
+    and must not claim the GPU's timing."""
+    if getattr(opts.request, "synthetic", False):
+        return "none: a SYNTHETIC cost model gives every time (no kernel runs)"
+    return "replayed: as the landscape was recorded" if opts.replay else policy_text(opts.policy or None)
 
 
 def kernel_origin_text(kernel: KernelSpec) -> str:
