@@ -33,13 +33,18 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
     if not table:
         return files
     text = table_json(table)
-    for name in engines:
-        if name not in problem.engines:
-            continue
-        rel = ENGINES[name].table_relpath(kernel.table_kind, problem.params, cuda_name, triton_version)
+    for name, rel in _table_files(kernel, problem, cuda_name, triton_version, engines):
         atomic_write_text(out_dir / rel, text, root=out_dir)
         files[name] = rel
     return files
+
+
+def _table_files(kernel: KernelSpec, problem: Problem, cuda_name: str, triton_version: str,
+                 engines: list[str]) -> list[tuple[str, str]]:
+    """(engine, path relative to the results folder) of each table file of `problem`, for each
+    of `engines` that runs it, named and placed as that engine reads it."""
+    return [(name, ENGINES[name].table_relpath(kernel.table_kind, problem.params, cuda_name, triton_version))
+            for name in engines if name in problem.engines]
 
 
 def remove_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, cuda_name: str, triton_version: str,
@@ -48,10 +53,7 @@ def remove_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, cuda_name
     as its partner) where an earlier run into this folder left them: the manifest no longer
     lists them, and an engine would still read them beside the new table. Returns them."""
     removed = []
-    for name in engines:
-        if name not in problem.engines:
-            continue
-        rel = ENGINES[name].table_relpath(kernel.table_kind, problem.params, cuda_name, triton_version)
+    for _, rel in _table_files(kernel, problem, cuda_name, triton_version, engines):
         if (out_dir / rel).is_file():
             (out_dir / rel).unlink()
             removed.append(rel)
@@ -88,9 +90,9 @@ def read_manifest(folder: Path) -> dict:
     """A results folder's manifest, its shape checked; one clear line when it is not one."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
-        what = "is not a folder" if Path(folder).exists() else "does not exist"
-        raise TunerError(f"{folder} " + (f"holds no {MANIFEST}" if Path(folder).is_dir() else what)
-                         + ": not a tuner results folder")
+        what = (f"holds no {MANIFEST}" if Path(folder).is_dir() else
+                "is not a folder" if Path(folder).exists() else "does not exist")
+        raise TunerError(f"{folder} {what}: not a tuner results folder")
     manifest = read_json(path)
     problem = manifest_problem(manifest)
     if problem:

@@ -90,7 +90,7 @@ def engine_reading_notes(table_kind: str, engines) -> list[str]:
 def timing_text(opts: RunPlan) -> str:
     """How the plan's times are taken: a dry run of --synthetic has no landscape to replay yet,
     and must not claim the GPU's timing."""
-    if getattr(opts.request, "synthetic", False):
+    if opts.request.synthetic:
         return "none: a SYNTHETIC cost model gives every time (no kernel runs)"
     return "replayed: as the landscape was recorded" if opts.replay else policy_text(opts.policy or None)
 
