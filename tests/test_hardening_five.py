@@ -3,6 +3,7 @@ range, a journal with a damaged tail, a damaged SQLite storage, refusals that wr
 temporaries left behind."""
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -231,27 +232,33 @@ def test_landscape_synth_on_a_full_disk_says_so_and_leaves_nothing(tmp_path, cap
     assert list(tmp_path.iterdir()) == []
 
 
+def stored_plan_timed_on_a_gpu(journal: Path) -> None:
+    """Make the plan a SYNTHETIC run stored in `journal` say its times came from the GPU (as an
+    earlier run on an H200 into the same storage would have stored it)."""
+    import optuna
+
+    from tuner.search.storage import open_storage
+    store = open_storage(f"journal:///{journal}")
+    [name] = [n for n in optuna.get_all_study_names(store) if "tuner-plan:" in n]
+    study = optuna.load_study(study_name=name, storage=store)
+    plan = study.user_attrs["plan"]
+    assert plan["identity"]["times"] == "SYNTHETIC"
+    study.set_user_attr("plan", {**plan, "identity": {**plan["identity"], "times": "GPU"}})
+
+
 def test_a_plan_stored_for_other_times_is_refused_before_the_synthetic_landscape(tmp_path, capsys):
     """A --synthetic run into an --out whose stored plan differs only in the source of times
     (timed on the GPU, as an earlier run there on an H200 would have stored it): exit 2 naming
     the source of times, and OUT as it was (its synthetic landscape not rewritten). Before: the
     plan's check knew no source of times until the landscape was made, so the refusal came after
     the landscape had been replaced."""
-    import optuna
     from test_bad_input import GEMM_ARGS
 
     from tuner.cli import main
-    from tuner.search.storage import open_storage
     out = tmp_path / "out"
     argv = [*GEMM_ARGS, "--synthetic", "--trials", "2", "--out", str(out)]
     assert main(argv) == 0
-    store = open_storage(f"journal:///{out / 'studies.journal'}")
-    [name] = [n for n in optuna.get_all_study_names(store) if "tuner-plan:" in n]
-    study = optuna.load_study(study_name=name, storage=store)
-    plan = study.user_attrs["plan"]
-    assert plan["identity"]["times"] == "SYNTHETIC"
-    study.set_user_attr("plan", {**plan, "identity": {**plan["identity"], "times": "GPU"}})
-    del study, store
+    stored_plan_timed_on_a_gpu(out / "studies.journal")
     before = {p: (p.stat().st_ino, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
     capsys.readouterr()
     assert main(argv) == 2
@@ -315,10 +322,7 @@ def test_a_replay_plan_stored_for_other_times_is_refused_before_the_routing_file
     the source of times (timed on the GPU): exit 2 naming the source of times, and nothing
     written (every file by inode and bytes; no OUT). Before: the plan's early check knew no
     replay's source of times, so OUT/routing/<hash>.npy was stored before the refusal."""
-    import optuna
-
     from tuner.cli import main
-    from tuner.search.storage import open_storage
     rng = np.random.default_rng(0)
     np.save(tmp_path / "r.npy", np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32))
     argv = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours",
@@ -328,13 +332,7 @@ def test_a_replay_plan_stored_for_other_times_is_refused_before_the_routing_file
     journal = tmp_path / "shared.journal"
     argv += ["--replay", str(landscape), "--storage", f"journal:///{journal}"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
-    store = open_storage(f"journal:///{journal}")
-    [name] = [n for n in optuna.get_all_study_names(store) if "tuner-plan:" in n]
-    study = optuna.load_study(study_name=name, storage=store)
-    plan = study.user_attrs["plan"]
-    assert plan["identity"]["times"] == "SYNTHETIC"
-    study.set_user_attr("plan", {**plan, "identity": {**plan["identity"], "times": "GPU"}})
-    del study, store
+    stored_plan_timed_on_a_gpu(journal)
     before = {p: (p.stat().st_ino, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()}
     capsys.readouterr()
     assert main([*argv, "--out", str(tmp_path / "b")]) == 2

@@ -127,33 +127,14 @@ def test_a_measuring_child_stopped_from_outside_stops_the_run(tmp_path, sig):
 
 
 LEAKY = """
-import dataclasses
 import sys
 sys.path.insert(0, sys.argv[2])
 import faulty_kernel
-from pathlib import Path
-from tuner.pipeline.request import TuneRequest
 from tuner.pipeline.run import run_tuning
-from tuner.pipeline.run_plan import RunPlan
-from tuner.plan.gpus import get_gpu
-from tuner.plan.models import gemm_problems, load_model
-from tuner.plan.space import load_space
-from tuner.search.runner import SearchSettings
-space = Path(sys.argv[1]) / "space.yaml"
-space.write_text("kernel: fp8_gemm\\nparams:\\n  BLOCK_SIZE_M: [16]\\n  BLOCK_SIZE_N: [32]\\n  BLOCK_SIZE_K: [128]\\n"
-                 "  GROUP_SIZE_M: [1]\\n  num_warps: [4]\\n  num_stages: [4]\\n")
 # every config the study measures hangs, the default too: under any load each ends at the
 # timeout (a slow compile only loses its head start), so no working config races the 2 s
-hang = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
-kernel = dataclasses.replace(faulty_kernel.KERNEL, default_config=lambda params, M: dict(hang),
-                             extra_seeds=lambda params, M: [])
-[problem] = [p for p in gemm_problems(load_model(sys.argv[3]), 1) if p.params["N"] == 256]
-request = TuneRequest("gemm", sys.argv[3], "H100", engines=["vllm"], compile_workers=1, measure_timeout=2,
-                      device="cpu", quiet=True)
-opts = RunPlan(request=request, kernel=kernel, space=load_space(kernel, space), gpu=get_gpu("H100"),
-               problems=[problem], batch_sizes=[1], settings=SearchSettings(budget=3, patience=100, batch=3, seed=0),
-               out_dir=Path(sys.argv[1]) / "out")
-[result] = run_tuning(opts)[problem.key]
+opts = faulty_kernel.hanging_plan(sys.argv[1], sys.argv[3], measure_timeout=2, budget=3, quiet=True)
+[result] = run_tuning(opts)[opts.problems[0].key]
 print(result.failures)
 """
 

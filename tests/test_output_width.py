@@ -43,24 +43,11 @@ def test_the_commands_that_need_a_gpu_or_an_engine_print_within_the_width(column
 
 
 def test_the_progress_line_fits_an_80_column_terminal(monkeypatch):
+    from test_wait_progress import Terminal
+
     from tuner.progress import Progress
-
-    class Terminal:
-        text = ""
-
-        def isatty(self):
-            return True
-
-        def fileno(self):
-            raise OSError("not a real terminal")
-
-        def write(self, s):
-            self.text += s
-
-        def flush(self):
-            pass
     monkeypatch.setenv("COLUMNS", "80")
-    term = Terminal()
+    term = Terminal(tty=True)
     p = Progress(54, stream=term, unit="us (SYNTHETIC)")
     p.start_study("sglang fused_moe E=257,N=256,block_shape=[128,128] _down M=4096 (a long study label)")
     for done in range(1, 33):

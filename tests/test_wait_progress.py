@@ -27,31 +27,13 @@ SMALL = str(REPO / "configs" / "examples" / "small-moe.json")
 # sleeps an hour, after writing its pid into $FAULTY_KERNEL_HANG_FILE), with the timeout far
 # away: the run waits on its child until it is stopped. The command's own SIGTERM handling.
 HANGING_RUN = """
-import dataclasses, signal, sys
-from pathlib import Path
+import signal, sys
 sys.path.insert(0, sys.argv[2])
 import faulty_kernel
 from tuner.cli import _on_sigterm
-from tuner.pipeline.request import TuneRequest
 from tuner.pipeline.run import run_tuning
-from tuner.pipeline.run_plan import RunPlan
-from tuner.plan.gpus import get_gpu
-from tuner.plan.models import gemm_problems, load_model
-from tuner.plan.space import load_space
-from tuner.search.runner import SearchSettings
 signal.signal(signal.SIGTERM, _on_sigterm)
-space = Path(sys.argv[1]) / "space.yaml"
-space.write_text("kernel: fp8_gemm\\nparams:\\n  BLOCK_SIZE_M: [16]\\n  BLOCK_SIZE_N: [32]\\n  BLOCK_SIZE_K: [128]\\n"
-                 "  GROUP_SIZE_M: [1]\\n  num_warps: [4]\\n  num_stages: [4]\\n")
-hang = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
-kernel = dataclasses.replace(faulty_kernel.KERNEL, default_config=lambda params, M: dict(hang),
-                             extra_seeds=lambda params, M: [])
-[problem] = [p for p in gemm_problems(load_model(sys.argv[3]), 1) if p.params["N"] == 256]
-request = TuneRequest("gemm", sys.argv[3], "H100", engines=["vllm"], compile_workers=1, measure_timeout=3000,
-                      device="cpu")
-opts = RunPlan(request=request, kernel=kernel, space=load_space(kernel, space), gpu=get_gpu("H100"),
-               problems=[problem], batch_sizes=[1], settings=SearchSettings(budget=1, patience=100, batch=1, seed=0),
-               out_dir=Path(sys.argv[1]) / "out")
+opts = faulty_kernel.hanging_plan(sys.argv[1], sys.argv[3], measure_timeout=3000, budget=1)
 try:
     run_tuning(opts)
 except KeyboardInterrupt:
