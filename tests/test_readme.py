@@ -227,6 +227,54 @@ def test_the_readme_is_a_front_page_whose_links_lead_somewhere():
     assert all((REPO / link).exists() for link in local), [link for link in local if not (REPO / link).exists()]
 
 
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading when it shows a Markdown file: lower case, every
+    character but letters, digits, '_', '-' and spaces dropped, each space a '-' (runs of '-'
+    are kept: "windows (`--minutes`)" -> "windows---minutes")."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def markdown_slug(heading: str) -> str:
+    """The anchor MkDocs gives it: Python-Markdown's toc extension (pinned in the docs extra)
+    where installed; its rule written out otherwise (runs of '-' and spaces become one '-')."""
+    try:
+        from markdown.extensions.toc import slugify
+    except ImportError:
+        import unicodedata
+        text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode("ascii")
+        text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+        return re.sub(r"[-\s]+", "-", text)
+    return slugify(heading, "-")
+
+
+def headings(path: Path) -> list[str]:
+    """The text of every heading of a Markdown page, its code spans' backticks dropped."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return [m.group(1).replace("`", "") for m in re.finditer(r"^#{1,6} +(.+?) *#*$", text, flags=re.M)]
+
+
+def test_every_anchor_link_resolves_on_github_and_in_the_site():
+    """A link to a heading (`page.md#anchor`, `#anchor`) in the README or the manual names a
+    heading whose anchor is the same under GitHub's rule and MkDocs' (Python-Markdown's toc),
+    so neither where it is read nor a release of Markdown can break it: a heading with
+    punctuation next to a space ("windows (`--minutes`)") gets two anchors, and a link to one of
+    them broke `mkdocs build --strict` with the Markdown pip installed (issue 50, item 1)."""
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]*#[^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, anchor = target.split("#", 1)
+            linked = (page.parent / file) if file else page
+            both = {github_slug(h) for h in headings(linked)} & {markdown_slug(h) for h in headings(linked)}
+            if anchor not in both:
+                broken.append(f"{page.name}: {target}")
+    assert not broken, broken
+    # the two rules part where the bug was: what the check above guards against
+    assert (github_slug("Windows (--minutes)"), markdown_slug("Windows (--minutes)")) == ("windows---minutes", "windows-minutes")
+
+
 def test_the_site_lists_every_page():
     """mkdocs.yml's navigation names every page of docs/, once (a page left out is a page
     nobody finds; .ci/run's `mkdocs build --strict` also refuses it)."""
