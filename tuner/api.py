@@ -99,11 +99,11 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
                  f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
                  f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
         for c in copies:
-            hold(f"{'would install' if dry_run else 'install'} {c.dest}"
+            hold(f"{'would install' if dry_run else 'install'} {where.show(c.dest)}"
                  + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
                  + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
         from tuner.emit.install_target import engine_log_lines
-        for line in engine_log_lines(copies, engine, site, config_dir, where.version):
+        for line in engine_log_lines(copies, engine, site, config_dir, where.version, where.present):
             hold(line)
         if dry_run:
             flush()

@@ -235,7 +235,9 @@ def _entry(opts: RunPlan, problem: Problem, results: list[StudyResult], files: d
     entry = manifest_entry(opts.kernel, problem, tuned, files, run_info)
     kept = {str(r.M): r.choice.get("row") for r in results if r.stopped == NOT_TUNED}
     if kept:
-        entry["partial"] = {"planned": sorted(r.M for r in results), "incumbent": kept,
+        # which rows were tuned, said: `tuner install` puts those alone over what an engine reads
+        entry["partial"] = {"tuned": sorted(r.M for r in tuned), "planned": sorted(r.M for r in results),
+                            "incumbent": kept,
                             "why": "not tuned yet (the run stopped or its --minutes window ended); their rows "
                                    "keep the incumbent, the row the engine reads today"}
     return entry
