@@ -111,13 +111,14 @@ def closing_lines(opts, results: dict) -> list[str]:
     where an engine would read the tables (for times from a GPU or a recorded landscape only)."""
     kernel, lines = opts.kernel, []
     if results:
-        from tuner.emit.run_table import run_source, run_table_lines, written_files
+        from tuner.emit.run_table import run_source, run_table_lines, unwritten_files, written_files
         lines.append(run_source(opts.out_dir))
         # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
         whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
-        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain)
+        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain,
+                                 unwritten_files(opts))
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
     if kernel.engine_hints:
