@@ -168,6 +168,30 @@ def test_a_refused_routing_run_stores_no_routing_file(tmp_path, capsys):
     assert not (out / "routing").exists()
 
 
+def test_a_refused_routing_replay_leaves_nothing_under_out(tmp_path, capsys):
+    """A --routing replay of a landscape recorded under another routing is refused when its
+    measurer opens the landscape (after planning): exit 2 and no OUT at all. Before:
+    OUT/routing/<hash>.npy stayed (issue 51, item 11). An earlier run's routing file stays."""
+    from tuner.cli import main
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "r.npy", np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32))
+    common = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours", "--batch-sizes", "1"]
+    assert main(["landscape", "synth", "--kernel", "moe", *common, "--out", str(tmp_path / "l.jsonl.gz")]) == 0
+    out = tmp_path / "out"
+    argv = ["moe", *common, "--trials", "2", "--replay", str(tmp_path / "l.jsonl.gz"),
+            "--routing", str(tmp_path / "r.npy"), "--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "covers none of the planned problems" in err and "internal error" not in err, err
+    assert not out.exists(), sorted(out.rglob("*"))
+    (out / "routing").mkdir(parents=True)
+    earlier = np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32)
+    np.save(out / "routing" / "mine.npy", earlier)
+    assert main(argv) == 2
+    assert sorted(p.name for p in out.rglob("*")) == ["mine.npy", "routing"]
+
+
 def test_warm_start_from_a_folder_with_a_random_journal(tmp_path, capsys):
     """Before: exit 0 after 108 lines naming the temporary copies it read; now the journal
     given is named, once."""
