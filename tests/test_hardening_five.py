@@ -60,6 +60,35 @@ def test_a_journal_with_a_damaged_tail_is_said_and_repaired(tmp_path, capsys, ta
     assert len(study.trials) == 16
 
 
+def test_a_sparse_tail_of_nuls_is_kept_aside_without_its_zeros(tmp_path, capsys):
+    """A journal whose tail is 1 GiB of NULs (a hole: a disk that lost its last blocks) with a
+    few bytes in it: the repair keeps the tail's size and those bytes aside, not a GiB of
+    zeros on disk. Before: 1.1 GB written aside (issue 51, item 11)."""
+    from tuner.cli import main
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    tail = 1 << 30
+    with open(journal, "r+b") as f:
+        f.truncate(len(whole) + tail)                   # a hole: no block of it is on disk
+        f.seek(len(whole) + (300 << 20))
+        f.write(b"kept")                                # what of the tail is not zeros
+        f.seek(len(whole) + tail - 3)
+        f.write(b"end")
+    capsys.readouterr()
+    assert main(["repair-journal", str(journal)]) == 0
+    assert f"the damaged tail ({tail} bytes) is in" in capsys.readouterr().out
+    assert journal.read_bytes() == whole
+    aside = tmp_path / "s.journal.damaged-tail"
+    assert aside.stat().st_size == tail and aside.stat().st_blocks * 512 < 1 << 20      # its size, not its zeros
+    with open(aside, "rb") as f:
+        f.seek(300 << 20)
+        assert f.read(4) == b"kept"
+        f.seek(tail - 3)
+        assert f.read() == b"end"
+        f.seek((300 << 20) - 100)
+        assert f.read(100) == b"\0" * 100
+
+
 @pytest.mark.parametrize("command", ["collect", "worker"])
 def test_a_damaged_sqlite_storage_is_one_line(tmp_path, capsys, command):
     """An Optuna SQLite storage of 16 trials whose second page is random bytes (its header and
