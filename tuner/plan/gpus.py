@@ -35,7 +35,8 @@ class GpuSpec:
 
 
 # field in the file -> (type, what it must be); every field but aliases is required
-_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {"key": (str, "a name of letters, digits and dashes"), "cuda_name": (str, "a name"),
+_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+           "key": (str, "a name of letters, digits and dashes"), "cuda_name": (str, "a name"),
            "aliases": (list, "a list of names"), "sm_count": (int, "a whole number from 1 to 1024"),
            "max_smem_per_block": (int, "bytes, from 1 to 16 MiB"), "l2_mib": ((int, float), "MiB, above 0 and at most 4096"),
            "hbm_tb_s": ((int, float), "TB/s, above 0 and at most 1000"),
