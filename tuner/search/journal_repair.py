@@ -22,9 +22,8 @@ def whole_operations(path: Path) -> tuple[int, int, int]:
     """(operations, the byte after the last of them, the file's size): the lines from the
     start that are each a whole operation Optuna replays (a line of JSON with an op_code can
     still be none: an unknown op_code, a field missing), read a line at a time (each bounded)."""
-    # Optuna's own replay (private: JournalStorage rebuilds its studies with it), one operation at a time
-    from optuna.storages.journal._storage import JournalStorageReplayResult
-    replay = JournalStorageReplayResult("tuner-repair-")
+    from tuner.search.optuna_private import journal_replay
+    replay = journal_replay("tuner-repair-")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
