@@ -54,7 +54,7 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
                 say(line)
         return []
     from tuner.pipeline.run import run_tuning
-    done = []
+    done: list = []
     for opts in plans:
         if window is not None and window.closed:
             continue                    # no time left for this kernel's studies: said below
