@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 from pathlib import Path
 from typing import Callable
 
@@ -112,7 +113,10 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
         flush()
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
-        say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")
+        from tuner.textwidth import command_lines
+
+        # to be pasted: never cut without its `\` marks
+        say("\n".join(command_lines(f"export {inst.ENV_VARS[engine]}={shlex.quote(str(config_dir.resolve()))}")))
     from tuner.plan.engines import install_notes
     in_package = any(config_dir is None or not str(c.dest).startswith(str(config_dir)) for c in copies)
     for line in install_notes(engine, in_package):

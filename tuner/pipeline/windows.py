@@ -156,7 +156,7 @@ def left_lines(opts: RunPlan, states: dict[tuple[str, int], StudyState], minutes
             lines.append(wrap(f"  {p.key}: not tuned yet M={','.join(map(str, missing))} "
                               "(their rows keep the incumbent" + (
                                   f"; at M={','.join(map(str, waiting))} its study finished: written once its tied "
-                                  "table's study is" if waiting else "") + ")", cont=""))
+                                  "table's study is" if waiting else "") + ")"))
     return lines
 
 
@@ -174,14 +174,13 @@ def continue_command(argv: list[str] | None, out: str | None = None) -> str:
     return "tuner " + " ".join(shlex.quote(a) for a in argv)
 
 
-def wrap(text: str, width: int = WIDTH, indent: str = "    ", cont: str = " \\") -> str:
-    """A line cut at spaces to fit `width` columns, continued with `cont` (a backslash: a shell reads it
-    whole)."""
+def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
+    """A line of prose cut at spaces to fit `width` columns (a command to paste: textwidth.command_lines)."""
     lead = text[:len(text) - len(text.lstrip(" "))]
     words, lines, line = text.lstrip(" ").split(" "), [], lead
     for word in words:
-        if line.strip() and len(line) + 1 + len(word) > width - 2:
-            lines.append(line + cont)
+        if line.strip() and len(line) + 1 + len(word) > width:
+            lines.append(line)
             line = indent + word
         else:
             line = f"{line} {word}" if line.strip() else line + word
