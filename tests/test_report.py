@@ -117,7 +117,8 @@ def test_diff_refuses_unrelated_runs_and_another_pairs_report(two_runs, tmp_path
     assert (out / "diff.md").read_text() != before
 
 
-def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two_runs, capsys):
+def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two_runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole)
     old, new = two_runs
     for argv in (["report", str(old)], ["diff", str(old), str(new), "--out", str(new / "w")]):
         assert main(argv) == 0

@@ -31,6 +31,14 @@ def width(stream=None) -> int:
     return max(MIN_WIDTH, min(MAX_WIDTH, cols or MAX_WIDTH))
 
 
+def output_width() -> int | None:
+    """The columns stdout's lines are fitted to, None where they go through whole (piped, no
+    $COLUMNS): what a command that lays out its own lines (wraps a table's heading, cuts a
+    row) fits them to, so that every command follows the one rule of this module."""
+    import sys
+    return width(sys.stdout) if terminal_known(sys.stdout) else None
+
+
 def terminal_known(stream=None) -> bool:
     """Whether a terminal's width is known ($COLUMNS, or `stream` is a terminal): then even an
     error is wrapped to it; piped into a log or a script, an error stays one line to grep."""

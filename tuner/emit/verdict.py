@@ -72,10 +72,14 @@ def short(contender: str | None) -> str:
 
 
 def verdict_lines(rows: list[dict], table_kind: str, served: dict[int, float] | None = None,
-                  width: int = 120) -> list[str]:
+                  width: int | None = None) -> list[str]:
     """Per problem, the fastest contender at each M; then per engine and problem the flag to run:
-    the best Triton config against the best other contender, weighted over M. Lines fit `width`."""
+    the best Triton config against the best other contender, weighted over M. Lines fit `width`
+    (default: the terminal's, at most 120; whole when piped, as every command's)."""
     from tuner.emit.run_table import distinguishing
+    from tuner.textwidth import output_width
+    columns = output_width()
+    width = width or (min(120, columns) if columns else 1 << 30)
     verdicts = per_m(rows)
     lines: list[str] = []
     weighting = "by the traffic profile" if served else "each benched M alike"

@@ -160,6 +160,15 @@ def left_lines(opts: RunPlan, states: dict[tuple[str, int], StudyState], minutes
     return lines
 
 
+def window_length(minutes: float) -> str:
+    """A window's length as printed: as given where it is a plain number of minutes ('0.3 min'),
+    else in the unit that reads ('1.2 s', '17.5 min'): a night's share of its slot is a fraction
+    nobody typed (0.0196884 min)."""
+    if round(minutes, 2) == minutes:
+        return f"{minutes:g} min"
+    return f"{minutes * 60:.1f} s" if minutes < 1 else f"{minutes:.1f} min"
+
+
 def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
