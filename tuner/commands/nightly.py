@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.file_kinds import NIGHT_JSON, NIGHT_MD
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
-from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.paths import atomic_write_json, atomic_write_text, replaceable
 from tuner.plan.engines import ENGINE_NAMES
 
 ENV_KEYS = ("device", "driver", "torch", "triton")
@@ -447,6 +448,8 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
     from tuner.search.window import Window
     window = Window(minutes, began=began) if minutes is not None else None
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
+    for path, kind in ((night_dir / "report.md", NIGHT_MD), (night_dir / "summary.json", NIGHT_JSON)):
+        replaceable(path, kind)               # before the jobs: the night's own files only (file_kinds.py)
     results = []
     for job in cfg["jobs"]:
         try:
@@ -461,8 +464,8 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
                                              if k in r)
         link = f" ([diff]({Path(r['diff']).relative_to(night_dir)}))" if r.get("diff") else ""
         lines.append(f"| {r['job']} | {r['status']} | {details}{link} |")
-    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir)
-    atomic_write_json(night_dir / "summary.json", results, root=runs_dir)
+    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir, kind=NIGHT_MD)
+    atomic_write_json(night_dir / "summary.json", results, root=runs_dir, kind=NIGHT_JSON)
     log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
     if any(r["status"] == "failed" for r in results):
         return EXIT_FAILED
