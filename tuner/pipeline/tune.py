@@ -89,7 +89,7 @@ def window_order_lines(plans: list, minutes: float) -> list[str]:
         order = [f"{p.key} M={m}" for p, m in study_order(opts, states) if not states[(p.key, m)].finished]
         lines += left_lines(opts, states, minutes)[:1]
         if order:
-            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else ""), cont=""))
+            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else "")))
     return lines
 
 
@@ -97,7 +97,7 @@ def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]
     """What a --minutes window leaves: per kernel, the studies finished and left, and the command
     that continues (the same command again, with the same --out or --storage)."""
     from tuner.pipeline.stored_plans import open_run_storage, storage_exists
-    from tuner.pipeline.windows import continue_command, left_lines, study_states, wrap
+    from tuner.pipeline.windows import continue_command, left_lines, study_states
     spent = window.clock() - window.started
     lines = [f"window of {window.minutes:g} min: {spent:.0f} s used"
              + ("; it closed before the work was done" if window.closed else "")]
@@ -109,7 +109,10 @@ def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]
     if left:
         out = str(plans[0].out_dir) if plans and not req.storage else None
         lines.append("continue with (the studies finished are not run again, nor any trial measured):")
-        lines.append(wrap("  " + continue_command(req.argv, out)))
+        from tuner.textwidth import command_lines
+
+        # to be pasted: wrapped with ` \` marks only
+        lines += command_lines("  " + continue_command(req.argv, out))
     return lines, left
 
 
@@ -119,13 +122,14 @@ def closing_lines(opts, results: dict) -> list[str]:
     where an engine would read the tables (for times from a GPU or a recorded landscape only)."""
     kernel, lines = opts.kernel, []
     if results:
-        from tuner.emit.run_table import run_source, run_table_lines, written_files
+        from tuner.emit.run_table import run_source, run_table_lines, unwritten_files, written_files
         lines.append(run_source(opts.out_dir))
         # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
         whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
-        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain)
+        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain,
+                                 unwritten_files(opts))
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
     if kernel.engine_hints:
