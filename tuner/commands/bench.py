@@ -269,6 +269,7 @@ def run(args) -> int:
             ns = copy.copy(args)
             ns.kernel_source, ns.dry_run = mode, False
             for kernel, probs in kernel_runs(ns, kernel_name, problems, notes):
+                probs = one_per_key(probs)
                 measurer = bench_measurer(args, kernel, gpu)
                 measurers.append(measurer)
                 landscape = getattr(measurer, "landscape", None)
@@ -306,6 +307,18 @@ def run(args) -> int:
         print(line)
     print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
     return 0
+
+
+def one_per_key(problems: list[Problem]) -> list[Problem]:
+    """Each problem once: a kernel that times several engines' tables of one shape (a landscape
+    recorded on one engine's kernel, replayed for both engines' GEMM tables) gets that shape
+    once per engine; benched once, its rows are one set (the engines that read it merged)."""
+    import dataclasses
+    out: dict[str, Problem] = {}
+    for p in problems:
+        q = out.get(p.key)
+        out[p.key] = p if q is None else dataclasses.replace(q, engines=tuple(dict.fromkeys((*q.engines, *p.engines))))
+    return list(out.values())
 
 
 def bench_measurer(args, kernel, gpu):

@@ -213,7 +213,7 @@ def bench_table(rows: list[dict]) -> list[str]:
               r["error"][:40] if isinstance(r["error"], str) else
               (f"beat its floor: {r['roofline_wrong']} wrong"[:40] if r.get("roofline_error") else "")]
              for r in rows]
-    head = [f"problem: {common} and" if common else "problem:"]
+    head = [f"problem: {common} and"] if common else []       # (one problem: its key is in every row)
     return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
                               left=(0, 1, 3, 6))
 

@@ -75,7 +75,7 @@ def slot_lines(jobs: list[dict], state: dict, minutes: float, say) -> tuple[list
     from tuner.pipeline.windows import wrap
     say(wrap(f"the slot: {minutes:g} min ({minutes * 60:.0f} s), shared by the jobs in turn (the longest without "
              "slot time first): each retune gets an equal share of what is left among it and the jobs after it, "
-             "less a tenth for what follows it, and at least what its last window measured it needs", cont=""))
+             "less a tenth for what follows it, and at least what its last window measured it needs"))
     equal = minutes * 60 / len(ordered) * AFTER
     shares = {}
     for i, job in enumerate(ordered):
@@ -86,6 +86,6 @@ def slot_lines(jobs: list[dict], state: dict, minutes: float, say) -> tuple[list
             said += f" (its last window needed {need:.0f} s)"
         if need > minutes * 60 * AFTER:
             said += f"; more than the slot holds: it waits (a slot of {math.ceil(need / AFTER / 6) / 10:g} min would hold it)"
-        say(wrap(said, cont=""))
+        say(wrap(said))
         shares[job["name"]] = max(equal, need) / 60
     return ordered, shares

@@ -43,7 +43,7 @@ from pathlib import Path
 from tuner.commands.options import device_option, trust_option
 from tuner.commands.proof_outcomes import step_outcome
 from tuner.commands.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
-from tuner.commands.proof_steps import Command, ProofSteps, _last_line
+from tuner.commands.proof_steps import Command, ProofSteps, _last_line, default_baselines, default_engine_source
 from tuner.errors import TunerError
 from tuner.measure.process_tree import child_of_this_process, stop_group
 from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
@@ -216,12 +216,8 @@ class Proof(ProofSteps):
                 result.detail.append(outcome.line() or "")
                 if not outcome.timed and result.status == "ok":
                     result.status = "failed"        # a step that timed nothing failed, whatever its exit status
-            if name == "smoke" and result.status != "skipped":
-                why = self.smoke_timed()
-                if why:
-                    result.status = "failed"
-                    result.detail.append(f"the smoke test failed: {why}; the rest of this call is not run")
-                    stopped = f"{STOPPED_BY_SMOKE} ({why})"
+            if name == "smoke":
+                stopped = self.smoke_verdict(result)
             self.results.append(result)
             for line in result.detail:
                 log(f"[proof]   {line}")
@@ -233,14 +229,28 @@ class Proof(ProofSteps):
             log(f"[proof] next, here: bash scripts/commit_gpu_proof.sh <files_at>/{self.bundle_name()}")
         return 1 if any(r.status == "failed" for r in self.results if r.name in order) else 0
 
+    def smoke_verdict(self, result: StepResult) -> str | None:
+        """Why the rest of the call is not run (None: it is). A smoke test that finished and
+        timed no config says the GPU path is broken: the call stops there, with the first
+        failure. One cut by its box (out of time) proves nothing: the call goes on, and
+        validation and the window say whether the path works."""
+        if result.status == "skipped":
+            return None
+        why = self.smoke_timed()
+        if not why:
+            return None
+        if result.status == "out of time":
+            result.detail.append(f"the smoke test was cut by its box before it timed a config ({why}); "
+                                 "the call goes on")
+            return None
+        result.status = "failed"
+        result.detail.append(f"the smoke test failed: {why}; the rest of this call is not run")
+        return f"{STOPPED_BY_SMOKE} ({why})"
+
     def boxes(self) -> dict[str, float]:
         """Each device step's box, from the H200 run's measured times (tuner/commands/proof_plan.py)."""
-        from tuner.commands.proof_plan import DEVICE_MINUTES, device_boxes, measured, validation_cases
-        boxes = device_boxes(measured(), validation_cases())
-        # the rehearsal: Triton's interpreter is no GPU; its boxes keep the GPU's proportions to
-        # its --minutes (the GPU's are for a --minutes DEVICE_MINUTES command)
-        scale = self.minutes / DEVICE_MINUTES if self.rehearsal else 1.0
-        return {k: v * scale for k, v in boxes.items()}
+        from tuner.commands.proof_plan import boxes_for
+        return boxes_for(self.minutes, self.rehearsal, "H200")
 
     def write_summary(self, elapsed: float) -> None:
         from tuner.commands.proof_summary import summary_markdown
@@ -319,20 +329,6 @@ def default_out(gpu: GpuSpec, device: str) -> Path:
     return REPO_ROOT / "bench" / "results" / f"{gpu.key}-{date}"
 
 
-def default_baselines() -> Path | None:
-    for candidate in (REPO_ROOT / ".baselines", REPO_ROOT.parent / "shared" / "baselines"):
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-def default_engine_source() -> list[str] | None:
-    folder = REPO_ROOT / ".engine-src"
-    if folder.is_dir():
-        return [str(p) for p in sorted(folder.iterdir()) if p.is_dir()]
-    return None
-
-
 def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
     """The steps a call runs (`--call gpu|local`), or those named (`--steps`); default all."""
     if call and steps:
@@ -393,6 +389,15 @@ def run(args) -> int:
                 print("\n".join(plan_lines(chosen, args.minutes, args.device)))
         return 0
     if any(s not in CALLS["local"] for s in steps):
+        from tuner.commands.proof_plan import boxes_for, refuse_unfit
+        refuse_unfit([s for s in STEPS if s in steps], args.minutes, boxes_for(args.minutes, args.device == "cpu"))
+        if args.device == "cuda" and set(steps) & {"smoke", "validate", "window"}:
+            missing = ProofSteps(Path("."), gpu, args.minutes, args.device, default_engine_source()
+                                 if not args.engine_source else [os.path.abspath(e) for e in args.engine_source],
+                                 Path(args.baselines) if args.baselines else default_baselines()).missing_inputs()
+            if missing:
+                from tuner.commands.proof_steps import MAKE_INPUTS
+                raise TunerError(f"missing {', '.join(missing)}: {MAKE_INPUTS}")
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
     # absolute before anything runs: the steps run from the repository root, where a relative
     # --out would land in the checkout instead of where the user stands

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Callable
 
+from tuner.errors import TunerError
 from tuner.pipeline.request import TuneRequest
 
 
@@ -55,11 +56,18 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
                 say(line)
         return []
     from tuner.pipeline.run import run_tuning
-    done = []
+    done: list = []
     for opts in plans:
         if window is not None and window.closed:
             continue                    # no time left for this kernel's studies: said below
-        results = run_tuning(opts, window)
+        try:
+            results = run_tuning(opts, window)
+        except TunerError:
+            from tuner.pipeline.planning import undo_planning
+            from tuner.pipeline.stored_plans import storage_exists
+            if not done and not storage_exists(opts):       # refused before anything was measured
+                undo_planning(opts)
+            raise
         for line in closing_lines(opts, results):
             say(line)
         done.append((opts, results))
@@ -86,7 +94,7 @@ def window_order_lines(plans: list, minutes: float) -> list[str]:
         order = [f"{p.key} M={m}" for p, m in study_order(opts, states) if not states[(p.key, m)].finished]
         lines += left_lines(opts, states, minutes)[:1]
         if order:
-            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else ""), cont=""))
+            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else "")))
     return lines
 
 
@@ -106,14 +114,17 @@ def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]
         left += sum(not s.finished for s in states.values())
     stalled = window.stalled()
     if stalled:
-        lines.append(wrap(stalled[0].upper() + stalled[1:], cont=""))
+        lines.append(wrap(stalled[0].upper() + stalled[1:]))
     if left:
         out = str(plans[0].out_dir) if plans and not req.storage else None
         argv = req.argv
         if stalled and argv is not None:          # the same command, with a window long enough
             argv = with_minutes(argv, stalled.rsplit("--minutes ", 1)[1].split()[0])
         lines.append("continue with (the studies finished are not run again, nor any trial measured):")
-        lines.append(wrap("  " + continue_command(argv, out)))
+        from tuner.textwidth import command_lines
+
+        # to be pasted: wrapped with ` \` marks only
+        lines += command_lines("  " + continue_command(argv, out))
     return lines, left
 
 
@@ -140,13 +151,14 @@ def closing_lines(opts, results: dict) -> list[str]:
     where an engine would read the tables (for times from a GPU or a recorded landscape only)."""
     kernel, lines = opts.kernel, []
     if results:
-        from tuner.emit.run_table import run_source, run_table_lines, written_files
+        from tuner.emit.run_table import run_source, run_table_lines, unwritten_files, written_files
         lines.append(run_source(opts.out_dir))
         # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
         whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
-        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain)
+        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain,
+                                 unwritten_files(opts))
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
     if kernel.engine_hints:

@@ -208,17 +208,20 @@ def left_lines(opts: RunPlan, states: dict[tuple[str, int], StudyState], minutes
     trials, _ = trials_left(st)
     begun = sum(1 for s in todo if s.measured)
     lines = [wrap(f"{head}: {len(st) - len(todo)} of {len(st)} studies finished; left {len(todo)} "
-                  f"({begun} begun), at most {trials} trials{left_estimate(st)}", cont="")]
-    tuned: dict[str, list[int]] = {}
-    for s in st:
-        if s.finished:
-            tuned.setdefault(s.problem.key, []).append(s.M)
+                  f"({begun} begun), at most {trials} trials{left_estimate(st)}")]
+    done = {(s.problem.key, s.M) for s in st if s.finished}
     for p in opts.problems:
-        ms = sorted(tuned.get(p.key, []))
-        missing = [m for m in opts.ms_for(p) if m not in ms]
+        # tables tied together are written together (tuner/pipeline/emission.py with_incumbents): a
+        # row is tuned where every table of its group finished its study at that M
+        root = p.tied_to or p.key
+        group = [q for q in opts.problems if root in (q.key, q.tied_to)]
+        missing = [m for m in opts.ms_for(p) if not all((q.key, m) in done for q in group if m in opts.ms_for(q))]
         if missing:
+            waiting = [m for m in missing if (p.key, m) in done]
             lines.append(wrap(f"  {p.key}: not tuned yet M={','.join(map(str, missing))} "
-                              "(their rows keep the incumbent)", cont=""))
+                              "(their rows keep the incumbent" + (
+                                  f"; at M={','.join(map(str, waiting))} its study finished: written once its tied "
+                                  "table's study is" if waiting else "") + ")"))
     return lines
 
 
@@ -236,14 +239,13 @@ def continue_command(argv: list[str] | None, out: str | None = None) -> str:
     return "tuner " + " ".join(shlex.quote(a) for a in argv)
 
 
-def wrap(text: str, width: int = WIDTH, indent: str = "    ", cont: str = " \\") -> str:
-    """A line cut at spaces to fit `width` columns, continued with `cont` (a backslash: a shell reads it
-    whole)."""
+def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
+    """A line of prose cut at spaces to fit `width` columns (a command to paste: textwidth.command_lines)."""
     lead = text[:len(text) - len(text.lstrip(" "))]
     words, lines, line = text.lstrip(" ").split(" "), [], lead
     for word in words:
-        if line.strip() and len(line) + 1 + len(word) > width - 2:
-            lines.append(line + cont)
+        if line.strip() and len(line) + 1 + len(word) > width:
+            lines.append(line)
             line = indent + word
         else:
             line = f"{line} {word}" if line.strip() else line + word
