@@ -96,3 +96,18 @@ def test_refusals_of_a_synthetic_run_are_one_line(tmp_path, capsys):
             assert rc == 2, (case, said)
             assert said.out == "" and len(said.err.splitlines()) == 1, (case, dry, said)
     assert (out / "synthetic-fp8_gemm.jsonl.gz").read_text() == "a file of the user's"
+
+
+def test_a_routing_file_torch_refuses_is_our_line_not_torchs(tmp_path, capsys):
+    """A .pt that torch.load(weights_only=True) refuses (it holds numpy objects): before, torch's own text
+    reached stderr, terminal escapes and its advice to load the file unsafely included."""
+    import numpy as np
+    import torch
+    path = tmp_path / "ids.pt"
+    torch.save(np.zeros((16, 8), dtype=np.int32), path)
+    rc = main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--tp", "8", "--routing",
+               str(path), "--dry-run"])
+    said = capsys.readouterr()
+    assert rc == 2 and said.out == ""
+    assert len(said.err.splitlines()) == 1 and "not expert ids" in said.err
+    assert all(c.isprintable() for c in said.err.rstrip("\n")) and "Weights only" not in said.err
