@@ -15,6 +15,19 @@ RUN = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", 
        "--batch-sizes", "1", "8", "32", "128", "--trials", "12"]
 
 
+@pytest.fixture(autouse=True)
+def _no_engine_code(monkeypatch, tmp_path):
+    """Our kernels time these runs (no engine wheel at hand): the rows below are theirs."""
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _piped(mp, root):
+    mp.delenv("COLUMNS", raising=False)            # printed piped (whole lines), whatever test set it up
+    mp.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    mp.setenv("TUNER_CACHE_DIR", str(root / "cache"))
+
+
 TOUR = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic",
         "--batch-sizes", "1", "64", "--trials", "8"]         # the README's try: its `_down` table is not written
 
@@ -25,7 +38,7 @@ def tours(tmp_path_factory):
     import io
     root = tmp_path_factory.mktemp("tours")
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()):
-        mp.delenv("COLUMNS", raising=False)        # printed piped, whatever test set it up
+        _piped(mp, root)
         assert main([*TOUR, "--out", str(root / "a")]) == 0
         assert main([*TOUR, "--out", str(root / "b")]) == 0
     return root / "a", root / "b"
@@ -39,7 +52,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     said = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(said):
-        mp.delenv("COLUMNS", raising=False)        # printed piped (whole lines), whatever test set it up
+        _piped(mp, root)
         assert main([*RUN, "--out", str(root / "a")]) == 0
         assert main([*RUN, "--seed", "3", "--out", str(root / "b")]) == 0
     return root / "a", root / "b", said.getvalue()
