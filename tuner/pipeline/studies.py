@@ -54,7 +54,8 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     installed = incumbent_tables(opts)
     if window is not None:
         from tuner.pipeline.windows import study_order, study_states
-        order = study_order(opts, study_states(opts, storage), getattr(measurer, "landscape", None))
+        order = list(study_order(opts, study_states(opts, storage), getattr(measurer, "landscape", None)))
+        _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
         try:
             for problem, M in order:
                 if window.closed:
@@ -68,11 +69,24 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
         finally:
             sync_storage(storage)       # what the window measured is on the disk
         return
+    _upcoming(runner, opts, installed, [(p, M) for p in opts.problems for M in sorted(opts.ms_for(p))
+                                        if (p.key, M) not in stored])
     for problem in opts.problems:
         done: list[int] = []
         for M in sorted(opts.ms_for(problem)):
             if _study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study):
                 done.append(M)
+
+
+def _upcoming(runner: StudyRunner, opts: RunPlan, installed: dict, order: list[tuple[Problem, int]]) -> None:
+    """What the run's studies will surely time, in their order, for the compile workers to build
+    ahead (tuner/search/ahead.py): each one's seeds known before it starts (its defaults, the
+    cost model's first, the row the engine reads today)."""
+    if runner.ahead is None:
+        return
+    runner.ahead.upcoming = [(p, M, c) for p, M in order for c in runner.sure_configs(
+        p, M, [("default", c) for c in opts.kernel.extra_seeds(p.params, M)]
+        + [("installed", row[1]) for row in incumbents(opts, installed, p, M)])]
 
 
 def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,
