@@ -31,6 +31,16 @@ class CompileAhead:
         self.closing: list[Config] = []                            # this study's: the rows its choice times
         self._order: dict[tuple, list[tuple]] = {}                 # (problem, M): candidates, fastest first
 
+    @classmethod
+    def of(cls, kernel: KernelSpec, gpu: GpuSpec, measurer) -> "CompileAhead | None":
+        """One for a measurer that builds ahead (compile workers), else None."""
+        return cls(kernel, gpu) if callable(getattr(measurer, "compile_ahead", None)) else None
+
+    def hand_out(self, measurer, target, measured: dict, running: dict, batch: list[Config], n: int) -> None:
+        """Tell the measurer what to build while `batch` (of the study `target`) is timed."""
+        measurer.compile_ahead(self.jobs(target.problem, target.M, target.allowed, target.seeds, measured, running,
+                                         batch, n))
+
     def _ranked(self, problem: Problem, M: int, allowed: set[tuple]) -> list[tuple]:
         key = (problem.key, M)
         if key not in self._order:
