@@ -58,10 +58,10 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     from tuner.pipeline.windows import stored_close_seconds, study_order, study_states
     states = study_states(opts, storage)
     order = study_order(opts, states, getattr(measurer, "landscape", None))
-    _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
     if window is not None:
         window.stored_close_s = stored_close_seconds(states)
         window.ready()
+    _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
     try:
         for problem, M in order:
             if window is not None and window.closed:
