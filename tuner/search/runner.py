@@ -45,7 +45,7 @@ from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_sta
 from tuner.search.stored_state import checked_result
 from tuner.search.study_match import ENCODING, check_identity, stored_choices  # noqa: F401 (ENCODING: its old home)
 from tuner.search.warm_start import is_warm, seeds_by_source
-from tuner.search.window import BATCH_ATTR, CUT_ATTR, TOOK_ATTR, Window, WindowClosed, measuring_in
+from tuner.search.window import BATCH_ATTR, CLOSE_CUT_ATTR, CUT_ATTR, TOOK_ATTR, Window, WindowClosed, measuring_in
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
@@ -110,13 +110,17 @@ class StudyRunner:
                 # what a close times: the finalists and the default, the row's race (pairs against each
                 # incumbent), the numerics checks
                 configs = 2 * self.settings.top_k + 1 + 2 * pairs_for(self.measurer) * (1 + len(incumbents or []))
-                self.window.before_close(study.get_trials(deepcopy=False), configs)
-            with measuring_in(self.window, closing=True):
-                result = self._finish(problem, M, measured, target.default, stopped)
-                # the row changes only for a real gain over what the engine runs today (an installed row, else
-                # the default)
-                result = choose_row(self.kernel, self.measurer, result,
-                                    [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+                self.window.before_close(study.get_trials(deepcopy=False), configs, study.user_attrs.get(CLOSE_CUT_ATTR))
+            try:
+                with measuring_in(self.window, closing=True):
+                    result = self._finish(problem, M, measured, target.default, stopped)
+                    # the row changes only for a real gain over what the engine runs today (an installed row, else
+                    # the default)
+                    result = choose_row(self.kernel, self.measurer, result,
+                                        [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+            except WindowClosed:      # the next window takes such a close as at least this long
+                study.set_user_attr(CLOSE_CUT_ATTR, round(_window.now() - (self.searched_at or _window.now()), 3))
+                raise
         finally:
             self._fail_stale(study, target)      # leave no dead worker's (or cut batch's) trial RUNNING behind
         result.failures = self._failures(study, result)
