@@ -129,16 +129,16 @@ def _no_space_at(monkeypatch, target: str) -> None:
     from tuner import paths
     real = paths.atomic_write_file
 
-    def filling(path, fill, root=None):
+    def filling(path, fill, root=None, **kw):
         if Path(path).name != target:
-            return real(path, fill, root)
+            return real(path, fill, root, **kw)
 
         def half_then_full(tmp):
             fill(tmp)
             data = tmp.read_bytes()
             tmp.write_bytes(data[:len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, half_then_full, root)
+        return real(path, half_then_full, root, **kw)
     monkeypatch.setattr(paths, "atomic_write_file", filling)
 
 

@@ -233,6 +233,8 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
+    from tuner.commands.bench_output import check_out
+    check_out(out)
     if args.replay and not Path(args.replay).is_file():
         raise TunerError(f"landscape {args.replay} not found")
     for folder in args.baseline or []:

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from tuner.commands.nightly_slot import slot_fields_ok
 from tuner.errors import TunerError
+from tuner.file_kinds import NIGHT_JSON, NIGHT_MD
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
-from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.paths import atomic_write_json, atomic_write_text, replaceable
 from tuner.plan.engines import ENGINE_NAMES
 
 ENV_KEYS = ("device", "driver", "torch", "triton")
@@ -374,6 +375,8 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
     from tuner.search.window import Window
     window = Window(minutes, began=began) if minutes is not None else None
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
+    for path, kind in ((night_dir / "report.md", NIGHT_MD), (night_dir / "summary.json", NIGHT_JSON)):
+        replaceable(path, kind)               # before the jobs: the night's own files only (file_kinds.py)
     results = []
     jobs = cfg["jobs"]
     if window is not None:          # a slot: the jobs in turn (tuner/commands/nightly_slot.py)
@@ -395,8 +398,8 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
         # a retune begun in an earlier night's window wrote its diff there: linked from here all the same
         link = f" ([diff]({os.path.relpath(r['diff'], night_dir)}))" if r.get("diff") else ""
         lines.append(f"| {r['job']} | {r['status']} | {details}{link} |")
-    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir)
-    atomic_write_json(night_dir / "summary.json", results, root=runs_dir)
+    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir, kind=NIGHT_MD)
+    atomic_write_json(night_dir / "summary.json", results, root=runs_dir, kind=NIGHT_JSON)
     log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
     if window is not None:
         from tuner.commands.nightly_slot import slot_short_line

@@ -45,6 +45,7 @@ from tuner.commands.proof_outcomes import step_outcome
 from tuner.commands.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
 from tuner.commands.proof_steps import Command, ProofSteps, _last_line, default_baselines, default_engine_source
 from tuner.errors import TunerError
+from tuner.file_kinds import LOG, PROOF_BUNDLE, PROOF_ENV, PROOF_MD, PROOF_STEPS
 from tuner.measure.process_tree import child_of_this_process, stop_group
 from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
 from tuner.plan.gpus import GpuSpec
@@ -89,7 +90,7 @@ class Proof(ProofSteps):
                 # before the box's SIGTERM; a margin for its closing writes
                 argv = [*argv, "--minutes", f"{max(0.1, (left - WINDOW_CLOSE_S) / 60):.2f}"]
             started = time.monotonic()
-            with open_for_append(self.out / c.log, self.out, truncate=True) as f:
+            with open_for_append(self.out / c.log, self.out, truncate=True, kind=LOG) as f:
                 f.write(f"$ {' '.join(argv)}\n")
                 f.flush()
                 # its own process group: a timeout stops it and its children (the measuring
@@ -257,11 +258,22 @@ class Proof(ProofSteps):
         atomic_write_json(self.out / "steps.json", {"device": self.device, "minutes": self.minutes,
                                                     "elapsed_s": elapsed, "gpu": self.gpu.key,
                                                     "steps": [r.__dict__ for r in self.results]}, indent=2,
-                          root=self.out)
+                          root=self.out, kind=PROOF_STEPS)
         atomic_write_text(self.out / "summary.md", summary_markdown(self.out, self.results, self.device, elapsed),
-                          root=self.out)
+                          root=self.out, kind=PROOF_MD)
 
     # -- what comes back from a device call ---------------------------------------------
+    def check_outputs(self) -> None:
+        """Before the first step: in the folders the user named (--out, --bundle), only the proof's
+        own files are replaced (tuner/file_kinds.py); its logs are checked as each is opened."""
+        from tuner.paths import replaceable
+        targets = [(self.out / "summary.md", PROOF_MD, "--out"), (self.out / "environment.json", PROOF_ENV, "--out")]
+        if self.bundle is not None:
+            targets += [(self.bundle / self.bundle_name(), PROOF_BUNDLE, "--bundle"),
+                        (self.bundle / "summary.md", PROOF_MD, "--bundle")]
+        for path, kind, option in targets:
+            replaceable(path, kind, f"{option} {path.parent}: {path.name}")
+
     def bundle_name(self) -> str:
         return f"proof-{self.out.name}.tar.gz"
 
@@ -280,10 +292,11 @@ class Proof(ProofSteps):
         def fill(tmp: Path) -> None:
             with tarfile.open(tmp, "w:gz") as tar:        # links are stored as links, never followed
                 tar.add(self.out, arcname=self.arcname(), filter=_no_temporaries)
-        atomic_write_file(target, fill, root=self.bundle)
+        atomic_write_file(target, fill, root=self.bundle, kind=PROOF_BUNDLE)
         if (self.out / "summary.md").is_file():
             from tuner.reading import read_text
-            atomic_write_text(self.bundle / "summary.md", read_text(self.out / "summary.md"), root=self.bundle)
+            atomic_write_text(self.bundle / "summary.md", read_text(self.out / "summary.md"), root=self.bundle,
+                              kind=PROOF_MD)
         self._bundled_at = time.time()
         size = target.stat().st_size
         if log and size > 12 << 20:
@@ -414,4 +427,5 @@ def run(args) -> int:
     proof = Proof(out, gpu, args.minutes, args.device, engine_source or default_engine_source(),
                           Path(os.path.abspath(baselines)) if baselines else None,
                           Path(os.path.abspath(args.bundle)) if args.bundle else None)
+    proof.check_outputs()
     return proof.execute(steps, log=lambda line: print(line, flush=True))

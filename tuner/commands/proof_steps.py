@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.file_kinds import PROOF_ENV
 from tuner.measure.environment import now_iso, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.plan.engines import DEFAULT_BATCH_SIZES
@@ -200,7 +201,7 @@ class ProofSteps:
                 env.update(nvml_snapshot(nvml_index(0)))
         except Exception as e:  # noqa: BLE001 - the environment record says what failed
             env["error"] = str(e)
-        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out)
+        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out, kind=PROOF_ENV)
         cmds = []
         if self.device == "cuda" and shutil.which("nvidia-smi"):
             cmds.append(Command("nvidia-smi", ["nvidia-smi", "-q"], "logs/nvidia-smi.txt"))

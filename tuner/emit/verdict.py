@@ -82,9 +82,11 @@ def verdict_lines(rows: list[dict], table_kind: str, served: dict[int, float] | 
     names, common = distinguishing(list(dict.fromkeys(v["problem"] for v in verdicts)))
     if common:
         lines += textwrap.wrap(f"verdict ({common}):", width)
-    for (src, problem) in dict.fromkeys((v["kernel_source"], v["problem"]) for v in verdicts):
-        mine = sorted((v for v in verdicts if (v["kernel_source"], v["problem"]) == (src, problem)),
-                      key=lambda v: v["M"])
+    groups: dict[tuple[str, str], list[dict]] = {}        # grouped once: a scan per group was quadratic
+    for v in verdicts:
+        groups.setdefault((v["kernel_source"], v["problem"]), []).append(v)
+    for (src, problem), group in groups.items():
+        mine = sorted(group, key=lambda v: v["M"])
         if not any(v["time_us"] for v in mine):      # every contender failed: nothing to judge by
             lines += textwrap.wrap(f"{src} {names[problem]}: nothing timed (every contender failed): no verdict",
                                    width, subsequent_indent="    ")

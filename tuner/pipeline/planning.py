@@ -90,6 +90,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
+    for opts in plans:
+        if opts.record:          # the landscape a recording replaces at the end: only a landscape (file_kinds.py)
+            from tuner.file_kinds import LANDSCAPE
+            from tuner.paths import check_output
+            check_output(Path(opts.record), LANDSCAPE, "--record")
     if not req.dry_run and (synthetic_landscape is not None or recorded is not None):
         # a stored plan for another routing (or device, kernel, space) is refused before the
         # landscape and routing file below replace an earlier run's (issue 42, item 8)
