@@ -61,6 +61,7 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     if window is not None:
         window.stored_close_s = stored_close_seconds(states)
         window.ready()
+    _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
     try:
         for problem, M in order:
             if window is not None and window.closed:
@@ -76,6 +77,17 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     finally:
         if window is not None:
             sync_storage(storage)       # what the window measured is on the disk
+
+
+def _upcoming(runner: StudyRunner, opts: RunPlan, installed: dict, order: list[tuple[Problem, int]]) -> None:
+    """What the run's studies will surely time, in their order, for the compile workers to build
+    ahead (tuner/search/ahead.py): each one's seeds known before it starts (its defaults, the
+    cost model's first, the row the engine reads today)."""
+    if runner.ahead is None:
+        return
+    runner.ahead.upcoming = [(p, M, c) for p, M in order for c in runner.sure_configs(
+        p, M, [("default", c) for c in opts.kernel.extra_seeds(p.params, M)]
+        + [("installed", row[1]) for row in incumbents(opts, installed, p, M)])]
 
 
 def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,

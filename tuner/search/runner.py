@@ -35,6 +35,7 @@ from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
 from tuner.search import window as _window
+from tuner.search.ahead import CompileAhead
 from tuner.search.choice import choose_row, pairs_for
 from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.prior import PRIOR, prior_seeds
@@ -82,6 +83,7 @@ class StudyRunner:
         self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
         self.window = window                # --minutes: stop on time (tuner/search/window.py)
         self.searched_at: float | None = None   # when the last study's search ended and its close began
+        self.ahead = CompileAhead.of(kernel, gpu, measurer)    # compile workers: the likely next built ahead
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
@@ -103,6 +105,8 @@ class StudyRunner:
             return result
         self._fail_stale(study, target)
         self._queue_seeds(study, target)
+        if self.ahead is not None:
+            self.ahead.studied(problem, M, [row[1] for row in incumbents or []])
         try:
             stopped, measured = self._search(study, target)
             self.searched_at = _window.now()     # the close begins: its time is the pipeline's to keep (close_s)
@@ -131,6 +135,12 @@ class StudyRunner:
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
         return result
+
+    def sure_configs(self, problem: Problem, M: int, seeds: list[tuple[str, Config]]) -> list[Config]:
+        """The configs a study of (problem, M) will time whatever it finds: its default and its
+        seeds (these, and the cost model's first), as it will time them (tuner/search/ahead.py)."""
+        target = self._target(problem, M, seeds, {})
+        return [target.default, *(c for _, c in target.seeds)]
 
     def searched_with(self, problem: Problem, M: int) -> dict:
         """The settings this runner searches a study with, as its result records them."""
@@ -254,6 +264,8 @@ class StudyRunner:
                            random.Random(f"{s.seed}:{name}:{len(trials)}"))
                 continue
             idle = 0
+            if self.ahead is not None:            # built while this batch is timed (tuner/search/ahead.py)
+                self.ahead.hand_out(self.measurer, target, measured, running, [c for _, c in batch], s.batch)
             results = self._measure(study, target, batch, began)
             times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
             self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
