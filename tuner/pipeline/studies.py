@@ -103,8 +103,12 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
         closed = _run_study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study)
         return closed
     finally:
-        _spent(storage, opts, problem, M, now() - began,
-               now() - runner.searched_at if closed and runner.searched_at is not None else None, runner.window)
+        try:
+            _spent(storage, opts, problem, M, now() - began,
+                   now() - runner.searched_at if closed and runner.searched_at is not None else None, runner.window)
+        except Exception:  # noqa: BLE001 - a time not kept (a full disk, say) must not hide the study's own error
+            if closed:
+                raise
 
 
 def _spent(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int, seconds: float,
