@@ -282,7 +282,8 @@ def test_the_precisions_a_checkpoint_is_served_at():
 def test_the_readme_says_where_tuning_pays_as_coverage_prints_it(capsys):
     """The README's counts per GPU are the lines `tuner coverage --gpu H100 H200 --kernel
     fused_moe --triton 3.6.0` prints (the command the README names, which drew its picture),
-    with the gains measured; and its picture is there."""
+    with the gains measured; its picture is there; and the window it says the next GPU run
+    expects is what `tuner proof --plan` prints."""
     readme = (REPO / "README.md").read_text()
     assert "`tuner coverage --gpu H100 H200 --kernel fused_moe --triton 3.6.0 --plot docs/coverage.png`" in readme
     assert main(["coverage", "--gpu", "H100", "H200", "--kernel", "fused_moe", "--triton", TRITON]) == 0
@@ -296,6 +297,12 @@ def test_the_readme_says_where_tuning_pays_as_coverage_prints_it(capsys):
     assert "fused-MoE tables vllm 0.33.0, sglang 0.5.23 read by default" in out
     assert "![" in readme and "(docs/coverage.png)" in readme
     assert (REPO / "docs" / "coverage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["proof", "--plan", "--gpu", "H200", "--call", "gpu"]) == 0
+    plan = capsys.readouterr().out
+    window = re.search(r"^this run's window \(\d+ s\) finishes: MoE vllm TP16 fp8 (\d+)/(\d+)", plan, re.M)
+    assert window, plan
+    assert re.search(rf"expects its window to tune {window.group(1)} of the {window.group(2)} batch sizes of vLLM's\s+"
+                     r"DeepSeek-V3\s+TP16 fp8 MoE table", readme)
 
 
 @pytest.mark.ci_variables
@@ -310,6 +317,41 @@ def test_the_docs_excerpt_is_what_coverage_prints(capsys):
     for line in excerpt:
         assert line in out, line
 
+
+# -- nightly: `order: value` ---------------------------------------------------------------------------
+def night_config(tmp_path: Path, order: str) -> Path:
+    jobs = [("gemm-tp8", "gemm", 8), ("moe-tp8", "moe", 8), ("moe-tp16", "moe", 16)]
+    text = f"order: {order}\nruns_dir: {tmp_path / 'runs'}\njobs:\n" + "".join(
+        f"  - {{name: {n}, kernel: {k}, model: deepseek-v3, gpu: H200, tp: {tp}"
+        + (", dtype: fp8_w8a8" if k == "moe" else "") + "}\n" for n, k, tp in jobs)
+    path = tmp_path / "night.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.ci_variables
+@pytest.mark.skipif(not WHEELS, reason="the coverage map reads the engines' tables from their wheels: "
+                                       "TUNER_ENGINE_WHEELS is not set (.ci/run provides it)")
+def test_a_night_asked_to_orders_its_jobs_by_expected_value(tmp_path):
+    """`order: value`: the MoE job whose tables run the default config (DeepSeek-V3 TP16 on the
+    H200: vLLM has none) before the one whose tables are shipped or fall back (TP8), the GEMM
+    job last, and the night says so; without it, the file's order (what `tuner nightly` runs:
+    tuner/commands/nightly.py takes its jobs from ordered_jobs)."""
+    from tuner.commands.nightly import load_config
+    from tuner.commands.nightly_order import ordered_jobs
+    said = []
+    ranked = ordered_jobs(load_config(night_config(tmp_path, "value")), said.append)
+    assert [j["name"] for j in ranked] == ["moe-tp16", "moe-tp8", "gemm-tp8"]
+    assert said[-1] == "order by expected value (tuner coverage): moe-tp16, moe-tp8, gemm-tp8"
+    said.clear()
+    assert [j["name"] for j in ordered_jobs(load_config(night_config(tmp_path, "file")), said.append)] == [
+        "gemm-tp8", "moe-tp8", "moe-tp16"] and not said
+
+
+def test_a_night_with_an_unknown_order_is_refused(tmp_path, capsys):
+    assert main(["nightly", str(night_config(tmp_path, "fastest")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "order must be one of file, value, not 'fastest'" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.ci_variables

@@ -409,6 +409,8 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
     check_jobs(cfg, config_path)
+    from tuner.commands.nightly_order import ordered_jobs
+    cfg["jobs"] = ordered_jobs(cfg, log)          # `order: value`: by expected value from the coverage map
     if dry_run:
         return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log)
     nightly_modes.require_devices(cfg, config_path)

@@ -326,6 +326,11 @@ def default_baselines() -> Path | None:
     return None
 
 
+def engine_sources(given: list[str] | None) -> list[str] | None:
+    """The engines' code (and tables) the proof runs: --engine-source, else .engine-src/'s folders."""
+    return [os.path.abspath(e) for e in given] if given else default_engine_source()
+
+
 def default_engine_source() -> list[str] | None:
     folder = REPO_ROOT / ".engine-src"
     if folder.is_dir():
@@ -390,7 +395,8 @@ def run(args) -> int:
         for call in CALLS:
             chosen = [s for s in CALLS[call] if s in steps]
             if chosen:
-                print("\n".join(plan_lines(chosen, args.minutes, args.device)))
+                print("\n".join(plan_lines(chosen, args.minutes, args.device, gpu=gpu,
+                                            engine_source=engine_sources(args.engine_source))))
         return 0
     if any(s not in CALLS["local"] for s in steps):
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
