@@ -30,6 +30,15 @@ CONFIGS_DIR = REPO_ROOT / "configs"
 MODELS_DIR = CONFIGS_DIR / "models"
 SPACES_DIR = CONFIGS_DIR / "spaces"
 TMP_SUFFIX = ".tmp"
+# Folders laid out like configs/ whose data is read after the repository's (a GPU or an engine
+# release added by a file, without touching the code): ':'-separated, in order.
+CONFIG_DIRS_VARIABLE = "TUNER_CONFIG_DIRS"
+
+
+def config_dirs() -> list[Path]:
+    """configs/, then each folder TUNER_CONFIG_DIRS names (read each time: a test or a caller may set it)."""
+    extra = [Path(d) for d in os.environ.get(CONFIG_DIRS_VARIABLE, "").split(os.pathsep) if d.strip()]
+    return [CONFIGS_DIR, *extra]
 
 
 def new_file_mode() -> int:

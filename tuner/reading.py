@@ -140,6 +140,9 @@ def parse_json(text: str, where: str, then: str = ""):
         raise TunerError(f"{where} is not valid JSON: {e}{then}") from None
     except RecursionError:
         raise TunerError(f"{where} is nested too deeply to be a file of ours{then}") from None
+    except ValueError as e:         # a number of more than 4300 digits (Python's limit on int())
+        raise TunerError(f"{where} holds a number too long to read ({str(e).split(':')[0].lower()}): "
+                         f"not a file of ours{then}") from None
 
 
 def read_json_file(path: str | Path, what: str = "", then: str = "", limit: int = MAX_FILE_BYTES):

@@ -63,6 +63,14 @@ def fit_text(text: str, columns: int | None = None) -> str:
     return "\n".join(out for line in text.split("\n") for out in fit_line(line, columns))
 
 
+def factor(ratio: float) -> str:
+    """A ratio of two times as printed ('1.25x'): two decimals while it is a plausible factor,
+    three significant digits beyond (a time of 1e300 against 1 would print 300 digits)."""
+    if ratio != ratio:
+        return "?x"
+    return f"{ratio:.2f}x" if abs(ratio) < 1e4 else f"{ratio:.3g}x"
+
+
 def cut(line: str, columns: int) -> str:
     """`line` cut to `columns` (a redrawn line), the cut said by its last character."""
     return line if len(line) <= columns else line[:columns - 1] + "~"

@@ -22,6 +22,7 @@ from tuner.commands.options import (
     workers,
 )
 from tuner.plan.engines import ENGINE_NAMES
+from tuner.plan.gpus import gpu_keys_text
 from tuner.search.samplers import SAMPLERS
 
 
@@ -30,7 +31,7 @@ def common_options() -> Parser:
     g = p.add_argument_group("what to tune")
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
-    g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
+    g.add_argument("--gpu", required=True, help=gpu_keys_text())
     g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
                    "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
     parallel_options(g)

@@ -323,14 +323,15 @@ def add_report_parser(sub, common) -> None:
 
 
 def bench_verdict(path: Path) -> list[str]:
-    """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run (tuner/emit/verdict.py)."""
+    """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run
+    (tuner/emit/verdict.py), from the file checked on read (tuner/commands/bench_file.py)."""
+    from tuner.commands.bench_file import read_bench
     from tuner.emit.verdict import verdict_lines
-    from tuner.reading import read_json_file
-    data = read_json_file(path, "bench file ")
-    if not isinstance(data, dict) or data.get("format") != "tuner-bench/1" or not isinstance(data.get("rows"), list):
-        raise TunerError(f"{path} is not a bench file (\"format\": \"tuner-bench/1\", written by tuner bench)")
-    rows = [r for r in data["rows"] if isinstance(r, dict) and {"kernel_source", "problem", "M", "contender"} <= set(r)]
-    return [str(data.get("banner") or "times: unknown source"), *verdict_lines(rows, str(data.get("kernel")))]
+    bench = read_bench(path)
+    if not any(r["time_us"] is not None for r in bench.rows):
+        raise TunerError(f"bench file {path}: none of its {len(bench.rows)} rows has a time (every contender failed "
+                         "or was not timed): no verdict to give")
+    return [bench.banner, *verdict_lines(bench.rows, bench.kernel)]
 
 
 def run_report(args) -> int:

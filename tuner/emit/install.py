@@ -423,8 +423,16 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
         record = {"engine": engine, "sequence": seq, "installed": now_iso(), "state": backups.WRITING,
                   "roots": [str(r) for r in roots], "files": entries}
         atomic_write_json(backup / RECORD, record, root=backup_root)
-        for c, text in zip(everything, texts):
-            atomic_write_text(c.dest, text, root=c.root)
+        done = 0
+        try:
+            for c, text in zip(everything, texts):
+                atomic_write_text(c.dest, text, root=c.root)
+                done += 1
+        except (OSError, TunerError) as e:      # a full disk mid-way: say what stands, and how to undo it
+            why = os_error_words(e).split(";")[0] if isinstance(e, OSError) else str(e)
+            raise TunerError(f"cannot install {c.dest}: {why}; {done} of {len(everything)} files were installed "
+                             f"when it stopped: `tuner install --restore --engine {engine}` puts back what was "
+                             "there (the next install also rolls them back first)") from None
         atomic_write_json(backup / RECORD, {**record, "state": backups.DONE}, root=backup_root)
     return backup
 

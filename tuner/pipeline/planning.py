@@ -104,7 +104,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                     from tuner.measure.landscape import replay_times
                     opts.times = replay_times(req.replay)
                 check_plan(open_run_storage(opts), opts)
+    out = out_dir(req, model.name, gpu.key)
+    # what planning creates below, for undo_planning (a run refused before it measures leaves none of it)
+    made = [] if req.dry_run or out.exists() else [out]
     if synthetic_landscape is not None:
+        if not os.path.lexists(synthetic_landscape):
+            made.append(synthetic_landscape)
         # made last: a run refused above (a missing --warm-start, say) replaced no landscape of an earlier one
         from tuner.measure.synthetic import landscape_for_run
         landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command], str(req.kernel_source), gpu,
@@ -113,13 +118,31 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         # stored last too, where the kernel reads the ids (this run's children too): a run refused
         # above stored no routing file (issue 42, item 8)
         from tuner.plan.routing import install
-        install(recorded, out_dir(req, model.name, gpu.key) / "routing")
+        folder = out / "routing"
+        made += [] if folder.exists() else [folder]
+        made += [] if (folder / f"{recorded.digest}.npy").exists() else [folder / f"{recorded.digest}.npy"]
+        install(recorded, folder)
+    for opts in plans:
+        opts.made = made
     if parallel.line and plans:
         plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
     return plans
+
+
+def undo_planning(opts: RunPlan) -> None:
+    """Remove what planning created for a run refused before it measured (its landscape, the
+    routing file, their folders when planning made them and they hold nothing else): a refused
+    run leaves nothing. An earlier run's files were never planning's to list."""
+    import contextlib
+    for path in reversed(opts.made):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()                 # only when empty: anything else there is someone's
+            else:
+                path.unlink()
 
 
 def sized(req: TuneRequest, settings, space, problems: list, gpu):

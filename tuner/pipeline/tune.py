@@ -10,6 +10,7 @@ import os
 import time
 from typing import Callable
 
+from tuner.errors import TunerError
 from tuner.pipeline.request import TuneRequest
 
 
@@ -53,11 +54,18 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
                 say(line)
         return []
     from tuner.pipeline.run import run_tuning
-    done = []
+    done: list = []
     for opts in plans:
         if window is not None and window.closed:
             continue                    # no time left for this kernel's studies: said below
-        results = run_tuning(opts, window)
+        try:
+            results = run_tuning(opts, window)
+        except TunerError:
+            from tuner.pipeline.planning import undo_planning
+            from tuner.pipeline.stored_plans import storage_exists
+            if not done and not storage_exists(opts):       # refused before anything was measured
+                undo_planning(opts)
+            raise
         for line in closing_lines(opts, results):
             say(line)
         done.append((opts, results))

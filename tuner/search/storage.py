@@ -10,7 +10,7 @@ trials another worker may have finished first (`close_trial`), and opens storage
 line per operation, no database layer between a trial and the disk), or a database for
 fleets, which several processes may create at once.
 
-This is the only module that touches Optuna's private API; each use says why.
+Optuna's private API it reaches through tuner/search/optuna_private.py, as every module does.
 
 Trial user attributes written here and by the search (tuner/search/runner.py):
   worker    "host:pid" of the process that asked for the trial
@@ -56,6 +56,7 @@ from tuner.search.journal_lines import (  # noqa: F401 (is_journal: the name cal
     looks_like_operation,
     torn_tail_start,
 )
+from tuner.search.optuna_private import journal_backend, study_storage, trial_id, trial_of
 from tuner.search.settings import JOURNAL
 
 log = logging.getLogger("tuner")
@@ -76,13 +77,6 @@ SCHEMA_RACE_RETRIES = 5
 SCHEMA_RACE_MESSAGES = ("already exists", "alembic_version", "unique constraint", "duplicate key")
 
 ConfigKey = Callable[[Config], tuple]     # a config as the hashable tuple studies compare
-
-
-def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
-    """A trial's id in the storage (its number counts within the study only).
-    Optuna private: the storage calls below (heartbeats, reading one trial back, reopening
-    another worker's trial) take this id, and Optuna exposes it on no public attribute."""
-    return trial._trial_id
 
 
 def worker_gone(worker: str | None, tid: int) -> bool:
@@ -120,9 +114,8 @@ def close_trial(study: optuna.Study, trial: optuna.Trial, state: TrialState | No
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     except ValueError:
-        # tell() refuses a trial that is no longer RUNNING. Optuna private: study._storage is
-        # the only way to read one trial's present state back without loading the study.
-        if study._storage.get_trial(trial_id(trial)).state.is_finished():
+        # tell() refuses a trial that is no longer RUNNING: read its present state back
+        if study_storage(study).get_trial(trial_id(trial)).state.is_finished():
             return False
         raise
 
@@ -266,9 +259,7 @@ def fail_stale(study: optuna.Study, requeue: Callable[[Config], None]) -> None:
     now = datetime.datetime.now()
     for tr in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if abandoned(tr, now, ORPHAN_AFTER_S):
-            # Optuna private: the public API hands out Trial objects only from ask(); failing
-            # another worker's trial needs one built on its id.
-            stale = optuna.Trial(study, trial_id(tr))
+            stale = trial_of(study, trial_id(tr))
             if not close_trial(study, stale, TrialState.FAIL, error="interrupted"):
                 continue                  # another worker got there first and requeues it
             log.info("trial %d of %s was left running by %s: failed as interrupted%s", tr.number,
@@ -445,7 +436,7 @@ def open_journal(path: Path) -> BaseStorage:
 
 def sync_storage(storage: BaseStorage) -> None:
     """Sync a journal's last writes to the disk (databases sync their own)."""
-    backend = getattr(storage, "_backend", None)     # Optuna private: JournalStorage keeps its backend there
+    backend = journal_backend(storage)
     if isinstance(backend, JournalFile):
         try:
             backend.sync()
