@@ -320,6 +320,21 @@ def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMB
     return data
 
 
+def first_tar_member(path: str | Path, limit: int = 64 << 10) -> str | None:
+    """The name of the first member of a gzipped tar (a proof's bundle), from its first `limit`
+    bytes decompressed to at most as many (its first header and an extended header before it);
+    None when that is no tar. One clear line when the file cannot be read."""
+    import tarfile
+    head = read_head(path, limit, "tarball ")
+    try:
+        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, limit)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            first = tar.next()          # the first member (after any extended header)
+    except (zlib.error, tarfile.TarError, EOFError, OSError):
+        return None
+    return first.name if first is not None else None
+
+
 LANDSCAPE_HEADER_BYTES = 64 << 10   # line 1 of a landscape: a header is a few hundred bytes
 
 

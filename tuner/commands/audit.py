@@ -119,6 +119,9 @@ def run(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
+    if out is not None:
+        from tuner.emit.audit_report import check_out
+        check_out(out)
     if args.numerics:
         import torch
         if not torch.cuda.is_available():

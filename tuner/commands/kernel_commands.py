@@ -145,16 +145,21 @@ def add_mla_parser(sub, common) -> None:
 
 def run(args) -> int:
     """tuner gemm, moe and mla: 0, or 1 when a study of a requested batch size timed no config
-    (said in one line on stderr, with the first failure's text)."""
+    (said in one line on stderr, with the first failure's text) or a --minutes window too short to
+    make progress (said with the length it needs)."""
     import sys
 
     from tuner.pipeline.request import TuneRequest
     from tuner.pipeline.tune import tune
     from tuner.search.outcomes import untimed_line
-    done = tune(TuneRequest.from_args(args))
+    left: dict = {}
+    done = tune(TuneRequest.from_args(args), left=left)
     line = untimed_line(done)
     if line:
         print(f"tuner: {line}", file=sys.stderr)
+        return 1
+    if left.get("stalled"):          # a --minutes window that cannot make progress: said, and not a success
+        print(f"tuner: {left['stalled']}", file=sys.stderr)
         return 1
     return 0
 

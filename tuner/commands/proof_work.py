@@ -12,6 +12,7 @@ coverage` shows them as tuned)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,11 @@ class Work:
     gain: float | None = None        # the gain expected over that (what the committed runs measured for it)
     read_by_default: bool = True
     files: tuple[str, ...] = ()      # the table files the engine reads for it
+    start_s: float = 0.0             # its command's start-up (paid once, when it has studies left)
 
     @property
     def seconds(self) -> float:
-        return self.studies * self.s_per_study
+        return self.studies * self.s_per_study + (self.start_s if self.studies else 0.0)
 
     @property
     def deployment(self) -> str:
@@ -142,9 +144,10 @@ def moe_items(rows, done: dict, grid: int, cost: dict[str, float], unmapped: lis
 
 def work_list(model_name: str, gpu, state: Path, cost: dict[str, float], tp: int = 8,
               engine_source: list[str] | None = None, dtypes: tuple[str, ...] | None = None,
-              gemm_only: tuple[str, ...] = ()) -> tuple[list[Work], list[str]]:
+              gemm_only: tuple[str, ...] = (), start_s: float = 0.0) -> tuple[list[Work], list[str]]:
     """(the window's items in order, lines on what the order could not know). `cost`: seconds a
-    study of each kind ("vllm", "sglang": their MoE studies; "gemm", "mla")."""
+    study of each kind ("vllm", "sglang": their MoE studies; "gemm", "mla"); `start_s`: a
+    command's start-up (each item is one command)."""
     from tuner.plan.deployment import served_deployments
     from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
     from tuner.plan.kernel_registry import batch_grid
@@ -172,4 +175,4 @@ def work_list(model_name: str, gpu, state: Path, cost: dict[str, float], tp: int
                    for p in mla)
         if left:
             items.append(Work("MLA", left, cost.get("mla", 0.0), "measured", "mla", None, tp))
-    return items, notes
+    return [dataclasses.replace(w, start_s=start_s) for w in items], notes

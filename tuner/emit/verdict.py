@@ -17,27 +17,34 @@ from typing import Iterable
 from tuner.plan.engines import ENGINES
 from tuner.textwidth import factor
 
-TRITON_CONTENDERS = ("tuned", "shipped", "default")     # the engine's Triton kernel with a config
+# the engine's Triton kernel with a config: ours, a shipped table's, the default, a landscape's best
+TRITON_CONTENDERS = ("tuned", "shipped", "default", "landscape best")
 
 
 def is_triton(contender: str) -> bool:
     return contender == "tuned" or contender.startswith(TRITON_CONTENDERS[1:])
 
 
+def is_triton_row(row: dict) -> bool:
+    """A row of the Triton kernel with a config (a bench row with a config is one, whatever its
+    contender's name); the others are what runs instead of it (references)."""
+    return isinstance(row.get("config"), dict) or is_triton(str(row.get("contender")))
+
+
 def per_m(rows: Iterable[dict]) -> list[dict]:
     """One verdict per (kernel source, problem, M): the fastest contender, the best Triton one
     and the best other one (None where none was timed)."""
-    groups: dict[tuple, list[tuple[float, str]]] = {}
+    groups: dict[tuple, list[tuple[float, str, bool]]] = {}
     for r in rows:
         t = r.get("time_us")
         key = (r["kernel_source"], r["problem"], int(r["M"]))
         groups.setdefault(key, [])
-        if isinstance(t, (int, float)) and t > 0:
-            groups[key].append((float(t), str(r["contender"])))
+        if isinstance(t, (int, float)) and t > 0:        # a contender not timed gives no verdict
+            groups[key].append((float(t), str(r["contender"]), is_triton_row(r)))
     out = []
     for (src, problem, M), timed in groups.items():
-        triton = min((x for x in timed if is_triton(x[1])), default=None)
-        other = min((x for x in timed if not is_triton(x[1])), default=None)
+        triton = min((x for x in timed if x[2]), default=None)
+        other = min((x for x in timed if not x[2]), default=None)
         best = min(timed, default=None)
         out.append({"kernel_source": src, "problem": problem, "M": M,
                     "fastest": best[1] if best else None, "time_us": best[0] if best else None,

@@ -60,10 +60,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             check_storage_driver(req.storage)
     synthetic_landscape = None
     if req.synthetic:
-        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE
-        say(SYNTHETIC_RUN_LINE)
+        landscape_path = out_dir(req, model.name, gpu.key) / f"synthetic-{KERNEL_OF[req.command]}.jsonl.gz"
+        from tuner.measure.synthetic import check_replaceable
+        check_replaceable(landscape_path, "the run's landscape")     # refused before anything is said (a dry run too)
         if not req.dry_run:         # replayed from where it will be made, once every check has passed (below)
-            synthetic_landscape = out_dir(req, model.name, gpu.key) / f"synthetic-{KERNEL_OF[req.command]}.jsonl.gz"
+            synthetic_landscape = landscape_path
             req.replay = str(synthetic_landscape)
     notes: list[str] = []
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
@@ -89,6 +90,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
+    for opts in plans:
+        if opts.record:          # the landscape a recording replaces at the end: only a landscape (file_kinds.py)
+            from tuner.file_kinds import LANDSCAPE
+            from tuner.paths import check_output
+            check_output(Path(opts.record), LANDSCAPE, "--record")
     if not req.dry_run and (synthetic_landscape is not None or recorded is not None):
         # a stored plan for another routing (or device, kernel, space) is refused before the
         # landscape and routing file below replace an earlier run's (issue 42, item 8)
@@ -104,6 +110,10 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                     from tuner.measure.landscape import replay_times
                     opts.times = replay_times(req.replay)
                 check_plan(open_run_storage(opts), opts)
+    if req.synthetic:
+        # said once every input is checked: a refused run (a --warm-start with no configs, say) is its one line
+        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE
+        say(SYNTHETIC_RUN_LINE)
     out = out_dir(req, model.name, gpu.key)
     # what planning creates below, for undo_planning (a run refused before it measures leaves none of it)
     made = [] if req.dry_run or out.exists() else [out]
