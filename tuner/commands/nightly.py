@@ -336,6 +336,8 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
     check_jobs(cfg, config_path)
+    from tuner.commands.nightly_order import ordered_jobs
+    cfg["jobs"] = ordered_jobs(cfg, log)          # `order: value`: by expected value from the coverage map
     if dry_run:
         return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log,
                                         minutes=minutes, begun_of=lambda job, prev: _begun(prev, environment_now(job)))
