@@ -128,7 +128,8 @@ def test_a_retune_after_an_environment_change_spans_two_windows(world, tmp_path,
     assert summary[0]["status"] == "improved", summary
 
 
-def test_a_dry_run_says_the_slot(world, tmp_path, capsys):
+def test_a_dry_run_says_the_slot(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole: tuner/textwidth.py)
     _, model, base, _ = world
     cfg = night_config(tmp_path, model, {"a": base, "b": base})
     assert main(["nightly", str(cfg), "--dry-run", "--minutes", "0.3"]) == 0

@@ -263,15 +263,9 @@ def continue_command(argv: list[str] | None, out: str | None = None) -> str:
     return "tuner " + " ".join(shlex.quote(a) for a in argv)
 
 
-def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
-    """A line of prose cut at spaces to fit `width` columns (a command to paste: textwidth.command_lines)."""
-    lead = text[:len(text) - len(text.lstrip(" "))]
-    words, lines, line = text.lstrip(" ").split(" "), [], lead
-    for word in words:
-        if line.strip() and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = indent + word
-        else:
-            line = f"{line} {word}" if line.strip() else line + word
-    lines.append(line)
-    return "\n".join(lines)
+def wrap(text: str, width: int | None = None) -> str:
+    """A line of prose as printed: fitted to the terminal's width (at most 120), whole when piped,
+    the one rule of every command (tuner/textwidth.py); a command to paste: textwidth.command_lines."""
+    from tuner.textwidth import fit_line, output_width
+    width = width or output_width()
+    return text if width is None else "\n".join(fit_line(text, min(width, WIDTH)))
