@@ -9,6 +9,7 @@ from pathlib import Path
 from tuner.commands.options import batch, parallel_options, resolve_tp, seed
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
+from tuner.plan.engine_releases import versions_text
 from tuner.plan.engines import ENGINE_NAMES
 from tuner.plan.gpus import gpu_keys_text
 
@@ -32,7 +33,8 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
                      help="default: the checkpoint's (fp8_w8a8 when its quantization_config is fp8, else bf16)")
     aud.add_argument("--engine-version", default=None, metavar="V",
-                     help="the engine's version (checked against the package's; alone: audit override folders only)")
+                     help="the engine's version (checked against the package's; alone: audit override folders only); "
+                     f"the releases tuner knows: {versions_text()}")
     aud.add_argument("--triton", default=None, metavar="V",
                      help="the Triton version the engine runs (default: the site-packages', else this Python's)")
     aud.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engine")
