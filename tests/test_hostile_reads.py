@@ -187,7 +187,7 @@ OWN_FILES = {
 # landscape's .partial gzipped into place.
 STREAMED = {("tuner/search/storage.py", 'open(self.path, "rb") as f'),
             ("tuner/measure/landscape.py", 'open(self.partial, "rb") as src, gzip.open'),
-            ("tuner/commands/proof.py", 'open(partial, "rb") as src, gzip.open')}
+            ("tuner/jobs/proof.py", 'open(partial, "rb") as src, gzip.open')}
 READ = re.compile(r"\.read_text\(|\.read_bytes\(|json\.load\(|yaml\.(safe_)?load\(|\.readlines\(|_zip\.read\(|"
                   r"ZipFile\([^)]*\)\.read\(|[^.]\bopen\([^)]*['\"]r|"
                   r"ZipFile\((?![^)]*['\"][wax]['\"])|tarfile\.open\((?![^)]*['\"][wx])")
