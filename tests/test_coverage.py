@@ -30,14 +30,17 @@ def coverage_json(capsys, *args) -> dict:
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory):
     """`tuner coverage --json` over every model of configs/models/, every Hopper GPU and every
-    supported engine version, as a user runs it (Triton 3.6.0)."""
+    supported engine version, as a user runs it (Triton 3.6.0), on an 80-column terminal: JSON is
+    never fitted to it (a line break inside a string made it invalid)."""
     if not WHEELS:
         pytest.skip("the coverage map reads the engines' tables from their wheels: TUNER_ENGINE_WHEELS is not set")
     import contextlib
     import io
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv("COLUMNS", "80")
         assert main(["coverage", "--triton", TRITON, "--json"]) == 0
+    assert max(map(len, out.getvalue().splitlines())) > 80          # lines a terminal would have wrapped
     return json.loads(out.getvalue())
 
 
