@@ -28,11 +28,17 @@ GPU = get_gpu("H200")
 MOE = {"E": 8, "N": 128, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": [128, 128], "routing": "uniform"}
 # Tiny problems per kernel, and where an engine's kernel takes others (SGLang's fused MoE
 # times its up and down tables, with the shared expert fused in as expert E-1).
+# The engines' kernels also at the integer precisions (issue 52): INT8 W8A8, and INT4 in K groups
+# (the group-wise kernel, with a search space of its own).
+INT4 = {"dtype": "int4_w4a16", "block_shape": None, "group_size": 64, "zero_point": True}
 PROBLEMS = {
     "fp8_gemm": [{"N": 256, "K": 256, "block_shape": [128, 128]}],
     "fused_moe": [{**MOE, "part": "op"}],
+    ("fused_moe", "vllm"): [{**MOE, "part": "op"}, {**MOE, "dtype": "int8_w8a8", "block_shape": None, "part": "op"},
+                            {**MOE, **INT4, "part": "op"}],
     ("fused_moe", "sglang"): [{**MOE, "E": 9, "shared_experts": 1, "part": "up"},
-                              {**MOE, "E": 9, "shared_experts": 1, "part": "down"}],
+                              {**MOE, "E": 9, "shared_experts": 1, "part": "down"},
+                              {**MOE, "dtype": "int8_w8a8", "part": "up"}, {**MOE, **INT4, "part": "down"}],
     "mla_decode": [{"heads": 16, "kv_lora_rank": 512, "qk_rope_dim": 64, "page_size": 16, "context": 48}],
 }
 BATCH_SIZES = (1, 5)
@@ -109,8 +115,8 @@ def test_inputs_are_a_function_of_their_seed(spec):
 
 @pytest.mark.parametrize("M", BATCH_SIZES)
 def test_the_default_config_is_a_point_of_the_space(spec, M):
-    space = load_space(spec)
     for params in problems_of(spec):
+        space = load_space(spec, problems=[params])          # the space of the jit kernel it launches
         default = space.canonical(params, M, GPU, spec.default_config(params, M))
         assert set(default) == set(spec.config_keys)
         outside = {k: v for k, v in default.items() if v not in space.choices[k]}

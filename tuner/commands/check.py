@@ -19,6 +19,7 @@ from tuner.paths import read_json
 from tuner.pipeline.planning import command_dtype
 from tuner.plan.engines import ENGINE_NAMES
 from tuner.plan.gpus import resolve_gpu
+from tuner.plan.precision import MOE_DTYPES
 from tuner.plan.problems import Problem
 
 
@@ -126,6 +127,9 @@ def run_check(kernel_name: str, table_path: Path, model, make_problems, routing:
     plan = []
     base_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     for problem, entries in work:
+        why = kernel.refuses(problem.params)
+        if why:
+            raise TunerError(f"--kernel-source {kernel.source}: {why}")
         for i, (M, entry) in enumerate(pick_batch_sizes(entries, batch_sizes).items()):
             config = checked_config(kernel, entry, f"{table_path}: the entry for M={M}")
             plan.append((problem, M, config, base_seed + i))
@@ -169,7 +173,7 @@ def add_parser(sub, common) -> None:
     trust_option(chk)
     chk.add_argument("--tp", type=parallel, default=1)
     chk.add_argument("--ep", type=parallel, default=1)
-    chk.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
+    chk.add_argument("--dtype", default=None, choices=MOE_DTYPES,
                      help="moe: the tables' precision (default: the checkpoint's own, bf16 when it is not quantized)")
     chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     chk.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,

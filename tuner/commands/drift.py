@@ -38,7 +38,7 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     rows = []
     for t in tables:
         kernel = measurer_for.kernel(t.problem.kernel, t.engine)
-        space = load_space(kernel)
+        space = load_space(kernel, problems=[t.problem])
         measurer = measurer_for(kernel)
         for key in sorted(t.table, key=int):
             M = int(key)

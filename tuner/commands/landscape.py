@@ -82,7 +82,8 @@ def run(args) -> int:
             raise TunerError(f"{args.kernel_source} reads none of this model's {kernel_name} tables")
     ms = sorted(set(args.batch_sizes or kernel.batch_sizes or DEFAULT_BATCH_SIZES))     # the kernel's grid
     remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
-    n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
+    n = write_synthetic_landscape(out, kernel, load_space(kernel, problems=problems), gpu, [p.params for p in problems],
+                                  ms)
     again = f"replaced {out} (an earlier SYNTHETIC landscape): " if replacing else ""
     print(f"{again}wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: "
           "a cost model, not a GPU; replay it with --replay to try the tool, never to choose configs")

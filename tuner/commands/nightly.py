@@ -258,7 +258,8 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
             results = [StudyRunner.result_from_dict(problem, int(m), e) for m, e in t["entries"].items()]
             own_format.setdefault(kernel.name, []).append((problem, results))
             continue
-        table = {int(m): table_entry(kernel, e["config"]) for m, e in t["entries"].items() if e.get("config")}
+        table = {int(m): table_entry(kernel, e["config"], t["problem"]) for m, e in t["entries"].items()
+                 if e.get("config")}
         for rel in t["files"].values():
             atomic_write_text(new_run / rel, table_json(table), root=new_run)
     for name, pairs in own_format.items():

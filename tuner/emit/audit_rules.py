@@ -33,6 +33,7 @@ KINDS = {
     "numerics": "rows that compute wrong results (--numerics)",
     "block_k_above_block": "rows with BLOCK_SIZE_K above the weight block",
     "no_table": "no table: the engine's default config runs",
+    "unfused_table": "tables for the routed experts alone (read only with --disable-shared-experts-fusion)",
     "triton_fallback": "tables of another Triton version (SGLang's fallback)",
     "truncated": "truncated tables (a contiguous slice of the engines' grid)",
     "far_keys": f"batch sizes whose nearest key is more than {FAR_KEY_FACTOR}x away",

@@ -47,7 +47,7 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
     writable_folder,
 )
 from tuner.plan.batch_keys import batch_key
-from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
+from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, reading_note, table_family
 
 log = logging.getLogger("tuner")
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
@@ -254,9 +254,13 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")
-    for kind in sorted({t["files"][engine].split("/")[1] for t in tables}):
-        if kind in (eng.reads_on_hopper or {}):
-            notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {eng.reads_on_hopper[kind]}")
+    said = set()
+    for t in tables:
+        kind = t["files"][engine].split("/")[1]
+        note = reading_note(engine, kind, t.get("problem"))
+        if note and (kind, note) not in said:
+            said.add((kind, note))
+            notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {note}")
     return copies, notes
 
 

@@ -142,7 +142,7 @@ def landscape_for_run(out: Path, kernel_name: str, source: str, gpu, problems: l
     check_replaceable(path, "the run's landscape")
     make_folder(out)
     params = [p.params for p in problems if source == "ours" or source in p.engines]
-    n = write_synthetic_landscape(path, kernel, load_space(kernel, space_path), gpu, params, sorted(set(batch_sizes)))
+    n = write_synthetic_landscape(path, kernel, load_space(kernel, space_path, params), gpu, params, sorted(set(batch_sizes)))
     say(f"made {path}: {n} SYNTHETIC points ({len(params)} problems x {len(set(batch_sizes))} batch sizes); "
         "replaying it")
     return path

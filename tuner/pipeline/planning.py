@@ -72,7 +72,7 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
     plans = []
     for kernel, problems in runs:
         from tuner.pipeline.warm_sources import build_pool
-        space = load_space(kernel, req.space)
+        space = load_space(kernel, req.space, problems)
         # the engine's own shipped tables for its kernel's tables (both engines' for ours)
         warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
                           [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
@@ -85,7 +85,8 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not (req.dry_run or req.replay) else [],
             warm=warm,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
-                      "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
+                      "dtype": req.dtype, **precision_info(req, model),
+                      **({"traffic": profile.as_manifest()} if profile else {}),
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
@@ -120,6 +121,15 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
     return plans
+
+
+def precision_info(req: TuneRequest, model) -> dict:
+    """{"precision": in words} for a fused MoE of an integer precision (its blocks, K groups,
+    zero points, and where they were read: tuner/plan/precision.py); {} otherwise."""
+    if req.command != "moe" or req.dtype in (None, "bf16", "fp8_w8a8"):
+        return {}
+    from tuner.plan.precision import moe_precision
+    return {"precision": moe_precision(model, req.dtype).describe()}
 
 
 def sized(req: TuneRequest, settings, space, problems: list, gpu):
@@ -251,6 +261,9 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
                 notes.append(str(e))
                 kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=False)
             kernel = as_recorded(kernel, req.replay)
+            why = kernel.refuses(p.params)
+            if why:
+                raise TunerError(f"--kernel-source {kernel.source}: {why}")
             if kernel.source == "ours":
                 # one problem for every engine whose table ours times
                 runs.setdefault(("ours", kernel.name), (kernel, []))

@@ -259,9 +259,12 @@ def parse_source(text: str) -> ast.Module:
 
 
 def function_source(text: str, name: str) -> str:
-    """The exact source of a top-level function (decorators included)."""
-    tree = parse_source(text)
-    node = _top_level(tree).get(name)
+    """The exact source of a top-level function, or of a class's method named 'Class.method'
+    (decorators included)."""
+    owner, _, method = name.rpartition(".")
+    node = _top_level(parse_source(text)).get(owner or name)
+    if owner:
+        node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef) and n.name == method), None)
     if not isinstance(node, ast.FunctionDef):
         raise KeyError(name)
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
