@@ -46,6 +46,11 @@ def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list
     for p in moe_problems(model, tp, 1, "fp8_w8a8"):
         if source in ("ours", p.engines[0]) and wanted(p):
             yield p, p.engines[0], batch_sizes or [1, 64, 512]
+    if source != "ours":        # issue 52: one case of each integer precision on the engine's kernel
+        from tuner.commands.proof_steps import precision_case_problems
+        for p in precision_case_problems(model, tp, source):
+            if wanted(p):
+                yield p, source, (batch_sizes or [64])[-1:]
     if source == "ours" and model.is_mla:
         for p in mla_problems(model, tp, [4096, 32768], 64)[0]:
             if wanted(p):

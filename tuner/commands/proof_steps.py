@@ -22,6 +22,35 @@ from tuner.plan.engines import DEFAULT_BATCH_SIZES
 from tuner.plan.gpus import GpuSpec
 
 GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
+# Issue 52: the validation list's one case of each integer MoE precision on each engine kernel that
+# runs it, at the model's shapes: (--dtype, the quantization_config the weights are read as; None:
+# the model's own, where an FP8 block checkpoint gives INT8 its blocks and W8A16 is per channel).
+MOE_PRECISION_CASES = (("int8_w8a8", None), ("int8_w8a8", {"quant_method": "w8a8_int8"}), ("int8_w8a16", None),
+                       ("int8_w8a16", {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True}),
+                       ("int4_w4a16", {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}))
+
+
+def precision_case_problems(model, tp: int, engine: str) -> list:
+    """The first MoE problem of each MOE_PRECISION_CASES precision `engine` runs (SGLang: its up
+    table), the model's checkpoint read as that case's quantization_config."""
+    import dataclasses
+
+    from tuner.plan.models import moe_problems
+    out = []
+    for dtype, qc in MOE_PRECISION_CASES:
+        m = model if qc is None else dataclasses.replace(model, raw={**model.raw, "quantization_config": qc},
+                                                         weight_block_size=None)
+        if engine not in _engines_running(m, dtype):
+            continue
+        out += moe_problems(m, tp, 1, dtype, engines=[engine])[:1]
+    return out
+
+
+def _engines_running(model, dtype: str) -> set[str]:
+    from tuner.plan.engines import ENGINES
+    from tuner.plan.precision import moe_precision
+    scheme = moe_precision(model, dtype).scheme
+    return {name for name, e in ENGINES.items() if (dtype, scheme) in e.moe_precisions}
 
 
 @dataclass(frozen=True)
