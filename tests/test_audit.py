@@ -218,6 +218,8 @@ def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path,
     assert data["exit_status"] == 1 and data["by_kind"]["block_k_above_block"]["severity"] == "error"
     assert (out / "audit.md").read_text().startswith("# tuner audit --all: sglang")
     assert not list(out.glob(".*.tmp"))
+    assert main([*args, "--all", "--out", str(out)]) == 1                 # its own audit.json and audit.md: replaced
+    capsys.readouterr()
     # a deployment without an error finding exits 0
     assert main(["audit", "--engine", "sglang", "--site-packages", str(sglang_site), "--triton", "3.6.0",
                  "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--max-batch", "64"]) == 0

@@ -136,7 +136,7 @@ def test_every_plot_says_where_its_times_came_from_and_diff_bars_follow_the_verd
     import tuner.commands.report as report
     old, new = two_runs
     plots = []
-    monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None, root=None:
+    monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None, root=None, kind=None:
                         plots.append((title, source, colours, ratio)))
     report.write_report(old, tmp_path / "r.md")
     report.write_diff(old, new, tmp_path / "d")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 from pathlib import Path
 from typing import Callable
 
@@ -99,11 +100,11 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
                  f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
                  f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
         for c in copies:
-            hold(f"{'would install' if dry_run else 'install'} {c.dest}"
+            hold(f"{'would install' if dry_run else 'install'} {where.show(c.dest)}"
                  + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
                  + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
         from tuner.emit.install_target import engine_log_lines
-        for line in engine_log_lines(copies, engine, site, config_dir, where.version):
+        for line in engine_log_lines(copies, engine, site, config_dir, where.version, where.present):
             hold(line)
         if dry_run:
             flush()
@@ -112,7 +113,10 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
         flush()
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
-        say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")
+        from tuner.textwidth import command_lines
+
+        # to be pasted: never cut without its `\` marks
+        say("\n".join(command_lines(f"export {inst.ENV_VARS[engine]}={shlex.quote(str(config_dir.resolve()))}")))
     from tuner.plan.engines import install_notes
     in_package = any(config_dir is None or not str(c.dest).startswith(str(config_dir)) for c in copies)
     for line in install_notes(engine, in_package):

@@ -121,8 +121,13 @@ def fetch(engine: str, version: str, find_links: str | None = None, index_url: s
     try:
         cmd = pip_command(engine, version, tmp, find_links, index_url, no_index)
         print(f"fetching {engine}=={version} with pip (its wheel only, not installed) ...", file=sys.stderr, flush=True)
+        import signal
+
+        from tuner.measure.process_tree import child_of_this_process
         try:
-            done = runner(cmd, stdin=subprocess.DEVNULL)
+            # pip dies with us, kill -9 included (PR_SET_PDEATHSIG): a killed fetch leaves no
+            # download running on, orphaned (its temporary folder is cleared by the next fetch)
+            done = runner(cmd, stdin=subprocess.DEVNULL, preexec_fn=child_of_this_process(signal.SIGKILL))
         except OSError as e:
             raise TunerError(f"cannot run pip ({' '.join(cmd[:3])}): {e.strerror}") from None
         if done.returncode != 0:

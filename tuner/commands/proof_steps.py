@@ -16,41 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.file_kinds import PROOF_ENV
 from tuner.measure.environment import now_iso, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.plan.engines import DEFAULT_BATCH_SIZES
 from tuner.plan.gpus import GpuSpec
 
 GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
-# Issue 52: the validation list's one case of each integer MoE precision on each engine kernel that
-# runs it, at the model's shapes: (--dtype, the quantization_config the weights are read as; None:
-# the model's own, where an FP8 block checkpoint gives INT8 its blocks and W8A16 is per channel).
-MOE_PRECISION_CASES = (("int8_w8a8", None), ("int8_w8a8", {"quant_method": "w8a8_int8"}), ("int8_w8a16", None),
-                       ("int8_w8a16", {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True}),
-                       ("int4_w4a16", {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}))
-
-
-def precision_case_problems(model, tp: int, engine: str) -> list:
-    """The first MoE problem of each MOE_PRECISION_CASES precision `engine` runs (SGLang: its up
-    table), the model's checkpoint read as that case's quantization_config."""
-    import dataclasses
-
-    from tuner.plan.models import moe_problems
-    out = []
-    for dtype, qc in MOE_PRECISION_CASES:
-        m = model if qc is None else dataclasses.replace(model, raw={**model.raw, "quantization_config": qc},
-                                                         weight_block_size=None)
-        if engine not in _engines_running(m, dtype):
-            continue
-        out += moe_problems(m, tp, 1, dtype, engines=[engine])[:1]
-    return out
-
-
-def _engines_running(model, dtype: str) -> set[str]:
-    from tuner.plan.engines import ENGINES
-    from tuner.plan.precision import moe_precision
-    scheme = moe_precision(model, dtype).scheme
-    return {name for name, e in ENGINES.items() if (dtype, scheme) in e.moe_precisions}
+ENGINE_NAMES = ("vllm", "sglang")
+MAKE_INPUTS = ("a GPU call times each engine's own kernel and beats the tables it ships: make .engine-src/ and "
+               ".baselines/ with bash scripts/prepare_gpu_proof.sh and carry them (bench/README.md)")
 
 
 @dataclass(frozen=True)
@@ -143,7 +118,7 @@ class ProofSteps:
     def available_engines(self) -> list[str]:
         from tuner.plan.kernel_sources import locate, origin_for
         found = []
-        for engine in ("vllm", "sglang"):
+        for engine in ENGINE_NAMES:
             try:
                 locate(engine, origin_for(engine, self.engine_source))
                 found.append(engine)
@@ -152,8 +127,22 @@ class ProofSteps:
         return found
 
     def source_for(self, engine: str) -> str:
-        """The engine's own kernel where its code is here; else ours (said in the log)."""
-        return engine if engine in self.available_engines() else "ours"
+        """The engine's own kernel where its code is here. On a GPU, never ours in its place: its
+        rows would go into the engine's committed tables (refused, one line); the rehearsal (CI
+        without the engines' wheels) times ours."""
+        if engine in self.available_engines():
+            return engine
+        if not self.rehearsal:
+            raise TunerError(f"{engine}'s code is not here: {MAKE_INPUTS}")
+        return "ours"
+
+    def missing_inputs(self) -> list[str]:
+        """What a GPU call needs beside the repository and lacks: each engine's code (.engine-src/)
+        and its shipped tables (.baselines/), without which the window would time our kernel in
+        an engine's place and its choices would be made without the rows the engine ships."""
+        missing = [f"{e}'s code" for e in ENGINE_NAMES if e not in self.available_engines()]
+        missing += [f"{e}'s shipped tables" for e in ENGINE_NAMES if not self.baseline_dirs(e)]
+        return missing
 
     def baseline_dirs(self, engine: str | None = None) -> list[Path]:
         """The shipped tables' folders (one per engine version), `engine`'s only when given."""
@@ -212,7 +201,7 @@ class ProofSteps:
                 env.update(nvml_snapshot(nvml_index(0)))
         except Exception as e:  # noqa: BLE001 - the environment record says what failed
             env["error"] = str(e)
-        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out)
+        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out, kind=PROOF_ENV)
         cmds = []
         if self.device == "cuda" and shutil.which("nvidia-smi"):
             cmds.append(Command("nvidia-smi", ["nvidia-smi", "-q"], "logs/nvidia-smi.txt"))
@@ -252,30 +241,39 @@ class ProofSteps:
                         out.append((engine, path))
         return out
 
-    def step_validate(self) -> list[Command]:
-        """The full validation list, the engines' first: their kernels (the MoE layer, then the
-        GEMM shapes the window's landscape starts from), each engine's shipped MoE tables at the
-        validate batch sizes on its own kernel right after its default cases (same measuring
-        child); then ours on every problem of the model, MLA decode included: what a cut step
-        loses is the least valuable."""
+    def validation_runs(self) -> list[dict]:
+        """The validation's commands as arguments of scripts/validate_kernels.py (the full list, the
+        engines' first: their kernels (the MoE layer, then the GEMM shapes the window's landscape
+        starts from), each engine's shipped MoE tables at the validate batch sizes on its own kernel
+        right after its default cases (same measuring child); then ours on every problem of the
+        model, MLA decode included: what a cut step loses is the least valuable)."""
         p = self.profile
         engines = self.available_engines()
-        only = ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes]
         tables = [str(path) for engine, path in self.shipped_moe_tables() if engine in engines]
+        runs: list[dict] = []
+        if engines:
+            runs.append({"label": "validate the engines' kernels", "sources": engines,
+                         "only": ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes],
+                         "batch_sizes": list(p.validate_ms), "tables": tables, "out": "kernels.json",
+                         "log": "logs/validate-kernels.txt"})
+        runs.append({"label": "validate ours", "sources": ["ours"], "only": list(p.ours_only) or None,
+                     "batch_sizes": list(p.gemm_ms), "tables": [], "out": "ours.json", "log": "logs/validate-ours.txt"})
+        return runs
+
+    def step_validate(self) -> list[Command]:
+        """The full validation list (validation_runs); a case recorded as passed on this GPU model
+        with the same Triton, torch and kernel code is not run again, but one canary per kernel
+        source (bench/validated.json: tuner/commands/proof_validation.py)."""
+        from tuner.commands.proof_validation import LEDGER
+        p = self.profile
         common = [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key, "--model", self.model(),
                   "--tp", str(p.tp)]
-        cmds = []
-        if engines:
-            cmds.append(Command("validate the engines' kernels", [
-                *common, "--kernel-source", *engines, *self.engine_args(), "--only", *only,
-                "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
-                *(["--tables", *tables] if tables else []), "--out", str(self.out / "validate" / "kernels.json")],
-                "logs/validate-kernels.txt"))
-        cmds.append(Command("validate ours", [
-            *common, "--kernel-source", "ours", *(["--only", *p.ours_only] if p.ours_only else []),
-            "--batch-sizes", *map(str, p.gemm_ms), *self.measuring_args(),
-            "--out", str(self.out / "validate" / "ours.json")], "logs/validate-ours.txt"))
-        return cmds
+        return [Command(r["label"], [
+            *common, "--kernel-source", *r["sources"], *(self.engine_args() if r["sources"] != ["ours"] else []),
+            *(["--only", *r["only"]] if r["only"] else []), "--batch-sizes", *map(str, r["batch_sizes"]),
+            *self.measuring_args(), *(["--tables", *r["tables"]] if r["tables"] else []),
+            "--recorded", str(LEDGER), "--out", str(self.out / "validate" / r["out"])], r["log"])
+            for r in self.validation_runs()]
 
     def step_window(self) -> list[Command]:
         """The window's work list, most valuable first: both engines' MoE tables at the window's
@@ -327,6 +325,22 @@ class ProofSteps:
     def builders(self) -> dict:
         return {"environment": self.step_environment, "smoke": self.step_smoke, "validate": self.step_validate,
                 "window": self.step_window, "report": self.step_report, "sampler": self.step_sampler}
+
+
+def default_baselines() -> Path | None:
+    from tuner.paths import REPO_ROOT
+    for candidate in (REPO_ROOT / ".baselines", REPO_ROOT.parent / "shared" / "baselines"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def default_engine_source() -> list[str] | None:
+    from tuner.paths import REPO_ROOT
+    folder = REPO_ROOT / ".engine-src"
+    if folder.is_dir():
+        return [str(p) for p in sorted(folder.iterdir()) if p.is_dir()]
+    return None
 
 
 def _last_line(path: Path) -> str:

@@ -80,9 +80,11 @@ def fixed_width(headers: list[str], rows: list[list[str]], left: tuple[int, ...]
 
 
 def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[str, str]], out_dir,
-                    threshold: float | None = None) -> list[str]:
+                    threshold: float | None = None, unwritten: dict[str, tuple[dict, str]] | None = None) -> list[str]:
     """The closing table of a run: `results` {problem key: [StudyResult]}, `files` {problem key:
-    {engine: relative path}} (from the manifest; a problem without files: not written)."""
+    {engine: relative path}} (from the manifest), `unwritten` {problem key: ({engine: the path
+    its table would have}, why it is not written)} (a tied table the same as its partner: its
+    rows are labelled as that file, marked `*`, and why is said once)."""
     kept = any(r.kept_default for rs in results.values() for r in rs)
     # the row kept (tuned, installed, default) and why, where any row is not the tuned config
     chosen = any((r.choice or {}).get("kept", "tuned") != "tuned" for rs in results.values() for r in rs)
@@ -91,8 +93,9 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     from tuner.measure.noise import speedup, threshold_text, within
     noise = getattr(threshold, "noise", None)          # the paired check's threshold knows the device's noise
     rows = []
-    labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or "(as up table: not written)"
-                              for pkey in results})
+    unwritten = {k: v for k, v in (unwritten or {}).items() if k in results and not files.get(k)}
+    labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or (
+        short_file(unwritten[pkey][0]) + "*" if pkey in unwritten else "(not written)") for pkey in results})
     for pkey, rs in results.items():
         label = labels[pkey]
         for r in sorted(rs, key=lambda r: r.M):
@@ -109,6 +112,8 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     where = where_lines(out_dir, written)
     if legend:
         where.append(f"      named {legend}")
+    for why in sorted({why for _, why in unwritten.values()}):
+        where.append(f"*: not written: {why}")
     if chosen:
         min_gain = next((r.choice["min_gain"] for rs in results.values() for r in rs
                          if r.choice and r.choice.get("min_gain") is not None), None)
@@ -180,3 +185,31 @@ def written_files(opts) -> dict[str, dict[str, str]]:
         return {}
     return {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in manifest.get("tables", [])
             if t.get("kernel") == opts.kernel.name}
+
+
+def unwritten_files(opts) -> dict[str, tuple[dict[str, str], str]]:
+    """{problem key: ({engine: the file its table would be}, why it is not)} of a run's tied tables
+    the manifest says were not written (a `_down` table the same as its up table: the engines
+    that read the one it is tied to read that one for it)."""
+    from tuner.emit.results import read_manifest
+    from tuner.errors import TunerError
+    from tuner.plan.engines import ENGINES
+    from tuner.plan.problems import Problem
+    try:
+        manifest = read_manifest(opts.out_dir)
+    except TunerError:
+        return {}
+    tables = [t for t in manifest.get("tables", []) if t.get("kernel") == opts.kernel.name]
+    files = {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in tables}
+    out = {}
+    for t in tables:
+        partner = files.get(t.get("tied_to") or "")
+        if not isinstance(t.get("not_written"), str) or not partner:
+            continue
+        problem = Problem(t["kernel"], t["problem"])
+        triton = str((t.get("environment") or {}).get("triton") or "")
+        out[problem.key] = ({e: ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name,
+                                                          triton) for e in partner if e in ENGINES},
+                            f"the same configs as {short_file(partner)} at every M: the engine reads that table "
+                            "for it")
+    return out

@@ -329,8 +329,9 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
 
 
 def _holds(path: Path, text: str) -> bool:
-    """Whether the cached file at `path` is exactly `text` (read within bounds: anything else
-    there, a FIFO or a huge file included, is simply written over)."""
+    """Whether the cached file at `path` is exactly `text` (read within bounds, never waited on:
+    another text or a huge file there is written over; a FIFO or a device is refused by the
+    writer, never replaced: tuner/paths.py)."""
     from tuner.reading import read_bytes
     try:
         return read_bytes(path, limit=len(text.encode()) + 1) == text.encode()

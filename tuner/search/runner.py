@@ -17,6 +17,7 @@ is tuner/search/stopping.py's.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import warnings
@@ -26,7 +27,6 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from tuner.errors import TunerError
 from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of, one_line
 from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
 from tuner.measure.provenance import is_cpu_device
@@ -34,23 +34,23 @@ from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
-from tuner.search.choice import choose_row
+from tuner.search import window as _window
+from tuner.search.choice import choose_row, pairs_for
 from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.prior import PRIOR, prior_seeds
 from tuner.search.samplers import make_sampler
 from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
+from tuner.search.stored_state import checked_result
+from tuner.search.study_match import ENCODING, check_identity, stored_choices  # noqa: F401 (ENCODING: its old home)
 from tuner.search.warm_start import is_warm, seeds_by_source
-from tuner.search.window import Window, measuring_in
+from tuner.search.window import BATCH_ATTR, CUT_ATTR, TOOK_ATTR, Window, WindowClosed, measuring_in
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
-# How trial parameters encode a config: each key a categorical parameter over its values.
-# Studies stored before this attribute existed encoded each key as an index (an int).
-ENCODING = "categorical-values/2"
 
 @dataclass
 class _Target:
@@ -81,6 +81,7 @@ class StudyRunner:
         self.prefix = prefix
         self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
         self.window = window                # --minutes: stop on time (tuner/search/window.py)
+        self.searched_at: float | None = None   # when the last study's search ended and its close began
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
@@ -89,12 +90,13 @@ class StudyRunner:
         searched now (continuing what the storage holds). `fixed` pins some config keys
         (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
         without this table (the kernel's default config unless given)."""
+        self.searched_at = None
         target = self._target(problem, M, seeds, fixed or {}, default)
         if not target.allowed:
             return StudyResult(problem, M, None, None, None, target.default, None, 0, "no config",
                                {"status": "not checked", "detail": "no config survives pruning"})
         study = self._open(target)
-        done = study.user_attrs.get("result")
+        done = checked_result(study.study_name, study.user_attrs.get("result"))   # one that does not validate: closed again
         if done and (done["stopped"] != "budget" or done["trials"] >= self.settings.budget_for(problem, M)):
             result = self.result_from_dict(problem, M, done)
             result.resumed = True
@@ -103,8 +105,12 @@ class StudyRunner:
         self._queue_seeds(study, target)
         try:
             stopped, measured = self._search(study, target)
+            self.searched_at = _window.now()     # the close begins: its time is the pipeline's to keep (close_s)
             if self.window:       # the finalists timed again and checked: in this window, or the next
-                self.window.before_close(study.get_trials(deepcopy=False))
+                # what a close times: the finalists and the default, the row's race (pairs against each
+                # incumbent), the numerics checks
+                configs = 2 * self.settings.top_k + 1 + 2 * pairs_for(self.measurer) * (1 + len(incumbents or []))
+                self.window.before_close(study.get_trials(deepcopy=False), configs)
             with measuring_in(self.window, closing=True):
                 result = self._finish(problem, M, measured, target.default, stopped)
                 # the row changes only for a real gain over what the engine runs today (an installed row, else
@@ -174,17 +180,10 @@ class StudyRunner:
         name = study_name(target.problem, target.M, self.prefix, self.kernel.source)
         study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
                                     sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
-        self._check_identity(study)
-        stored = study.user_attrs.get("choices")
-        if stored is None:
-            study.set_user_attr("choices", choices)
-            study.set_user_attr("encoding", ENCODING)
-        elif study.user_attrs.get("encoding") != ENCODING:
-            raise TunerError(f"the storage holds study {name} from an older tuner that encoded configs as "
-                             f"{study.user_attrs.get('encoding') or 'indices'}, not {ENCODING}: "
-                             "give another --out (or --storage, or --study-prefix), or delete that storage")
-        elif stored != choices:
-            choices = {k: [int(v) for v in stored[k]] for k in keys}
+        check_identity(study, self.identity())
+        stored = stored_choices(study, keys, choices)      # a study not this run's, or damaged: one line
+        if stored != choices:
+            choices = stored
             target.allowed = {t for t in target.allowed if all(v in choices[k] for k, v in zip(keys, t))}
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
@@ -200,21 +199,6 @@ class StudyRunner:
         env = self.measurer.environment() or {}
         policy = {"routing": self.policy.get("routing"), **(env.get("policy") or {})}
         return study_identity(self.kernel, self.space, self.measurer, policy)
-
-    def _check_identity(self, study: optuna.Study) -> None:
-        """A stored study timed on another device, kernel code, space or Triton, or whose times
-        came from elsewhere (a SYNTHETIC landscape, another landscape, the CPU device), is
-        refused (one line): its results are not this run's and must never be reused. Studies
-        from before identities were recorded are taken as they are, unless their environment
-        says otherwise."""
-        mine = self.identity()
-        stored = stored_identity(study.user_attrs)
-        what = identity_differences(stored, mine) if stored else ""
-        if what:
-            raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
-                             "its results are not this run's: give another --out (or --storage, or --study-prefix)")
-        if study.user_attrs.get("identity") is None:
-            study.set_user_attr("identity", mine)
 
     def _encode(self, choices: dict, cfg: Config) -> dict:
         return {k: int(cfg[k]) for k in self.kernel.config_keys}
@@ -239,6 +223,7 @@ class StudyRunner:
         name = study_name(target.problem, target.M, source=self.kernel.source)
         idle = 0
         while True:
+            began = _window.now()       # the round's start: a batch's time is its whole round's (sampler, claim too)
             # Other workers may share this study: read its state from the storage every round.
             trials = study.get_trials(deepcopy=False)
             measured, running = self._state(trials)
@@ -246,13 +231,13 @@ class StudyRunner:
             stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle)
             if stopped:
                 return stopped, measured
-            if self.window:     # no time for another batch: the trials measured so far stay for the next window
-                self.window.before_batch(trials)
             room = budget - len(measured) - len(running)
             if room <= 0:                     # the last trials are out with other workers
                 self._wait(study, target)
                 continue
             want = min(s.batch, room)
+            if self.window:     # no time for another batch: the trials measured so far stay for the next window
+                self.window.before_batch(trials, want)
             batch, waiting = claim(study, self._ask(study, target, measured, running, want), budget, self._key)
             if not batch and waiting:         # the last slots are held by other workers' trials
                 self._wait(study, target)
@@ -265,7 +250,7 @@ class StudyRunner:
                            random.Random(f"{s.seed}:{name}:{len(trials)}"))
                 continue
             idle = 0
-            results = self._measure(study, target, batch)
+            results = self._measure(study, target, batch, began)
             times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
             self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
                           budget=budget, best=min(times, default=None))
@@ -315,13 +300,26 @@ class StudyRunner:
             study.enqueue_trial(self._encode(target.choices, config_dict(self.kernel, t)),
                                 user_attrs={"seed": "random-fill"})
 
-    def _measure(self, study: optuna.Study, target: _Target,
-                 batch: list[tuple[optuna.Trial, Config]]) -> list[Measurement]:
+    def _measure(self, study: optuna.Study, target: _Target, batch: list[tuple[optuna.Trial, Config]],
+                 began: float) -> list[Measurement]:
+        """Measure a batch and tell its trials, each with the batch's time on the monotonic clock
+        from its round's start (TOOK_ATTR: windows and estimates read it; never the wall clock's
+        ask-to-tell, which a clock step stretches). A batch the window cuts keeps how long it ran."""
         with measuring(self.storage, batch):
-            with measuring_in(self.window):
-                results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
+            try:
+                with measuring_in(self.window):
+                    results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
+            except WindowClosed:
+                ran = round(_window.now() - began, 3)
+                for trial, _ in batch:       # failed as interrupted by fail_stale, their configs measured again
+                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                        trial.set_user_attr(CUT_ATTR, ran)
+                raise
+            took = round(_window.now() - began, 3)
             for (trial, _), m in zip(batch, results):
-                self._tell(study, trial, m)
+                self._tell(study, trial, m, {TOOK_ATTR: took, BATCH_ATTR: len(batch)})
+        if self.window:
+            self.window.batch_done(took, len(batch))
         return results
 
     def _wait(self, study: optuna.Study, target: _Target) -> None:
@@ -342,14 +340,15 @@ class StudyRunner:
         else:
             close_trial(study, trial, value=value, repeat=cfg)
 
-    def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement) -> None:
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement, timing: dict | None = None) -> None:
+        timing = timing or {}
         if m.time_us is None:
             close_trial(study, trial, TrialState.FAIL, error=m.error or "failed",
-                        failure=m.kind or kind_of(m.error) or RUNTIME)
+                        failure=m.kind or kind_of(m.error) or RUNTIME, **timing)
         elif m.spread is not None:
-            close_trial(study, trial, value=m.time_us, spread=m.spread)
+            close_trial(study, trial, value=m.time_us, spread=m.spread, **timing)
         else:
-            close_trial(study, trial, value=m.time_us)
+            close_trial(study, trial, value=m.time_us, **timing)
 
     @staticmethod
     def _failures(study: optuna.Study, result: StudyResult) -> dict[str, int]:
@@ -445,7 +444,7 @@ class StudyRunner:
         kernel = self.kernel
         study = optuna.load_study(study_name=study_name(problem, M, self.prefix, kernel.source),
                                   storage=self.storage)
-        before = study.user_attrs.get("result") or {}
+        before = checked_result(study.study_name, study.user_attrs.get("result")) or {}
         default_t = config_tuple(kernel, default)
         retime = ordered + ([] if any(config_tuple(kernel, c) == default_t for c in ordered) else [default])
         again = self.measurer.measure(problem, M, retime)
