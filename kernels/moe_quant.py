@@ -176,3 +176,30 @@ def fake_quant_activation(x: torch.Tensor, q: MoeQuant) -> torch.Tensor:
     if q.block_shape:
         return qx.double() * s.double().repeat_interleave(q.block_shape[1], 1)
     return qx.double() * s.double()
+
+
+# -- compiling without memory --------------------------------------------------------------------
+def phantom_moe_weights(E: int, n_out: int, k_in: int, q: MoeQuant, dev: str):
+    """(weight, scale, zero points) of one MoE GEMM in the layout of `q`, the weight owning no
+    memory (a compile worker builds the launch on them and runs nothing)."""
+    from kernels.engines.base import phantom
+    if q.wna16:
+        g = q.group_size or 1
+        zp = phantom((E, n_out // q.pack, k_in // g), torch.uint8) if q.zero_point else None
+        return (phantom((E, n_out, k_in // q.pack), torch.uint8),
+                torch.empty((E, n_out, k_in // g), dtype=torch.bfloat16, device=dev), zp)
+    if q.block_shape:
+        bn, bk = q.block_shape
+        scale: tuple = (E, -(-n_out // bn), -(-k_in // bk))
+    else:
+        scale = (E, n_out, 1) if q.dtype == "int8_w8a8" else (E, n_out)
+    return phantom((E, n_out, k_in), torch.int8), torch.empty(scale, dtype=torch.float32, device=dev), None
+
+
+def phantom_moe_activation(rows: int, k_in: int, q: MoeQuant, dev: str):
+    """(activation, its scale) a MoE GEMM of precision `q` reads."""
+    if q.dtype != "int8_w8a8":
+        return torch.empty((rows, k_in), dtype=torch.bfloat16, device=dev), None
+    cols = -(-k_in // q.block_shape[1]) if q.block_shape else 1
+    return (torch.empty((rows, k_in), dtype=torch.int8, device=dev),
+            torch.empty((rows, cols), dtype=torch.float32, device=dev))

@@ -11,8 +11,9 @@ from engine_loaders import wheel_dir
 from engine_wrappers import LaunchRecorder, differences, sglang_wrappers, vllm_wna16_apply, vllm_wrappers, wheel
 
 from kernels.engines import sglang as sgl
-from kernels.engines import vllm
+from kernels.engines import sglang_quant, vllm
 from kernels.engines.base import jit_functions
+from kernels.engines.vllm_quant_spec import WNA16_KERNEL
 from kernels.moe_quant import MoeQuant
 from tuner.measure.numerics import check_config, relative_error
 from tuner.plan import kernel_registry
@@ -37,8 +38,11 @@ def cfg(bm, bn, bk=64, group=1, warps=4, stages=2, **extra):
 
 
 def _spec(engine, version=None):
+    """The engine's launcher variant for the integer precisions (kernels/engines/<engine>_quant_spec.py)."""
     version = version or (vllm.SUPPORTED if engine == "vllm" else sgl.SUPPORTED)[-1]
-    return kernel_registry.get_kernel("fused_moe", engine, str(wheel(wheel_dir(), engine, version)))
+    spec = kernel_registry.get_kernel("fused_moe", engine, str(wheel(wheel_dir(), engine, version)), variant="quant")
+    assert spec.variant == "quant" and spec.notes["launched_as"] == version
+    return spec
 
 
 def rel_error(kernel, params, M, config, seed=7):
@@ -147,20 +151,20 @@ def test_vllm_group_wise_launches_as_triton_wna16_experts(version, precision, M,
     TritonWNA16Experts.apply passes it."""
     run = run and version == vllm.SUPPORTED[-1]          # launches compared at every version, run at the newest
     spec = _spec("vllm", version)
-    (kernel,) = jit_functions(locate("vllm", spec.origin), vllm.MOE_FILE, [vllm.WNA16_KERNEL])
+    (kernel,) = jit_functions(locate("vllm", spec.origin), vllm.MOE_FILE, [WNA16_KERNEL])
     params = {**SHAPE, **precision, "part": "op"}
     inputs = spec.make_inputs(params, M, "cpu", seed=5)
     row = table_entry(spec, config_from_entry(spec, config), params)
     assert row["SPLIT_K"] == 1                                   # kept in the row: the launch passes it
-    with LaunchRecorder({vllm.WNA16_KERNEL: kernel}, run) as ours:
+    with LaunchRecorder({WNA16_KERNEL: kernel}, run) as ours:
         out_ours = spec.run({**inputs, "out": _poisoned(inputs["out"])}, config_from_entry(spec, row)).clone()
     mq = MoeQuant.of(params)
     flags = mq.flags()
-    apply = vllm_wna16_apply(wheel_dir(), version, {vllm.WNA16_KERNEL: kernel}, row, {
+    apply = vllm_wna16_apply(wheel_dir(), version, {WNA16_KERNEL: kernel}, row, {
         "w1_scale": inputs["w1_scale"], "w2_scale": inputs["w2_scale"], "w1_zp": inputs["w1_zp"],
         "w2_zp": inputs["w2_zp"], "use_int4_w4a16": flags["use_int4_w4a16"],
         "use_int8_w8a16": flags["use_int8_w8a16"], "block_shape": mq.engine_block_shape})
-    with LaunchRecorder({vllm.WNA16_KERNEL: kernel}, run) as engine:
+    with LaunchRecorder({WNA16_KERNEL: kernel}, run) as engine:
         out_engine = apply(torch.empty_like(inputs["out"]), inputs["x"], inputs["w1"], inputs["w2"],
                            inputs["topk_weights"], inputs["topk_ids"])
     assert differences(engine.launches, ours.launches) == []
@@ -183,13 +187,13 @@ def test_sglang_launches_as_its_own_runner(version, precision, M, config, run):
     spec = _spec("sglang", version)
     code = locate("sglang", spec.origin)
     # loaded one name at a time, as the launcher loads them (the same jit function objects)
-    kernels = {name: jit_functions(code, sgl.MOE_FILE, [name])[0] for name in ("fused_moe_kernel", sgl.WNA16_KERNEL)}
+    kernels = {name: jit_functions(code, sgl.MOE_FILE, [name])[0] for name in ("fused_moe_kernel", WNA16_KERNEL)}
     launch = next(r.launch for r in sgl.RELEASES["fused_moe"] if r.version == version)
     params = {**SHAPE, **precision, "part": "op"}
     inputs = spec.make_inputs(params, M, "cpu", seed=5)
     entry = config_from_entry(spec, config)
     with LaunchRecorder(kernels, run) as ours:
-        out_ours = sgl.moe_layer(code, launch, {**inputs, "out": _poisoned(inputs["out"])}, entry, entry).clone()
+        out_ours = sglang_quant.moe_layer(code, launch, {**inputs, "out": _poisoned(inputs["out"])}, entry, entry).clone()
     ns = sglang_wrappers(wheel_dir(), version, kernels, table_entry(spec, entry), table_entry(spec, entry))
     mq = MoeQuant.of(params)
     flags = {**mq.flags(), "block_shape": mq.engine_block_shape}
@@ -204,7 +208,7 @@ def test_sglang_launches_as_its_own_runner(version, precision, M, config, run):
             activation="silu", is_gated=True, no_combine=False, inplace=False, apply_router_weight_on_input=False,
             routed_scaling_factor=None, gemm1_alpha=None, gemm1_limit=None, filter_expert=False, **flags)
     assert differences(_unrun(engine.launches), _unrun(ours.launches)) == []
-    assert [x["kernel"] for x in engine.launches] == 2 * [sgl.WNA16_KERNEL if mq.wna16 else "fused_moe_kernel"]
+    assert [x["kernel"] for x in engine.launches] == 2 * [WNA16_KERNEL if mq.wna16 else "fused_moe_kernel"]
     if run:
         ref = spec.reference(inputs)
         assert relative_error(out_ours, ref) < spec.tolerance / 4
@@ -216,15 +220,15 @@ def test_sglang_table_parts_launch_as_the_layer_does():
     does with that table's entry."""
     spec = _spec("sglang")
     code = locate("sglang", spec.origin)
-    (kernel,) = jit_functions(code, sgl.MOE_FILE, [sgl.WNA16_KERNEL])
+    (kernel,) = jit_functions(code, sgl.MOE_FILE, [WNA16_KERNEL])
     launch = sgl.RELEASES["fused_moe"][-1].launch
     config = config_from_entry(spec, cfg(16, 64, bk=32))
     layer_inputs = spec.make_inputs({**SHAPE, **INT4_ZP, "part": "op"}, 5, "cpu", seed=2)
-    with LaunchRecorder({sgl.WNA16_KERNEL: kernel}, execute=False) as whole:
-        sgl.moe_layer(code, launch, layer_inputs, config, config)
+    with LaunchRecorder({WNA16_KERNEL: kernel}, execute=False) as whole:
+        sglang_quant.moe_layer(code, launch, layer_inputs, config, config)
     for i, part in enumerate(("up", "down")):
         inputs = spec.make_inputs({**SHAPE, **INT4_ZP, "part": part}, 5, "cpu", seed=2)
-        with LaunchRecorder({sgl.WNA16_KERNEL: kernel}, execute=False) as one:
+        with LaunchRecorder({WNA16_KERNEL: kernel}, execute=False) as one:
             spec.run(inputs, config)
         # the inputs (activation, output buffer) differ in content, not in what the launch passes
         assert differences([whole.launches[i]], one.launches, ignore=("a_ptr", "c_ptr")) == []
@@ -238,12 +242,12 @@ def test_a_vllm_group_wise_row_without_split_k_fails_its_launch_and_the_audit_sa
 
     from tuner.cli import main
     spec = _spec("vllm")
-    (kernel,) = jit_functions(locate("vllm", spec.origin), vllm.MOE_FILE, [vllm.WNA16_KERNEL])
+    (kernel,) = jit_functions(locate("vllm", spec.origin), vllm.MOE_FILE, [WNA16_KERNEL])
     params = {**SHAPE, **INT4, "part": "op"}
     inputs = spec.make_inputs(params, 3, "cpu", seed=1)
     row = cfg(16, 64)                                          # no SPLIT_K
     mq = MoeQuant.of(params)
-    apply = vllm_wna16_apply(wheel_dir(), vllm.SUPPORTED[-1], {vllm.WNA16_KERNEL: kernel}, row, {
+    apply = vllm_wna16_apply(wheel_dir(), vllm.SUPPORTED[-1], {WNA16_KERNEL: kernel}, row, {
         "w1_scale": inputs["w1_scale"], "w2_scale": inputs["w2_scale"], "w1_zp": None, "w2_zp": None,
         "use_int4_w4a16": True, "use_int8_w8a16": False, "block_shape": mq.engine_block_shape})
     with pytest.raises(TypeError, match="SPLIT_K"):

@@ -74,6 +74,27 @@ def test_the_cpu_device_tunes_each_precision_on_each_engines_kernel(case, tmp_pa
         assert set(rows) == {"1"}
         if engine == "vllm" and case in ("int4-awq", "int8-w8a16-group"):
             assert rows["1"]["SPLIT_K"] == 1            # the group-wise launch passes the row as it is
+        if case == "int4-awq":
+            _installed_and_read(out, engine, name, rows, tmp_path / f"site-{engine}")
+
+
+def _installed_and_read(out: Path, engine: str, name: str, rows: dict, site: Path) -> None:
+    """`tuner install` puts the table where the engine's own loader (from its wheel) finds it
+    for that precision: its lookup by the dtype string, N and block shape it builds."""
+    from engine_loaders import load_loaders, site_from_wheel
+
+    from kernels.moe_quant import MoeQuant
+    site_from_wheel(engine, {"vllm": "0.33.0", "sglang": "0.5.23"}[engine], site)
+    result = tuner("install", str(out), "--engine", engine, "--site-packages", str(site), "--force")
+    assert result.returncode == 0, result.stderr
+    f = load_loaders(engine, site, "NVIDIA H100 80GB HBM3", "3.6.0")
+    mq = MoeQuant("int4_w4a16", None, 32, True)
+    dtype = (f["_get_config_dtype_str"]("torch.bfloat16", use_int4_w4a16=True) if engine == "vllm"
+             else f["get_config_dtype_str"]("torch.bfloat16", use_int4_w4a16=True))
+    w1, w2 = (4, 128, 128 // 2), (4, 128, 64 // 2)           # as the loader holds INT4: packed along K
+    got = (f["try_get_optimal_moe_config"](w1, w2, 2, dtype, 1, mq.engine_block_shape) if engine == "vllm" else
+           f["try_get_optimal_moe_config"](w1, w2, 2, dtype, 1, block_shape=mq.engine_block_shape))
+    assert got == rows["1"], (engine, name)
 
 
 _COMPILE = """
@@ -88,7 +109,7 @@ cases = [({{"dtype": "int8_w8a8", "block_shape": None}}, "vllm"), ({{"dtype": "i
          ({{"dtype": "int8_w8a8", "block_shape": [128, 128]}}, "sglang"),
          ({{"dtype": "int4_w4a16", "block_shape": None, "group_size": 32}}, "sglang")]
 for precision, engine in cases:
-    spec = kernel_registry.get_kernel("fused_moe", engine)
+    spec = kernel_registry.get_kernel("fused_moe", engine, variant="quant")
     part = {{"part": "op" if engine == "vllm" else "up"}}
     config = {{"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
               "num_stages": 2, **({{"SPLIT_K": 1}} if engine == "vllm" else {{"USE_TMA": 0}})}}

@@ -10,14 +10,10 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tuner.errors import TunerError
 from tuner.plan.kernel_api import COMPILE_DEVICE, KernelSpec
 from tuner.plan.kernel_sources import version_key
-
-if TYPE_CHECKING:
-    from kernels.moe_quant import MoeQuant
 
 
 def target_capability() -> tuple[int, int]:
@@ -229,47 +225,3 @@ def gemm_phantoms(params, M: int, device: str = COMPILE_DEVICE):
             torch.empty((M, -(-K // bk)), dtype=torch.float32, device=device),
             torch.empty((-(-N // bn), -(-K // bk)), dtype=torch.float32, device=device),
             torch.empty((M, N), dtype=torch.bfloat16, device=device))
-
-
-def phantom_moe_weights(E: int, n_out: int, k_in: int, mq: MoeQuant, quant: int, block_shape, dev: str):
-    """(weight, scale, zero points) of one MoE GEMM as the precision lays them out (`mq`:
-    kernels/moe_quant.py MoeQuant, `quant`: kernels/fused_moe.py's FP8 mode), the weight a phantom."""
-    import torch
-    import triton
-
-    from kernels.fused_moe import QUANT_BLOCK, QUANT_NONE
-    if mq.wna16:
-        g = mq.group_size
-        zp = phantom((E, n_out // mq.pack, k_in // g), torch.uint8) if mq.zero_point else None
-        return (phantom((E, n_out, k_in // mq.pack), torch.uint8),
-                torch.empty((E, n_out, k_in // g), dtype=torch.bfloat16, device=dev), zp)
-    if mq.int8:
-        scale = ((E, triton.cdiv(n_out, block_shape[0]), triton.cdiv(k_in, block_shape[1])) if block_shape
-                 else (E, n_out, 1) if mq.dtype == "int8_w8a8" else (E, n_out))
-        return phantom((E, n_out, k_in), torch.int8), torch.empty(scale, dtype=torch.float32, device=dev), None
-    wdt = torch.bfloat16 if quant == QUANT_NONE else torch.float8_e4m3fn
-    if quant == QUANT_BLOCK:
-        b_s = torch.empty((E, triton.cdiv(n_out, block_shape[0]), triton.cdiv(k_in, block_shape[1])),
-                          dtype=torch.float32, device=dev)
-    else:
-        b_s = torch.empty(E, dtype=torch.float32, device=dev) if quant != QUANT_NONE else None
-    return phantom((E, n_out, k_in), wdt), b_s, None
-
-
-def phantom_moe_activation(rows: int, k_in: int, mq: MoeQuant, quant: int, block_shape, dev: str):
-    """(activation, its scale) a MoE GEMM reads, as the precision quantizes it."""
-    import torch
-    import triton
-
-    from kernels.fused_moe import QUANT_BLOCK, QUANT_NONE
-    if mq.dtype == "int8_w8a8":
-        cols = triton.cdiv(k_in, block_shape[1]) if block_shape else 1
-        return (torch.empty((rows, k_in), dtype=torch.int8, device=dev),
-                torch.empty((rows, cols), dtype=torch.float32, device=dev))
-    if quant == QUANT_BLOCK:
-        return (torch.empty((rows, k_in), dtype=torch.float8_e4m3fn, device=dev),
-                torch.empty((rows, triton.cdiv(k_in, block_shape[1])), dtype=torch.float32, device=dev))
-    if quant != QUANT_NONE:
-        return (torch.empty((rows, k_in), dtype=torch.float8_e4m3fn, device=dev),
-                torch.empty(1, dtype=torch.float32, device=dev))
-    return torch.empty((rows, k_in), dtype=torch.bfloat16, device=dev), None

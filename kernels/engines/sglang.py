@@ -46,8 +46,7 @@ from kernels.engines.base import (
     gemm_phantoms,
     jit_functions,
     on_cuda_device,
-    phantom_moe_activation,
-    phantom_moe_weights,
+    phantom,
     target_capability,
 )
 from kernels.engines.sglang_spec import (  # noqa: F401 - the launcher's facts, imported from here too
@@ -62,12 +61,10 @@ from kernels.engines.sglang_spec import (  # noqa: F401 - the launcher's facts, 
     RELEASES,
     RUNNER,
     SUPPORTED,
-    WNA16_KERNEL,
     gemm_default_config,
     kernel_spec,
     moe_default_config,
     moe_note,
-    moe_refuses,
 )
 from kernels.fp8_gemm import per_token_group_quant_fp8
 from kernels.fused_moe import (
@@ -80,7 +77,6 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from kernels.moe_quant import MoeQuant, quantize_activation
 from tuner.plan.kernel_api import COMPILE_DEVICE, Config, Params
 
 
@@ -125,26 +121,14 @@ def _tma_allocator() -> None:
 def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, numel: int, sorted_ids, expert_ids,
             num_post_padded, mul_routed_weight: bool, top_k: int, config: Config, quant: int, block_shape,
             a_use_tma: bool = False, b_use_tma: bool = False, c_sorted: bool = False,
-            filter_expert: bool = False, router_topk: int = 1, warmup: bool = False,
-            mq: MoeQuant | None = None, B_zp=None):
-    """invoke_fused_moe_kernel for fp8_w8a8 (block or per-tensor), int8_w8a8 (block or per
-    channel), bf16 and (`mq` weight-only in K groups) the group-wise kernel. A is quantized here
-    when it is not FP8 (INT8) yet, as SGLang does."""
-    if mq is not None and mq.wna16:
-        _invoke_wna16(code, launch, A, B, C, B_scale, B_zp, topk_weights, numel, sorted_ids, expert_ids,
-                      num_post_padded, mul_routed_weight, top_k, config, mq, filter_expert, warmup)
-        return
-    if mq is not None and mq.dtype == "int8_w8a16":
-        from tuner.errors import TunerError
-        raise TunerError(moe_refuses({"dtype": mq.dtype}) or "")
+            filter_expert: bool = False, router_topk: int = 1, warmup: bool = False):
+    """invoke_fused_moe_kernel for fp8_w8a8 (block or per-tensor) and bf16. A is quantized
+    here when it is not FP8 yet, as SGLang does."""
     (kernel,) = jit_functions(code, MOE_FILE, ["fused_moe_kernel"])
     import torch
     use_fp8 = quant != QUANT_NONE
-    int8 = mq is not None and mq.dtype == "int8_w8a8"
     if use_fp8 and A.dtype != torch.float8_e4m3fn:
         A, A_scale = _quantize(A, quant, block_shape[1] if block_shape else 0)
-    if int8 and A.dtype != torch.int8:
-        A, A_scale = quantize_activation(A, mq)
     if A_scale is not None and A_scale.ndim == 0:
         A_scale = A_scale.reshape(1)
     a_desc = b_desc = None
@@ -172,39 +156,10 @@ def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, numel: 
             B_scale.stride(1) if B_scale is not None and B_scale.ndim >= 2 else 0,
             0 if block_shape is None else block_shape[0], 0 if block_shape is None else block_shape[1])
     meta = dict(MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=tl.bfloat16,
-                use_fp8_w8a8=use_fp8, use_int8_w8a8=int8, use_int8_w8a16=False,
-                per_channel_quant=int8 and not block_shape,
+                use_fp8_w8a8=use_fp8, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
                 even_Ks=K % config["BLOCK_SIZE_K"] == 0, c_sorted=c_sorted, swap_ab=use_fp8 and swap_ab(config),
                 FUSE_ADD_TO_OUTPUT=False, MASK_OUTPUT=False, FUSE_SUM_ALL_REDUCE=False, ROUTER_TOPK=router_topk,
                 FUSE_SWIGLU=False, **flags, **pdl,
-                BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
-                BLOCK_SIZE_K=config["BLOCK_SIZE_K"], GROUP_SIZE_M=config["GROUP_SIZE_M"],
-                num_warps=config["num_warps"], num_stages=config["num_stages"])
-    if warmup:
-        kernel.warmup(*args, grid=grid, **meta)
-    else:
-        kernel[grid](*args, **meta)
-
-
-def _invoke_wna16(code, launch: dict, A, B, C, B_scale, B_zp, topk_weights, numel: int, sorted_ids, expert_ids,
-                  num_post_padded, mul_routed_weight: bool, top_k: int, config: Config, mq: MoeQuant,
-                  filter_expert: bool, warmup: bool) -> None:
-    """invoke_fused_moe_kernel's group-wise branch (fused_moe_kernel_gptq_awq): the grid over
-    the sorted length, even_Ks from the stored (for INT4 packed) K as SGLang computes it, the
-    row's keys but USE_TMA (popped by the runner) as the launch config."""
-    (kernel,) = jit_functions(code, MOE_FILE, [WNA16_KERNEL])
-    grid = (triton.cdiv(sorted_ids.shape[0], config["BLOCK_SIZE_M"]) * triton.cdiv(B.shape[1], config["BLOCK_SIZE_N"]),)
-    args = (A, B, C, B_scale, B_zp, topk_weights, sorted_ids, expert_ids, num_post_padded,
-            B.shape[1], A.shape[1], sorted_ids.shape[0], numel,
-            A.stride(0), A.stride(1), B.stride(0), B.stride(2), B.stride(1), C.stride(-2), C.stride(-1),
-            B_scale.stride(0), B_scale.stride(2), B_scale.stride(1),
-            B_zp.stride(0) if B_zp is not None else 0, B_zp.stride(2) if B_zp is not None else 0,
-            B_zp.stride(1) if B_zp is not None else 0)
-    flags = mq.flags()
-    version = {"filter_expert": filter_expert} if launch["kernel_flags"] == "filter_expert" else {}
-    meta = dict(group_size=mq.group_size, MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k,
-                compute_type=tl.bfloat16, has_zp=B_zp is not None, use_int4_w4a16=flags["use_int4_w4a16"],
-                use_int8_w8a16=flags["use_int8_w8a16"], even_Ks=B.shape[2] % config["BLOCK_SIZE_K"] == 0, **version,
                 BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
                 BLOCK_SIZE_K=config["BLOCK_SIZE_K"], GROUP_SIZE_M=config["GROUP_SIZE_M"],
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
@@ -250,7 +205,7 @@ def _up(code, launch: dict, inputs: dict, config: Config, out, c_sorted: bool = 
     _invoke(code, launch, inputs["x"], inputs["w1"], out, None, inputs["w1_scale"], inputs["topk_weights"],
             ids.numel(), *_alignment(inputs, config["BLOCK_SIZE_M"], launch), False, ids.shape[1], config,
             inputs["quant"], p.get("block_shape"), b_use_tma=bool(config["USE_TMA"]), c_sorted=c_sorted,
-            filter_expert=expert_parallel(p) > 1, mq=MoeQuant.of(p), B_zp=inputs["w1_zp"])
+            filter_expert=expert_parallel(p) > 1)
 
 
 def _down(code, launch: dict, inputs: dict, config: Config, act, out) -> None:
@@ -268,7 +223,7 @@ def _down(code, launch: dict, inputs: dict, config: Config, act, out) -> None:
                                                  num_tokens_post_padded=align[2], num_valid_tokens=ids.numel())
     _invoke(code, launch, act, inputs["w2"], out, a_scale, inputs["w2_scale"], inputs["topk_weights"], ids.numel(),
             *align, True, 1, config, quant, block_shape, a_use_tma=tma, b_use_tma=tma,
-            filter_expert=expert_parallel(p) > 1, router_topk=ids.shape[1], mq=MoeQuant.of(p), B_zp=inputs["w2_zp"])
+            filter_expert=expert_parallel(p) > 1, router_topk=ids.shape[1])
 
 
 def moe_layer(code, launch: dict, inputs: dict, up_config: Config, down_config: Config):
@@ -320,7 +275,7 @@ def moe_compile_only(code, launch: dict):
         numel = M * top_k
         block_shape = params.get("block_shape")
         quant = _quant_mode(params["dtype"] == "fp8_w8a8", block_shape)
-        mq = MoeQuant.of(params)
+        wdt = torch.bfloat16 if quant == QUANT_NONE else torch.float8_e4m3fn
         rows = sorted_rows(numel, E, config["BLOCK_SIZE_M"], launch)
         assign = (torch.empty(rows, dtype=torch.int32, device=dev),
                   torch.empty(triton.cdiv(rows, config["BLOCK_SIZE_M"]), dtype=torch.int32, device=dev),
@@ -337,12 +292,20 @@ def moe_compile_only(code, launch: dict):
             gemms.append((config, tma_rows(numel, E, config["BLOCK_SIZE_M"]) if tma else numel, N, K, 1, True, tma,
                           top_k, False))
         for cfg, rows_a, k_in, n_out, tk, mul, a_tma, router_topk, c_sorted in gemms:
-            b, b_s, b_zp = phantom_moe_weights(E, n_out, k_in, mq, quant, block_shape, dev)
-            a, a_s = phantom_moe_activation(rows_a, k_in, mq, quant, block_shape, dev)
+            a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
+            b = phantom((E, n_out, k_in), wdt)
             c = torch.empty((numel, n_out), dtype=torch.bfloat16, device=dev)
+            a_s = b_s = None
+            if quant == QUANT_BLOCK:
+                a_s = torch.empty((rows_a, triton.cdiv(k_in, block_shape[1])), dtype=torch.float32, device=dev)
+                b_s = torch.empty((E, triton.cdiv(n_out, block_shape[0]), triton.cdiv(k_in, block_shape[1])),
+                                  dtype=torch.float32, device=dev)
+            elif quant != QUANT_NONE:
+                a_s = torch.empty(1, dtype=torch.float32, device=dev)
+                b_s = torch.empty(E, dtype=torch.float32, device=dev)
             _invoke(code, launch, a, b, c, a_s, b_s, weights, numel, *assign, mul, tk, cfg, quant, block_shape,
                     a_use_tma=a_tma, b_use_tma=bool(cfg["USE_TMA"]), c_sorted=c_sorted, filter_expert=ep,
-                    router_topk=router_topk, warmup=True, mq=mq, B_zp=b_zp)
+                    router_topk=router_topk, warmup=True)
     return compile_only
 
 

@@ -20,16 +20,14 @@ ENGINE = "sglang"
 MOE_FILE = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
 GEMM_FILE = "sglang/kernels/ops/gemm/fp8_kernel.py"
 RUNNER = "sglang/srt/layers/moe/moe_runner/triton_utils"
-WNA16_KERNEL = "fused_moe_kernel_gptq_awq"
 KERNEL_FUNCTIONS = {
-    "fused_moe": {MOE_FILE: ["fused_moe_kernel", WNA16_KERNEL]},
+    "fused_moe": {MOE_FILE: ["fused_moe_kernel"]},
     "fp8_gemm": {GEMM_FILE: ["_w8a8_block_fp8_matmul", "_w8a8_block_fp8_matmul_hopper",
                              "_reduce_block_fp8_split_k"]},
 }
 
 
-def _moe_release(version: str, invoke: str, sequence: str, align: str, kernel: str, wna16_kernel: str,
-                 **launch) -> Release:
+def _moe_release(version: str, invoke: str, sequence: str, align: str, kernel: str, **launch) -> Release:
     return Release(version, {
         f"{MOE_FILE}:invoke_fused_moe_kernel": invoke,
         f"{MOE_FILE}:should_enable_swap_ab": "fd7a63e1007b9d4d",
@@ -38,7 +36,7 @@ def _moe_release(version: str, invoke: str, sequence: str, align: str, kernel: s
         f"{RUNNER}/moe_align_block_size.py:moe_align_block_size": align,
         f"{RUNNER}/fused_moe_triton_config.py:get_default_config": "e57a4a24e1a9c63a",
         f"{RUNNER}/fused_moe_triton_config.py:try_get_optimal_moe_config": "e1ab1aa5876dd06b",
-    }, {f"{MOE_FILE}:fused_moe_kernel": kernel, f"{MOE_FILE}:{WNA16_KERNEL}": wna16_kernel}, launch)
+    }, {f"{MOE_FILE}:fused_moe_kernel": kernel}, launch)
 
 
 def _gemm_release(version: str) -> Release:
@@ -56,11 +54,11 @@ def _gemm_release(version: str) -> Release:
 RELEASES = {
     "fused_moe": [
         _moe_release("0.5.21", "b3b0bef33baaa639", "ccd1ae8f899ce24b", "6ae4086d05bb8f32", "e726f7cf80332b30",
-                     "785246296ebd8ad2", sorted_rows_multiple=1, kernel_flags="filter_expert", quantize_rows_read=False),
+                     sorted_rows_multiple=1, kernel_flags="filter_expert", quantize_rows_read=False),
         _moe_release("0.5.22", "b3b0bef33baaa639", "98713eb442f67ce0", "a3868290dc96f66d", "e726f7cf80332b30",
-                     "785246296ebd8ad2", sorted_rows_multiple=4, kernel_flags="filter_expert", quantize_rows_read=True),
+                     sorted_rows_multiple=4, kernel_flags="filter_expert", quantize_rows_read=True),
         _moe_release("0.5.23", "f68ce34e7a465e1c", "1033ffaa70a23e3c", "6f09229ee755071a", "cbe61027b1c9d4fb",
-                     "1003f8ae0328eee9", sorted_rows_multiple=4, kernel_flags="output_slices", quantize_rows_read=True),
+                     sorted_rows_multiple=4, kernel_flags="output_slices", quantize_rows_read=True),
     ],
     "fp8_gemm": [_gemm_release(v) for v in ("0.5.21", "0.5.22", "0.5.23")],
 }
@@ -93,17 +91,6 @@ def moe_default_config(params: Params, M: int) -> Config:
     return {**cfg, "USE_TMA": 0}
 
 
-def wna16(params: Params) -> bool:
-    """A weight-only MoE in K groups: SGLang's runner launches fused_moe_kernel_gptq_awq."""
-    return params.get("dtype") in ("int8_w8a16", "int4_w4a16") and bool(params.get("group_size"))
-
-
-def moe_refuses(params: Params) -> str | None:
-    if params.get("dtype") == "int8_w8a16" and not params.get("group_size"):
-        return "SGLang runs no per-channel INT8 weight-only MoE (its 8-bit weight-only MoE is moe_wna16's, in K groups)"
-    return None
-
-
 def moe_note(params: Params) -> str:
     part = params.get("part", "op")
     what = {"up": "the up GEMM (w1: gate and up) and its activation quantization, storing in token order",
@@ -114,9 +101,8 @@ def moe_note(params: Params) -> str:
                     "up GEMM storing in sorted order and the activation quantized over the rows the down GEMM "
                     "reads when the _down entry has USE_TMA)"}[part]
     shared = params.get("shared_experts", 0)
-    kernel = ("fused_moe_kernel_gptq_awq as its Triton runner launches it (no TMA)" if wna16(params) else
-              "fused_moe_kernel as its Triton runner launches it (swap-AB on sm_90, USE_TMA from the table)")
-    return (f"SGLang's {kernel}: {what}; the alignment (and, with USE_TMA, the sorted activation) made before timing; "
+    return (f"SGLang's fused_moe_kernel as its Triton runner launches it (swap-AB on sm_90, USE_TMA from the "
+            f"table): {what}; the alignment (and, with USE_TMA, the sorted activation) made before timing; "
             f"{fused_moe_spec.routing_note(params)}"
             + (f" plus {shared} fused shared expert(s) every token goes to" if shared else ""))
 
@@ -137,8 +123,6 @@ def kernel_spec(name: str, code) -> KernelSpec:
             lambda release: dict(run=from_factory(CODE, "moe_run", code, release.launch),
                                  compile_only=from_factory(CODE, "moe_compile_only", code, release.launch)),
             config_keys=MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),
-            space_variant=lambda params: WNA16_KERNEL.removeprefix("fused_moe_kernel_") if wna16(params) else "",
-            refuses=moe_refuses,
             default_config=moe_default_config, extra_seeds=lambda params, M: [], measurement_note=moe_note,
             tied_params=lambda params, up_config: {**params, "part": "pair", "up_config": dict(up_config)},
             description="SGLang's fused MoE (up and _down tables; USE_TMA, swap-AB on sm_90)")

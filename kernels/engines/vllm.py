@@ -31,13 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.engines.base import (
-    gemm_phantoms,
-    jit_functions,
-    phantom_moe_activation,
-    phantom_moe_weights,
-    target_capability,
-)
+from kernels.engines.base import gemm_phantoms, jit_functions, phantom, target_capability
 from kernels.engines.vllm_spec import (  # noqa: F401 - the launcher's facts, imported from here too
     ALIGN_FILE,
     ENGINE,
@@ -48,7 +42,6 @@ from kernels.engines.vllm_spec import (  # noqa: F401 - the launcher's facts, im
     RELEASES,
     SUPPORTED,
     UTILS_FILE,
-    WNA16_KERNEL,
     base_moe,
     gemm_default_config,
     kernel_spec,
@@ -58,6 +51,7 @@ from kernels.engines.vllm_spec import (  # noqa: F401 - the launcher's facts, im
     naive_block_assignment,
 )
 from kernels.fused_moe import (
+    QUANT_BLOCK,
     QUANT_NONE,
     _quant_mode,
     _quantize,
@@ -67,7 +61,6 @@ from kernels.fused_moe import (
     pairs_per_token,
     silu_and_mul,
 )
-from kernels.moe_quant import MoeQuant, quantize_activation
 from tuner.plan.kernel_api import COMPILE_DEVICE, Config, Params
 
 
@@ -90,15 +83,11 @@ def _b_scale_strides(B_scale, launch: dict) -> tuple[int, int, int]:
 
 
 def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, sorted_ids, expert_ids, num_post_padded,
-            mul_routed_weight: bool, top_k: int, config: Config, quant: int, block_shape, warmup: bool = False,
-            mq: MoeQuant | None = None):
-    """invoke_fused_moe_triton_kernel for fp8_w8a8 (block or per-tensor), int8_w8a8 (block or
-    per channel), int8_w8a16 per channel and bf16 (`mq`: an integer precision); with `warmup`
-    it compiles the launch without running it."""
+            mul_routed_weight: bool, top_k: int, config: Config, quant: int, block_shape, warmup: bool = False):
+    """invoke_fused_moe_triton_kernel for fp8_w8a8 (block or per-tensor) and bf16; with
+    `warmup` it compiles the launch without running it."""
     (kernel,) = jit_functions(code, MOE_FILE, ["fused_moe_kernel"])
     use_fp8 = quant != QUANT_NONE
-    flags = mq.flags() if mq is not None else {"use_int8_w8a8": False, "use_int8_w8a16": False,
-                                                "per_channel_quant": False}
     M = A.size(0)
     num_tokens = M * top_k
     if sorted_ids is not None:
@@ -125,8 +114,7 @@ def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, sorted_
         0 if block_shape is None else block_shape[1])
     meta = dict(
         MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=tl.bfloat16,
-        use_fp8_w8a8=use_fp8, use_int8_w8a8=flags["use_int8_w8a8"], use_int8_w8a16=flags["use_int8_w8a16"],
-        per_channel_quant=flags["per_channel_quant"],
+        use_fp8_w8a8=use_fp8, use_int8_w8a8=False, use_int8_w8a16=False, per_channel_quant=False,
         naive_block_assignment=sorted_ids is None, HAS_BIAS=False, BLOCK_SIZE_K=block_k,
         SWAP_AB=use_fp8 and swap_ab(config), USE_TD=False,
         BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
@@ -138,46 +126,13 @@ def _invoke(code, launch: dict, A, B, C, A_scale, B_scale, topk_weights, sorted_
         kernel[grid](*args, **meta)
 
 
-def _invoke_wna16(code, A, B, C, B_scale, B_zp, topk_weights, sorted_ids, expert_ids, num_post_padded,
-                  mul_routed_weight: bool, top_k: int, config: Config, mq: MoeQuant, warmup: bool = False):
-    """invoke_fused_moe_wna16_triton_kernel: the group-wise kernel, with the table's row as
-    its launch config (SPLIT_K included; get_moe_wna16_block_config adds nothing to a row
-    that has BLOCK_SIZE_N and BLOCK_SIZE_K)."""
-    (kernel,) = jit_functions(code, MOE_FILE, [WNA16_KERNEL])
-    num_tokens = A.size(0) * top_k
-    EM = sorted_ids.size(0)
-    if A.size(0) < config["BLOCK_SIZE_M"]:
-        EM = min(sorted_ids.size(0), A.size(0) * top_k * config["BLOCK_SIZE_M"])
-    grid = (triton.cdiv(EM, config["BLOCK_SIZE_M"]) * triton.cdiv(B.size(1), config["BLOCK_SIZE_N"]),)
-    args = (A, B, C, B_scale, B_zp, topk_weights, sorted_ids, expert_ids, num_post_padded,
-            B.size(1), A.size(1), EM, num_tokens,
-            A.stride(0), A.stride(1), B.stride(0), B.stride(2), B.stride(1), C.stride(1), C.stride(2),
-            B_scale.stride(0), B_scale.stride(2), B_scale.stride(1),
-            B_zp.stride(0) if B_zp is not None else 0, B_zp.stride(2) if B_zp is not None else 0,
-            B_zp.stride(1) if B_zp is not None else 0)
-    flags = mq.flags()
-    meta = dict(block_k_diviable=A.size(1) % config["BLOCK_SIZE_K"] == 0, group_size=mq.group_size,
-                MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=tl.bfloat16,
-                has_zp=B_zp is not None, use_int4_w4a16=flags["use_int4_w4a16"],
-                use_int8_w8a16=flags["use_int8_w8a16"], **{k: config[k] for k in WNA16_CONFIG_KEYS})
-    if warmup:
-        kernel.warmup(*args, grid=grid, **meta)
-    else:
-        kernel[grid](*args, **meta)
-
-
-# the row's keys the group-wise launch passes (**config): the table's, SPLIT_K included
-WNA16_CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "SPLIT_K", "num_warps",
-                     "num_stages")
-
-
-def expert_assignment(local_ids, config: Config, E: int, ep: int = 1, naive_allowed: bool = True):
+def expert_assignment(local_ids, config: Config, E: int, ep: int = 1):
     """_prepare_expert_assignment (weights on the GPU). Under expert parallelism (an expert
     map: `local_ids` holds -1 for other GPUs' experts) never the small-batch path, and the
     alignment is sized over the global expert count with those pairs dropped."""
     M, topk = local_ids.shape
     bm = config["BLOCK_SIZE_M"]
-    if naive_allowed and ep == 1 and naive_block_assignment(M, topk, E):
+    if ep == 1 and naive_block_assignment(M, topk, E):
         import torch
         return None, local_ids.view(-1), torch.full((1,), local_ids.numel() * bm,
                                                     dtype=torch.int32, device=local_ids.device)
@@ -185,62 +140,32 @@ def expert_assignment(local_ids, config: Config, E: int, ep: int = 1, naive_allo
                                 invalid="drop")
 
 
-def wna16_assignment(topk_ids, config: Config, E: int, ep: int = 1):
-    """TritonWNA16Experts.apply's moe_align_block_size (no small-batch path): over the global
-    experts, every pair counted, the blocks of other GPUs' experts marked -1 (the kernel writes
-    zeros for them). This GPU (rank 0) holds global experts 0 .. E-1."""
-    bm = config["BLOCK_SIZE_M"]
-    sorted_ids, expert_ids, padded = moe_align_block_size(
-        topk_ids, bm, E * ep, rows=max_padded_rows(topk_ids.numel(), E * ep, bm), invalid="drop")
-    if ep > 1:
-        import torch
-        expert_ids = torch.where(expert_ids < E, expert_ids, -1).to(expert_ids.dtype)
-    return sorted_ids, expert_ids, padded
-
-
-def _quantized(x, quant: int, gk: int, mq: MoeQuant):
-    """The activation a GEMM reads: FP8 or INT8 W8A8 quantized, else as it is."""
-    if mq.int8:
-        return quantize_activation(x, mq)
-    return _quantize(x, quant, gk)
-
-
 def moe_run(code, launch: dict):
-    """The whole layer, as fused_experts_impl runs it with one config (vLLM's table), or for
-    a weight-only MoE in K groups as TritonWNA16Experts.apply does."""
+    """The whole layer, as fused_experts_impl runs it with one config (vLLM's table)."""
     def run(inputs: dict, config: Config):
         import torch
         p = inputs["params"]
         block_shape = p.get("block_shape")
         quant = inputs["quant"]
-        mq = MoeQuant.of(p)
         x, w1, w2 = inputs["x"], inputs["w1"], inputs["w2"]
         ids, weights = inputs["local_ids"], inputs["topk_weights"]
         ep = expert_parallel(p)
         M, K = x.shape
-        E, two_n = w1.shape[0], w1.shape[1]
+        E, two_n, _ = w1.shape
         top_k = ids.shape[1]
         gk = block_shape[1] if block_shape else 0
         cache1 = torch.empty((M, top_k, two_n), dtype=x.dtype, device=x.device)
         cache3 = torch.empty((M, top_k, K), dtype=x.dtype, device=x.device)
-        if mq.wna16:
-            align = wna16_assignment(inputs["topk_ids"], config, E, ep)
-            _invoke_wna16(code, x, w1, cache1, inputs["w1_scale"], inputs["w1_zp"], None, *align, False, top_k,
-                          config, mq)
-            act = silu_and_mul(cache1.view(-1, two_n))
-            _invoke_wna16(code, act, w2, cache3, inputs["w2_scale"], inputs["w2_zp"], weights, *align, True, 1,
-                          config, mq)
-            return torch.sum(cache3, dim=1, out=inputs["out"])
-        a1, a1_scale = _quantized(x, quant, gk, mq)
+        a1, a1_scale = _quantize(x, quant, gk)
         sorted_ids, expert_ids, num_post_padded = expert_assignment(ids, config, E, ep)
         _invoke(code, launch, a1, w1, cache1, a1_scale, inputs["w1_scale"], weights, sorted_ids, expert_ids,
-                num_post_padded, False, top_k, config, quant, block_shape, mq=mq)
+                num_post_padded, False, top_k, config, quant, block_shape)
         act = silu_and_mul(cache1.view(-1, two_n))
-        a2, a2_scale = _quantized(act, quant, gk, mq)
+        a2, a2_scale = _quantize(act, quant, gk)
         if ep > 1:
             cache3.zero_()              # the rows of other GPUs' pairs are never written
         _invoke(code, launch, a2, w2, cache3, a2_scale, inputs["w2_scale"], weights, sorted_ids, expert_ids,
-                num_post_padded, True, 1, config, quant, block_shape, mq=mq)
+                num_post_padded, True, 1, config, quant, block_shape)
         return torch.sum(cache3, dim=1, out=inputs["out"])
     return run
 
@@ -256,11 +181,11 @@ def moe_compile_only(code, launch: dict):
         top_k = pairs_per_token(params)
         block_shape = params.get("block_shape")
         quant = _quant_mode(params["dtype"] == "fp8_w8a8", block_shape)
-        mq = MoeQuant.of(params)
+        wdt = torch.bfloat16 if quant == QUANT_NONE else torch.float8_e4m3fn
         ids = torch.zeros((M, top_k), dtype=torch.int32, device=dev)
         weights = torch.empty((M, top_k), dtype=torch.float32, device=dev)
         ep = expert_parallel(params)
-        if not mq.wna16 and ep == 1 and naive_block_assignment(M, top_k, E):
+        if ep == 1 and naive_block_assignment(M, top_k, E):
             assign = (None, ids.view(-1), torch.empty(1, dtype=torch.int32, device=dev))
         else:
             rows = max_padded_rows(M * top_k, E * ep, config["BLOCK_SIZE_M"])
@@ -268,16 +193,19 @@ def moe_compile_only(code, launch: dict):
                       torch.empty(triton.cdiv(rows, config["BLOCK_SIZE_M"]), dtype=torch.int32, device=dev),
                       torch.empty(1, dtype=torch.int32, device=dev))
         for rows_a, k_in, n_out, tk, mul in ((M, K, 2 * N, top_k, False), (M * top_k, N, K, 1, True)):
-            b, b_s, b_zp = phantom_moe_weights(E, n_out, k_in, mq, quant, block_shape, dev)
+            a = torch.empty((rows_a, k_in), dtype=wdt, device=dev)
+            b = phantom((E, n_out, k_in), wdt)
             c = torch.empty((M, top_k, n_out), dtype=torch.bfloat16, device=dev)
-            if mq.wna16:
-                a = torch.empty((rows_a, k_in), dtype=torch.bfloat16, device=dev)
-                _invoke_wna16(code, a, b, c, b_s, b_zp, weights if mul else None, *assign, mul, tk, config, mq,
-                              warmup=True)
-                continue
-            a, a_s = phantom_moe_activation(rows_a, k_in, mq, quant, block_shape, dev)
+            a_s = b_s = None
+            if quant == QUANT_BLOCK:
+                a_s = torch.empty((rows_a, triton.cdiv(k_in, block_shape[1])), dtype=torch.float32, device=dev)
+                b_s = torch.empty((E, triton.cdiv(n_out, block_shape[0]), triton.cdiv(k_in, block_shape[1])),
+                                  dtype=torch.float32, device=dev)
+            elif quant != QUANT_NONE:
+                a_s = torch.empty(1, dtype=torch.float32, device=dev)
+                b_s = torch.empty(E, dtype=torch.float32, device=dev)
             _invoke(code, launch, a, b, c, a_s, b_s, weights, *assign, mul, tk, config, quant, block_shape,
-                    warmup=True, mq=mq)
+                    warmup=True)
     return compile_only
 
 

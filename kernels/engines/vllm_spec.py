@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kernels import fp8_gemm_spec, fused_moe_spec
 from kernels.engines.base import Release, engine_spec, files_read
-from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_factory
+from tuner.plan.kernel_api import Config, KernelSpec, Params, from_factory
 
 CODE = "kernels.engines.vllm"
 # what a code version hashes of ours: the launch code and this spec
@@ -21,10 +21,8 @@ MOE_FILE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 GEMM_FILE = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
 UTILS_FILE = "vllm/model_executor/layers/fused_moe/utils.py"
 ALIGN_FILE = "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"
-EXPERTS_FILE = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
-WNA16_KERNEL = "fused_moe_kernel_gptq_awq"
 KERNEL_FUNCTIONS = {
-    "fused_moe": {MOE_FILE: ["fused_moe_kernel", WNA16_KERNEL]},
+    "fused_moe": {MOE_FILE: ["fused_moe_kernel"]},
     "fp8_gemm": {GEMM_FILE: ["_w8a8_triton_block_scaled_mm"]},
 }
 
@@ -37,13 +35,7 @@ def _moe_release(version: str, invoke: str, assign: str, impl: str, b_scale_stri
         f"{MOE_FILE}:get_default_config": "b20a248171029381",
         f"{UTILS_FILE}:enable_swap_ab": "aa95821acc13f6b4",
         f"{ALIGN_FILE}:moe_align_block_size": "6584999e6bee4352",
-        # the group-wise (weight-only INT4/INT8) layer: TritonWNA16Experts.apply and its launch
-        f"{MOE_FILE}:invoke_fused_moe_wna16_triton_kernel": "678e4991b5168d30",
-        f"{MOE_FILE}:get_moe_wna16_block_config": "5cc2dc3759cd884f",
-        f"{MOE_FILE}:should_moe_wna16_use_cuda": "6f1986776ce9cf85",
-        f"{EXPERTS_FILE}:TritonWNA16Experts.apply": "0f05ba0fd392aee8",
-    }, {f"{MOE_FILE}:fused_moe_kernel": "9f462d5d8650b5bc", f"{MOE_FILE}:{WNA16_KERNEL}": "ac7addec7e59aee4"},
-        {"b_scale_strides": b_scale_strides})
+    }, {f"{MOE_FILE}:fused_moe_kernel": "9f462d5d8650b5bc"}, {"b_scale_strides": b_scale_strides})
 
 
 def _gemm_release(version: str, wrapper: str) -> Release:
@@ -76,11 +68,6 @@ def naive_block_assignment(M: int, topk: int, E: int) -> bool:
     return M * topk * 4 <= E
 
 
-def wna16(params: Params) -> bool:
-    """A weight-only MoE in K groups: vLLM runs fused_moe_kernel_gptq_awq (TritonWNA16Experts)."""
-    return params.get("dtype") in ("int8_w8a16", "int4_w4a16") and bool(params.get("group_size"))
-
-
 def moe_m_tiles(params: Params, M: int, config: Config) -> int:
     """Programs along M of both of the layer's GEMMs where vLLM's wrapper fixes them to the
     pairs: the naive path (EM = pairs x BLOCK_SIZE_M), or fewer pairs than BLOCK_SIZE_M and
@@ -88,37 +75,14 @@ def moe_m_tiles(params: Params, M: int, config: Config) -> int:
     Elsewhere the count depends on the alignment's padding: a number past every
     GROUP_SIZE_M, so nothing is folded."""
     pairs = M * params["topk"]
-    # never under EP, nor for the group-wise kernel
-    naive = params.get("ep", 1) == 1 and not wna16(params) and naive_block_assignment(M, params["topk"], params["E"])
+    naive = params.get("ep", 1) == 1 and naive_block_assignment(M, params["topk"], params["E"])   # never under EP
     if naive or pairs < min(config["BLOCK_SIZE_M"], params["E"]):
         return pairs
     return 1 << 30
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def wna16_default_config(params: Params, M: int) -> Config:
-    """get_default_config's weight-only branch (BLOCK_SIZE_M: 16 up to M 20 ... or, where
-    should_moe_wna16_use_cuda holds on CUDA, the power of two up to 16 its CUDA kernel wants;
-    TritonWNA16Experts launches the Triton kernel all the same), get_moe_wna16_block_config's
-    Triton tiles (BLOCK_SIZE_N 32 and K 64 for one token, else 64 and 32), SPLIT_K 1, and
-    Triton's default warps and stages (the config names none)."""
-    tokens = M * params["topk"]
-    cuda_kernel = (params["dtype"] == "int4_w4a16" and params["group_size"] in (32, 64, 128)
-                   and tokens / params["E"] <= 6)
-    bm = min(16, _next_power_of_2(M)) if cuda_kernel else 16 if M <= 20 else 32 if M <= 40 else 64
-    bn, bk = (32, 64) if tokens // params["topk"] == 1 else (64, 32)
-    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
-            "num_warps": 4, "num_stages": 3, "SPLIT_K": 1}
-
-
 def moe_default_config(params: Params, M: int) -> Config:
-    """get_default_config (CUDA branch): what vLLM runs for a batch size with no table. INT8
-    W8A8 asks it for no dtype (its _get_config_dtype_str has no int8_w8a8): the bf16 branch."""
-    if wna16(params):
-        return wna16_default_config(params, M)
+    """get_default_config (CUDA branch): what vLLM runs for a batch size with no table."""
     block = params.get("block_shape")
     dtype = params["dtype"]
     if dtype == "fp8_w8a8" and block:
@@ -127,12 +91,12 @@ def moe_default_config(params: Params, M: int) -> Config:
         else:
             bn, stages = block[0], 3
         return {"BLOCK_SIZE_M": 16 if M <= 64 else 64, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": block[1],
-                "GROUP_SIZE_M": 1 if M <= 16 else 32, "num_warps": 4, "num_stages": stages, "SPLIT_K": 1}
+                "GROUP_SIZE_M": 1 if M <= 16 else 32, "num_warps": 4, "num_stages": stages}
     bm = 16 if M <= 32 else 32 if M <= 96 else 64 if M <= 512 else 128
     return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": 64 if M <= 64 else 128,
             "BLOCK_SIZE_K": 128 if dtype == "fp8_w8a8" or M <= 64 else 64,
             "GROUP_SIZE_M": 16 if M // max(params["E"], 1) > 128 else 1,
-            "num_warps": 4 if M <= 128 else 8, "num_stages": 4 if M <= 32 else 3, "SPLIT_K": 1}
+            "num_warps": 4 if M <= 128 else 8, "num_stages": 4 if M <= 32 else 3}
 
 
 def base_moe() -> KernelSpec:
@@ -140,9 +104,6 @@ def base_moe() -> KernelSpec:
 
 
 def moe_note(params: Params) -> str:
-    if wna16(params):
-        return ("vLLM's fused_moe_kernel_gptq_awq, launched as TritonWNA16Experts does (the table's row passed as "
-                "it is, SPLIT_K included; no small-batch path); " + base_moe().measurement_note(params))
     return ("vLLM's fused_moe_kernel, launched as fused_experts does (swap-AB on sm_90, the small-batch path "
             "when M*topk*4 <= E and no expert parallelism); " + base_moe().measurement_note(params))
 
@@ -162,15 +123,8 @@ def kernel_spec(name: str, code) -> KernelSpec:
             base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
             lambda release: dict(run=from_factory(CODE, "moe_run", code, release.launch),
                                  compile_only=from_factory(CODE, "moe_compile_only", code, release.launch)),
-            config_keys=MATMUL_CONFIG_KEYS + ("SPLIT_K",), optional_keys={"SPLIT_K": 1},
-            kept_keys=lambda params: ("SPLIT_K",) if wna16(params) else (),
-            space_variant=lambda params: WNA16_KERNEL.removeprefix("fused_moe_kernel_") if wna16(params) else "",
-            refuses=lambda params: ("vLLM runs no block-INT8 MoE (its Triton experts take INT8 W8A8 per channel only)"
-                                    if params.get("dtype") == "int8_w8a8" and params.get("block_shape") else None),
-            default_config=moe_default_config, m_tiles=moe_m_tiles, extra_seeds=lambda params, M: [],
-            measurement_note=moe_note,
-            description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90; the group-wise kernel for "
-                        "weight-only INT4/INT8)")
+            default_config=moe_default_config, m_tiles=moe_m_tiles, extra_seeds=lambda params, M: [], measurement_note=moe_note,
+            description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
             fp8_gemm_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,

@@ -185,7 +185,7 @@ def groups(sources: list[str], model, tp: int, only: list[str] | None, batch_siz
     for source in sources:
         by_kernel: dict = {}
         for problem, engine, ms in cases(source, model, tp, only, batch_sizes):
-            kernel = kernel_for(problem.kernel, engine, source, engine_source)
+            kernel = kernel_for(problem.kernel, engine, source, engine_source, params=problem.params)
             by_kernel.setdefault(kernel.name, (kernel, []))[1].extend(
                 (problem, M, kernel.default_config(problem.params, M), "default") for M in ms)
         for engine, problem, M, cfg, label in shipped:

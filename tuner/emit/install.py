@@ -115,17 +115,18 @@ def _power_of_two(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
-def validate_table(path: Path, engine: str, kind: str) -> dict:
+def validate_table(path: Path, engine: str, kind: str, params: dict | None = None) -> dict:
     """The table at `path`, if `engine`'s loader and kernel take it (else one clear line):
     a JSON object keyed by positive integer batch sizes (vLLM's MoE loader alone drops a
     'triton_version' key), each value a config of exactly the keys that engine's kernel
     reads, with positive integer values (power-of-two tiles, warps and splits) or JSON
     booleans for its switches."""
-    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.kernel_registry import engine_variant, get_kernel
     table = read_json(path, "table ", "; refusing to install it")
     if not isinstance(table, dict) or not table:
         raise TunerError(f"table {path} is not a non-empty JSON object of batch sizes")
-    spec = get_kernel(kind, engine, load_code=False) if _engine_has(kind, engine) else get_kernel(kind)
+    spec = (get_kernel(kind, engine, load_code=False, variant=engine_variant(kind, engine, params))
+            if _engine_has(kind, engine) else get_kernel(kind))
     allowed, required = set(spec.config_keys), set(spec.config_keys) - set(spec.optional_keys)
     # the keys the engine's loader drops before int() (vLLM's MoE loader: 'triton_version')
     family = TABLE_FAMILIES.get((engine, kind))
@@ -199,7 +200,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
             raise TunerError(f"{where}: {rel!r} leads out of {results}; refusing it")
         if not source.is_file():
             raise TunerError(f"the manifest lists {rel}, but {source} is missing")
-        validate_table(source, engine, kind)
+        validate_table(source, engine, kind, t.get("problem"))
         env = t.get("environment") or {}
         problems = []
         if not t.get("numerics_passed"):

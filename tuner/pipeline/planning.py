@@ -287,12 +287,13 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
         engines = [e for e in p.engines if e in req.engines] or list(p.engines)
         for engine in engines:
             try:
-                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=not req.replay)
+                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=not req.replay,
+                                    params=p.params)
             except TunerError as e:
                 if not req.dry_run:
                     raise
                 notes.append(str(e))
-                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=False)
+                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=False, params=p.params)
             kernel = as_recorded(kernel, req.replay)
             why = kernel.refuses(p.params)
             if why:

@@ -173,6 +173,10 @@ class KernelSpec:
     # A kernel defined outside kernels/ (a test's kernel): the importable module whose KERNEL
     # it is, so that a measuring child or compile worker builds the same one. "": kernels/.
     module: str = ""
+    # An engine launcher's variant (kernels/engines/<engine>_<variant>_spec.py) for the problems
+    # its `handles` takes (the integer MoE precisions): a code version of its own, so that the
+    # tables of the engine's main launcher keep theirs. "": the main launcher.
+    variant: str = ""
 
     @property
     def source_label(self) -> str:
@@ -183,6 +187,7 @@ class KernelSpec:
     def ref(self) -> dict:
         """What another process needs to build this same spec (tuner.plan.kernel_registry.get_kernel(**ref))."""
         ref = {"name": self.name, "source": self.source, "origin": self.origin}
+        ref = {**ref, "variant": self.variant} if self.variant else ref
         return {**ref, "module": self.module} if self.module else ref
 
 
