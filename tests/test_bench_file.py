@@ -122,9 +122,45 @@ def test_a_verdict_factor_is_a_few_digits_whatever_the_times():
     from tuner.emit.verdict import verdict_lines
     rows = [{"kernel_source": "vllm 0.33.0", "problem": "N=8,K=8,block_shape=[128,128]", "M": 1, "contender": c,
              "time_us": t} for c, t in (("tuned", 1.0), ("torch._scaled_mm", 1e300))]
-    lines = verdict_lines(rows, "fp8_gemm")
+    lines = verdict_lines(rows, "fp8_gemm", width=120)
     text = " ".join(lines)
     assert "run --linear-backend triton: the best Triton config is 1e+300x faster" in text, text
     assert not re.search(r"[0-9]{7}", text) and all(len(line) <= 120 for line in lines)
     from tuner.textwidth import factor
     assert (factor(1.2345), factor(123456.0), factor(float("nan"))) == ("1.23x", "1.23e+05x", "?x")
+
+
+def test_a_verdict_over_many_problems_takes_time_in_proportion():
+    """A bench file within the size bound may hold thousands of problems: each problem's rows
+    were found by a scan of every verdict (8,000 problems: about a minute of CPU; a 64 MiB file,
+    hours). Grouped once, a second. CPU time, not wall time: a busy machine does not fail it."""
+    import time
+
+    from tuner.emit.verdict import verdict_lines
+    rows = [{"kernel_source": "vllm 0.33.0", "problem": f"N={i},K=7168", "M": 1, "contender": "tuned",
+             "time_us": 1.0} for i in range(8000)]
+    started = time.process_time()
+    lines = verdict_lines(rows, "fp8_gemm")
+    assert time.process_time() - started < 15
+    assert sum(line.startswith("vllm 0.33.0 ") for line in lines) == 8000
+
+
+def test_nothing_printed_drives_the_terminal(tmp_path, capsys):
+    """Whatever printed it (a landscape's header through `landscape info`, an error naming a path
+    with an escape in it), a control character or a bidirectional override reaches the terminal
+    as its escape, never as itself (tuner/textwidth.py shown). Before: `landscape info` printed a
+    header's '\\x1b[2J' raw, clearing the screen."""
+    import gzip
+    land = tmp_path / "l.jsonl.gz"
+    assert main(["landscape", "synth", "--kernel", "gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                 "--kernel-source", "ours", "--batch-sizes", "1", "--out", str(land)]) == 0
+    lines = gzip.open(land, "rt").read().splitlines()
+    header = json.loads(lines[0])
+    header["device"] = "X\x1b[2J\x1b[Hvllm: run it\u202e"
+    (tmp_path / "evil.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    capsys.readouterr()
+    assert main(["landscape", "info", str(tmp_path / "evil.jsonl")]) == 0
+    assert main(["report", str(tmp_path / "no\x1b]0;retitled\x07such")]) == 2
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\u202e" not in out and "\x07" not in err
+    assert "X\\x1b[2J\\x1b[Hvllm: run it\\u202e" in out and "no\\x1b]0;retitled\\x07such" in err, (out, err)

@@ -82,19 +82,24 @@ def test_the_slot_is_shared_so_that_every_job_advances(world, tmp_path, clock, c
 
 
 def test_a_job_the_slot_cannot_hold_waits_and_says_how_long_a_slot_would(world, tmp_path, clock, capsys):
+    """Start-ups longer than the whole slot: each job's window says it made no progress and what it needs;
+    a job whose need the slot cannot hold waits (the first in turn tries all the same: its need may have
+    been a one-time start-up's), and a slot of the length said makes progress."""
     _, model, base, _ = world
-    cfg = night_config(tmp_path, model, {"a": base})
+    cfg = night_config(tmp_path, model, {"a": base, "b": base})
     clock.startup_s = 20.0                  # a start-up longer than the whole slot
     rc, said = night(cfg, "n1", 0.25, clock, capsys)
-    assert "made no progress" in said and "it needs about" in said
+    assert "a: its share of the slot" in said and "made no progress: it needs about 20 s" in said
     state = json.loads((tmp_path / "runs" / "state.json").read_text())
-    assert state["a"]["unfinished"] and state["a"]["needs_s"] > 20
-    rc, said = night(cfg, "n2", 0.25, clock, capsys)
-    summary = json.loads((tmp_path / "runs" / "n2" / "summary.json").read_text())
-    assert summary[0]["status"] == "waiting" and "min would hold it" in summary[0]["why"]
-    need = float(summary[0]["why"].split("a slot of ")[1].split(" min")[0])
+    assert state["a"]["unfinished"] and state["a"]["needs_s"] == 20
+    rc, said = night(cfg, "n2", 0.25, clock, capsys)         # b first (it had no time), then a
+    summary = {r["job"]: r for r in json.loads((tmp_path / "runs" / "n2" / "summary.json").read_text())}
+    assert summary["a"]["status"] == "waiting" and "min would hold it" in summary["a"]["why"], summary
+    need = float(summary["a"]["why"].split("a slot of ")[1].split(" min")[0])
+    assert "the slot of 0.25 min is shorter than the retunes left need together" in said
+    assert measured(run_of(tmp_path, "a")) == 0
     rc, said = night(cfg, "n3", need, clock, capsys)
-    assert measured(run_of(tmp_path, "a")) > 0
+    assert measured(run_of(tmp_path, "a")) > 0, said
 
 
 def test_a_retune_after_an_environment_change_spans_two_windows(world, tmp_path, clock, capsys):
@@ -123,7 +128,8 @@ def test_a_retune_after_an_environment_change_spans_two_windows(world, tmp_path,
     assert summary[0]["status"] == "improved", summary
 
 
-def test_a_dry_run_says_the_slot(world, tmp_path, capsys):
+def test_a_dry_run_says_the_slot(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole: tuner/textwidth.py)
     _, model, base, _ = world
     cfg = night_config(tmp_path, model, {"a": base, "b": base})
     assert main(["nightly", str(cfg), "--dry-run", "--minutes", "0.3"]) == 0

@@ -377,21 +377,41 @@ def test_the_plan_gives_measured_boxes_and_what_a_window_finishes(capsys):
     assert box["smoke"] == pytest.approx(steps["smoke"] * COLD_MARGIN, abs=0.5)
     plan = validation_plan("H200")
     assert box["validate"] == pytest.approx(max(15, (plan.commands * start + plan.run * per_case) * MARGIN), abs=0.5)
-    assert f"MoE vllm    {left_vllm:4d} studies x {vllm:5.1f} s" in out
-    assert f"MoE sglang  {left_sglang:4d} studies x {sglang:5.1f} s" in out
-    assert re.search(r"MLA +63 studies x +2[45]\.\d s", out)
+    # the committed state's deployment (DeepSeek-V3 TP8 fp8), less its rows, at the measured costs
+    assert re.search(rf"MoE vllm +TP8 fp8 +{left_vllm} studies x +{vllm:.1f} s", out), out
+    assert re.search(rf"MoE sglang +TP8 fp8 +{left_sglang} studies x +{sglang:.1f} s", out), out
+    assert re.search(r"MoE vllm +TP16 fp8 +18 studies x", out)            # nothing of it tuned yet: the grid
+    assert re.search(r"MLA +TP8 every context +63 studies x +2[45]\.\d s", out)
+    items = [ln for ln in lines if re.match(r"^  (MoE|GEMM|MLA) ", ln)]
+    first = re.match(r"^  (.+?) +(\d+) studies x +([\d.]+) s", items[0])
     twelve = next(ln for ln in lines if ln.startswith("a 12-minute window (720 s) finishes:"))
-    after_moe = 720 - left_vllm * vllm - left_sglang * sglang - 2 * start
-    assert f"MoE vllm {left_vllm}/{left_vllm}, MoE sglang {left_sglang}/{left_sglang}" in twelve
-    gemm = float(re.search(r"GEMM vllm +144 studies x +([\d.]+) s", out).group(1))
-    assert abs(int(re.search(r"GEMM vllm (\d+)/144", twelve).group(1)) - (after_moe - start) / gemm) <= 1
+    done = min(int(first.group(2)), int((720 - start) // float(first.group(3))))      # its start-up first
+    got = re.match(rf"a 12-minute window \(720 s\) finishes: {' '.join(first.group(1).split())} (\d+)/", twelve)
+    assert got and abs(int(got.group(1)) - done) <= 1, (twelve, items[0])
+
+
+@pytest.mark.ci_variables
+def test_the_plans_first_work_item_is_a_table_that_runs_the_default_config(capsys):
+    """With the engines' tables at hand (their wheels), the window's work list comes from the
+    coverage map: its first item is a table the engine reads today and finds no table for (the
+    default config runs), DeepSeek-V3's TP16 fp8 MoE table of vLLM on the H200; the fallbacks
+    and shipped tables of TP8 come after every default one."""
+    if not os.environ.get("TUNER_ENGINE_WHEELS"):
+        pytest.skip("the coverage map reads the engines' tables from their wheels: TUNER_ENGINE_WHEELS is not set")
+    assert main(["proof", "--plan", "--gpu", "H200", "--call", "gpu"]) == 0
+    items = [ln for ln in capsys.readouterr().out.splitlines() if re.match(r"^  (MoE|GEMM|MLA) ", ln)]
+    assert re.match(r"^  MoE vllm +TP16 fp8 +\d+ studies .* default +1\.22x expected$", items[0]), items
+    statuses = [re.search(r" (default|fallback|shipped) ", ln).group(1) for ln in items if ln.startswith("  MoE")]
+    assert statuses == sorted(statuses, key=["default", "fallback", "shipped"].index), items
+    assert any(re.search(r"MoE sglang +TP8 EP8 fp8 .* default ", ln) for ln in items)
+    assert any(re.search(r"MoE sglang +TP8 fp8 .* fallback", ln) for ln in items)
 
 
 def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tmp_path):
     """On a GPU, the window's state folder starts as a copy of tuned/NVIDIA_H200 (tables,
-    manifest, studies journal), and its commands run in the work list's order, each into that
-    folder: both engines' MoE tables at the engines' 18 batch sizes, both engines' GEMM tables
-    (every shape of the model), MLA decode, then the landscape."""
+    manifest, studies journal), and its commands run in the work list's order (one per item:
+    the MoE tables of each deployment and engine at the engines' 18 batch sizes, both engines'
+    GEMM tables at every TP8 shape, MLA decode), each into that folder, then the landscape."""
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
     proof = Proof(tmp_path / "H200-x", get_gpu("H200"), minutes=9, device="cuda")
     cmds = proof.step_window()
@@ -399,15 +419,20 @@ def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tm
     assert "continues the committed state tuned/NVIDIA_H200" in proof.window_note
     for name in ("manifest.json", "studies.journal"):
         assert (state / name).read_bytes() == (REPO / "tuned" / "NVIDIA_H200" / name).read_bytes()
+    work, _ = proof.work()
     kinds = [(c.argv[3], c.argv[c.argv.index("--engines") + 1] if "--engines" in c.argv else None) for c in cmds]
-    assert kinds == [("moe", "vllm"), ("moe", "sglang"), ("gemm", "vllm"), ("gemm", "sglang"), ("mla", None),
-                     ("gemm", "vllm")]
-    for c in cmds[:5]:
+    assert kinds == [(w.kind, w.engine) for w in work] + [("gemm", "vllm")]
+    assert [k for k, _ in kinds[:-1]] == sorted((k for k, _ in kinds[:-1]), key=["moe", "gemm", "mla"].index)
+    for c, w in zip(cmds, work):
         assert c.window and c.argv[c.argv.index("--out") + 1] == str(state)
-    for c in cmds[:4]:
-        ms = c.argv[c.argv.index("--batch-sizes") + 1:]
-        assert [int(m) for m in ms[:len(DEFAULT_BATCH_SIZES)]] == DEFAULT_BATCH_SIZES
-        assert "--only" not in c.argv                                  # every shape of the model
+        if w.kind == "moe":
+            assert (c.argv[c.argv.index("--tp") + 1], c.argv[c.argv.index("--dtype") + 1]) == (str(w.tp), w.dtype)
+            assert ("--ep" in c.argv) == (w.ep > 1) and "--per-rank" in c.argv
+        if w.kind in ("moe", "gemm"):
+            ms = c.argv[c.argv.index("--batch-sizes") + 1:]
+            assert [int(m) for m in ms[:len(DEFAULT_BATCH_SIZES)]] == DEFAULT_BATCH_SIZES
+            assert "--only" not in c.argv                                  # every shape of the model
+    assert ("moe", "vllm", 8, "fp8_w8a8") in {(w.kind, w.engine, w.tp, w.dtype) for w in work}   # 13 of 18 left
     assert proof.seed_state() is None                                   # a second window continues, never re-seeds
     # the committed studies are this window's to continue: the same search space (and settings)
     from tuner.plan.kernel_registry import get_kernel

@@ -157,3 +157,49 @@ def test_what_is_left_is_priced_all_in(landscape, tmp_path, clock, capsys):
     assert rc == 0 and "every table of the plan is written" in said
     took = clock.t
     assert 0.75 <= seconds / took <= 1.33, (seconds, took, line)
+
+
+def test_a_synthetic_window_does_not_make_its_landscape_again(tmp_path, capsys):
+    """A --synthetic run's landscape is made once for its problems and batch sizes: the next window replays
+    it (before, every window made its 44,928 points again, the whole of a short window's start-up), and a
+    run for other batch sizes makes its own."""
+    out = tmp_path / "out"
+    base = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--synthetic", "--only", "N=7168,K=2048",
+            "--trials", "2", "--out", str(out)]
+    assert main([*base, "--batch-sizes", "1", "16"]) == 0
+    land = out / "synthetic-fp8_gemm.jsonl.gz"
+    made = land.stat().st_mtime_ns, land.read_bytes()
+    capsys.readouterr()
+    assert main([*base, "--batch-sizes", "1", "16", "--minutes", "5"]) == 0
+    assert "made by an earlier run for the same problems and batch sizes" in capsys.readouterr().out
+    assert (land.stat().st_mtime_ns, land.read_bytes()) == made
+    assert main([*base, "--batch-sizes", "1", "32", "--out", str(tmp_path / "other")]) == 0
+    assert "made " in capsys.readouterr().out
+
+
+def test_a_close_the_alarm_cut_is_taken_as_at_least_that_long(landscape, tmp_path, clock, capsys, monkeypatch):
+    """A study's close cut by the window's alarm (simulated here: it ran 20 s, then the alarm rang) is kept
+    as a lower bound: the next window does not start it again where it cannot fit, and says so. Before,
+    nothing was kept of a cut close, and every window of that length started it again, to be cut again."""
+    from tuner.measure import measurers
+    from tuner.search.window import WindowClosed
+    out = tmp_path / "out"
+    counted = measurers.ReplayMeasurer.measure
+    rang = []
+
+    def cut_close(self, problem, M, configs):
+        if len(configs) > 1 and not rang:          # the close's first re-time (finalists and the default)
+            rang.append(True)
+            clock.t += 20
+            raise WindowClosed()
+        return counted(self, problem, M, configs)
+
+    monkeypatch.setattr(measurers.ReplayMeasurer, "measure", cut_close)
+    rc, said, _ = window(landscape, out, 30, clock, capsys)
+    assert rang and measured(out) == 6
+    monkeypatch.setattr(measurers.ReplayMeasurer, "measure", counted)
+    rc, said, err = window(landscape, out, 0.3, clock, capsys)
+    said = said.replace("\n    ", " ")
+    assert rc == 1 and "a study's close (finalists timed again, checked) ran more than 20 s before a window cut it" in said
+    rc, said, err = window(landscape, out, 1, clock, capsys)
+    assert rc == 0 and "too short" not in said

@@ -82,7 +82,8 @@ def tables(out: Path) -> dict[str, str]:
     return {str(p.relative_to(out)): p.read_text() for p in out.rglob("*.json") if p.name != "manifest.json"}
 
 
-def test_two_windows_leave_what_one_run_of_both_leaves(landscape, tmp_path, counted_clock, capsys):
+def test_two_windows_leave_what_one_run_of_both_leaves(landscape, tmp_path, counted_clock, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole: tuner/textwidth.py)
     split, whole = tmp_path / "split", tmp_path / "whole"
     # 6 studies of 10 trials and 12 configs timed again at the close: window 1 (30 "seconds") ends inside
     # the second study, window 2 finishes

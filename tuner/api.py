@@ -27,7 +27,7 @@ log = logging.getLogger("tuner")
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
                     dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False,
-                    min_gain: float = 0.02, engine_version: str | None = None) -> Path | None:
+                    min_gain: float = 0.02, engine_version: str | None = None, model: str | None = None) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
@@ -45,13 +45,17 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
+    served = None
+    if model:                        # the model the engine serves: a table tuned for another K is refused
+        from tuner.plan.models import load_model
+        served = load_model(model)
     if not where.present:
         what = f"a config folder for it, {config_dir}" if config_dir else "what an install into it would write"
         say(f"{where.label} is not installed here: {what}, by its loader rules (tuner/plan/engines.py)")
 
     def plan() -> tuple[list, list, list, list]:
         copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
-                                          where.present, min_gain)
+                                          where.present, min_gain, served)
         extra = shipped_copies(where, config_dir, notes) if config_dir else []
         inst.check_destinations([*extra, *copies])
         findings = inst.audit_install(copies, engine)

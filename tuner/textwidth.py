@@ -4,11 +4,17 @@ indented under their line), a progress line that is redrawn in place is cut inst
 one would leave a stale row each redraw), and a shell command meant to be pasted is wrapped only
 with ` \\` continuation marks (command_lines), never as prose. Piped into a file or a script with
 no $COLUMNS, a line goes through whole: a log keeps each message on one line to grep (a command
-printed to be pasted is then cut at 120 columns, with its marks)."""
+printed to be pasted is then cut at 120 columns, with its marks). And nothing a command prints
+drives the terminal: a control character (an escape that clears the screen, moves the cursor or
+retitles the window, from a file the tool read) or a bidirectional override is printed as its
+escape (`\x1b`), whatever printed it. Machine-readable output (JSON, CSV) is never fitted or cut:
+a command prints it with print_whole, which a script or a file gets exactly (a newline added inside
+a JSON string would make it invalid)."""
 
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 MAX_WIDTH = 120
@@ -31,6 +37,14 @@ def width(stream=None) -> int:
     return max(MIN_WIDTH, min(MAX_WIDTH, cols or MAX_WIDTH))
 
 
+def output_width() -> int | None:
+    """The columns stdout's lines are fitted to, None where they go through whole (piped, no
+    $COLUMNS): what a command that lays out its own lines (wraps a table's heading, cuts a
+    row) fits them to, so that every command follows the one rule of this module."""
+    import sys
+    return width(sys.stdout) if terminal_known(sys.stdout) else None
+
+
 def terminal_known(stream=None) -> bool:
     """Whether a terminal's width is known ($COLUMNS, or `stream` is a terminal): then even an
     error is wrapped to it; piped into a log or a script, an error stays one line to grep."""
@@ -42,8 +56,20 @@ def terminal_known(stream=None) -> bool:
         return False
 
 
+# C0 and C1 controls but a tab, a line feed and a carriage return (the progress line's redraw), and
+# the bidirectional overrides and isolates (text shown in another order than it is)
+_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: str) -> str:
+    """`text` with every character that would drive a terminal written as its escape."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def error_text(line: str, stream=None) -> str:
-    """An error line as printed: one line, wrapped only to a known terminal (terminal_known)."""
+    """An error line as printed: one line, wrapped only to a known terminal (terminal_known),
+    nothing in it driving the terminal (shown)."""
+    line = shown(line)
     return fit_text(line, width(stream)) if terminal_known(stream) else line
 
 
@@ -157,6 +183,20 @@ def cut(line: str, columns: int) -> str:
     return line if len(line) <= columns else line[:columns - 1] + "~"
 
 
+def print_whole(text: str, file=None) -> None:
+    """`text` and a line feed on `file` (default stdout) as they are, never wrapped or cut whatever
+    the terminal's width: machine-readable output (a JSON document, CSV rows) that a program
+    reads, where a line break added inside a string or a field changes or breaks it. Only a
+    control character is escaped, as everywhere (shown); json.dumps escapes them already, so a
+    JSON document goes through byte for byte."""
+    import sys
+    stream = sys.stdout if file is None else file
+    if isinstance(stream, Fitting):
+        stream.write_whole(text + "\n")
+    else:
+        stream.write(shown(text) + "\n")
+
+
 class Fitting:
     """A text stream whose complete lines are fitted (fit_line) to the width of the terminal it
     writes to ($COLUMNS, or the stream's own); a write holding a carriage return (a redrawn
@@ -171,14 +211,23 @@ class Fitting:
         self._command = False        # the last line ended in ` \\`: this one goes on a shell command
 
     def write(self, text: str) -> int:
+        n = len(text)
+        text = shown(text)
         if "\r" in text:
             self.flush()
-            return self._stream.write(text)
+            self._stream.write(text)
+            return n
         self._partial += text
         if "\n" in self._partial:
             *lines, self._partial = self._partial.split("\n")
             self._stream.write("".join(out + "\n" for line in lines for out in self._fit(line)))
-        return len(text)
+        return n
+
+    def write_whole(self, text: str) -> None:
+        """`text` as it is, never fitted (print_whole): after what was written before it."""
+        self.flush()                 # a partial line before it goes first, as it is
+        self._command = False
+        self._stream.write(shown(text))
 
     def _fit(self, line: str) -> list[str]:
         """A line fitted: a shell command's (one ending in `\\`, or the line after one) with its

@@ -235,7 +235,11 @@ def bench_table(rows: list[dict]) -> list[str]:
               r["error"][:40] if isinstance(r["error"], str) else
               (f"beat its floor: {r['roofline_wrong']} wrong"[:40] if r.get("roofline_error") else "")]
              for r in rows]
-    head = [f"problem: {common} and"] if common else []       # (one problem: its key is in every row)
+    if len(short) == 1:              # one problem: said once above, not in every row
+        return [f"problem: {next(iter(short))}"] + fixed_width(
+            ["kernel", "M", "contender", "time_us", "of_roofline", "note"], [r[:1] + r[2:] for r in table],
+            left=(0, 2, 5))
+    head = [f"problem: {common} and"] if common else []
     return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
                               left=(0, 1, 3, 6))
 

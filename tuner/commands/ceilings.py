@@ -16,7 +16,7 @@ def add_parser(sub, common) -> None:
     ceil = sub.add_parser("ceilings", help="measure this GPU's copy bandwidth and matmul rates",
                           description="Measure device-to-device copy bandwidth (bytes read plus written: the best of "
                           "3 sizes x 3 methods), FP8 and BF16 dense matmul rates at 8192^3, L2 size and SM count, "
-                          "after warming the clocks and with the clocks read while timed; a figure under 70%% of "
+                          "after warming the clocks and with the clocks read while timed; a figure under 70% of "
                           "the datasheet is measured again, then marked SUSPECT (bench, drift and the plan then "
                           "use the datasheet's). Needs the GPU.")
     ceil.add_argument("--gpu", required=True)

@@ -189,7 +189,8 @@ def environment_now(job: dict) -> dict:
     return {k: env.get(k) for k in ENV_KEYS}
 
 
-def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None, jobs_left: int = 1) -> dict:
+def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None, jobs_left: int = 1,
+            first: bool = False) -> dict:
     from tuner import api
     from tuner.commands.drift import Measurers, measure_drift
     from tuner.commands.report import write_diff
@@ -233,7 +234,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     if window is not None:
         # the job's share of the night's slot (tuner/commands/nightly_slot.py)
         from tuner.commands.nightly_slot import needs_of, next_turn, share
-        given = share(window, jobs_left, needs_of(state.get(name)) if begun is not None else 0.0)
+        given = share(window, jobs_left, needs_of(state.get(name)) if begun is not None else 0.0, first)
         if given.short:
             log(f"{name}: waiting: {given.short}; the next night takes it first")
             return {"job": name, "status": "waiting", "why": f"{why}; {given.short}"}
@@ -335,6 +336,8 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
     check_jobs(cfg, config_path)
+    from tuner.commands.nightly_order import ordered_jobs
+    cfg["jobs"] = ordered_jobs(cfg, log)          # `order: value`: by expected value from the coverage map
     if dry_run:
         return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log,
                                         minutes=minutes, begun_of=lambda job, prev: _begun(prev, environment_now(job)))
@@ -383,7 +386,7 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
         jobs = job_order(jobs, state)
     for i, job in enumerate(jobs):
         try:
-            results.append(run_job(job, night_dir, state, noise, log, window, len(jobs) - i))
+            results.append(run_job(job, night_dir, state, noise, log, window, len(jobs) - i, i == 0))
         except TunerError as e:
             log(f"{job['name']}: FAILED: {e}")
             results.append({"job": job["name"], "status": "failed", "error": str(e)})
@@ -400,6 +403,11 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
     atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir, kind=NIGHT_MD)
     atomic_write_json(night_dir / "summary.json", results, root=runs_dir, kind=NIGHT_JSON)
     log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
+    if window is not None:
+        from tuner.commands.nightly_slot import slot_short_line
+        short = slot_short_line(minutes or 0.0, [state.get(r["job"]) for r in results], results)
+        if short:
+            log(short)
     if any(r["status"] == "failed" for r in results):
         return EXIT_FAILED
     if any(r["status"] == "regressed" for r in results):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tuner.search.window import suggested_minutes
+
 AFTER = 0.9          # a retune's share of its job's time: the rest for what follows a finished retune
 
 
@@ -54,16 +56,18 @@ class Share:
     short: str = ""         # why it gets none ('' where it gets one)
 
 
-def share(window, jobs_left: int, need: float) -> Share:
-    """The retune window of the next job, `jobs_left` counting it and those after it."""
-    left = window.left()
-    equal = left / max(1, jobs_left) * AFTER
-    seconds = max(equal, need) if need <= left * AFTER else equal
-    if seconds < max(1.0, need):
-        want = math.ceil(need / AFTER / 6) / 10
-        why = (f"the {left:.0f} s left of the slot cannot hold the {need:.0f} s its last window needed "
-               f"(its start-up and next step, measured); a slot of {want:g} min would hold it" if need
-               else "no time left in the slot")
+def share(window, jobs_left: int, need: float, first: bool = False) -> Share:
+    """The retune window of the next job, `jobs_left` counting it and those after it; `first`: the first
+    in turn tonight, which is never kept waiting by a need its last window measured (its start-up may have
+    been a one-time one: a night is never idle, and the job's need is measured again)."""
+    room = window.left() * AFTER
+    equal = room / max(1, jobs_left)
+    seconds = equal if not need else max(equal, min(room, need * 1.25))
+    if seconds < 1.0 or (seconds < need and not first):
+        want = suggested_minutes(need) / AFTER if need else 0.0
+        why = (f"the {window.left():.0f} s left of the slot cannot hold the {need:.0f} s its last window needed "
+               f"(its start-up and next step, measured); a slot of {math.ceil(want * 10) / 10:g} min would hold it"
+               if need else "no time left in the slot")
         return Share(0.0, why)
     return Share(seconds)
 
@@ -81,11 +85,27 @@ def slot_lines(jobs: list[dict], state: dict, minutes: float, say) -> tuple[list
     for i, job in enumerate(ordered):
         entry = state.get(job["name"]) or {}
         need = needs_of(entry) if entry.get("unfinished") else 0.0
-        said = f"  {i + 1}. {job['name']}: {max(equal, need):.0f} s of retuning if every job retunes"
+        given = max(equal, min(need * 1.25, minutes * 60 * AFTER))
+        said = f"  {i + 1}. {job['name']}: {given:.0f} s of retuning if every job retunes"
         if need:
             said += f" (its last window needed {need:.0f} s)"
         if need > minutes * 60 * AFTER:
-            said += f"; more than the slot holds: it waits (a slot of {math.ceil(need / AFTER / 6) / 10:g} min would hold it)"
+            want = math.ceil(suggested_minutes(need) / AFTER * 10) / 10
+            said += (f"; more than the slot holds: it {'tries all the same' if i == 0 else 'waits'} (a slot of "
+                     f"{want:g} min would hold it)")
         say(wrap(said))
-        shares[job["name"]] = max(equal, need) / 60
+        shares[job["name"]] = given / 60
     return ordered, shares
+
+
+def slot_short_line(minutes: float, entries: list, results: list[dict]) -> str | None:
+    """Where a job waited for want of slot time: how long a slot would give every unfinished retune what its
+    last window measured it needs (they take turns until then)."""
+    if not any(r.get("status") == "waiting" for r in results):
+        return None
+    needs = [needs_of(e) for e in entries if (e or {}).get("unfinished")]
+    if not any(needs):
+        return None
+    want = math.ceil(sum(suggested_minutes(n) for n in needs if n) / AFTER * 10) / 10
+    return (f"the slot of {minutes:g} min is shorter than the retunes left need together (about {want:g} min, "
+            "each one's start-up and next step as measured): the jobs take turns at it")

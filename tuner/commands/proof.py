@@ -342,6 +342,11 @@ def default_out(gpu: GpuSpec, device: str) -> Path:
     return REPO_ROOT / "bench" / "results" / f"{gpu.key}-{date}"
 
 
+def engine_sources(given: list[str] | None) -> list[str] | None:
+    """The engines' code (and tables) the proof runs: --engine-source, else .engine-src/'s folders."""
+    return [os.path.abspath(e) for e in given] if given else default_engine_source()
+
+
 def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
     """The steps a call runs (`--call gpu|local`), or those named (`--steps`); default all."""
     if call and steps:
@@ -399,7 +404,8 @@ def run(args) -> int:
         for call in CALLS:
             chosen = [s for s in CALLS[call] if s in steps]
             if chosen:
-                print("\n".join(plan_lines(chosen, args.minutes, args.device)))
+                print("\n".join(plan_lines(chosen, args.minutes, args.device, gpu=gpu,
+                                            engine_source=engine_sources(args.engine_source))))
         return 0
     if any(s not in CALLS["local"] for s in steps):
         from tuner.commands.proof_plan import boxes_for, refuse_unfit

@@ -12,12 +12,13 @@ source: tuner/commands/proof_validation.py) at the H200 run's measured seconds p
 of time is stopped (SIGTERM, then SIGKILL after STOP_GRACE_S) and keeps what it wrote. The boxes
 must fit within --minutes (else refused: refuse_unfit).
 
-The window's work list, in order: both engines' MoE tables at the engines' full batch-size
-grid, then both engines' GEMM tables (every DeepSeek-V3 TP8 shape), then MLA decode, then
-landscapes; what the committed state (tuned/NVIDIA_H200/manifest.json) already holds is not
-redone. `tuner proof --plan` prints the boxes and how much of that list a window finishes at
-the H200 run's measured cost per study and each command's start-up (`Measured`, read from the
-committed files).
+The window's work list (tuner/commands/proof_work.py), by expected value from the coverage map:
+DeepSeek-V3's fused-MoE tables of every deployment on the GPU, those that run the engine's default
+config first, then fallbacks, then shipped tables; then both engines' GEMM tables (every TP8
+shape), MLA decode, landscapes; what the committed state (tuned/NVIDIA_H200/manifest.json) already
+holds is not redone. `tuner proof --plan` prints the boxes, each item with its deployment and
+status, and how much of that list a window finishes at the H200 run's measured cost per study and
+each command's start-up (`Measured`, read from the committed files).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.commands import proof_work
+from tuner.commands.proof_work import Work
 from tuner.errors import TunerError
 from tuner.paths import REPO_ROOT
 
@@ -41,7 +44,6 @@ STOP_GRACE_S = 20.0           # a step out of time: SIGTERM, then SIGKILL this m
 WINDOW_MINUTES_SHOWN = 12.0   # the plan also shows what a window this long finishes
 DEVICE_MINUTES = 9.0          # the device command's --minutes (its timeout_s: bench/README.md)
 LOCAL_SHARES = {"report": 0.3, "sampler": 0.7}
-GEMM_ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class Measured:
     mla_s_per_study: float          # extra/mla-partial: its trials' span over its studies
     gemm_s_per_study: float         # estimated: the landscape step's seconds per timed config x 32 trials
     command_start_s: float = 0.0    # a measuring command's start-up: its start to its first trial (smoke, tune-vllm)
+
+    def per_study(self) -> dict[str, float]:
+        """Seconds a study costs, by what the work list calls it (proof_work.Work)."""
+        return {"vllm": self.vllm_s_per_study, "sglang": self.sglang_s_per_study, "gemm": self.gemm_s_per_study,
+                "mla": self.mla_s_per_study}
 
 
 def _json(path: Path):
@@ -126,21 +133,6 @@ def measured(run: Path = MEASURED_RUN) -> Measured:
         gemm_s_per_study=steps["landscapes"]["seconds"] / (points + trials) * 32, command_start_s=start)
 
 
-@dataclass(frozen=True)
-class Work:
-    """One item of the window's work list: its studies left, what each costs, and its command's
-    start-up (paid once, when the item has studies left)."""
-    name: str
-    studies: int
-    s_per_study: float
-    cost_from: str
-    start_s: float = 0.0
-
-    @property
-    def seconds(self) -> float:
-        return self.studies * self.s_per_study + (self.start_s if self.studies else 0.0)
-
-
 def validation_cases(model: str = "deepseek-v3", tp: int = 8) -> dict[str, int]:
     """The full validation list's cases: the engines' kernels (their MoE layer and the GEMM
     shapes benched, default configs at 2 batch sizes, each engine's shipped MoE tables at
@@ -159,31 +151,14 @@ def validation_cases(model: str = "deepseek-v3", tp: int = 8) -> dict[str, int]:
     return {"engines": engines, "ours": ours}
 
 
-def work_list(cost: Measured, state: Path = TUNED_STATE, model: str = "deepseek-v3", tp: int = 8) -> list[Work]:
-    """The DeepSeek-V3 TP8 work on the H200 still to do, in the window's order, less what the
-    committed state's manifest holds."""
-    from tuner.plan.engines import DEFAULT_BATCH_SIZES
-    from tuner.plan.kernel_registry import batch_grid
-    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, load_model, mla_problems, moe_problems
-    m = load_model(model)
-    tables = _json(state / "manifest.json")["tables"] if (state / "manifest.json").is_file() else []
-
-    def done(kernel: str, engine: str) -> int:
-        return sum(len(t.get("entries") or {}) for t in tables
-                   if t.get("kernel") == kernel and engine in (t.get("files") or {}))
-    grid = len(DEFAULT_BATCH_SIZES)
-    moe = {e: len(moe_problems(m, tp, 1, "fp8_w8a8", engines=[e])) for e in ("vllm", "sglang")}
-    gemm = len(gemm_problems(m, tp))
-    mla = len(mla_problems(m, tp, DEFAULT_CONTEXTS, 64)[0]) * len(batch_grid("mla_decode"))
-    start = cost.command_start_s        # each item is one tuning command of the window
-    return [
-        Work("MoE vllm", moe["vllm"] * grid - done("fused_moe", "vllm"), cost.vllm_s_per_study, "measured", start),
-        Work("MoE sglang", moe["sglang"] * grid - done("fused_moe", "sglang"), cost.sglang_s_per_study, "measured",
-             start),
-        *(Work(f"GEMM {e}", gemm * grid - done("fp8_gemm", e), cost.gemm_s_per_study, "estimated", start)
-          for e in GEMM_ENGINES),
-        Work("MLA", mla - done("mla_decode", "tuner"), cost.mla_s_per_study, "measured", start),
-    ]
+def work_list(cost: Measured, state: Path = TUNED_STATE, model: str = "deepseek-v3", tp: int = 8,
+              gpu=None, engine_source: list[str] | None = None) -> tuple[list[Work], list[str]]:
+    """The work on this GPU still to do, in the window's order (by expected value from the
+    coverage map: tuner/commands/proof_work.py), less what the state's manifest holds, each
+    item one command (its start-up counted once); with the lines on what the order could not know."""
+    from tuner.plan.gpus import get_gpu
+    return proof_work.work_list(model, gpu or get_gpu("H200"), state, cost.per_study(), tp, engine_source,
+                                start_s=cost.command_start_s)
 
 
 def finished_in(work: list[Work], seconds: float) -> list[tuple[Work, int]]:
@@ -321,9 +296,11 @@ def time_box(order: list[str], i: int, left: float, boxes: dict[str, float] | No
 
 
 def plan_lines(steps: list[str], minutes: float, device: str, cost: Measured | None = None,
-               state: Path = TUNED_STATE, gpu_key: str = "H200", ledger: Path | None = None) -> list[str]:
+               state: Path = TUNED_STATE, gpu_key: str = "H200", ledger: Path | None = None, gpu=None,
+               engine_source: list[str] | None = None) -> list[str]:
     """What `tuner proof --plan` prints: each step's box (from the measured times), what the
-    window gets, and how much of the DeepSeek-V3 H200 work it and a 12-minute window finish.
+    window gets, its work list on `gpu` (each item with its deployment and what the engine runs
+    for it today) and how much of it the window and a 12-minute window finish.
     Boxes that do not fit within --minutes are refused (refuse_unfit)."""
     order = [s for s in STEPS if s in steps]
     if not set(order) - set(LOCAL_SHARES):
@@ -364,20 +341,31 @@ def plan_lines(steps: list[str], minutes: float, device: str, cost: Measured | N
         lines.append(f"  validate: {validation.note}")
     lines.append(f"  a stopped step adds at most {STOP_GRACE_S:.0f} s")
     if "window" in order:
-        work = work_list(cost, state)
-        lines.append(f"work list (DeepSeek-V3 TP8 on the H200, less what {_rel(state)} holds), at the cost per "
-                     "study measured,")
+        from tuner.plan.gpus import get_gpu
+        from tuner.textwidth import fit_line
+        gpu = gpu or get_gpu(gpu_key)
+        work, notes = work_list(cost, state, gpu=gpu, engine_source=engine_source)
+        lines.append(f"work list (deepseek-v3 on the {gpu.key}, less what {_rel(state)} holds), by expected value from "
+                     "`tuner coverage`: status, what the engine runs today; expected, the gain the committed runs "
+                     "measured over that; flag: read only with the engine's backend flag; at the cost per study "
+                     "measured (est.: estimated),")
         lines.append(f"  each item one command: its start-up ({cost.command_start_s:.1f} s) counted once")
+        wide = max([len(w.deployment) for w in work if w.kind == "moe"] + [8])
         for w in work:
-            lines.append(f"  {w.name:11s} {w.studies:4d} studies x {w.s_per_study:5.1f} s = {w.seconds:6.0f} s "
-                         f"({w.cost_from})")
+            where = w.deployment if w.kind == "moe" else "TP8 every shape" if w.kind == "gemm" else "TP8 every context"
+            today = (f"  {w.status:8s} " + (f"{w.gain:.3g}x expected" if w.gain else "not measured")
+                     + ("" if w.read_by_default else ", flag")) if w.kind == "moe" else ""
+            lines.append(f"  {w.name:11s} {where:{max(wide, 17)}s} {w.studies:4d} studies x {w.s_per_study:5.1f} s = "
+                         f"{w.seconds:5.0f} s{' est.' if w.cost_from == 'estimated' else ''}{today}")
         lines.append("  landscapes  with what is left")
+        lines += [f"  note: {n}" for n in notes]
         for label, seconds in (("this run's window", max(0.0, left)),
                                (f"a {WINDOW_MINUTES_SHOWN:g}-minute window", WINDOW_MINUTES_SHOWN * 60)):
             got = finished_in(work, seconds)
             lines.append(f"{label} ({seconds:.0f} s) finishes: "
-                         + ", ".join(f"{w.name} {n}/{w.studies}" for w, n in got if n or w is got[0][0]))
-            lines.append("  left: " + ", ".join(f"{w.name} {w.studies - n}" for w, n in got if w.studies > n))
+                         + ", ".join(f"{w.label} {n}/{w.studies}" for w, n in got if n or w is got[0][0]))
+            lines.append("  left: " + ", ".join(f"{w.label} {w.studies - n}" for w, n in got if w.studies > n))
+        lines = [part for line in lines for part in fit_line(line, 120)]
     return lines
 
 

@@ -48,6 +48,7 @@ class Profile:
     ours_only: tuple[str, ...] = ()      # ours validated on these problems only (the GPU: every one)
     window_gemm_only: tuple[str, ...] = ()   # the window's GEMM shapes (the GPU: every one of the model)
     patience: int | None = None          # None: as many as the trials
+    window_dtypes: tuple[str, ...] | None = None   # the window's MoE precisions (None: every one it is served at)
 
 
 # The window's search settings are the committed state's (tuned/NVIDIA_H200/manifest.json: budget 32,
@@ -65,7 +66,7 @@ REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 16, (5,)
                                 "kernel: fp8_gemm\nparams:\n  BLOCK_SIZE_M: [16]\n  BLOCK_SIZE_N: [64, 128]\n"
                                 "  BLOCK_SIZE_K: [128]\n  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [3]\n"
                                 "constraints: {block_k_divides_group: {}}\n"), ours_only=("E=8,",),
-                            window_gemm_only=("N=256,K=256",))
+                            window_gemm_only=("N=256,K=256",), window_dtypes=("fp8_w8a8",))
 
 
 @dataclass
@@ -174,12 +175,17 @@ class ProofSteps:
         return ["--tp", str(self.profile.tp), "--per-rank"]
 
     def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str,
-                 kind: str = "moe", window: bool = False) -> Command:
+                 kind: str = "moe", window: bool = False, tp: int | None = None, ep: int = 1,
+                 dtype: str = "fp8_w8a8") -> Command:
+        """A tuning command (`kind`: moe or gemm) of `engine`'s tables at the profile's TP (or
+        `tp`/`ep`: one rank's shapes of a deployment of the work list) and `dtype`."""
         baseline = self.baseline_dirs(engine) if kind == "moe" else []
         only = list(self.profile.window_gemm_only) if kind == "gemm" else []
+        parallel = self.parallel_args() if tp is None else \
+            ["--tp", str(tp), *(["--ep", str(ep)] if ep > 1 else []), "--per-rank"]
         return Command(label, self.tuner(
-            kind, "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(),
-            *(["--dtype", "fp8_w8a8"] if kind == "moe" else []), *(["--only", *only] if only else []),
+            kind, "--model", self.model(), "--gpu", self.gpu.key, *parallel,
+            *(["--dtype", dtype] if kind == "moe" else []), *(["--only", *only] if only else []),
             "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
             "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
             *(["--patience", str(self.profile.patience or trials if window else trials)] if trials else []),
@@ -275,24 +281,38 @@ class ProofSteps:
             "--recorded", str(LEDGER), "--out", str(self.out / "validate" / r["out"])], r["log"])
             for r in self.validation_runs()]
 
+    def work(self) -> tuple[list, list[str]]:
+        """The window's work list in order (tuner/commands/proof_work.py: by expected value from
+        the coverage map, less what the state folder holds), and what its order could not know."""
+        from tuner.commands.proof_work import work_list
+        p = self.profile
+        return work_list(self.model(), self.gpu, self.tuned(), {}, p.tp, self.engine_source, p.window_dtypes,
+                         p.window_gemm_only)
+
     def step_window(self) -> list[Command]:
-        """The window's work list, most valuable first: both engines' MoE tables at the window's
-        batch sizes, both engines' GEMM tables (every shape of the model), MLA decode (where the
-        model has it), then a landscape; each command continues the state folder."""
-        from tuner.plan.models import load_model
+        """The window's work list, most valuable first (self.work): the fused-MoE tables of the
+        model's deployments on this GPU that run the engine's default config, then fallbacks,
+        then shipped ones; both engines' GEMM tables (every TP8 shape of the model), MLA decode
+        (where the model has it); then a landscape. Each command continues the state folder."""
         p = self.profile
         self.window_note = self.seed_state()
         state = self.tuned()
-        cmds = [self.moe_tune(e, p.moe_ms, state, p.trials, f"logs/window-moe-{e}.txt",
-                              f"the {self.model()} MoE tables of {e}", window=True) for e in ("vllm", "sglang")]
-        cmds += [self.moe_tune(e, p.moe_ms, state, p.trials, f"logs/window-gemm-{e}.txt",
-                               f"the {self.model()} GEMM tables of {e}", kind="gemm", window=True)
-                 for e in ("vllm", "sglang")]
-        if load_model(self.model()).is_mla:
-            cmds.append(Command(f"the {self.model()} MLA decode table", self.tuner(
-                "mla", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp),
-                *(["--trials", str(p.trials), "--patience", str(p.patience or p.trials)] if p.trials else []),
-                *self.measuring_args(), "--out", str(state), "--quiet"), "logs/window-mla.txt", window=True))
+        work, notes = self.work()
+        if notes:
+            self.window_note = "; ".join(filter(None, [self.window_note, *notes]))
+        cmds = []
+        for w in work:
+            name = f"{w.kind}-{w.engine}" + (f"-tp{w.tp}-ep{w.ep}-{w.dtype}" if w.kind == "moe" else "")
+            if w.kind in ("moe", "gemm"):
+                cmds.append(self.moe_tune(w.engine, p.moe_ms, state, p.trials, f"logs/window-{name}.txt",
+                                          f"the {self.model()} {w.label} tables ({w.status or 'TP8'})", kind=w.kind,
+                                          window=True, **({"tp": w.tp, "ep": w.ep, "dtype": w.dtype}
+                                                          if w.kind == "moe" else {})))
+            elif w.kind == "mla":
+                cmds.append(Command(f"the {self.model()} MLA decode table", self.tuner(
+                    "mla", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp),
+                    *(["--trials", str(p.trials), "--patience", str(p.patience or p.trials)] if p.trials else []),
+                    *self.measuring_args(), "--out", str(state), "--quiet"), "logs/window-mla.txt", window=True))
         return cmds + self.step_landscapes()
 
     def step_landscapes(self) -> list[Command]:

@@ -35,14 +35,32 @@ def read_manifest(run: Path) -> dict:
 WIDTH = 120        # terminal tables stay within this many columns
 
 
-def _files(entry: dict) -> tuple[str, str]:
+def _files(entry: dict, manifest: dict | None = None) -> tuple[str, str]:
     """(engines, files) a manifest table was written to: 'vllm', 'vllm: E=...json' (one
-    line per engine; our kernel times one table for both engines' files)."""
+    line per engine; our kernel times one table for both engines' files); a tied table not
+    written (the same as the one it is tied to) by the file it would be, and why it is not."""
     files = entry.get("files") or {}
     if not files:
         source = (entry.get("kernel_source") or {}).get("source", "ours")
+        unwritten = _unwritten(entry, manifest)
+        if unwritten is not None:
+            would, why = unwritten
+            return ", ".join(would), "\n".join([*(f"{engine}: {Path(f).name} (not written)" for engine, f in
+                                                 would.items()), f"  not written: {why}"])
         return source, f"{source}: (no file)"
     return ", ".join(files), "\n".join(f"{engine}: {Path(str(f)).name}" for engine, f in files.items())
+
+
+def _unwritten(entry: dict, manifest: dict | None) -> tuple[dict[str, str], str] | None:
+    from tuner.emit.run_table import unwritten_table
+    from tuner.plan.gpus import get_gpu
+    if manifest is None or not entry.get("not_written"):
+        return None
+    try:
+        cuda_name = get_gpu(str(manifest.get("gpu"))).cuda_name
+    except TunerError:
+        return None
+    return unwritten_table(manifest, entry, cuda_name)
 
 
 def manifest_frame(run: Path) -> pd.DataFrame:
@@ -51,7 +69,7 @@ def manifest_frame(run: Path) -> pd.DataFrame:
     manifest = read_manifest(run)
     rows = []
     for t in manifest.get("tables", []):
-        engine, file = _files(t)
+        engine, file = _files(t, manifest)
         for m, e in (t.get("entries") or {}).items():
             cfg = e.get("config")
             rows.append({
@@ -75,12 +93,25 @@ def manifest_frame(run: Path) -> pd.DataFrame:
     return df
 
 
-def _fit(text: str, width: int = WIDTH) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+def _columns() -> int | None:
+    """The terminal's columns (at most WIDTH), None when piped: whole lines then, as every
+    command prints them (tuner/textwidth.py)."""
+    from tuner.textwidth import output_width
+    columns = output_width()
+    return min(WIDTH, columns) if columns else None
 
 
-def _wrapped(prefix: str, text: str, width: int = WIDTH) -> list[str]:
-    """`prefix text` over as many lines as it takes, broken at commas, each within width."""
+def _fit(text: str, width: int | None = None) -> str:
+    width = width or _columns()
+    return text if width is None or len(text) <= width else text[: width - 3] + "..."
+
+
+def _wrapped(prefix: str, text: str, width: int | None = None) -> list[str]:
+    """`prefix text` over as many lines as it takes, broken at commas, each within width (one
+    line when piped)."""
+    width = width or _columns()
+    if width is None:
+        return [prefix + text]
     lines, line = [], prefix
     for part in text.split(","):
         piece = part if line == prefix else "," + part

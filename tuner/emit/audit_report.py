@@ -1,4 +1,5 @@
-"""`tuner audit`'s output: a terminal summary (within 120 columns), JSON and Markdown."""
+"""`tuner audit`'s output: a terminal summary (within 120 columns or the terminal's width; whole
+lines when piped, as every command's: tuner/textwidth.py), JSON and Markdown."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ EXAMPLES = 5          # findings shown per kind in the terminal (every one is in
 
 
 def wrap(line: str, indent: str = "") -> list[str]:
-    return textwrap.wrap(line, WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False,
+    """A line as printed: wrapped to the terminal's width (at most WIDTH), whole when piped (the
+    rule of every command: tuner/textwidth.py)."""
+    from tuner.textwidth import output_width
+    columns = output_width()
+    if columns is None:
+        return [line]
+    return textwrap.wrap(line, min(WIDTH, columns), subsequent_indent=indent + "    ", break_on_hyphens=False,
                          break_long_words=True) or [""]
 
 

@@ -56,6 +56,14 @@ def engine_wheel(engine: str, version: str | None) -> Path | None:
     return None
 
 
+def _where(files, rel: str) -> str:
+    """A table read as printed: its path, or in a wheel its name (and Triton folder) and the wheel's."""
+    if getattr(files, "kind", "") != "wheel":
+        return files.display(rel)
+    tail = "/".join(p for p in rel.split("/")[-2:] if p.startswith("triton_") or p.endswith(".json"))
+    return f"{tail} in {files.wheel.name}"
+
+
 def _version(folder: str) -> tuple[int, ...] | None:
     parts = folder.removeprefix("triton_").split("_")
     return tuple(int(x) for x in parts) if folder.startswith("triton_") and all(x.isdigit() for x in parts) else None
@@ -97,7 +105,7 @@ def reads_today(site: Path, engine: str, kind: str, moe_config_dir: Path | None,
     if not family.per_triton:
         rel = f"{family.folder}/{name}"
         if package.exists(rel):
-            return Reads(package.display(rel), package.read(rel), hidden=in_folder)
+            return Reads(_where(package, rel), package.read(rel), hidden=in_folder)
         return None
     # SGLang: <configs>/triton_X_Y_Z/<name>, else the newest other triton_* folder
     exact = dest.parent.name
@@ -108,10 +116,10 @@ def reads_today(site: Path, engine: str, kind: str, moe_config_dir: Path | None,
     for files, configs in places:
         rel = f"{configs}/{exact}/{name}"
         if files.exists(rel):
-            return Reads(files.display(rel), files.read(rel))
+            return Reads(_where(files, rel), files.read(rel))
     other = _newest_other(places, name, exact)
     if other:
-        return Reads(other[0].display(other[1]), other[0].read(other[1]))
+        return Reads(_where(other[0], other[1]), other[0].read(other[1]))
     if family.has_down and name.endswith("_down.json"):      # no `_down` table: the loader reads the up one for it
         return reads_today(site, engine, kind, moe_config_dir, dest.with_name(name[:-len("_down.json")] + ".json"),
                            package, version)

@@ -36,6 +36,7 @@ from tuner.emit.backups import (  # noqa: F401 (RECORD, read_record: the names u
 )
 from tuner.emit.engine_tables import installed_version
 from tuner.emit.results import read_manifest
+from tuner.emit.table_origin import k_refusals
 from tuner.errors import TunerError, os_error_words
 from tuner.measure.environment import now_iso
 from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
@@ -69,6 +70,8 @@ class Copy:
     timed_on: dict | None = None
     not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
     partial: dict | None = None   # a table tuned at fewer batch sizes than planned (tuner/emit/partial.py)
+    problem: dict | None = None   # what it was tuned for (the K its name lacks): recorded, for the audit
+    model: str | None = None      # the model it was tuned for
 
     def content(self) -> str:
         from tuner.reading import read_text
@@ -163,10 +166,13 @@ def _engine_has(kind: str, engine: str) -> bool:
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None,
                  merge: bool = False, engine_version: str | None = None,
-                 package_present: bool = True, min_gain: float = 0.02) -> tuple[list[Copy], list[str]]:
+                 package_present: bool = True, min_gain: float = 0.02, model=None) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
     among others when a table would replace one that covers batch sizes it lacks (unless
-    `merge`: the old entries for those are kept, or `force`). Without the engine's package
+    `merge`: the old entries for those are kept, or `force`), and when a table was tuned for
+    another K than `model`'s layers (the model the engine serves), or would replace a table
+    tuner installed for another K (unless `force`: the file name has no K, so the other
+    model would read it: tuner/emit/table_origin.py). Without the engine's package
     (`package_present` False: a config folder for `engine_version`), the tables no config-folder
     variable covers are left out, with a note."""
     manifest = read_manifest(results)
@@ -224,23 +230,22 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                             f"{engine} {target_engine}")
         elif timed_by.get("source") == "ours" and not is_synthetic(env):     # (a SYNTHETIC table timed nothing)
             timed_on_ours.append(rel)
+        root = roots[kind]
+        dest = _destination(eng, kind, tail, root, moe_config_dir)
+        problems += k_refusals(t, kind, dest, engine, model, BACKUP_ROOT)
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
             forced.setdefault("; ".join(problems), []).append(rel)
-        root = roots[kind]
-        if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
-            tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
-        if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
-            tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
-        dest = root / tail
         if not inside(dest, root):
             raise TunerError(f"{where}: {rel!r} would be written outside {root}; refusing it")
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
         copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu,
-                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
+                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t),
+                    problem=t.get("problem") if isinstance(t.get("problem"), dict) else None,
+                    model=str(manifest.get("model") or "") or None)
         copy.partial = partial.of_entry(t)
         old = reads_today(site, engine, kind, moe_config_dir, dest, package, target_engine)
         notes += _coverage(copy, engine, rel, force, merge, old, min_gain, copy.partial)
@@ -266,6 +271,15 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
             said.add((kind, note))
             notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {note}")
     return copies, notes
+
+
+def _destination(eng, kind: str, tail: str, root: Path, moe_config_dir: Path | None) -> Path:
+    """Where a results folder's table (its path under <engine>/<kind>/) goes under `root`."""
+    if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
+        tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
+    if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
+        tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
+    return root / tail
 
 
 def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_reads,
@@ -399,6 +413,10 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 entry["merged"] = c.merged
             if c.partial:
                 entry["partial"] = c.partial
+            if c.problem:                    # the K its name lacks: the audit compares it (table_origin.py)
+                entry["problem"] = c.problem
+                if c.model:
+                    entry["model"] = c.model
             if c.times is not None:          # what a later --merge compares against (merge_rule.py)
                 entry["times"] = {str(m): t for m, t in c.times.items()
                                   if not c.merged or m not in c.merged.get("kept", []) or str(m) in

@@ -129,7 +129,24 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
         where.append(f"     (the noise as recorded in {noise.source})")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
-    return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9))
+    return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9)) + _pair_lines(results, labels)
+
+
+def _pair_lines(results: dict, labels: dict[str, str]) -> list[str]:
+    """Why a tied table's row kept with its partner as the incumbent pair shows a speedup other
+    than 1.00x: its default_us is its own study's default (which follows the partner's tuned
+    config), not the config of the pair kept."""
+    by_label: dict[str, list[int]] = {}
+    for pkey, rs in results.items():
+        for r in rs:
+            c = r.choice or {}
+            if c.get("tied_with") and c.get("kept", "tuned") != "tuned" and r.config != r.default_config \
+                    and r.time_us and r.default_time_us:
+                by_label.setdefault(labels[pkey], []).append(r.M)
+    # one line each: a terminal fits it (tuner/textwidth.py), a pipe keeps it whole
+    return [f"{label} at M={','.join(map(str, sorted(ms)))}: the row is the incumbent pair's, kept with the table it "
+            "is tied to; its default_us times this table's own default, which follows that table's tuned config, "
+            "not the pair kept: hence a speedup other than 1.00x" for label, ms in by_label.items()]
 
 
 def distinct_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -193,23 +210,38 @@ def unwritten_files(opts) -> dict[str, tuple[dict[str, str], str]]:
     that read the one it is tied to read that one for it)."""
     from tuner.emit.results import read_manifest
     from tuner.errors import TunerError
-    from tuner.plan.engines import ENGINES
     from tuner.plan.problems import Problem
     try:
         manifest = read_manifest(opts.out_dir)
     except TunerError:
         return {}
-    tables = [t for t in manifest.get("tables", []) if t.get("kernel") == opts.kernel.name]
-    files = {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in tables}
     out = {}
-    for t in tables:
-        partner = files.get(t.get("tied_to") or "")
-        if not isinstance(t.get("not_written"), str) or not partner:
-            continue
-        problem = Problem(t["kernel"], t["problem"])
-        triton = str((t.get("environment") or {}).get("triton") or "")
-        out[problem.key] = ({e: ENGINES[e].table_relpath(opts.kernel.table_kind, problem.params, opts.gpu.cuda_name,
-                                                          triton) for e in partner if e in ENGINES},
-                            f"the same configs as {short_file(partner)} at every M: the engine reads that table "
-                            "for it")
+    for t in manifest.get("tables", []):
+        if t.get("kernel") == opts.kernel.name and (found := unwritten_table(manifest, t, opts.gpu.cuda_name)):
+            out[Problem(t["kernel"], t["problem"]).key] = found
     return out
+
+
+def unwritten_table(manifest: dict, entry: dict, cuda_name: str) -> tuple[dict[str, str], str] | None:
+    """({engine: the file it would be}, why it is not) of a manifest's table entry that was not
+    written for being the same as the table it is tied to (None for any other)."""
+    from tuner.plan.engines import ENGINES
+    from tuner.plan.problems import Problem
+    if not isinstance(entry.get("not_written"), str):
+        return None
+    partner = next((dict(t.get("files") or {}) for t in manifest.get("tables", [])
+                    if t.get("kernel") == entry.get("kernel") and isinstance(t.get("problem"), dict)
+                    and Problem(t["kernel"], t["problem"]).key == entry.get("tied_to")), None)
+    if not partner:
+        return None
+    triton = str((entry.get("environment") or {}).get("triton") or "")
+    files = {}
+    for engine, rel in partner.items():
+        kind = str(rel).split("/")[1] if str(rel).count("/") >= 2 else ""
+        if engine in ENGINES and kind:
+            try:
+                files[engine] = ENGINES[engine].table_relpath(kind, entry["problem"], cuda_name, triton)
+            except (KeyError, TypeError, ValueError):
+                continue                 # a hand-edited entry: no name for it
+    return (files, f"the same configs as {short_file(partner)} at every M: the engine reads that table for it") \
+        if files else None

@@ -72,19 +72,25 @@ def short(contender: str | None) -> str:
 
 
 def verdict_lines(rows: list[dict], table_kind: str, served: dict[int, float] | None = None,
-                  width: int = 120) -> list[str]:
+                  width: int | None = None) -> list[str]:
     """Per problem, the fastest contender at each M; then per engine and problem the flag to run:
-    the best Triton config against the best other contender, weighted over M. Lines fit `width`."""
+    the best Triton config against the best other contender, weighted over M. Lines fit `width`
+    (default: the terminal's, at most 120; whole when piped, as every command's)."""
     from tuner.emit.run_table import distinguishing
+    from tuner.textwidth import output_width
+    columns = output_width()
+    width = width or (min(120, columns) if columns else 1 << 30)
     verdicts = per_m(rows)
     lines: list[str] = []
     weighting = "by the traffic profile" if served else "each benched M alike"
     names, common = distinguishing(list(dict.fromkeys(v["problem"] for v in verdicts)))
     if common:
         lines += textwrap.wrap(f"verdict ({common}):", width)
-    for (src, problem) in dict.fromkeys((v["kernel_source"], v["problem"]) for v in verdicts):
-        mine = sorted((v for v in verdicts if (v["kernel_source"], v["problem"]) == (src, problem)),
-                      key=lambda v: v["M"])
+    groups: dict[tuple[str, str], list[dict]] = {}        # grouped once: a scan per group was quadratic
+    for v in verdicts:
+        groups.setdefault((v["kernel_source"], v["problem"]), []).append(v)
+    for (src, problem), group in groups.items():
+        mine = sorted(group, key=lambda v: v["M"])
         if not any(v["time_us"] for v in mine):      # every contender failed: nothing to judge by
             lines += textwrap.wrap(f"{src} {names[problem]}: nothing timed (every contender failed): no verdict",
                                    width, subsequent_indent="    ")

@@ -61,6 +61,7 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     if window is not None:
         window.stored_close_s = stored_close_seconds(states)
         window.ready()
+    _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
     try:
         for problem, M in order:
             if window is not None and window.closed:
@@ -78,6 +79,17 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
             sync_storage(storage)       # what the window measured is on the disk
 
 
+def _upcoming(runner: StudyRunner, opts: RunPlan, installed: dict, order: list[tuple[Problem, int]]) -> None:
+    """What the run's studies will surely time, in their order, for the compile workers to build
+    ahead (tuner/search/ahead.py): each one's seeds known before it starts (its defaults, the
+    cost model's first, the row the engine reads today)."""
+    if runner.ahead is None:
+        return
+    runner.ahead.upcoming = [(p, M, c) for p, M in order for c in runner.sure_configs(
+        p, M, [("default", c) for c in opts.kernel.extra_seeds(p.params, M)]
+        + [("installed", row[1]) for row in incumbents(opts, installed, p, M)])]
+
+
 def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,
            installed: dict, problem: Problem, M: int, done: list[int],
            after_study: Callable[[], object] | None) -> bool:
@@ -91,8 +103,12 @@ def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: Stud
         closed = _run_study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study)
         return closed
     finally:
-        _spent(storage, opts, problem, M, now() - began,
-               now() - runner.searched_at if closed and runner.searched_at is not None else None, runner.window)
+        try:
+            _spent(storage, opts, problem, M, now() - began,
+                   now() - runner.searched_at if closed and runner.searched_at is not None else None, runner.window)
+        except Exception:  # noqa: BLE001 - a time not kept (a full disk, say) must not hide the study's own error
+            if closed:
+                raise
 
 
 def _spent(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int, seconds: float,

@@ -87,8 +87,8 @@ def window_order_lines(plans: list, minutes: float) -> list[str]:
     """A dry run's --minutes: the order a window takes the studies in (what its storage holds read,
     nothing written), and what is left by the measured cost per trial where known."""
     from tuner.pipeline.stored_plans import open_run_storage, storage_exists
-    from tuner.pipeline.windows import left_lines, study_order, study_states, wrap
-    lines = [f"a window of {minutes:g} min takes the studies by value per GPU second (docs/tuning.md):"]
+    from tuner.pipeline.windows import left_lines, study_order, study_states, window_length, wrap
+    lines = [f"a window of {window_length(minutes)} takes the studies by value per GPU second (docs/tuning.md):"]
     for opts in plans:
         states = study_states(opts, open_run_storage(opts) if storage_exists(opts) else None)
         order = [f"{p.key} M={m}" for p, m in study_order(opts, states) if not states[(p.key, m)].finished]
@@ -102,10 +102,10 @@ def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]
     """What a --minutes window leaves: per kernel, the studies finished and left, and the command
     that continues (the same command again, with the same --out or --storage)."""
     from tuner.pipeline.stored_plans import open_run_storage, storage_exists
-    from tuner.pipeline.windows import continue_command, left_lines, study_states, wrap
+    from tuner.pipeline.windows import continue_command, left_lines, study_states, window_length, wrap
     spent = window.clock() - window.started
     startup = f" (its start-up {window.ready_s:.0f} s)" if window.ready_s is not None else ""
-    lines = [f"window of {window.minutes:g} min: {spent:.0f} s used{startup}"
+    lines = [f"window of {window_length(window.minutes)}: {spent:.0f} s used{startup}"
              + ("; it closed before the work was done" if window.closed else "")]
     left = 0
     for opts in plans:

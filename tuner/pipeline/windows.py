@@ -49,6 +49,7 @@ class StudyState:
     timed: int = 0           # the measured trials whose time is stored (a storage from before: none)
     spent: float = 0.0       # the study's time all in, every window (SPENT_ATTR)
     close: float | None = None   # its close's time (CLOSE_ATTR), once closed
+    last: float = 0.0        # when its last trial was told (the wall clock's timestamp: orders studies only)
 
 
 def study_states(opts: RunPlan, storage: BaseStorage | None) -> dict[tuple[str, int], StudyState]:
@@ -79,7 +80,9 @@ def study_states(opts: RunPlan, storage: BaseStorage | None) -> dict[tuple[str, 
             out[(p.key, M)] = StudyState(p, M, budget, len(configs), sum(shares), done,
                                          done and not (result or {}).get("config"), len(shares),
                                          plausible(attrs.get(SPENT_ATTR), DAY) or 0.0,
-                                         plausible(attrs.get(CLOSE_ATTR), DAY))
+                                         plausible(attrs.get(CLOSE_ATTR), DAY),
+                                         max((t.datetime_complete.timestamp() for t in trials
+                                              if t.datetime_complete is not None), default=0.0))
     for (key, M), s in out.items():      # a tied table's study is never run where its partner found nothing
         partner = out.get((s.problem.tied_to, M)) if s.problem.tied_to else None
         if partner is not None and partner.empty:
@@ -154,8 +157,18 @@ def trial_share(trial) -> float | None:
     return None if took is None else took / n
 
 
+RECENT_STUDIES = 6      # what is left is priced by the latest studies finished: the next are most like them
+
+
+def recent(states) -> list:
+    """The studies to price what is left by: the RECENT_STUDIES finished last (studies later in a run's order
+    are larger, and a study's tables cost more as more are written), else every study begun."""
+    done = sorted((s for s in states if s.finished and s.measured), key=lambda s: s.last)
+    return done[-RECENT_STUDIES:] or [s for s in states if s.measured]
+
+
 def per_trial_seconds(states) -> float | None:
-    """The seconds a measured trial took so far, all in (every window, this run's kernel), None before any."""
+    """The seconds a measured trial took, all in (its share of its batch's round), None before any."""
     n = sum(s.timed for s in states)
     return sum(s.seconds for s in states) / n if n else None
 
@@ -172,10 +185,10 @@ def stored_close_seconds(states: dict) -> float:
 
 
 def trials_left(states) -> tuple[int, int]:
-    """(at most, as many as the studies finished so far measured on average) trials left."""
+    """(at most, as many as the latest studies finished measured on average) trials left."""
     todo = [s for s in states if not s.finished]
     most = sum(max(0, s.budget - s.measured) for s in todo)
-    done = [s for s in states if s.finished and s.measured]
+    done = [s for s in recent(states) if s.finished]
     if not done:
         return most, most
     mean = sum(s.measured for s in done) / len(done)
@@ -183,18 +196,20 @@ def trials_left(states) -> tuple[int, int]:
 
 
 def left_estimate(states) -> str:
-    """', about T as measured (X s a trial, Y s a study besides)', or '' before anything is measured."""
+    """', about T as measured (X s a trial, Y s a study besides)', or '' before anything is measured: the rates
+    of the latest studies finished (`recent`)."""
     st = list(states)
-    each = per_trial_seconds(st)
+    latest = recent(st)
+    each = per_trial_seconds(latest)
     if each is None:
         return ""
     todo = [s for s in st if not s.finished]
-    _, expected = trials_left(st)
-    study = per_study_seconds(st)
+    most, expected = trials_left(st)
+    study = per_study_seconds(latest)
     total = expected * each + len(todo) * (study or 0.0)
     what = f"{each:.2f} s a trial" + (f", {study:.1f} s a study besides" if study is not None
                                       else "; a study's close not measured yet")
-    likely = f" (likely {expected} trials)" if expected != trials_left(st)[0] else ""
+    likely = f" (likely {expected} trials)" if expected != most else ""
     return f"{likely}, about {duration(total)} as measured ({what}, all in)"
 
 
@@ -225,6 +240,15 @@ def left_lines(opts: RunPlan, states: dict[tuple[str, int], StudyState], minutes
     return lines
 
 
+def window_length(minutes: float) -> str:
+    """A window's length as printed: as given where it is a plain number of minutes ('0.3 min'),
+    else in the unit that reads ('1.2 s', '17.5 min'): a night's share of its slot is a fraction
+    nobody typed (0.0196884 min)."""
+    if round(minutes, 2) == minutes:
+        return f"{minutes:g} min"
+    return f"{minutes * 60:.1f} s" if minutes < 1 else f"{minutes:.1f} min"
+
+
 def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
@@ -239,15 +263,9 @@ def continue_command(argv: list[str] | None, out: str | None = None) -> str:
     return "tuner " + " ".join(shlex.quote(a) for a in argv)
 
 
-def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
-    """A line of prose cut at spaces to fit `width` columns (a command to paste: textwidth.command_lines)."""
-    lead = text[:len(text) - len(text.lstrip(" "))]
-    words, lines, line = text.lstrip(" ").split(" "), [], lead
-    for word in words:
-        if line.strip() and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = indent + word
-        else:
-            line = f"{line} {word}" if line.strip() else line + word
-    lines.append(line)
-    return "\n".join(lines)
+def wrap(text: str, width: int | None = None) -> str:
+    """A line of prose as printed: fitted to the terminal's width (at most 120), whole when piped,
+    the one rule of every command (tuner/textwidth.py); a command to paste: textwidth.command_lines."""
+    from tuner.textwidth import fit_line, output_width
+    width = width or output_width()
+    return text if width is None else "\n".join(fit_line(text, min(width, WIDTH)))

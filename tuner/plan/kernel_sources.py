@@ -253,18 +253,16 @@ def _is_jit(node: ast.stmt) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def parse_source(text: str) -> ast.Module:
-    """An engine file's syntax tree, parsed once per process (a plan asks the same files for
-    several functions: the wrappers' hashes, the kernels' signatures and code version)."""
+    """An engine file's syntax tree, parsed once per process (asked for several functions)."""
     return ast.parse(text)
 
 
 def function_source(text: str, name: str) -> str:
-    """The exact source of a top-level function, or of a class's method named 'Class.method'
-    (decorators included)."""
+    """The exact source of a top-level function or method ('Class.method'), with decorators."""
     owner, _, method = name.rpartition(".")
     node = _top_level(parse_source(text)).get(owner or name)
-    if owner:
-        node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef) and n.name == method), None)
+    node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef) and n.name == method),
+                None) if owner else node
     if not isinstance(node, ast.FunctionDef):
         raise KeyError(name)
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -411,10 +409,11 @@ def mirrored_hashes(code: EngineCode, mirrored: dict[str, list[str]]) -> dict[st
     return out
 
 
-def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> Path:
-    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) out
-    of `source` (wheel or installed engine) into `out`, with a manifest: a small folder to
-    carry where there is no wheel.
+def extract(engine: str, source: str, out: Path, launcher_files: list[str], tables: dict[str, str] | None = None) -> Path:
+    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) and
+    `tables` ({path: text}: its config tables and loader files, read by the caller from the same
+    source, so that it serves `tuner audit` too) out of `source` (wheel or installed engine)
+    into `out`, with a manifest: a small folder to carry where there is no wheel.
 
     All or nothing: every file is read (and checked) first, then written into a temporary
     folder beside `out` that is renamed into place, so a source lacking a file, a full disk
@@ -451,10 +450,11 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     try:
         for rel, text in texts.items():
             atomic_write_text(tmp / rel, text, root=tmp)
-        atomic_write_json(tmp / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
-                                                   "extracted_from": code.where,
-                                                   "files": {rel: source_hash(t) for rel, t in texts.items()}},
-                          root=tmp)
+        for rel, text in (kept := {r: t for r, t in (tables or {}).items() if r not in texts}).items():
+            atomic_write_text(tmp / rel, text, root=tmp)
+        atomic_write_json(tmp / EXTRACT_MANIFEST, {"engine": engine, "version": code.version, "extracted_from": code.where,
+                                                   "files": {rel: source_hash(t) for rel, t in texts.items()},
+                                                   **({"tables": len(kept)} if kept else {})}, root=tmp)
         os.chmod(tmp, 0o777 & ~_umask())
         release_temporary_folder(tmp)
         if os.path.lexists(out):                       # an earlier extract (or an empty folder): replaced whole

@@ -35,7 +35,8 @@ from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
 from tuner.search import window as _window
-from tuner.search.choice import choose_row, pairs_for
+from tuner.search.ahead import CompileAhead
+from tuner.search.choice import choose_row
 from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
 from tuner.search.prior import PRIOR, prior_seeds
 from tuner.search.samplers import make_sampler
@@ -43,9 +44,9 @@ from tuner.search.settings import SearchSettings, StudyResult, default_settings,
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
 from tuner.search.stored_state import checked_result
-from tuner.search.study_match import ENCODING, check_identity, stored_choices  # noqa: F401 (ENCODING: its old home)
+from tuner.search.study_match import check_identity, stored_choices
 from tuner.search.warm_start import is_warm, seeds_by_source
-from tuner.search.window import BATCH_ATTR, CUT_ATTR, TOOK_ATTR, Window, WindowClosed, measuring_in
+from tuner.search.window import BATCH_ATTR, CLOSE_CUT_ATTR, CUT_ATTR, TOOK_ATTR, Window, WindowClosed, measuring_in
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
@@ -82,6 +83,7 @@ class StudyRunner:
         self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
         self.window = window                # --minutes: stop on time (tuner/search/window.py)
         self.searched_at: float | None = None   # when the last study's search ended and its close began
+        self.ahead = CompileAhead.of(kernel, gpu, measurer)    # compile workers: the likely next built ahead
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
@@ -103,20 +105,23 @@ class StudyRunner:
             return result
         self._fail_stale(study, target)
         self._queue_seeds(study, target)
+        if self.ahead is not None:
+            self.ahead.studied(problem, M, [row[1] for row in incumbents or []])
         try:
             stopped, measured = self._search(study, target)
             self.searched_at = _window.now()     # the close begins: its time is the pipeline's to keep (close_s)
             if self.window:       # the finalists timed again and checked: in this window, or the next
-                # what a close times: the finalists and the default, the row's race (pairs against each
-                # incumbent), the numerics checks
-                configs = 2 * self.settings.top_k + 1 + 2 * pairs_for(self.measurer) * (1 + len(incumbents or []))
-                self.window.before_close(study.get_trials(deepcopy=False), configs)
-            with measuring_in(self.window, closing=True):
-                result = self._finish(problem, M, measured, target.default, stopped)
-                # the row changes only for a real gain over what the engine runs today (an installed row, else
-                # the default)
-                result = choose_row(self.kernel, self.measurer, result,
-                                    [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+                self.window.before_close(study.get_trials(deepcopy=False), cut_s=study.user_attrs.get(CLOSE_CUT_ATTR))
+            try:
+                with measuring_in(self.window, closing=True):
+                    result = self._finish(problem, M, measured, target.default, stopped)
+                    # the row changes only for a real gain over what the engine runs today (an installed row, else
+                    # the default)
+                    result = choose_row(self.kernel, self.measurer, result,
+                                        [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+            except WindowClosed:      # the next window takes such a close as at least this long
+                study.set_user_attr(CLOSE_CUT_ATTR, round(_window.now() - (self.searched_at or _window.now()), 3))
+                raise
         finally:
             self._fail_stale(study, target)      # leave no dead worker's (or cut batch's) trial RUNNING behind
         result.failures = self._failures(study, result)
@@ -127,6 +132,12 @@ class StudyRunner:
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
         return result
+
+    def sure_configs(self, problem: Problem, M: int, seeds: list[tuple[str, Config]]) -> list[Config]:
+        """The configs a study of (problem, M) will time whatever it finds: its default and its
+        seeds (these, and the cost model's first), as it will time them (tuner/search/ahead.py)."""
+        target = self._target(problem, M, seeds, {})
+        return [target.default, *(c for _, c in target.seeds)]
 
     def searched_with(self, problem: Problem, M: int) -> dict:
         """The settings this runner searches a study with, as its result records them."""
@@ -250,6 +261,8 @@ class StudyRunner:
                            random.Random(f"{s.seed}:{name}:{len(trials)}"))
                 continue
             idle = 0
+            if self.ahead is not None:            # built while this batch is timed (tuner/search/ahead.py)
+                self.ahead.hand_out(self.measurer, target, measured, running, [c for _, c in batch], s.batch)
             results = self._measure(study, target, batch, began)
             times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
             self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
@@ -302,9 +315,8 @@ class StudyRunner:
 
     def _measure(self, study: optuna.Study, target: _Target, batch: list[tuple[optuna.Trial, Config]],
                  began: float) -> list[Measurement]:
-        """Measure a batch and tell its trials, each with the batch's time on the monotonic clock
-        from its round's start (TOOK_ATTR: windows and estimates read it; never the wall clock's
-        ask-to-tell, which a clock step stretches). A batch the window cuts keeps how long it ran."""
+        """Measure and tell a batch, each trial with its round's time on the monotonic clock (TOOK_ATTR; a cut
+        batch: how long it ran), never the wall clock's ask-to-tell, which a clock step stretches."""
         with measuring(self.storage, batch):
             try:
                 with measuring_in(self.window):

@@ -33,6 +33,7 @@ TOOK_ATTR = "took_s"        # a measured trial: the monotonic seconds of its bat
 BATCH_ATTR = "batch"        # ...and how many configs that batch measured
 CUT_ATTR = "cut_s"          # a trial of a batch the window's alarm cut: how long the batch had run
 CLOSE_ATTR = "close_s"      # a study (user attribute): the seconds its close took (finalists, choice, tables)
+CLOSE_CUT_ATTR = "close_cut_s"   # a study (user attribute): how long a close the window's alarm cut had run
 SPENT_ATTR = "spent_s"      # a study (user attribute): the seconds spent on it, every window, all in
 STARTING = "the measuring worker's start"
 RECENT = 8                  # the stored batches a study's next batch is judged by (the latest, not the first cold ones)
@@ -50,6 +51,13 @@ def plausible(seconds: object, most: float) -> float | None:
     return min(max(float(seconds), 0.0), most)
 
 
+def suggested_minutes(needs_s: float) -> float:
+    """A window's length to suggest for one that needs `needs_s` (start-up and next step), in tenths of a
+    minute, with room: 1.25x and 10 s, as a loaded machine's start-up and batches vary from one window to
+    the next."""
+    return math.ceil((needs_s * 1.25 + 10) / 6) / 10
+
+
 class WindowClosed(Exception):
     """The window's time is up: stop measuring, keep what is stored."""
 
@@ -63,7 +71,6 @@ class Window:
         self.deadline = self.started + self.minutes * 60.0
         self.closed = False              # set once a study stopped for want of time
         self.longest_s = 0.0             # the longest batch measured in this window
-        self.per_config_s = 0.0          # the longest time per config of a batch (this window's, or stored)
         self.finish_s = 0.0              # the longest close of a study in this window
         self.stored_close_s = 0.0        # the longest close an earlier window stored (tuner/pipeline/studies.py)
         self.measure_timeout = float(measure_timeout)
@@ -118,19 +125,21 @@ class Window:
                     cut.append(s)
         recent = sorted(took)[-RECENT:]
         longest = max([self.longest_s, *(s for _, s, _ in recent)])
-        self.per_config_s = max([self.per_config_s, *(s / n for _, s, n in recent)])
         self._from_cut = max(cut, default=0.0) > longest       # a lower bound: such a batch ran longer
         return max([longest, *cut])
 
-    def close_seconds(self, trials: Iterable, configs: int = 8) -> float:
+    def close_seconds(self, trials: Iterable, configs: int = 8, cut_s: object = None) -> float:
         """What a study's close is expected to take: the longest close of this window or stored by
-        an earlier one, else the `configs` it times (finalists, default, the row's race, numerics
-        checks) at the longest time per config of its batches, and at least two batches."""
+        an earlier one, else two batches (its `configs` are timed again, compiling nothing: a batch's
+        time per config, compiles included, would price it several times over, and a window shorter
+        than an estimate never measures a close to learn better), and never less than an earlier
+        window's cut close of this study ran (`cut_s`): an estimate too short costs one cut close."""
         known = max(self.finish_s, min(self.stored_close_s, self.most_s(configs)))
-        if known > 0:
-            return known
-        batch = self.batch_seconds(trials)
-        return max(2 * batch, configs * self.per_config_s)
+        if known <= 0:
+            known = 2 * self.batch_seconds(trials)
+        cut = plausible(cut_s, self.most_s(configs)) or 0.0
+        self._from_cut = cut > known
+        return max(known, cut)
 
     def before_batch(self, trials, configs: int = 1) -> None:
         seconds = self.batch_seconds(trials, configs)
@@ -141,16 +150,18 @@ class Window:
         if not self.fits(seconds, said):
             raise WindowClosed()
 
-    def before_close(self, trials, configs: int = 8) -> None:
+    def before_close(self, trials, configs: int = 8, cut_s: object = None) -> None:
         """A study's close (its finalists timed again, checked, its tables written)."""
-        seconds = self.close_seconds(trials, configs)
-        if not self.fits(seconds, f"a study's close (finalists timed again, checked) takes about {seconds:.0f} s"):
+        seconds = self.close_seconds(trials, configs, cut_s)
+        what = "a study's close (finalists timed again, checked)"
+        said = (f"{what} ran more than {seconds:.0f} s before a window cut it" if self._from_cut
+                else f"{what} takes about {seconds:.0f} s")
+        if not self.fits(seconds, said):
             raise WindowClosed()
 
     def batch_done(self, seconds: float, configs: int) -> None:
         """A batch measured, taking `seconds` from its round's start."""
         self.longest_s = max(self.longest_s, seconds)
-        self.per_config_s = max(self.per_config_s, seconds / max(1, configs))
         self.measured += configs
 
     def close_done(self, seconds: float) -> None:
@@ -176,10 +187,9 @@ class Window:
 
     def needs_seconds(self) -> float:
         """How long a window of this run needs to be to make progress, as this one measured it: its
-        start-up and the next step, with room (1.25x and 10 s: a loaded machine's start-up and
-        batches vary from one window to the next)."""
+        start-up and the next step."""
         startup, step, _ = self._next_step()
-        return (startup + step) * 1.25 + 10
+        return startup + step
 
     def stalled(self) -> str | None:
         """Where this window measured nothing and closed no study for want of time: why, and how
@@ -187,7 +197,7 @@ class Window:
         if self.progressed or not self.closed:
             return None
         startup, _, known = self._next_step()
-        minutes = math.ceil(self.needs_seconds() / 6) / 10
+        minutes = suggested_minutes(self.needs_seconds())
         return (f"the window of {self.minutes:g} min ({self.minutes * 60:.0f} s) is too short to make progress: its "
                 f"start-up took {startup:.0f} s and {known}; give --minutes {minutes:g} or more")
 
