@@ -12,8 +12,8 @@ import yaml
 
 from tuner import api
 from tuner.cli import build_parser, main
-from tuner.commands.nightly import job_request
 from tuner.errors import TunerError
+from tuner.jobs.nightly import job_request
 
 TUNER = Path(__file__).resolve().parents[1] / "tuner"
 

@@ -339,9 +339,9 @@ def test_a_night_asked_to_orders_its_jobs_by_expected_value(tmp_path):
     """`order: value`: the MoE job whose tables run the default config (DeepSeek-V3 TP16 on the
     H200: vLLM has none) before the one whose tables are shipped or fall back (TP8), the GEMM
     job last, and the night says so; without it, the file's order (what `tuner nightly` runs:
-    tuner/commands/nightly.py takes its jobs from ordered_jobs)."""
-    from tuner.commands.nightly import load_config
-    from tuner.commands.nightly_order import ordered_jobs
+    tuner/jobs/nightly.py takes its jobs from ordered_jobs)."""
+    from tuner.jobs.nightly import load_config
+    from tuner.jobs.nightly_order import ordered_jobs
     said = []
     ranked = ordered_jobs(load_config(night_config(tmp_path, "value")), said.append)
     assert [j["name"] for j in ranked] == ["moe-tp16", "moe-tp8", "gemm-tp8"]

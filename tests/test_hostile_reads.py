@@ -182,7 +182,7 @@ OWN_FILES = {
     "tuner/measure/process_tree.py": "/proc/<pid>/stat",
     "tuner/plan/kernel_sources.py": "RELEASE_FILES, shipped beside the kernels package",
     "tuner/search/owners.py": "/proc/sys/kernel/random/boot_id, /proc/<pid>/stat and /proc/stat",
-    "tuner/commands/proof_wheels.py": "scripts/gpu_wheels.txt, read on the GPU machine before anything is installed "
+    "tuner/jobs/proof_wheels.py": "scripts/gpu_wheels.txt, read on the GPU machine before anything is installed "
                                       "(the standard library only: tuner/reading.py needs PyYAML)",
 }
 # Files streamed a block or a line at a time (never held whole), each a file of the tool's own:
@@ -190,7 +190,7 @@ OWN_FILES = {
 # landscape's .partial gzipped into place.
 STREAMED = {("tuner/search/storage.py", 'open(self.path, "rb") as f'),
             ("tuner/measure/landscape.py", 'open(self.partial, "rb") as src, gzip.open'),
-            ("tuner/commands/proof.py", 'open(partial, "rb") as src, gzip.open')}
+            ("tuner/jobs/proof.py", 'open(partial, "rb") as src, gzip.open')}
 READ = re.compile(r"\.read_text\(|\.read_bytes\(|json\.load\(|yaml\.(safe_)?load\(|\.readlines\(|_zip\.read\(|"
                   r"ZipFile\([^)]*\)\.read\(|[^.]\bopen\([^)]*['\"]r|"
                   r"ZipFile\((?![^)]*['\"][wax]['\"])|tarfile\.open\((?![^)]*['\"][wx])")

@@ -309,3 +309,24 @@ def test_audit_says_a_weight_only_table_is_not_read_by_default_and_vllm_int8_rea
     capsys.readouterr()
     (kernel,) = json.loads((tmp_path / "b" / "audit.json").read_text())["kernels"]
     assert kernel["lookup"] == "E=128,N=768,device_name=NVIDIA_H200.json" and kernel["read_by_default"]
+
+
+# -- the GPU run's validation list ----------------------------------------------------------------------
+@needs_wheels
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_validation_list_runs_each_precision_case_on_the_launcher_that_runs_it(engine):
+    """The validation list groups its cases by kernel: a precision case goes to the engine's
+    integer launcher (kernels/engines/<engine>_quant.py), the FP8 cases to its main one (one group
+    per launcher: an INT8 case on the FP8 launch fed int8 weights to a bf16 dot)."""
+    from tuner.jobs.proof_validation import groups
+    model = load_model(str(REPO / "configs" / "examples" / "small-moe.json"))
+    found = {}
+    for _, kernel, work in groups([engine], model, 1, None, None, None, [str(wheel_dir())], log=lambda _: None):
+        for problem, M, cfg, _ in work:
+            if problem.kernel == "fused_moe":
+                dtype = problem.params["dtype"]
+                found.setdefault(dtype, set()).add(kernel.variant)
+                assert not kernel.refuses(problem.params), (dtype, kernel.variant)
+                assert set(cfg) <= set(kernel.config_keys)
+    assert found.pop("fp8_w8a8") == {""}
+    assert found and all(v == {"quant"} for v in found.values()), found

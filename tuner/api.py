@@ -2,7 +2,7 @@
 
 `tune(TuneRequest(...))` runs what `tuner gemm|moe|mla` runs (the request is checked as it is
 made, tuner/pipeline/request.py; the run is the pipeline's, tuner/pipeline/), and
-`install_results` what `tuner install` does. `tuner nightly` (tuner/commands/nightly.py) calls
+`install_results` what `tuner install` does. `tuner nightly` (tuner/jobs/nightly.py) calls
 both with a job's options.
 """
 

@@ -186,12 +186,13 @@ def groups(sources: list[str], model, tp: int, only: list[str] | None, batch_siz
         by_kernel: dict = {}
         for problem, engine, ms in cases(source, model, tp, only, batch_sizes):
             kernel = kernel_for(problem.kernel, engine, source, engine_source, params=problem.params)
-            by_kernel.setdefault(kernel.name, (kernel, []))[1].extend(
+            # a launcher's variant (the integer MoE precisions) is a kernel of its own: a group of its own
+            by_kernel.setdefault((kernel.name, kernel.variant), (kernel, []))[1].extend(
                 (problem, M, kernel.default_config(problem.params, M), "default") for M in ms)
         for engine, problem, M, cfg, label in shipped:
             if engine == source:
                 kernel = kernel_for("fused_moe", engine, source, engine_source)
-                by_kernel.setdefault(kernel.name, (kernel, []))[1].append((problem, M, cfg, label))
+                by_kernel.setdefault((kernel.name, kernel.variant), (kernel, []))[1].append((problem, M, cfg, label))
         out += [(source, kernel, work) for kernel, work in by_kernel.values()]
     out.sort(key=lambda g: (g[0] == "ours", g[1].name != "fused_moe"))
     return out

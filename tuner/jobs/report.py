@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.commands.options import fraction
-from tuner.commands.report_traffic import geomean, label, number
 from tuner.emit.run_table import run_source
 from tuner.errors import TunerError
 from tuner.file_kinds import DIFF_MD, PLOT, PLOT_METADATA, REPORT_MD
+from tuner.jobs.report_traffic import geomean, label, number
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
 from tuner.paths import Kind, atomic_write_file, atomic_write_text, check_output, check_writable, replaceable
@@ -377,9 +377,9 @@ def add_report_parser(sub, common) -> None:
 
 def bench_verdict(path: Path) -> list[str]:
     """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run
-    (tuner/emit/verdict.py), from the file checked on read (tuner/commands/bench_file.py)."""
-    from tuner.commands.bench_file import read_bench
+    (tuner/emit/verdict.py), from the file checked on read (tuner/jobs/bench_file.py)."""
     from tuner.emit.verdict import verdict_lines
+    from tuner.jobs.bench_file import read_bench
     bench = read_bench(path)
     if not any(r["time_us"] is not None for r in bench.rows):
         raise TunerError(f"bench file {path}: none of its {len(bench.rows)} rows has a time (every contender failed "
@@ -388,12 +388,12 @@ def bench_verdict(path: Path) -> list[str]:
 
 
 def run_report(args) -> int:
-    from tuner.commands.report import table_sections, write_report
+    from tuner.jobs.report import table_sections, write_report
     if Path(args.run).is_file():
         for line in bench_verdict(Path(args.run)):
             print(line)
         return 0
-    from tuner.commands.report_traffic import run_model, run_traffic, traffic_report_lines
+    from tuner.jobs.report_traffic import run_model, run_traffic, traffic_report_lines
     run = Path(args.run)
     read_manifest(run)                      # not a results folder: one line, before the profile's
     profile = run_traffic([run], args.traffic)
@@ -404,7 +404,7 @@ def run_report(args) -> int:
     for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                                     "failures"]):
         print(line)
-    from tuner.commands.report import geomean
+    from tuner.jobs.report import geomean
     g = geomean(df["speedup"])
     if g:
         from tuner.measure.noise import for_environment, speedup
@@ -436,9 +436,9 @@ def add_diff_parser(sub, common) -> None:
 
 
 def run_diff(args) -> int:
-    from tuner.commands.report import write_diff
+    from tuner.jobs.report import write_diff
     out = Path(args.out) if args.out else Path(args.new) / "diff"
-    from tuner.commands.report_traffic import run_model, run_traffic, traffic_diff_lines
+    from tuner.jobs.report_traffic import run_model, run_traffic, traffic_diff_lines
     runs = [Path(args.new), Path(args.old)]
     for run in runs:
         read_manifest(run)                  # not a results folder: one line, before the profile's
@@ -451,7 +451,7 @@ def run_diff(args) -> int:
     print(f"new: {sources[1]}")
     if sources[0] != sources[1]:
         print("warning: the two runs' times come from different sources: a change may be the source's, not the tables'")
-    from tuner.commands.report import table_sections
+    from tuner.jobs.report import table_sections
     for line in table_sections(df, ["M", "config_old", "config_new", "time_us_old", "time_us_new", "change_pct",
                                     "verdict"]):
         print(line)

@@ -19,9 +19,9 @@ import os
 import re
 from pathlib import Path
 
-from tuner.commands.nightly_slot import slot_fields_ok
 from tuner.errors import TunerError
 from tuner.file_kinds import NIGHT_JSON, NIGHT_MD
+from tuner.jobs.nightly_slot import slot_fields_ok
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text, replaceable
 from tuner.plan.engines import ENGINE_NAMES
@@ -178,7 +178,7 @@ def environment_now(job: dict) -> dict:
         h = read_header(job["replay"])
         return {k: h.get(k) for k in ENV_KEYS}
     if job.get("synthetic"):
-        from tuner.commands.nightly_modes import SYNTHETIC_DEVICE
+        from tuner.jobs.nightly_modes import SYNTHETIC_DEVICE
         return {**dict.fromkeys(ENV_KEYS), "device": SYNTHETIC_DEVICE}
     env = {**software_versions(), **nvml_snapshot(nvml_index(0))}
     try:
@@ -192,8 +192,8 @@ def environment_now(job: dict) -> dict:
 def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None, jobs_left: int = 1,
             first: bool = False) -> dict:
     from tuner import api
-    from tuner.commands.drift import Measurers, measure_drift
-    from tuner.commands.report import write_diff
+    from tuner.jobs.drift import Measurers, measure_drift
+    from tuner.jobs.report import write_diff
     from tuner.pipeline.tune import tune
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
@@ -209,7 +209,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     changed = prev_run is None or prev is None or any(prev["environment"].get(k) != env.get(k) for k in ENV_KEYS)
     drifted = False
     if prev_run is not None and not changed and begun is None:
-        from tuner.commands.nightly_modes import run_landscape
+        from tuner.jobs.nightly_modes import run_landscape
         measurers = Measurers(get_gpu(job["gpu"]), run_landscape(job, prev_run), kernel_source=job.get("kernel_source"),
                               engine_source=job.get("engine_source"))
         try:
@@ -232,8 +232,8 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     minutes = None
     turn = None
     if window is not None:
-        # the job's share of the night's slot (tuner/commands/nightly_slot.py)
-        from tuner.commands.nightly_slot import needs_of, next_turn, share
+        # the job's share of the night's slot (tuner/jobs/nightly_slot.py)
+        from tuner.jobs.nightly_slot import needs_of, next_turn, share
         given = share(window, jobs_left, needs_of(state.get(name)) if begun is not None else 0.0, first)
         if given.short:
             log(f"{name}: waiting: {given.short}; the next night takes it first")
@@ -271,7 +271,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     if prev_run is None:
         result["status"] = "fresh"
     else:
-        from tuner.commands.nightly_keep import keep_better
+        from tuner.jobs.nightly_keep import keep_better
         result["kept_previous"] = keep_better(prev_run, out, job, noise)
         diff, md = write_diff(prev_run, out, out / "diff", noise, force=True)
         slower, faster = int((diff["verdict"] == "slower").sum()), int((diff["verdict"] == "faster").sum())
@@ -320,7 +320,7 @@ def _begun(prev: dict | None, env: dict) -> Path | None:
 
 def run_night(config_path: Path, night: str | None = None, log=print, dry_run: bool = False,
               synthetic: bool = False, minutes: float | None = None, began: float | None = None) -> int:
-    from tuner.commands import nightly_modes
+    from tuner.jobs import nightly_modes
     from tuner.paths import check_writable
     cfg = load_config(config_path)
     runs_dir = Path(cfg.get("runs_dir") or "runs/nightly")
@@ -336,7 +336,7 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
     check_jobs(cfg, config_path)
-    from tuner.commands.nightly_order import ordered_jobs
+    from tuner.jobs.nightly_order import ordered_jobs
     cfg["jobs"] = ordered_jobs(cfg, log)          # `order: value`: by expected value from the coverage map
     if dry_run:
         return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log,
@@ -381,8 +381,8 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
         replaceable(path, kind)               # before the jobs: the night's own files only (file_kinds.py)
     results = []
     jobs = cfg["jobs"]
-    if window is not None:          # a slot: the jobs in turn (tuner/commands/nightly_slot.py)
-        from tuner.commands.nightly_slot import job_order
+    if window is not None:          # a slot: the jobs in turn (tuner/jobs/nightly_slot.py)
+        from tuner.jobs.nightly_slot import job_order
         jobs = job_order(jobs, state)
     for i, job in enumerate(jobs):
         try:
@@ -404,7 +404,7 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
     atomic_write_json(night_dir / "summary.json", results, root=runs_dir, kind=NIGHT_JSON)
     log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
     if window is not None:
-        from tuner.commands.nightly_slot import slot_short_line
+        from tuner.jobs.nightly_slot import slot_short_line
         short = slot_short_line(minutes or 0.0, [state.get(r["job"]) for r in results], results)
         if short:
             log(short)

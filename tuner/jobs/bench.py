@@ -13,7 +13,7 @@ Contenders, per problem and batch size M:
 Configs are timed together on one measurer (a GPU, or with --replay a landscape), so they
 are comparable; the roofline floor is the larger of bytes / copy bandwidth and FLOPs / FP8
 rate, from measured ceilings where bench/ceilings/<gpu>.json exists, else the datasheet.
-Every time is labelled with where it came from. The references: tuner/commands/bench_references.py;
+Every time is labelled with where it came from. The references: tuner/jobs/bench_references.py;
 what is written and printed: bench_output.py.
 """
 
@@ -25,8 +25,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.commands.bench_output import BenchRow, bench_header, bench_table, traffic_lines, write_outputs
-from tuner.commands.bench_references import reference_rows
 from tuner.commands.kernel_commands import problem_builder
 from tuner.commands.options import (
     batch,
@@ -40,6 +38,8 @@ from tuner.commands.options import (
     workers,
 )
 from tuner.errors import TunerError
+from tuner.jobs.bench_output import BenchRow, bench_header, bench_table, traffic_lines, write_outputs
+from tuner.jobs.bench_references import reference_rows
 from tuner.measure.ceilings import Ceilings
 from tuner.measure.provenance import short_label, time_source
 from tuner.pipeline.planning import command_dtype, kernel_runs, only_problems
@@ -233,7 +233,7 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
-    from tuner.commands.bench_output import check_out
+    from tuner.jobs.bench_output import check_out
     check_out(out)
     if args.replay and not Path(args.replay).is_file():
         raise TunerError(f"landscape {args.replay} not found")

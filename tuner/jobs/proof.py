@@ -12,12 +12,12 @@ tables (bench/README.md):
                          engine's shipped MoE tables, then ours on every problem (MLA decode too)
            window        whatever time is left, continuing the committed state (tuned/<device>/):
                          both engines' MoE tables at the engines' batch-size grid, both engines'
-                         GEMM tables, MLA decode, then a landscape (tuner/commands/proof_steps.py)
+                         GEMM tables, MLA decode, then a landscape (tuner/jobs/proof_steps.py)
   local    report        `tuner report` of the state folder's tables
            sampler       the sampler study over the recorded landscapes
-Each step's box comes from what it took in the H200 run of 2026-11-27 (tuner/commands/proof_plan.py);
+Each step's box comes from what it took in the H200 run of 2026-11-27 (tuner/jobs/proof_plan.py);
 every step runs as child processes, is stopped when out of time (keeping what it measured), says
-what it timed and the first failure when it timed nothing (tuner/commands/proof_outcomes.py),
+what it timed and the first failure when it timed nothing (tuner/jobs/proof_outcomes.py),
 and writes into the output folder before the next starts. With `--bundle DIR` (the device
 tool's $OUT) a tarball of the folder and summary.md are rewritten after every step and whenever
 a table or landscape lands, so a call that is cut still returns what it measured;
@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.commands.options import device_option, trust_option
-from tuner.commands.proof_outcomes import step_outcome
-from tuner.commands.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
-from tuner.commands.proof_steps import Command, ProofSteps, _last_line, default_baselines, default_engine_source
 from tuner.errors import TunerError
 from tuner.file_kinds import LOG, PROOF_BUNDLE, PROOF_ENV, PROOF_MD, PROOF_STEPS
+from tuner.jobs.proof_outcomes import step_outcome
+from tuner.jobs.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
+from tuner.jobs.proof_steps import Command, ProofSteps, _last_line, default_baselines, default_engine_source
 from tuner.measure.process_tree import child_of_this_process, stop_group
 from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
 from tuner.plan.gpus import GpuSpec
@@ -187,7 +187,7 @@ class Proof(ProofSteps):
         stopped = None
         for i, name in enumerate(order):
             left = budget - (time.monotonic() - t0)
-            seconds = time_box(order, i, left, boxes)    # tuner/commands/proof_plan.py
+            seconds = time_box(order, i, left, boxes)    # tuner/jobs/proof_plan.py
             if stopped:
                 result = StepResult(name, "skipped", 0.0, [stopped])
             else:
@@ -249,12 +249,12 @@ class Proof(ProofSteps):
         return f"{STOPPED_BY_SMOKE} ({why})"
 
     def boxes(self) -> dict[str, float]:
-        """Each device step's box, from the H200 run's measured times (tuner/commands/proof_plan.py)."""
-        from tuner.commands.proof_plan import boxes_for
+        """Each device step's box, from the H200 run's measured times (tuner/jobs/proof_plan.py)."""
+        from tuner.jobs.proof_plan import boxes_for
         return boxes_for(self.minutes, self.rehearsal, "H200")
 
     def write_summary(self, elapsed: float) -> None:
-        from tuner.commands.proof_summary import summary_markdown
+        from tuner.jobs.proof_summary import summary_markdown
         atomic_write_json(self.out / "steps.json", {"device": self.device, "minutes": self.minutes,
                                                     "elapsed_s": elapsed, "gpu": self.gpu.key,
                                                     "steps": [r.__dict__ for r in self.results]}, indent=2,
@@ -400,7 +400,7 @@ def run(args) -> int:
     if unknown:
         raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(STEPS)}")
     if args.plan:
-        from tuner.commands.proof_plan import plan_lines
+        from tuner.jobs.proof_plan import plan_lines
         for call in CALLS:
             chosen = [s for s in CALLS[call] if s in steps]
             if chosen:
@@ -408,14 +408,14 @@ def run(args) -> int:
                                             engine_source=engine_sources(args.engine_source))))
         return 0
     if any(s not in CALLS["local"] for s in steps):
-        from tuner.commands.proof_plan import boxes_for, refuse_unfit
+        from tuner.jobs.proof_plan import boxes_for, refuse_unfit
         refuse_unfit([s for s in STEPS if s in steps], args.minutes, boxes_for(args.minutes, args.device == "cpu"))
         if args.device == "cuda" and set(steps) & {"smoke", "validate", "window"}:
             missing = ProofSteps(Path("."), gpu, args.minutes, args.device, default_engine_source()
                                  if not args.engine_source else [os.path.abspath(e) for e in args.engine_source],
                                  Path(args.baselines) if args.baselines else default_baselines()).missing_inputs()
             if missing:
-                from tuner.commands.proof_steps import MAKE_INPUTS
+                from tuner.jobs.proof_steps import MAKE_INPUTS
                 raise TunerError(f"missing {', '.join(missing)}: {MAKE_INPUTS}")
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
     # absolute before anything runs: the steps run from the repository root, where a relative
