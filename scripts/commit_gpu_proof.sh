@@ -9,7 +9,9 @@
 #    manifest, studies journal) in place of tuned/<device>/, each table the window has not finished
 #    marked partial in the manifest (scripts/mark_partial.py), and its landscape, if any, beside the
 #    committed ones in landscapes/<device>/;
-# 4. commits those paths (git add + commit; --no-commit leaves them staged). $PYTHON: the Python to use.
+# 4. adds the run's passed validation cases to bench/validated.json (scripts/record_validation.py: the next
+#    GPU run does not run them again while the GPU model, Triton, torch and code are the same);
+# 5. commits those paths (git add + commit; --no-commit leaves them staged). $PYTHON: the Python to use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tarball=${1:?give the tarball the device command returned}
@@ -41,6 +43,9 @@ for state in "$top"/tuned/*/; do
     paths+=("landscapes/$device")
   done
 done
+if [ -d "$top/validate" ] && "$py" scripts/record_validation.py "$top"; then
+  paths+=("bench/validated.json")
+fi
 git add -- "${paths[@]}"
 if [ "$commit" = 1 ]; then
   git commit -q -m "GPU run $(basename "$top") as it came back (bench/results/), its window's tables in tuned/ and landscape in landscapes/" -- "${paths[@]}"

@@ -24,6 +24,8 @@ def tuning_times(journal: Path) -> dict[tuple, float]:
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
+
+    from tuner.search.optuna_private import study_id
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = JournalStorage(JournalFileBackend(str(journal)))
     out: dict[tuple, float] = {}
@@ -33,7 +35,7 @@ def tuning_times(journal: Path) -> dict[tuple, float]:
             continue
         engine, rest = name.split("@", 1)[1].split(":", 1)
         problem, m = rest.rsplit(":M=", 1)
-        for t in storage.get_all_trials(study._study_id):
+        for t in storage.get_all_trials(study_id(study)):
             if t.state.name == "COMPLETE" and t.values and t.values[0]:
                 key = (engine, problem, int(m), json.dumps(t.user_attrs.get("config") or t.params, sort_keys=True))
                 out.setdefault(key, float(t.values[0]))

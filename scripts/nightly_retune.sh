@@ -11,7 +11,7 @@ set -uo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/nightly_retune.sh [--python PYTHON] [CONFIG]
+usage: scripts/nightly_retune.sh [--python PYTHON] [--minutes M] [CONFIG]
 
 One night of `tuner nightly CONFIG` (default configs/nightly.yaml, relative to the
 repository), under a lock, logged to logs/nightly-<date>.log.
@@ -19,6 +19,8 @@ repository), under a lock, logged to logs/nightly-<date>.log.
   --python PYTHON  the Python of the environment tuner is installed in (default:
                    $TUNER_PYTHON, else the repository's .venv/bin/python, else python3
                    on PATH); cron runs with a bare environment, so give it there
+  --minutes M      the night's slot: the jobs share M minutes, and what is left
+                   goes on the next night (tuner nightly --minutes)
   -h, --help       this text
 
 Exit status: 0 fine, 3 a table regressed, 1 a job failed or PYTHON cannot import tuner,
@@ -29,17 +31,24 @@ EOF
 
 python=${TUNER_PYTHON:-}
 config=""
+minutes=()
 while [ $# -gt 0 ]; do
   case $1 in
     -h|--help) usage; exit 0 ;;
     --python) [ $# -ge 2 ] || { echo "nightly: --python needs a path (see --help)" >&2; exit 2; }
               python=$2; shift 2 ;;
     --python=*) python=${1#--python=}; shift ;;
+    --minutes) [ $# -ge 2 ] || { echo "nightly: --minutes needs a number of minutes (see --help)" >&2; exit 2; }
+               minutes=(--minutes "$2"); shift 2 ;;
+    --minutes=*) minutes=(--minutes "${1#--minutes=}"); shift ;;
     -*) echo "nightly: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) [ -z "$config" ] || { echo "nightly: one CONFIG only, got $config and $1 (see --help)" >&2; exit 2; }
        config=$1; shift ;;
   esac
 done
+if [ ${#minutes[@]} -gt 0 ] && ! [[ ${minutes[1]} =~ ^[0-9]+([.][0-9]+)?$|^[.][0-9]+$ ]]; then
+  echo "nightly: --minutes must be a number of minutes, such as 30, not '${minutes[1]}' (see --help)" >&2; exit 2
+fi
 config=${config:-configs/nightly.yaml}
 # a CONFIG that exists from here is taken from here, anything else from the repository
 if [ -e "$config" ]; then config=$(cd "$(dirname "$config")" && pwd)/$(basename "$config"); fi
@@ -62,8 +71,8 @@ if ! "$python" -c "import tuner" >/dev/null 2>&1; then
   echo "$msg" >&2
   exit 1
 fi
-echo "=== $(date -Is) night $night, config $config, python $python" >>"$log"
-"$python" -m tuner nightly "$config" --night "$night" >>"$log" 2>&1
+echo "=== $(date -Is) night $night, config $config, python $python${minutes[*]:+, ${minutes[*]}}" >>"$log"
+"$python" -m tuner nightly "$config" --night "$night" "${minutes[@]}" >>"$log" 2>&1
 rc=$?
 echo "=== $(date -Is) exit $rc" >>"$log"
 case $rc in

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run here (with network, beside ../shared) before the GPU calls: gathers what the bare GPU
 # machine lacks into ignored folders of the repository, small enough to carry (< 64 MiB):
-#   .whl/         Optuna, threadpoolctl and the dependencies the device image lacks (alembic, colorlog,
-#                 sqlalchemy, mako, greenlet; it has torch, triton, numpy, pandas, pyyaml,
-#                 nvidia-ml-py, matplotlib, tqdm, packaging, markupsafe), via ../shared/device/wheels.sh
+#   .whl/         Optuna, threadpoolctl and the dependencies the device image lacks, exactly the versions
+#                 pinned in scripts/gpu_wheels.txt (it has torch, triton, numpy, pandas, pyyaml,
+#                 nvidia-ml-py, matplotlib, tqdm, packaging, markupsafe, typing-extensions)
 #   .engine-src/  the engines' kernel files, extracted from their wheels ($TUNER_ENGINE_WHEELS)
 #   .baselines/   the engines' shipped tables (../shared/baselines)
 # Then checks every wheel the proof imports is there, and prints the device call to make
@@ -13,15 +13,15 @@ cd "$(dirname "$0")/.."
 for d in /.whl/ /.engine-src/ /.baselines/; do
   grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude
 done
-bash ../shared/device/wheels.sh "threadpoolctl" >/dev/null
-missing=()
-for dist in optuna threadpoolctl alembic colorlog sqlalchemy mako; do
-  ls .whl | grep -qi "^${dist}-" || missing+=("$dist")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "prepare_gpu_proof: no wheel in .whl/ for: ${missing[*]} (the device image lacks them)" >&2
-  exit 1
-fi
+# made afresh: a wheel left from an earlier download would be a second version (pip refuses the install)
+rm -rf .whl && mkdir .whl
+pins=$(grep -v '^#' scripts/gpu_wheels.txt | grep -v '^[[:space:]]*$')
+# shellcheck disable=SC2086 - one argument per pin
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+  -d .whl $pins
+python3 -m tuner.commands.proof_wheels .whl || { echo "prepare_gpu_proof: .whl/ is not the pinned set" >&2; exit 1; }
 wheels=${TUNER_ENGINE_WHEELS:-$HOME/.cache/tuner-engine-wheels}
 rm -rf .engine-src
 for engine in vllm sglang; do

@@ -129,7 +129,7 @@ def main() -> int:
     Path(args.out + ".json").write_text(json.dumps(data, indent=1) + "\n")
     h = data["headline"]
     lines = ["# The stopping rule, replayed (scripts/stop_check.py)", "",
-             f"Made by `python scripts/stop_check.py`: SYNTHETIC and recorded H200 times, replayed.", "",
+             "Made by `python scripts/stop_check.py`: SYNTHETIC and recorded H200 times, replayed.", "",
              f"- `{h['command']}`: {len(headline)} studies measured {h['trials']} configs, {h['share']:.0%} of the "
              f"{h['caps']} their caps allow; the row each table holds is within {WITHIN:.2f}x of the study's "
              f"optimum in {h['rows_within']} of {len(headline)}, the best config found in {h['found_within']}.",
@@ -137,7 +137,8 @@ def main() -> int:
                  f"M={r['M']} stopped after {r['trials']} trials ({r['stopped']}), its row "
                  + ("the landscape's best" if r["row_ratio"] == 1.0 else f"{r['row_ratio']:.3f}x the best")
                  for r in recorded) + ".", "",
-             "| part | M | cap | trials | stopped | best found / optimum | row / optimum |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| part | M | cap | trials | stopped | best found / optimum | row / optimum |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['part']} | {r['M']} | {r['cap']} | {r['trials']} | {r['stopped']} | {r['found_ratio']} | "
               f"{r['row_ratio']} |" for r in sorted(headline, key=lambda r: (r["part"], r["M"]))]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")

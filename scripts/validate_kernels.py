@@ -13,7 +13,10 @@ tables, the engine's own format) each table's entries at --batch-sizes (the entr
 would use for each) on that engine's kernel, right after its default cases and in the same
 measuring child. Every case runs in an isolated measuring child (tuner/measure/isolation.py)
 whose compile workers build all of a kernel's cases first: a case that crashes the child, hangs
-or poisons its CUDA context fails its own line and the next runs in a fresh child. `--device
+or poisons its CUDA context fails its own line and the next runs in a fresh child. With
+`--recorded bench/validated.json` a case recorded there as passed under the same identity (GPU
+model, Triton, torch, kernel code, case: tuner/commands/proof_validation.py) is written as
+recorded and not run again, but the first of each kernel source. `--device
 cpu` runs the same code on the CPU device (Triton's interpreter; give a small --model). Prints
 one line per case, writes --out after every case, and exits 1 if any case fails its tolerance
 (or NaN) or could not be timed (its error said), 2 on bad input or without a GPU.
@@ -28,48 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.errors import TunerError  # noqa: E402
 from tuner.plan.gpus import get_gpu  # noqa: E402
-from tuner.plan.kernel_registry import kernel_for  # noqa: E402
-from tuner.plan.models import gemm_problems, load_model, mla_problems, moe_problems  # noqa: E402
+from tuner.plan.models import load_model  # noqa: E402
 
 
-def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list[int] | None):
-    """(problem, engine, batch sizes) whose tables `source` times."""
-    def wanted(p) -> bool:
-        return not only or any(text in p.key for text in only)
-    for p in gemm_problems(model, tp):
-        if not wanted(p):
-            continue
-        for engine in (p.engines if source == "ours" else [e for e in p.engines if e == source]):
-            yield p, engine, batch_sizes or [1, 64, 1024]
-            if source == "ours":
-                break                      # one shared table: one case
-    for p in moe_problems(model, tp, 1, "fp8_w8a8"):
-        if source in ("ours", p.engines[0]) and wanted(p):
-            yield p, p.engines[0], batch_sizes or [1, 64, 512]
-    if source == "ours" and model.is_mla:
-        for p in mla_problems(model, tp, [4096, 32768], 64)[0]:
-            if wanted(p):
-                yield p, "tuner", batch_sizes or [1, 32]
+def on_device(device: str, gpu) -> dict:
+    """The device, Triton and torch the cases run on (their identity's part from here)."""
+    import torch
+    import triton
 
-
-def table_cases(paths: list[str], model, tp: int, batch_sizes: list[int] | None):
-    """(engine, problem, M, config, label) of each shipped table's entries at `batch_sizes`
-    (default 1, 256), on the model's shapes (`tuner check`'s reading of a table)."""
-    from tuner.commands.check import pick_batch_sizes, read_table, table_problems
-    from tuner.plan.kernel_api import checked_config
-    from tuner.plan.kernel_registry import get_kernel
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise TunerError(f"table {path} not found")
-        table = read_table(path)
-        engine, work, _ = table_problems("fused_moe", path, table, model,
-                                         lambda m, e: moe_problems(m, tp, 1, "fp8_w8a8", "uniform", [e]),
-                                         "uniform", None)
-        spec = get_kernel("fused_moe", engine, load_code=False)
-        for problem, entries in work:
-            for M, entry in pick_batch_sizes(entries, batch_sizes or [1, 256]).items():
-                yield engine, problem, M, checked_config(spec, entry, f"{path}: the entry for M={M}"), \
-                    f"shipped {path.name}"
+    from tuner.measure.device import device_name
+    return {"device": device_name(device, gpu), "triton": triton.__version__, "torch": torch.__version__}
 
 
 def write(path: str | None, env: dict, rows: list) -> None:
@@ -93,10 +64,14 @@ def main() -> int:
     ap.add_argument("--measure-timeout", type=float, default=120.0)
     ap.add_argument("--tables", nargs="+", default=None, metavar="FILE",
                     help="engines' shipped MoE tables: their entries at --batch-sizes on the engine's kernel")
+    ap.add_argument("--recorded", default=None, metavar="FILE",
+                    help="a record of validated cases (bench/validated.json): a case it holds as passed under the "
+                    "same identity (GPU model, Triton, torch, kernel code, case) is not run again; the first case "
+                    "of each kernel source always runs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows: list = []
-    failed = untimed = 0
+    failed = untimed = recorded = 0
     env: dict = {}
     try:
         from tuner.measure.device import require
@@ -105,37 +80,36 @@ def main() -> int:
         gpu = get_gpu(args.gpu)
         require(args.device, gpu, "validating kernels", "--device cpu runs them on the CPU device")
         model = load_model(args.model)
-        shipped = list(table_cases(args.tables or [], model, args.tp, args.batch_sizes))
-        for engine in sorted({e for e, *_ in shipped} - set(args.kernel_source)):
-            print(f"note: the {engine} tables are not checked: --kernel-source has no {engine}", flush=True)
-        groups = []
-        for source in args.kernel_source:
-            by_kernel: dict = {}
-            for problem, engine, ms in cases(source, model, args.tp, args.only, args.batch_sizes):
-                kernel = kernel_for(problem.kernel, engine, source, args.engine_source)
-                by_kernel.setdefault(kernel.name, (kernel, []))[1].extend(
-                    (problem, M, kernel.default_config(problem.params, M), "default") for M in ms)
-            for engine, problem, M, cfg, label in shipped:
-                if engine == source:
-                    kernel = kernel_for("fused_moe", engine, source, args.engine_source)
-                    by_kernel.setdefault(kernel.name, (kernel, []))[1].append((problem, M, cfg, label))
-            groups += [(source, kernel, work) for kernel, work in by_kernel.values()]
-        # the engines' kernels before ours, the MoE layer (what the proof tunes) before the GEMMs:
-        # a validation cut by its time box loses the least valuable cases
-        groups.sort(key=lambda g: (g[0] == "ours", g[1].name != "fused_moe"))
+        from tuner.commands import proof_validation as pv
+        ledger = pv.read_ledger(Path(args.recorded)) if args.recorded else {}
+        groups = pv.groups(args.kernel_source, model, args.tp, args.only, args.batch_sizes, args.tables,
+                           args.engine_source, log=lambda line: print(line, flush=True))
+        on = on_device(args.device, gpu)
+        decided = iter(pv.decide([pv.case_identity(k, p, M, c, lb, on) for _, k, work in groups
+                                  for p, M, c, lb in work], ledger))
+        groups = [(s, k, [(p, M, c, lb, next(decided)) for p, M, c, lb in work]) for s, k, work in groups]
         for _, kernel, work in groups:
+            for problem, M, cfg, label, _ in (w for w in work if w[4] == pv.RECORDED):
+                ident = pv.case_identity(kernel, problem, M, cfg, label, on)
+                run = ledger[pv.key(ident)].get("run", "-")
+                rows.append({**ident, "numerics": {"status": "recorded", "detail": f"passed in {run}"},
+                             "time_us": None, "error": None, "recorded": run})
+                recorded += 1
+            work = [w for w in work if w[4] != pv.RECORDED]
+            if not work:
+                continue
             measurer = isolated_gpu_measurer(kernel, gpu.key, args.compile_workers, args.measure_timeout,
                                              device=args.device)
             try:
-                measurer.precompile([(p, M, c) for p, M, c, _ in work])   # every case at once, in the workers
-                for problem, M, cfg, label in work:
+                measurer.precompile([(p, M, c) for p, M, c, *_ in work])   # every case at once, in the workers
+                for problem, M, cfg, label, why in work:
                     check = measurer.check_numerics(problem, M, cfg)
                     timing = measurer.measure(problem, M, [cfg])[0]
                     env = measurer.environment()
-                    row = {"kernel": kernel.name, "kernel_source": kernel.source_label, "problem": problem.key,
-                           "M": M, "case": label, "config": cfg, "numerics": check.as_dict(),
+                    row = {**pv.case_identity(kernel, problem, M, cfg, label, on), "numerics": check.as_dict(),
                            "time_us": timing.time_us, "spread": timing.spread, "error": timing.error,
-                           "time_source": time_source(env, measurer.label)}
+                           "time_source": time_source(env, measurer.label), **({"canary": True} if why == pv.CANARY
+                                                                                  and ledger else {})}
                     rows.append(row)
                     failed += check.failed or timing.time_us is None
                     untimed += timing.time_us is None
@@ -153,7 +127,9 @@ def main() -> int:
         print(f"validate_kernels: error: {e}", file=sys.stderr)
         return 2
     write(args.out, env, rows)
-    print(f"{len(rows) - failed} passed, {failed} failed" + (f" ({untimed} not timed)" if untimed else ""))
+    print(f"{len(rows) - failed - recorded} passed, {failed} failed" + (f" ({untimed} not timed)" if untimed else "")
+          + (f"; {recorded} recorded as passed before (same GPU model, Triton, torch, code): not run again"
+             if recorded else ""))
     return 1 if failed else 0
 
 

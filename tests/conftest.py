@@ -15,6 +15,7 @@ if not _has_gpu:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
+from window_clock import clock  # noqa: E402,F401 (the fixture `clock`: a --minutes window's clock the test drives)
 
 
 @pytest.fixture

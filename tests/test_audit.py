@@ -89,7 +89,8 @@ def sglang_site(tmp_path):
     return s
 
 
-def test_all_vllm_finds_every_class(vllm_site):
+def test_all_vllm_finds_every_class(vllm_site, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole: tests/test_one_width_rule.py)
     r = audit_all(inst(vllm_site, "vllm"), Batches(4096), None)
     k = by_kind(r)
     assert k["block_k_above_block"][0] == "error"        # the GEMM table (K=2048 spans 16 blocks)
@@ -208,16 +209,20 @@ def test_snap_ranges_are_the_nearest_key_rule():
         assert far == {M for M, k in per_m.items() if k > 2 * M or M > 2 * k}, keys
 
 
-def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path, capsys):
+def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole)
     out = tmp_path / "audit-out"
     args = ["audit", "--engine", "sglang", "--site-packages", str(sglang_site), "--triton", "3.6.0"]
     assert main([*args, "--all", "--out", str(out)]) == 1                 # SGLang's K=256 rows: error
     printed = capsys.readouterr().out
     assert "exit status 1" in printed and max(map(len, printed.splitlines())) <= 120
+    monkeypatch.delenv("COLUMNS")               # piped again: an error is one line
     data = json.loads((out / "audit.json").read_text())
     assert data["exit_status"] == 1 and data["by_kind"]["block_k_above_block"]["severity"] == "error"
     assert (out / "audit.md").read_text().startswith("# tuner audit --all: sglang")
     assert not list(out.glob(".*.tmp"))
+    assert main([*args, "--all", "--out", str(out)]) == 1                 # its own audit.json and audit.md: replaced
+    capsys.readouterr()
     # a deployment without an error finding exits 0
     assert main(["audit", "--engine", "sglang", "--site-packages", str(sglang_site), "--triton", "3.6.0",
                  "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--max-batch", "64"]) == 0

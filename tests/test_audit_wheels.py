@@ -158,7 +158,8 @@ def test_shipped_tables_are_read_back_as_their_engines(engine, tmp_path):
     assert kinds["fused_moe"] > 50 and kinds["fp8_gemm"] > 50, kinds
     assert {t.engine for t in tables} == {engine}
 
-def test_cli_all_on_a_wheel_gates_on_errors(tmp_path, capsys):
+def test_cli_all_on_a_wheel_gates_on_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole)
     args = ["audit", "--all", "--triton", "3.6.0", "--out", str(tmp_path / "a")]
     assert main([*args, "--engine", "sglang", "--engine-source", str(wheel("sglang"))]) == 1
     text = capsys.readouterr().out

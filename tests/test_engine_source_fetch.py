@@ -95,3 +95,56 @@ def test_fetch_a_released_wheel_and_plan_on_it(clean_env, tmp_path, monkeypatch,
                  "--batch-sizes", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"read from {clean_env.resolve()}/sglang-0.5.21-" in out and "sglang 0.5.21" in out
+
+
+def test_a_kill_9_of_fetch_takes_its_pip_with_it(tmp_path):
+    """`tuner engine-source fetch` killed with SIGKILL (no handler of ours runs): the pip it
+    started dies with it. A stand-in pip (first on PYTHONPATH, so `python -m pip` runs it) writes
+    its pid and sleeps. Before: nothing tied pip to tuner and it kept downloading, orphaned."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    fake = tmp_path / "fakepip" / "pip"
+    fake.mkdir(parents=True)
+    pid_file = tmp_path / "pip.pid"
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                                      "time.sleep(120)\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fakepip"), str(repo)]),
+           "TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TUNER_ENGINE_WHEELS", None)
+    tuner = subprocess.Popen([sys.executable, "-m", "tuner", "engine-source", "fetch", "vllm==0.33.0", "--no-index"],
+                             env=env, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pip = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            assert tuner.poll() is None, "tuner ended before its pip started"
+            time.sleep(0.05)
+        pip = int(pid_file.read_text())
+        os.kill(tuner.pid, signal.SIGKILL)
+        tuner.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _alive(pip):
+            time.sleep(0.05)
+        assert not _alive(pip), "pip outlived the tuner that started it"
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+            tuner.wait()
+        if pip is not None and _alive(pip):
+            os.kill(pip, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -60,6 +60,35 @@ def test_a_journal_with_a_damaged_tail_is_said_and_repaired(tmp_path, capsys, ta
     assert len(study.trials) == 16
 
 
+def test_a_sparse_tail_of_nuls_is_kept_aside_without_its_zeros(tmp_path, capsys):
+    """A journal whose tail is 1 GiB of NULs (a hole: a disk that lost its last blocks) with a
+    few bytes in it: the repair keeps the tail's size and those bytes aside, not a GiB of
+    zeros on disk. Before: 1.1 GB written aside (issue 51, item 11)."""
+    from tuner.cli import main
+    journal = tmp_path / "s.journal"
+    whole = journal_of_16_trials(journal)
+    tail = 1 << 30
+    with open(journal, "r+b") as f:
+        f.truncate(len(whole) + tail)                   # a hole: no block of it is on disk
+        f.seek(len(whole) + (300 << 20))
+        f.write(b"kept")                                # what of the tail is not zeros
+        f.seek(len(whole) + tail - 3)
+        f.write(b"end")
+    capsys.readouterr()
+    assert main(["repair-journal", str(journal)]) == 0
+    assert f"the damaged tail ({tail} bytes) is in" in capsys.readouterr().out
+    assert journal.read_bytes() == whole
+    aside = tmp_path / "s.journal.damaged-tail"
+    assert aside.stat().st_size == tail and aside.stat().st_blocks * 512 < 1 << 20      # its size, not its zeros
+    with open(aside, "rb") as f:
+        f.seek(300 << 20)
+        assert f.read(4) == b"kept"
+        f.seek(tail - 3)
+        assert f.read() == b"end"
+        f.seek((300 << 20) - 100)
+        assert f.read(100) == b"\0" * 100
+
+
 @pytest.mark.parametrize("command", ["collect", "worker"])
 def test_a_damaged_sqlite_storage_is_one_line(tmp_path, capsys, command):
     """An Optuna SQLite storage of 16 trials whose second page is random bytes (its header and
@@ -166,6 +195,30 @@ def test_a_refused_routing_run_stores_no_routing_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "internal error" not in err, err
     assert not (out / "routing").exists()
+
+
+def test_a_refused_routing_replay_leaves_nothing_under_out(tmp_path, capsys):
+    """A --routing replay of a landscape recorded under another routing is refused when its
+    measurer opens the landscape (after planning): exit 2 and no OUT at all. Before:
+    OUT/routing/<hash>.npy stayed (issue 51, item 11). An earlier run's routing file stays."""
+    from tuner.cli import main
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "r.npy", np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32))
+    common = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--kernel-source", "ours", "--batch-sizes", "1"]
+    assert main(["landscape", "synth", "--kernel", "moe", *common, "--out", str(tmp_path / "l.jsonl.gz")]) == 0
+    out = tmp_path / "out"
+    argv = ["moe", *common, "--trials", "2", "--replay", str(tmp_path / "l.jsonl.gz"),
+            "--routing", str(tmp_path / "r.npy"), "--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "covers none of the planned problems" in err and "internal error" not in err, err
+    assert not out.exists(), sorted(out.rglob("*"))
+    (out / "routing").mkdir(parents=True)
+    earlier = np.stack([rng.permutation(256)[:8] for _ in range(64)]).astype(np.int32)
+    np.save(out / "routing" / "mine.npy", earlier)
+    assert main(argv) == 2
+    assert sorted(p.name for p in out.rglob("*")) == ["mine.npy", "routing"]
 
 
 def test_warm_start_from_a_folder_with_a_random_journal(tmp_path, capsys):

@@ -7,6 +7,7 @@ waited on or read without end. Hand-made site-packages laid out like vLLM 0.33's
 import json
 import os
 import random
+import re
 import signal
 import time
 import zipfile
@@ -267,6 +268,9 @@ def test_an_install_on_a_full_disk_is_one_line_and_undone(tmp_path, monkeypatch,
     assert main(install_argv(res, site, "merge")) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "no space left" in err, (out, err)
+    # what stands, and how to undo it (issue 51, item 11; before: the disk's words only)
+    assert re.search(r"; 3 of \d+ files were installed when it stopped: "
+                                      r"`tuner install --restore --engine vllm` puts back", err), err
     monkeypatch.setattr(inst, "atomic_write_text", real)
     assert main(["install", "--restore", "--engine", "vllm", "--site-packages", str(site)]) == 0
     assert tree(site) == before

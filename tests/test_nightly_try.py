@@ -129,16 +129,16 @@ def _no_space_at(monkeypatch, target: str) -> None:
     from tuner import paths
     real = paths.atomic_write_file
 
-    def filling(path, fill, root=None):
+    def filling(path, fill, root=None, **kw):
         if Path(path).name != target:
-            return real(path, fill, root)
+            return real(path, fill, root, **kw)
 
         def half_then_full(tmp):
             fill(tmp)
             data = tmp.read_bytes()
             tmp.write_bytes(data[:len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, half_then_full, root)
+        return real(path, half_then_full, root, **kw)
     monkeypatch.setattr(paths, "atomic_write_file", filling)
 
 
@@ -190,7 +190,7 @@ def test_the_night_compares_each_engines_entry_of_one_problem(tmp_path, capsys):
     previous configs compares both entries and keeps both. Before: nightly keyed tables by
     kernel, source and problem, so it compared the last entry only and rewrote the manifest
     without the other (vLLM's table left on disk, unrecorded)."""
-    from tuner.commands.nightly import keep_better
+    from tuner.commands.nightly_keep import keep_better
     model = block_fp8_model(tmp_path / "tiny.yaml", 1024, 8)
     runs = {}
     for run in ("prev", "new"):

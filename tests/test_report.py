@@ -117,7 +117,8 @@ def test_diff_refuses_unrelated_runs_and_another_pairs_report(two_runs, tmp_path
     assert (out / "diff.md").read_text() != before
 
 
-def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two_runs, capsys):
+def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two_runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole)
     old, new = two_runs
     for argv in (["report", str(old)], ["diff", str(old), str(new), "--out", str(new / "w")]):
         assert main(argv) == 0
@@ -136,7 +137,7 @@ def test_every_plot_says_where_its_times_came_from_and_diff_bars_follow_the_verd
     import tuner.commands.report as report
     old, new = two_runs
     plots = []
-    monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None, root=None:
+    monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None, root=None, kind=None:
                         plots.append((title, source, colours, ratio)))
     report.write_report(old, tmp_path / "r.md")
     report.write_diff(old, new, tmp_path / "d")
@@ -150,3 +151,27 @@ def test_every_plot_says_where_its_times_came_from_and_diff_bars_follow_the_verd
             verdict = df[(df["M"] == m) & df["problem"].apply(lambda p: p in title)]["verdict"].iloc[0]
             assert colour == report.VERDICT_COLOURS[verdict]
     assert set(slower["M"]) == {128} and "tab:red" in {c for _, _, cs, _ in diffs for c in cs}
+
+
+def test_a_manifest_time_of_1e300_prints_no_300_digits(two_runs, tmp_path, capsys):
+    """A hand-edited manifest entry (time and speedup 1e300): report and diff printed it with 300
+    digits (in the terminal and the Markdown) and overflowed the plots; now it is no number ('-')
+    (issue 51, item 11)."""
+    import json
+    import shutil
+    import warnings
+    old, new = two_runs
+    edited = tmp_path / "edited"
+    shutil.copytree(new, edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    entry = next(iter(manifest["tables"][0]["entries"].values()))
+    entry.update(time_us=1e300, speedup=1e300, default_time_us=1e-300)
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # matplotlib's overflow in exp, before
+        assert main(["report", str(edited), "--out", str(tmp_path / "r" / "r.md")]) == 0
+        assert main(["diff", str(old), str(edited), "--out", str(tmp_path / "d")]) == 0
+    out, err = capsys.readouterr()
+    texts = [out, err, (tmp_path / "r" / "r.md").read_text(), (tmp_path / "d" / "diff.md").read_text()]
+    assert not any(re.search(r"[0-9]{14}", text) for text in texts), [t[:300] for t in texts]

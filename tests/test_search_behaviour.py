@@ -19,8 +19,9 @@ from tuner.plan.gpus import get_gpu
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem
 from tuner.plan.space import load_space
-from tuner.search.runner import ENCODING, SearchSettings, StudyRunner, default_settings, make_sampler, study_name
+from tuner.search.runner import SearchSettings, StudyRunner, default_settings, make_sampler, study_name
 from tuner.search.storage import open_storage
+from tuner.search.study_match import ENCODING
 
 KERNEL = get_kernel("fp8_gemm")
 GPU = get_gpu("H200")

@@ -2,8 +2,7 @@
 
 import pytest
 
-from tuner.search.stopping import (BUDGET, CONFIDENCE, CONVERGED, EXHAUSTED, MIN_TRIALS, StoppingRule,
-                                   trials_since_gain)
+from tuner.search.stopping import BUDGET, CONFIDENCE, CONVERGED, EXHAUSTED, MIN_TRIALS, StoppingRule, trials_since_gain
 
 
 @pytest.mark.parametrize("outcomes,since", [

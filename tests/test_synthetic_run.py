@@ -33,7 +33,7 @@ def test_the_missions_command_runs_end_to_end_on_a_synthetic_landscape(tmp_path,
     assert all(t["environment"]["synthetic"] and t["identity"]["times"] == "SYNTHETIC" for t in manifest["tables"])
     assert (run / "vllm/fused_moe/E=256,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json"
             ).is_file()
-    # again, as written: the landscape is made again, the studies are resumed
+    # again, as written: the landscape made for the same problems is replayed, the studies are resumed
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert sum("stored:" in line for line in (out + err).splitlines()) == 6

@@ -55,7 +55,8 @@ def _findings(audit: dict) -> collections.Counter:
 def test_install_merge_from_tuned_then_audit_clean(tmp_path, capsys, engine):
     """Installed with --merge into the engine's package (its shipped tables from the wheel):
     the 5 tuned rows go in, every other batch size keeps the row the engine read before (for
-    SGLang under Triton 3.6.0: its triton_3_5_1 table, the loader's fallback); install and
+    SGLang under Triton 3.6.0: its triton_3_5_1 table, the loader's fallback; a batch size
+    planned that table has no key for gets the row of its nearest key there); install and
     audit say the table is partial; the audit finds no error and nothing it did not before."""
     if wheel(engine) is None:
         pytest.skip(f"no {engine} wheel in TUNER_ENGINE_WHEELS")
@@ -82,9 +83,13 @@ def test_install_merge_from_tuned_then_audit_clean(tmp_path, capsys, engine):
                     or (t["problem"]["part"] == "op" and engine == "vllm"))
         tuned = json.loads((TUNED / ours["files"][engine]).read_text())
         old = read_before[k["part"]]
+        old_keys = [int(m) for m in old if m.isdigit()]
         assert sorted(map(int, (m for m in installed if m.isdigit()))) == sorted(
-            {*TUNED_M, *(int(m) for m in old if m.isdigit())})
+            {*TUNED_M, *old_keys, *DEFAULT_BATCH_SIZES})
         for m in TUNED_M:
             assert installed[str(m)] == tuned[str(m)]
         for m in (m for m in old if m.isdigit() and int(m) not in TUNED_M):
             assert installed[m] == old[m]          # a batch size not tuned runs what it ran before
+        for m in (m for m in DEFAULT_BATCH_SIZES if m not in TUNED_M and m not in old_keys):
+            # planned, not tuned, no key of its own: the row the engine read there (its nearest key's)
+            assert installed[str(m)] == old[str(min(old_keys, key=lambda k: abs(k - m)))]

@@ -21,9 +21,11 @@ GEMM_BENCH = RUN / "extra" / "bench-gemm" / "bench-NVIDIA_H200-2026-11-27.json"
 MOE_BENCH = RUN / "bench" / "moe" / "bench-NVIDIA_H200-2026-11-27.json"
 
 
-def report(path):
+def report(path, columns: str | None = "120"):
+    """`tuner report` as a 120-column terminal shows it (piped without $COLUMNS, lines go whole)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run([sys.executable, "-m", "tuner", "report", str(path)], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+                          cwd=REPO, timeout=120, env={**env, **({"COLUMNS": columns} if columns else {})})
 
 
 def test_the_h200_gemm_bench_says_cublaslt_wins_and_to_keep_each_engines_default_backend():
@@ -84,5 +86,5 @@ def test_every_backend_flag_is_the_engines_own_in_every_wheel():
 def test_a_file_that_is_no_bench_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"format": "something else"}))
-    got = report(bad)
+    got = report(bad, columns=None)             # piped: the error is one line to grep
     assert got.returncode == 2 and len(got.stderr.strip().splitlines()) == 1 and "not a bench file" in got.stderr

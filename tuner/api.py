@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,7 @@ log = logging.getLogger("tuner")
 def install_results(results: str | Path, engine: str, site_packages: str | None = None,
                     moe_config_dir: str | None = None, gpu: str | None = None, force: bool = False,
                     dry_run: bool = False, say: Callable[[str], None] = print, merge: bool = False,
-                    min_gain: float = 0.02, engine_version: str | None = None) -> Path | None:
+                    min_gain: float = 0.02, engine_version: str | None = None, model: str | None = None) -> Path | None:
     """Install a results folder's tables where `engine` reads them (`tuner install`);
     returns the backup folder (None on a dry run). `say` gets what is (or would be) done:
     the audit of what the install leaves in place (error findings refuse it unless `force`),
@@ -44,13 +45,17 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
     config_dir = Path(moe_config_dir) if moe_config_dir else None
     from tuner.plan.gpus import get_gpu
     target = get_gpu(gpu).cuda_name if gpu else None
+    served = None
+    if model:                        # the model the engine serves: a table tuned for another K is refused
+        from tuner.plan.models import load_model
+        served = load_model(model)
     if not where.present:
         what = f"a config folder for it, {config_dir}" if config_dir else "what an install into it would write"
         say(f"{where.label} is not installed here: {what}, by its loader rules (tuner/plan/engines.py)")
 
     def plan() -> tuple[list, list, list, list]:
         copies, notes = inst.plan_install(results, engine, site, force, config_dir, target, merge, where.version,
-                                          where.present, min_gain)
+                                          where.present, min_gain, served)
         extra = shipped_copies(where, config_dir, notes) if config_dir else []
         inst.check_destinations([*extra, *copies])
         findings = inst.audit_install(copies, engine)
@@ -99,11 +104,11 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
                  f"that never came from a GPU{' (a cost model)' if label == 'SYNTHETIC' else ''}: "
                  f"{'installed' if not dry_run else 'installing them'} only because --force says so ***")
         for c in copies:
-            hold(f"{'would install' if dry_run else 'install'} {c.dest}"
+            hold(f"{'would install' if dry_run else 'install'} {where.show(c.dest)}"
                  + (f" (merged: kept M={','.join(map(str, c.merged['kept']))})" if c.merged else "")
                  + (f"  [{c.not_a_gpu}: never timed on a GPU]" if c.not_a_gpu else ""))
         from tuner.emit.install_target import engine_log_lines
-        for line in engine_log_lines(copies, engine, site, config_dir, where.version):
+        for line in engine_log_lines(copies, engine, site, config_dir, where.version, where.present):
             hold(line)
         if dry_run:
             flush()
@@ -112,7 +117,10 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
         flush()
     say(f"{len(copies)} tables installed; backup in {backup} (`tuner install --restore --engine {engine}`)")
     if config_dir:
-        say(f"export {inst.ENV_VARS[engine]}={config_dir.resolve()}")
+        from tuner.textwidth import command_lines
+
+        # to be pasted: never cut without its `\` marks
+        say("\n".join(command_lines(f"export {inst.ENV_VARS[engine]}={shlex.quote(str(config_dir.resolve()))}")))
     from tuner.plan.engines import install_notes
     in_package = any(config_dir is None or not str(c.dest).startswith(str(config_dir)) for c in copies)
     for line in install_notes(engine, in_package):

@@ -20,6 +20,7 @@ from tuner.commands import (
     bench,
     ceilings,
     check,
+    coverage,
     drift,
     engine_source,
     install,
@@ -35,10 +36,11 @@ from tuner.errors import Terminated, TunerError
 
 
 # Each command's options and run live in its module under tuner/commands/; this list says the
-# order `tuner --help` shows them in, the order of the work: tune (moe, gemm, mla), install,
-# audit, then the rest: (name, add its parser(s) to `sub`, run it).
+# order `tuner --help` shows them in, the order of the work: where tuning pays (coverage), tune
+# (moe, gemm, mla), install, audit, then the rest: (name, add its parser(s) to `sub`, run it).
 def _commands() -> list[tuple[str, Callable[..., None], Callable[[argparse.Namespace], int]]]:
     return [
+        ("coverage", coverage.add_parser, coverage.run),
         ("moe", kernel_commands.add_moe_parser, kernel_commands.run),
         ("gemm", kernel_commands.add_gemm_parser, kernel_commands.run),
         ("mla", kernel_commands.add_mla_parser, kernel_commands.run),

@@ -7,6 +7,11 @@ may be a symbolic link (a link planted there would carry the write anywhere), th
 are created one by one here, never through a link, and the file itself is written to a
 temporary file and renamed over the target, so a link at the target is replaced, never
 followed, and a reader sees the old file or the whole new one.
+
+What is at the target decides whether it may be replaced at all (`replaceable`): never a folder,
+a device, a FIFO or a socket; and where the user named the path (`tuner ceilings --out FILE`,
+the files a command writes into a folder given as --out), only a file of the kind the command
+writes (a `Kind`, tuner/file_kinds.py), never a link: anything else is refused in one line.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import stat
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +36,15 @@ CONFIGS_DIR = REPO_ROOT / "configs"
 MODELS_DIR = CONFIGS_DIR / "models"
 SPACES_DIR = CONFIGS_DIR / "spaces"
 TMP_SUFFIX = ".tmp"
+# Folders laid out like configs/ whose data is read after the repository's (a GPU or an engine
+# release added by a file, without touching the code): ':'-separated, in order.
+CONFIG_DIRS_VARIABLE = "TUNER_CONFIG_DIRS"
+
+
+def config_dirs() -> list[Path]:
+    """configs/, then each folder TUNER_CONFIG_DIRS names (read each time: a test or a caller may set it)."""
+    extra = [Path(d) for d in os.environ.get(CONFIG_DIRS_VARIABLE, "").split(os.pathsep) if d.strip()]
+    return [CONFIGS_DIR, *extra]
 
 
 def new_file_mode() -> int:
@@ -116,7 +131,57 @@ def confined(path: Path, root: Path | None = None) -> Path:
     return path
 
 
-def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | None = None) -> None:
+@dataclass(frozen=True)
+class Kind:
+    """A kind of file the tool writes where the user says (tuner/file_kinds.py): what may be
+    replaced at such a path. `ours` tells one by its content (a format tag, a first line),
+    reading a bounded part of it, and never raises."""
+    what: str                              # "a ceilings file (format tuner-ceilings/1)"
+    ours: Callable[[Path], bool]
+
+
+def _not_regular(mode: int) -> str:
+    return ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def replaceable(path: Path, kind: Kind | None = None, name: str = "") -> None:
+    """One line unless a file may be written at `path`: nothing there, or a regular file (and,
+    with `kind`, one of that kind: a path the user named). A folder, a device, a FIFO or a socket
+    is never replaced (as root, /dev/null would be replaced for every process); a symbolic link
+    is replaced, never followed, inside a folder of ours (no kind), refused at a path the user
+    named. `name`: how the message names the path ("--out notes.txt")."""
+    name = name or str(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise _refuse(Path(path), e) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TunerError(f"{name} is a folder: give the path of a file")
+    if stat.S_ISLNK(st.st_mode):
+        if kind is None:
+            return
+        raise TunerError(f"{name} is a symbolic link: tuner neither writes through a link nor replaces one; "
+                         "give the path of a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise TunerError(f"{name} is {_not_regular(st.st_mode)}, not a file: tuner never replaces it; give "
+                         "another path")
+    if kind is not None and st.st_size and not kind.ours(Path(path)):     # an empty file: nothing to lose
+        raise TunerError(f"{name} exists and is not {kind.what}: tuner replaces only that; remove it or give "
+                         "another path")
+
+
+def check_output(path: Path, kind: Kind, option: str = "--out") -> None:
+    """Before any work: one line when the file a command will write at `path` (a path the user
+    named, or one in a folder the user named) cannot be written or must not be replaced."""
+    check_writable(path, option, folder=False)
+    replaceable(Path(path), kind, f"{option} {path}" if option else str(path))
+
+
+def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | None = None,
+                      kind: Kind | None = None) -> None:
     """Write a file through `fill(temporary path)` (a plot's savefig, a tarball) so that
     readers see the old file or the whole new one, confined to `root` (see `confined`).
 
@@ -126,8 +191,10 @@ def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | Non
     remove_stale_temporaries, clears: the writer holds a lock on it while it lives), and
     a symbolic link at the target is replaced, not followed. The file keeps the mode of the
     file it replaces, else gets the umask's (an engine running as another user must read
-    what we install)."""
+    what we install). What is at the target must be replaceable (see `replaceable`; `kind`:
+    a path the user named)."""
     path = confined(path, root)
+    replaceable(path, kind)
     try:
         st = os.lstat(path)
         mode = st.st_mode & 0o7777 if stat.S_ISREG(st.st_mode) else new_file_mode()
@@ -164,26 +231,29 @@ def atomic_write_file(path: Path, fill: Callable[[Path], None], root: Path | Non
         os.close(held)                         # the writer's lock goes with it
 
 
-def atomic_write_text(path: Path, text: str, root: Path | None = None) -> None:
+def atomic_write_text(path: Path, text: str, root: Path | None = None, kind: Kind | None = None) -> None:
     """`text` into `path`, atomically and confined (see atomic_write_file)."""
     def fill(tmp: Path) -> None:
         with open(tmp, "w") as f:
             f.write(text)
-    atomic_write_file(path, fill, root)
+    atomic_write_file(path, fill, root, kind=kind)
 
 
-def atomic_write_bytes(path: Path, data: bytes, root: Path | None = None) -> None:
+def atomic_write_bytes(path: Path, data: bytes, root: Path | None = None, kind: Kind | None = None) -> None:
     """`data` into `path`, atomically and confined, byte for byte (see atomic_write_file)."""
     def fill(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
-    atomic_write_file(path, fill, root)
+    atomic_write_file(path, fill, root, kind=kind)
 
 
-def open_for_append(path: Path, root: Path | None = None, truncate: bool = False):
+def open_for_append(path: Path, root: Path | None = None, truncate: bool = False, kind: Kind | None = None):
     """A text file opened to stream lines into (a landscape's .partial, a step's log),
-    confined to `root`, never through a symbolic link at the file itself."""
+    confined to `root`, never through a symbolic link at the file itself; with `kind`, a file
+    there must be of that kind (see `replaceable`)."""
     path = confined(path, root)
+    if kind is not None:
+        replaceable(path, kind)
     # O_NONBLOCK: a FIFO put there (a race with any check by name) is refused, not waited on forever
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_TRUNC if truncate else os.O_APPEND)
     try:
@@ -213,8 +283,9 @@ def finite_json(obj):
     return obj
 
 
-def atomic_write_json(path: Path, obj, indent: int | None = 4, root: Path | None = None) -> None:
-    atomic_write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n", root)
+def atomic_write_json(path: Path, obj, indent: int | None = 4, root: Path | None = None,
+                      kind: Kind | None = None) -> None:
+    atomic_write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n", root, kind=kind)
 
 
 def new_temporary(path: Path) -> tuple[int, str]:

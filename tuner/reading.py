@@ -140,6 +140,9 @@ def parse_json(text: str, where: str, then: str = ""):
         raise TunerError(f"{where} is not valid JSON: {e}{then}") from None
     except RecursionError:
         raise TunerError(f"{where} is nested too deeply to be a file of ours{then}") from None
+    except ValueError as e:         # a number of more than 4300 digits (Python's limit on int())
+        raise TunerError(f"{where} holds a number too long to read ({str(e).split(':')[0].lower()}): "
+                         f"not a file of ours{then}") from None
 
 
 def read_json_file(path: str | Path, what: str = "", then: str = "", limit: int = MAX_FILE_BYTES):
@@ -315,6 +318,21 @@ def zip_member(zf: zipfile.ZipFile, name: str, where: str, limit: int = MAX_MEMB
     if len(data) > limit:
         raise TunerError(f"{where}: {name} decompresses to more than {_mib(limit)} (a zip bomb?)")
     return data
+
+
+def first_tar_member(path: str | Path, limit: int = 64 << 10) -> str | None:
+    """The name of the first member of a gzipped tar (a proof's bundle), from its first `limit`
+    bytes decompressed to at most as many (its first header and an extended header before it);
+    None when that is no tar. One clear line when the file cannot be read."""
+    import tarfile
+    head = read_head(path, limit, "tarball ")
+    try:
+        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, limit)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            first = tar.next()          # the first member (after any extended header)
+    except (zlib.error, tarfile.TarError, EOFError, OSError):
+        return None
+    return first.name if first is not None else None
 
 
 LANDSCAPE_HEADER_BYTES = 64 << 10   # line 1 of a landscape: a header is a few hundred bytes

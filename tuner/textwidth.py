@@ -1,12 +1,18 @@
 """Every line a command prints on a terminal fits 120 columns, or the terminal's width where it
 is narrower ($COLUMNS, else the terminal's own): long lines are wrapped at spaces (continuations
 indented under their line), a progress line that is redrawn in place is cut instead (a wrapped
-one would leave a stale row each redraw). Piped into a file or a script with no $COLUMNS, a
-line goes through whole: a log keeps each message on one line to grep."""
+one would leave a stale row each redraw), and a shell command meant to be pasted is wrapped only
+with ` \\` continuation marks (command_lines), never as prose. Piped into a file or a script with
+no $COLUMNS, a line goes through whole: a log keeps each message on one line to grep (a command
+printed to be pasted is then cut at 120 columns, with its marks). And nothing a command prints
+drives the terminal: a control character (an escape that clears the screen, moves the cursor or
+retitles the window, from a file the tool read) or a bidirectional override is printed as its
+escape (`\x1b`), whatever printed it."""
 
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 MAX_WIDTH = 120
@@ -29,6 +35,14 @@ def width(stream=None) -> int:
     return max(MIN_WIDTH, min(MAX_WIDTH, cols or MAX_WIDTH))
 
 
+def output_width() -> int | None:
+    """The columns stdout's lines are fitted to, None where they go through whole (piped, no
+    $COLUMNS): what a command that lays out its own lines (wraps a table's heading, cuts a
+    row) fits them to, so that every command follows the one rule of this module."""
+    import sys
+    return width(sys.stdout) if terminal_known(sys.stdout) else None
+
+
 def terminal_known(stream=None) -> bool:
     """Whether a terminal's width is known ($COLUMNS, or `stream` is a terminal): then even an
     error is wrapped to it; piped into a log or a script, an error stays one line to grep."""
@@ -40,8 +54,20 @@ def terminal_known(stream=None) -> bool:
         return False
 
 
+# C0 and C1 controls but a tab, a line feed and a carriage return (the progress line's redraw), and
+# the bidirectional overrides and isolates (text shown in another order than it is)
+_CONTROLS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: str) -> str:
+    """`text` with every character that would drive a terminal written as its escape."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def error_text(line: str, stream=None) -> str:
-    """An error line as printed: one line, wrapped only to a known terminal (terminal_known)."""
+    """An error line as printed: one line, wrapped only to a known terminal (terminal_known),
+    nothing in it driving the terminal (shown)."""
+    line = shown(line)
     return fit_text(line, width(stream)) if terminal_known(stream) else line
 
 
@@ -57,10 +83,97 @@ def fit_line(line: str, columns: int | None = None) -> list[str]:
                          break_long_words=True, break_on_hyphens=False) or [line[:columns]]
 
 
+CONTINUED = " \\"          # a shell command's line that goes on on the next: a shell reads them as one
+
+
+def _words(command: str) -> list[str]:
+    """A command's words as a shell splits them at spaces: a space inside quotes splits nothing."""
+    words, word, quote = [], "", None
+    for ch in command:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == " ":
+            words.append(word)
+            word = ""
+            continue
+        word += ch
+    return [*words, word]
+
+
+def _cut_word(word: str, room: int, state: str | None) -> tuple[str, str, str | None] | None:
+    """(the first piece of `word` that fits `room` columns with its mark, the rest, the quote
+    open where it is cut) or None: a cut that a shell joins again (a backslash and the line's
+    end, which it removes; inside single quotes, closed before it and opened again after it);
+    never right after an escaping backslash."""
+    best = None
+    quote, escaped = state, False
+    for i, ch in enumerate(word):
+        mark = 2 if quote == "'" else 1
+        if i and not escaped and i + mark <= room:
+            best = (i, quote)
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = None if ch == "'" else quote
+        elif ch == "\\":
+            escaped = True
+        elif quote == '"':
+            quote = None if ch == '"' else quote
+        elif ch in "'\"":
+            quote = ch
+    if best is None:
+        return None
+    i, quote = best
+    if quote == "'":
+        return word[:i] + "'\\", "'" + word[i:], quote
+    return word[:i] + "\\", word[i:], quote
+
+
+def command_lines(command: str, columns: int | None = None) -> list[str]:
+    """A shell command meant to be pasted, as lines of at most `columns` (default: the width
+    stdout is fitted to, as Fitting takes it): cut at spaces outside quotes, each line but the
+    last ending in ` \\` (continuations indented 4 more), so that pasted it is one command. A
+    word longer than a line is cut where a shell joins it again (_cut_word) and goes on at the
+    next line's first column."""
+    import sys
+    columns = max(MIN_WIDTH, columns or (width(sys.stdout) if terminal_known(sys.stdout) else MAX_WIDTH))
+    body = command.strip(" ")
+    lead = " " * min(len(command) - len(command.lstrip(" ")), columns // 2)
+    goes_on = body.endswith(CONTINUED.strip())           # a line of a longer command: it keeps its mark
+    body = body.removesuffix(CONTINUED.strip()).rstrip(" ") if goes_on else body
+    lines: list[str] = []
+    line = lead
+    for word in _words(body):
+        if line.strip() and len(line) + 1 + len(word) + len(CONTINUED) > columns:
+            lines.append(line + CONTINUED)
+            line = lead + "    "
+        elif line.strip():
+            line += " "
+        while len(line) + len(word) + len(CONTINUED) > columns:
+            cut = _cut_word(word, columns - len(line), None)
+            if cut is None:
+                break                # (no cut fits: the terminal folds it, and a fold pastes whole)
+            piece, word, _ = cut
+            lines.append(line + piece)
+            line = ""
+        line += word
+    return [*lines, line + (CONTINUED if goes_on else "")]
+
+
 def fit_text(text: str, columns: int | None = None) -> str:
     """Every line of `text` fitted (fit_line)."""
     columns = columns or width()
     return "\n".join(out for line in text.split("\n") for out in fit_line(line, columns))
+
+
+def factor(ratio: float) -> str:
+    """A ratio of two times as printed ('1.25x'): two decimals while it is a plausible factor,
+    three significant digits beyond (a time of 1e300 against 1 would print 300 digits)."""
+    if ratio != ratio:
+        return "?x"
+    return f"{ratio:.2f}x" if abs(ratio) < 1e4 else f"{ratio:.3g}x"
 
 
 def cut(line: str, columns: int) -> str:
@@ -79,16 +192,29 @@ class Fitting:
         self._partial = ""
         # piped into a file or a script with no width given, lines go through whole (one to grep)
         self._columns = width(stream) if terminal_known(stream) else 1 << 30
+        self._command = False        # the last line ended in ` \\`: this one goes on a shell command
 
     def write(self, text: str) -> int:
+        n = len(text)
+        text = shown(text)
         if "\r" in text:
             self.flush()
-            return self._stream.write(text)
+            self._stream.write(text)
+            return n
         self._partial += text
         if "\n" in self._partial:
             *lines, self._partial = self._partial.split("\n")
-            self._stream.write("".join(out + "\n" for line in lines for out in fit_line(line, self._columns)))
-        return len(text)
+            self._stream.write("".join(out + "\n" for line in lines for out in self._fit(line)))
+        return n
+
+    def _fit(self, line: str) -> list[str]:
+        """A line fitted: a shell command's (one ending in `\\`, or the line after one) with its
+        continuation marks (command_lines), never cut like prose; any other by fit_line."""
+        command = self._command or line.endswith("\\")
+        self._command = line.endswith("\\")
+        if command and len(line) > self._columns:
+            return command_lines(line, self._columns)
+        return fit_line(line, self._columns)
 
     def flush(self) -> None:
         if self._partial:

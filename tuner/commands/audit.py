@@ -10,6 +10,7 @@ from tuner.commands.options import batch, parallel_options, resolve_tp, seed
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
 from tuner.plan.engines import ENGINE_NAMES
+from tuner.plan.gpus import gpu_keys_text
 
 # the small model --numerics runs rows on without a GPU: the repository's, wherever the user stands
 NUMERICS_MODEL = CONFIGS_DIR / "examples" / "small-moe.json"
@@ -26,7 +27,7 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--engine", required=True, choices=ENGINE_NAMES)
     aud.add_argument("--all", action="store_true", help="audit every table the engine ships instead of a deployment")
     aud.add_argument("--model", default=None, help="name in configs/models/ or a Hugging Face config.json")
-    aud.add_argument("--gpu", default=None, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
+    aud.add_argument("--gpu", default=None, help=gpu_keys_text())
     parallel_options(aud)
     aud.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
                      help="default: the checkpoint's (fp8_w8a8 when its quantization_config is fp8, else bf16)")
@@ -118,6 +119,9 @@ def run(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
+    if out is not None:
+        from tuner.emit.audit_report import check_out
+        check_out(out)
     if args.numerics:
         import torch
         if not torch.cuda.is_available():

@@ -233,6 +233,8 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
+    from tuner.commands.bench_output import check_out
+    check_out(out)
     if args.replay and not Path(args.replay).is_file():
         raise TunerError(f"landscape {args.replay} not found")
     for folder in args.baseline or []:
@@ -269,6 +271,7 @@ def run(args) -> int:
             ns = copy.copy(args)
             ns.kernel_source, ns.dry_run = mode, False
             for kernel, probs in kernel_runs(ns, kernel_name, problems, notes):
+                probs = one_per_key(probs)
                 measurer = bench_measurer(args, kernel, gpu)
                 measurers.append(measurer)
                 landscape = getattr(measurer, "landscape", None)
@@ -306,6 +309,18 @@ def run(args) -> int:
         print(line)
     print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
     return 0
+
+
+def one_per_key(problems: list[Problem]) -> list[Problem]:
+    """Each problem once: a kernel that times several engines' tables of one shape (a landscape
+    recorded on one engine's kernel, replayed for both engines' GEMM tables) gets that shape
+    once per engine; benched once, its rows are one set (the engines that read it merged)."""
+    import dataclasses
+    out: dict[str, Problem] = {}
+    for p in problems:
+        q = out.get(p.key)
+        out[p.key] = p if q is None else dataclasses.replace(q, engines=tuple(dict.fromkeys((*q.engines, *p.engines))))
+    return list(out.values())
 
 
 def bench_measurer(args, kernel, gpu):

@@ -9,11 +9,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner.file_kinds import BENCH_JSON, BENCH_MD, PLOT, PLOT_METADATA
 from tuner.measure.ceilings import Ceilings
 from tuner.measure.environment import now_iso, software_versions
 from tuner.measure.provenance import banner, is_cpu_device, is_loud, is_synthetic, time_source
 from tuner.measure.roofline import Judged, judge, judge_row
-from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text
+from tuner.paths import atomic_write_file, atomic_write_json, atomic_write_text, replaceable
 from tuner.plan.problems import Problem
 
 
@@ -59,11 +60,31 @@ def write_outputs(rows: list[BenchRow], out: Path, header: dict) -> tuple[Path, 
     date = _dt.date.today().isoformat()
     stem = f"bench-{device}-{date}"
     data = {**header, "rows": [r.as_dict() for r in rows]}
-    json_path = out / f"{stem}.json"
-    atomic_write_json(json_path, data, indent=2, root=out)
-    md_path = out / f"{stem}.md"
-    atomic_write_text(md_path, markdown(rows, header, stem), root=out)
+    json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
+    # every file checked before the first is written: in the folder the user named, only files of
+    # the kind written are replaced (tuner/file_kinds.py)
+    groups = len({(r.kernel_source, r.problem) for r in rows})
+    for path, kind in ((json_path, BENCH_JSON), (md_path, BENCH_MD),
+                       *((out / f"{stem}-{i}.png", PLOT) for i in range(groups))):
+        replaceable(path, kind, f"--out {out}: {path.name}")
+    atomic_write_json(json_path, data, indent=2, root=out, kind=BENCH_JSON)
+    atomic_write_text(md_path, markdown(rows, header, stem), root=out, kind=BENCH_MD)
     return json_path, md_path
+
+
+def check_out(out: Path) -> None:
+    """Before benching: --out is a folder (or will be), and what bench writes there (bench-*.json,
+    .md, .png, named for the device and today) replaces only files of those kinds: one line now,
+    not after the GPU's time is spent (write_outputs checks the very names again)."""
+    from tuner.paths import check_writable
+    check_writable(out, "--out")
+    if not out.is_dir():
+        return
+    date = _dt.date.today().isoformat()
+    for pattern, kind in ((f"bench-*-{date}.json", BENCH_JSON), (f"bench-*-{date}.md", BENCH_MD),
+                          (f"bench-*-{date}-*.png", PLOT)):
+        for path in sorted(out.glob(pattern)):
+            replaceable(path, kind, f"--out {out}: {path.name}")
 
 
 def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
@@ -124,7 +145,8 @@ def plot(part, path: Path, title: str, subtitle: str, root: Path | None = None) 
     fig.suptitle(f"{title}\n{subtitle}", fontsize=8, color="red" if is_loud(subtitle) else "black")
     fig.tight_layout()
     try:
-        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"), root=root)
+        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png", metadata=PLOT_METADATA),
+                          root=root, kind=PLOT)
     finally:
         plt.close(fig)
 
@@ -213,7 +235,11 @@ def bench_table(rows: list[dict]) -> list[str]:
               r["error"][:40] if isinstance(r["error"], str) else
               (f"beat its floor: {r['roofline_wrong']} wrong"[:40] if r.get("roofline_error") else "")]
              for r in rows]
-    head = [f"problem: {common} and" if common else "problem:"]
+    if len(short) == 1:              # one problem: said once above, not in every row
+        return [f"problem: {next(iter(short))}"] + fixed_width(
+            ["kernel", "M", "contender", "time_us", "of_roofline", "note"], [r[:1] + r[2:] for r in table],
+            left=(0, 2, 5))
+    head = [f"problem: {common} and"] if common else []
     return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
                               left=(0, 1, 3, 6))
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.commands.options import device_option
-from tuner.errors import TunerError
+from tuner.file_kinds import CEILINGS
 from tuner.measure.ceilings import default_path, measure, summary_lines, write
+from tuner.paths import check_output
 
 
 def add_parser(sub, common) -> None:
@@ -15,7 +16,7 @@ def add_parser(sub, common) -> None:
     ceil = sub.add_parser("ceilings", help="measure this GPU's copy bandwidth and matmul rates",
                           description="Measure device-to-device copy bandwidth (bytes read plus written: the best of "
                           "3 sizes x 3 methods), FP8 and BF16 dense matmul rates at 8192^3, L2 size and SM count, "
-                          "after warming the clocks and with the clocks read while timed; a figure under 70%% of "
+                          "after warming the clocks and with the clocks read while timed; a figure under 70% of "
                           "the datasheet is measured again, then marked SUSPECT (bench, drift and the plan then "
                           "use the datasheet's). Needs the GPU.")
     ceil.add_argument("--gpu", required=True)
@@ -28,8 +29,8 @@ def run(args) -> int:
     from tuner.plan.gpus import get_gpu
     gpu = get_gpu(args.gpu)
     path = Path(args.out) if args.out else default_path(gpu, args.device)
-    if path.exists() and path.is_dir():
-        raise TunerError(f"--out {path} is a folder; give a file name")
+    # before measuring: only a ceilings file is replaced there (never notes, a device, a link)
+    check_output(path, CEILINGS, "--out" if args.out else "")
     data = measure(gpu, device=args.device)
     write(data, path)
     for line in summary_lines(data):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from tuner.commands.options import device_option, fraction, parallel, trust_option
 from tuner.errors import TunerError
+from tuner.file_kinds import DRIFT_JSON
 from tuner.measure.measurers import Measurer
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.table_files import TableFile, find_tables
@@ -228,6 +229,9 @@ def run(args) -> int:
     gpu = get_gpu(args.gpu)
     if args.replay and not Path(args.replay).is_file():
         raise TunerError(f"landscape {args.replay} not found")
+    if args.out:                 # before timing: only drift's rows are replaced there
+        from tuner.paths import check_output
+        check_output(Path(args.out), DRIFT_JSON)
     model = load_model(args.model) if args.model else None
     profile = None
     if args.traffic:
@@ -258,7 +262,7 @@ def run(args) -> int:
                                   args.tp, env.get("device"), is_synthetic(env)):
             print(line)
     if args.out:
-        atomic_write_json(Path(args.out), df.to_dict(orient="records"))
+        atomic_write_json(Path(args.out), df.to_dict(orient="records"), kind=DRIFT_JSON)
     return 0
 
 

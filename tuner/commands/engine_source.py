@@ -59,11 +59,37 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file")
-    folder = extract(args.engine, args.source, out, launcher(args.engine).FILES)
+    tables = engine_tables(args.engine, args.source)
+    folder = extract(args.engine, args.source, out, launcher(args.engine).FILES, tables)
     files = sorted(p for p in folder.rglob("*.py"))
     size = sum(p.stat().st_size for p in files)
-    print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) in {folder}/; use it as --engine-source {folder}")
+    print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) and {len(tables)} config tables in {folder}/; "
+          f"use it as --engine-source {folder}")
     return 0
+
+
+def engine_tables(engine: str, source: str | None) -> dict[str, str]:
+    """The engine's config tables and loader files ({path in the package: text}) from the
+    installation `extract` reads (the same wheel or install), so that the folder it makes
+    also serves `tuner audit` and `tuner coverage` (the GPU run orders its work by them)."""
+    from tuner.emit.engine_tables import locate_installation
+    from tuner.plan.engines import LOADER_FUNCTIONS, TABLE_FAMILIES
+    try:
+        inst = locate_installation(engine, engine_source=[source] if source else None)
+    except TunerError:
+        return {}
+    if inst.files is None:
+        return {}
+    rels = {f for (e, _), fam in TABLE_FAMILIES.items() if e == engine for f in inst.files.walk(fam.folder)
+            if f.endswith(".json")}
+    rels |= {key.rsplit(":", 1)[0] for functions in LOADER_FUNCTIONS[engine].values() for key in functions}
+    out = {}
+    for rel in sorted(rels):
+        try:
+            out[rel] = inst.files.read(rel).decode()
+        except (KeyError, OSError, TunerError, UnicodeDecodeError):
+            continue
+    return out
 
 
 SPEC = re.compile(r"(?P<engine>[a-z]+)(==(?P<version>[0-9][0-9A-Za-z.+-]*))?")
@@ -121,8 +147,13 @@ def fetch(engine: str, version: str, find_links: str | None = None, index_url: s
     try:
         cmd = pip_command(engine, version, tmp, find_links, index_url, no_index)
         print(f"fetching {engine}=={version} with pip (its wheel only, not installed) ...", file=sys.stderr, flush=True)
+        import signal
+
+        from tuner.measure.process_tree import child_of_this_process
         try:
-            done = runner(cmd, stdin=subprocess.DEVNULL)
+            # pip dies with us, kill -9 included (PR_SET_PDEATHSIG): a killed fetch leaves no
+            # download running on, orphaned (its temporary folder is cleared by the next fetch)
+            done = runner(cmd, stdin=subprocess.DEVNULL, preexec_fn=child_of_this_process(signal.SIGKILL))
         except OSError as e:
             raise TunerError(f"cannot run pip ({' '.join(cmd[:3])}): {e.strerror}") from None
         if done.returncode != 0:

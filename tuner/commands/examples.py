@@ -4,13 +4,15 @@ so that a test runs every one of them through the parser. A new command adds its
 from __future__ import annotations
 
 EXAMPLES: dict[str, list[str]] = {
+    "coverage": ["tuner coverage --gpu H200                                          # where tuning pays",
+                 "tuner coverage --model my-model/config.json --gpu H100 H200 --json --plot coverage.png"],
     "moe": ["tuner moe --model deepseek-v3 --gpu H200 --dtype fp8_w8a8            # on the GPU; TP8, the default",
             "tuner moe --model deepseek-v3 --gpu H200 --synthetic --batch-sizes 1 64   # no GPU: a SYNTHETIC try"],
     "gemm": ["tuner gemm --model deepseek-v3 --gpu H200 --dry-run                  # the plan",
              "tuner gemm --model deepseek-v3 --gpu H200 --only N=7168,K=2048"],
     "mla": ["tuner mla --model deepseek-v3 --gpu H200",
             "tuner mla --model deepseek-v3 --gpu H200 --contexts 4096 32768 --page-size 16"],
-    "install": ["tuner install runs/moe-deepseek-v3-H200-tp8 --engine vllm",
+    "install": ["tuner install runs/moe-deepseek-v3-H200-tp8 --engine vllm --model deepseek-v3",
                 "tuner install runs/moe-deepseek-v3-H200-tp8 --engine sglang --engine-version 0.5.23 "
                 "--moe-config-dir /srv/sglang-moe"],
     "audit": ["tuner audit --engine vllm --model deepseek-v3 --gpu H200",

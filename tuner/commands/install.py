@@ -24,6 +24,9 @@ def add_parser(sub, common) -> None:
                       "elsewhere): with --moe-config-dir, writes that version's config folder; with --dry-run, says "
                       "what an install would write")
     inst.add_argument("--gpu", default=None, help="the GPU the engine runs on (default: this machine's, if any)")
+    inst.add_argument("--model", default=None,
+                      help="the model the engine serves (name in configs/models/ or a config.json): a MoE table tuned "
+                      "for another K (hidden size; file names have none) is refused unless --force")
     inst.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
     inst.add_argument("--force", action="store_true",
                       help="install tables measured on another device or Triton, or not numerically checked")
@@ -51,5 +54,6 @@ def run(args) -> int:
     if not args.results:
         raise TunerError("give a results folder to install (or --restore)")
     api.install_results(args.results, args.engine, args.site_packages, args.moe_config_dir, args.gpu, args.force,
-                        args.dry_run, merge=args.merge, min_gain=args.min_gain, engine_version=args.engine_version)
+                        args.dry_run, merge=args.merge, min_gain=args.min_gain, engine_version=args.engine_version,
+                        model=args.model)
     return 0

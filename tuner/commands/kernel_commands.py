@@ -22,6 +22,7 @@ from tuner.commands.options import (
     workers,
 )
 from tuner.plan.engines import ENGINE_NAMES
+from tuner.plan.gpus import gpu_keys_text
 from tuner.search.samplers import SAMPLERS
 
 
@@ -30,7 +31,7 @@ def common_options() -> Parser:
     g = p.add_argument_group("what to tune")
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
-    g.add_argument("--gpu", required=True, help="H100, H200, H100-PCIe, H100-NVL, H200-NVL, H800, H20")
+    g.add_argument("--gpu", required=True, help=gpu_keys_text())
     g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
                    "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
     parallel_options(g)
@@ -144,16 +145,21 @@ def add_mla_parser(sub, common) -> None:
 
 def run(args) -> int:
     """tuner gemm, moe and mla: 0, or 1 when a study of a requested batch size timed no config
-    (said in one line on stderr, with the first failure's text)."""
+    (said in one line on stderr, with the first failure's text) or a --minutes window too short to
+    make progress (said with the length it needs)."""
     import sys
 
     from tuner.pipeline.request import TuneRequest
     from tuner.pipeline.tune import tune
     from tuner.search.outcomes import untimed_line
-    done = tune(TuneRequest.from_args(args))
+    left: dict = {}
+    done = tune(TuneRequest.from_args(args), left=left)
     line = untimed_line(done)
     if line:
         print(f"tuner: {line}", file=sys.stderr)
+        return 1
+    if left.get("stalled"):          # a --minutes window that cannot make progress: said, and not a success
+        print(f"tuner: {left['stalled']}", file=sys.stderr)
         return 1
     return 0
 

@@ -19,9 +19,11 @@ import os
 import re
 from pathlib import Path
 
+from tuner.commands.nightly_slot import slot_fields_ok
 from tuner.errors import TunerError
+from tuner.file_kinds import NIGHT_JSON, NIGHT_MD
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
-from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.paths import atomic_write_json, atomic_write_text, replaceable
 from tuner.plan.engines import ENGINE_NAMES
 
 ENV_KEYS = ("device", "driver", "torch", "triton")
@@ -102,6 +104,9 @@ def read_state(path: Path) -> dict:
             # naming any other folder would have it write its run there)
             raise TunerError(f"nightly state {path}: job {name!r}'s unfinished run {entry['run']} is no job folder "
                              f"of a night in {path.parent}{hint}")
+        if not slot_fields_ok(entry):
+            raise TunerError(f"nightly state {path}: job {name!r}: \"turn\" must be a whole number from 0 and "
+                             f"\"needs_s\" seconds from 0{hint}")
         outcome = entry.get("outcome", {})        # goes into the night's report again: scalars, one line each
         if not (isinstance(outcome, dict) and isinstance(entry.get("night", ""), str)
                 and outcome.get("status", "fresh") in OUTCOMES and all(
@@ -184,95 +189,8 @@ def environment_now(job: dict) -> dict:
     return {k: env.get(k) for k in ENV_KEYS}
 
 
-def _tables_of(run: Path) -> dict:
-    from tuner.emit.results import read_manifest, table_file_key
-    manifest = read_manifest(run)
-    return {table_file_key(t): t for t in manifest["tables"]}
-
-
-def _engines(table: dict) -> tuple:
-    return tuple(sorted(map(str, table.get("files") or {})))
-
-
-def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
-    """Where the previous config is not slower than the new one now, keep it (tied tables
-    decide together). Rewrites the new run's tables and manifest; returns how many entries
-    were kept."""
-    from tuner.commands.drift import Measurers
-    from tuner.commands.nightly_modes import run_landscape
-    from tuner.emit.results import table_json
-    from tuner.plan.gpus import get_gpu
-    from tuner.plan.kernel_api import table_entry
-    from tuner.plan.kernel_registry import get_kernel
-    from tuner.plan.problems import Problem
-    from tuner.search.runner import StudyRunner
-    old, new = _tables_of(prev_run), _tables_of(new_run)
-    measurers = Measurers(get_gpu(job["gpu"]), run_landscape(job, new_run), kernel_source=job.get("kernel_source"),
-                          engine_source=job.get("engine_source"))
-    kept = 0
-    try:
-        # a tied table's group: the table of the problem it is tied to, for the same engines' files
-        by_problem_key = {(Problem(t["kernel"], t["problem"]).key, _engines(t)): k for k, t in new.items()}
-        groups: dict[str, list[str]] = {}
-        for k, t in new.items():
-            root = by_problem_key.get((t.get("tied_to"), _engines(t)), k) if t.get("tied_to") else k
-            groups.setdefault(root, []).append(k)
-        for keys in groups.values():
-            if any(k not in old for k in keys):
-                continue          # nothing to compare: keep the new one
-            first = new[keys[0]]
-            # the kernel that timed the table: the engine's own, or ours
-            engine = next(iter(first.get("files") or {"tuner": None}))
-            kernel = measurers.kernel(first["kernel"], engine)
-            measure = measurers(kernel)
-            for M in sorted(set.intersection(*(set(new[k]["entries"]) & set(old[k]["entries"]) for k in keys)), key=int):
-                prev_total = new_total = 0.0
-                timed = []
-                for k in keys:
-                    problem = Problem(kernel.name, new[k]["problem"])
-                    a, b = old[k]["entries"][M]["config"], new[k]["entries"][M]["config"]
-                    if not a or not b:
-                        break
-                    ma, mb = measure.measure(problem, int(M), [a, b])
-                    if ma.time_us is None or mb.time_us is None:
-                        break
-                    prev_total += ma.time_us
-                    new_total += mb.time_us
-                    timed.append((k, a, ma))
-                else:
-                    if new_total >= prev_total * (1 - noise):
-                        for k, a, ma in timed:
-                            e = new[k]["entries"][M]
-                            e.update({"config": a, "time_us": ma.time_us, "spread": ma.spread, "kept_previous": True,
-                                      "speedup": (e["default_time_us"] / ma.time_us
-                                                  if e.get("default_time_us") else None)})
-                        kept += 1
-    finally:
-        measurers.close()
-    # rewrite every table of the new run from its (possibly updated) entries
-    own_format: dict[str, list] = {}
-    for t in new.values():
-        kernel = measurers.kernel(t["kernel"], next(iter(t.get("files") or {"tuner": None})))
-        if kernel.emit_table is not None:          # one file may hold several problems
-            problem = Problem(kernel.name, t["problem"])
-            results = [StudyRunner.result_from_dict(problem, int(m), e) for m, e in t["entries"].items()]
-            own_format.setdefault(kernel.name, []).append((problem, results))
-            continue
-        table = {int(m): table_entry(kernel, e["config"]) for m, e in t["entries"].items() if e.get("config")}
-        for rel in t["files"].values():
-            atomic_write_text(new_run / rel, table_json(table), root=new_run)
-    for name, pairs in own_format.items():
-        tables, _ = get_kernel(name).emit_table(pairs, measurers.gpu.cuda_name)
-        for rel, obj in tables.items():
-            atomic_write_json(new_run / rel, obj, root=new_run)
-    from tuner.emit.results import read_manifest
-    manifest = read_manifest(new_run)
-    manifest["tables"] = list(new.values())
-    atomic_write_json(new_run / "manifest.json", manifest, indent=2, root=new_run)
-    return kept
-
-
-def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None) -> dict:
+def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None, jobs_left: int = 1,
+            first: bool = False) -> dict:
     from tuner import api
     from tuner.commands.drift import Measurers, measure_drift
     from tuner.commands.report import write_diff
@@ -312,13 +230,15 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     if begun is not None:
         why, out = f"continuing the retune begun in {begun}", begun
     minutes = None
+    turn = None
     if window is not None:
-        # the job's tuning gets what is left of the night's window, less a tenth for what follows it
-        # (keeping better previous configs, the diff, the install)
-        minutes = window.left() * 0.9 / 60
-        if minutes * 60 < 1:
-            log(f"{name}: no time left in this window; the next one retunes it")
-            return {"job": name, "status": "waiting", "why": why}
+        # the job's share of the night's slot (tuner/commands/nightly_slot.py)
+        from tuner.commands.nightly_slot import needs_of, next_turn, share
+        given = share(window, jobs_left, needs_of(state.get(name)) if begun is not None else 0.0, first)
+        if given.short:
+            log(f"{name}: waiting: {given.short}; the next night takes it first")
+            return {"job": name, "status": "waiting", "why": f"{why}; {given.short}"}
+        minutes, turn = given.seconds / 60, next_turn(state)
     log(f"{name}: retuning ({why}) into {out}")
     left: dict = {}
     try:
@@ -340,13 +260,18 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     result = {"job": name, "run": str(out), "why": why}
     if left.get("studies"):
         # its tables hold what was tuned (the incumbent elsewhere); the next window goes on with it
-        state[name] = {"run": str(out), "environment": env, "unfinished": True,
+        state[name] = {"run": str(out), "environment": env, "unfinished": True, "turn": turn,
+                       "needs_s": left.get("needs_s", 0.0),
                        **({"baseline": str(prev_run)} if prev_run is not None else {})}
+        if left.get("stalled"):
+            log(f"{name}: its share of the slot ({minutes or 0:.2f} min) made no progress: it needs about "
+                f"{left.get('needs_s', 0):.0f} s (its start-up and next step, measured)")
         log(f"{name}: {left['studies']} studies left for the next window (tuner nightly --minutes)")
         return {**result, "status": "partial", "left": left["studies"]}
     if prev_run is None:
         result["status"] = "fresh"
     else:
+        from tuner.commands.nightly_keep import keep_better
         result["kept_previous"] = keep_better(prev_run, out, job, noise)
         diff, md = write_diff(prev_run, out, out / "diff", noise, force=True)
         slower, faster = int((diff["verdict"] == "slower").sum()), int((diff["verdict"] == "faster").sum())
@@ -367,7 +292,8 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
             log(f"{name}: not installed: {e}")
             result["installed"] = False
     # the outcome kept with the state: a rerun of this night after its report failed to be written reports it
-    state[name] = {"run": str(out), "environment": env, "night": night_dir.name, "outcome": result}
+    state[name] = {"run": str(out), "environment": env, "night": night_dir.name, "outcome": result,
+                   **({"turn": turn} if turn is not None else {})}
     return result
 
 
@@ -376,7 +302,8 @@ def _retuned_this_night(prev: dict | None, night_dir: Path) -> dict | None:
     outcome = (prev or {}).get("outcome")
     if prev is None or prev.get("night") != night_dir.name or not outcome or outcome.get("run") != prev["run"]:
         return None
-    if outcome.get("diff") and not Path(outcome["diff"]).is_relative_to(night_dir):
+    # its diff is in its run's folder: this night's, or the night that began a retune this night finished
+    if outcome.get("diff") and not Path(str(outcome["diff"])).is_relative_to(prev["run"]):
         return None
     return outcome
 
@@ -409,8 +336,11 @@ def run_night(config_path: Path, night: str | None = None, log=print, dry_run: b
     state_path = runs_dir / "state.json"
     state = read_state(state_path)
     check_jobs(cfg, config_path)
+    from tuner.commands.nightly_order import ordered_jobs
+    cfg["jobs"] = ordered_jobs(cfg, log)          # `order: value`: by expected value from the coverage map
     if dry_run:
-        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log)
+        return nightly_modes.plan_night(cfg, config_path, runs_dir, night, state, job_request, say=log,
+                                        minutes=minutes, begun_of=lambda job, prev: _begun(prev, environment_now(job)))
     nightly_modes.require_devices(cfg, config_path)
     check_writable(runs_dir, "runs_dir")
     with one_night_at_a_time(runs_dir):
@@ -447,23 +377,37 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
     from tuner.search.window import Window
     window = Window(minutes, began=began) if minutes is not None else None
     make_folder(night_dir, runs_dir)          # inside runs_dir, through no link
+    for path, kind in ((night_dir / "report.md", NIGHT_MD), (night_dir / "summary.json", NIGHT_JSON)):
+        replaceable(path, kind)               # before the jobs: the night's own files only (file_kinds.py)
     results = []
-    for job in cfg["jobs"]:
+    jobs = cfg["jobs"]
+    if window is not None:          # a slot: the jobs in turn (tuner/commands/nightly_slot.py)
+        from tuner.commands.nightly_slot import job_order
+        jobs = job_order(jobs, state)
+    for i, job in enumerate(jobs):
         try:
-            results.append(run_job(job, night_dir, state, noise, log, window))
+            results.append(run_job(job, night_dir, state, noise, log, window, len(jobs) - i, i == 0))
         except TunerError as e:
             log(f"{job['name']}: FAILED: {e}")
             results.append({"job": job["name"], "status": "failed", "error": str(e)})
         atomic_write_json(state_path, state, root=runs_dir)     # a later job's crash keeps this one's state
+    order = [j["name"] for j in cfg["jobs"]]
+    results.sort(key=lambda r: order.index(r["job"]))       # the report in the YAML's order
     lines = [f"# Nightly retune {night}", "", "| job | status | details |", "| --- | --- | --- |"]
     for r in results:
         details = r.get("error") or ", ".join(f"{k} {r[k]}" for k in ("why", "faster", "slower", "kept_previous")
                                              if k in r)
-        link = f" ([diff]({Path(r['diff']).relative_to(night_dir)}))" if r.get("diff") else ""
+        # a retune begun in an earlier night's window wrote its diff there: linked from here all the same
+        link = f" ([diff]({os.path.relpath(r['diff'], night_dir)}))" if r.get("diff") else ""
         lines.append(f"| {r['job']} | {r['status']} | {details}{link} |")
-    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir)
-    atomic_write_json(night_dir / "summary.json", results, root=runs_dir)
+    atomic_write_text(night_dir / "report.md", "\n".join(lines) + "\n", root=runs_dir, kind=NIGHT_MD)
+    atomic_write_json(night_dir / "summary.json", results, root=runs_dir, kind=NIGHT_JSON)
     log(f"night {night}: " + ", ".join(f"{r['job']} {r['status']}" for r in results) + f"; report {night_dir / 'report.md'}")
+    if window is not None:
+        from tuner.commands.nightly_slot import slot_short_line
+        short = slot_short_line(minutes or 0.0, [state.get(r["job"]) for r in results], results)
+        if short:
+            log(short)
     if any(r["status"] == "failed" for r in results):
         return EXIT_FAILED
     if any(r["status"] == "regressed" for r in results):

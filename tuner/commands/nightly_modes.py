@@ -57,29 +57,46 @@ def require_devices(cfg: dict, path: Path) -> None:
 
 
 def plan_night(cfg: dict, path: Path, runs_dir: Path, night: str, state: dict, job_request,
-               say=print) -> int:
+               say=print, minutes: float | None = None, begun_of=None) -> int:
     """What `tuner nightly --dry-run` prints: each job's plan, then the files the night would
-    write. Writes nothing. `job_request` is nightly's own (passed in: nightly imports this module,
+    write (with --minutes, the slot: the jobs' turn, their shares, each job's studies left and first).
+    Writes nothing. `job_request` and `begun_of(job, state entry)` (the folder of a retune an earlier
+    window began, that the night continues) are nightly's own (passed in: nightly imports this module,
     so importing it back would be a cycle)."""
     from tuner.pipeline.tune import tune
     night_dir = runs_dir / night
     say(f"dry run of the night {night} of {path}: nothing is measured or written")
-    for job in cfg["jobs"]:
+    jobs, shares = cfg["jobs"], dict[str, float]()
+    if minutes is not None:
+        from tuner.commands.nightly_slot import slot_lines
+        jobs, shares = slot_lines(jobs, state, minutes, say)
+    for job in jobs:
         name = job["name"]
         prev = state.get(name)
+        out = night_dir / name
+        begun = None
+        if prev and prev.get("unfinished"):
+            # as the night decides (tuner/commands/nightly.py run_job): the retune an earlier window began,
+            # continued in its folder where the environment is the same, against the run before it
+            begun = begun_of(job, prev) if begun_of is not None else None
+            out = begun or out
+            prev = {"run": prev["baseline"]} if prev.get("baseline") else None
         prev_run = Path(prev["run"]) if prev and Path(prev["run"], "manifest.json").is_file() else None
         times = ("SYNTHETIC landscape made by its run" if job.get("synthetic") and not job.get("replay")
                  else f"landscape {job['replay']}" if job.get("replay") else f"the GPU ({job['gpu']})")
         say("")
         say(f"job {name}: tuner {job['kernel']} --model {job['model']} --gpu {job['gpu']}, timed on {times}")
-        if prev_run is None:
-            say(f"  first run: tunes every table into {night_dir / name}")
+        if begun is not None:
+            say(f"  continues the retune an earlier window began in {begun}"
+                + (f", against {prev_run}" if prev_run is not None else ""))
+        elif prev_run is None:
+            say(f"  first run: tunes every table into {out}")
         else:
             say(f"  compares the environment with {prev_run}'s and checks its tables' drift; retunes into "
-                f"{night_dir / name} if either changed, keeping each previous config not beaten beyond noise")
+                f"{out} if either changed, keeping each previous config not beaten beyond noise")
         if job.get("install"):
             say(f"  then installs the tables for {job['install']['engine']}")
-        req = dataclasses.replace(job_request(job, night_dir / name, prev_run), dry_run=True, quiet=False)
+        req = dataclasses.replace(job_request(job, out, prev_run, shares.get(name)), dry_run=True, quiet=False)
         tune(req, say=lambda line: say("\n".join("  " + ln if ln else ln for ln in str(line).splitlines())))
     say("")
     say(f"the night would write {night_dir}/ (each job's folder, report.md, summary.json) and {runs_dir / 'state.json'}")

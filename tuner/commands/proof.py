@@ -43,8 +43,9 @@ from pathlib import Path
 from tuner.commands.options import device_option, trust_option
 from tuner.commands.proof_outcomes import step_outcome
 from tuner.commands.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
-from tuner.commands.proof_steps import Command, ProofSteps, _last_line
+from tuner.commands.proof_steps import Command, ProofSteps, _last_line, default_baselines, default_engine_source
 from tuner.errors import TunerError
+from tuner.file_kinds import LOG, PROOF_BUNDLE, PROOF_ENV, PROOF_MD, PROOF_STEPS
 from tuner.measure.process_tree import child_of_this_process, stop_group
 from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
 from tuner.plan.gpus import GpuSpec
@@ -89,7 +90,7 @@ class Proof(ProofSteps):
                 # before the box's SIGTERM; a margin for its closing writes
                 argv = [*argv, "--minutes", f"{max(0.1, (left - WINDOW_CLOSE_S) / 60):.2f}"]
             started = time.monotonic()
-            with open_for_append(self.out / c.log, self.out, truncate=True) as f:
+            with open_for_append(self.out / c.log, self.out, truncate=True, kind=LOG) as f:
                 f.write(f"$ {' '.join(argv)}\n")
                 f.flush()
                 # its own process group: a timeout stops it and its children (the measuring
@@ -216,12 +217,8 @@ class Proof(ProofSteps):
                 result.detail.append(outcome.line() or "")
                 if not outcome.timed and result.status == "ok":
                     result.status = "failed"        # a step that timed nothing failed, whatever its exit status
-            if name == "smoke" and result.status != "skipped":
-                why = self.smoke_timed()
-                if why:
-                    result.status = "failed"
-                    result.detail.append(f"the smoke test failed: {why}; the rest of this call is not run")
-                    stopped = f"{STOPPED_BY_SMOKE} ({why})"
+            if name == "smoke":
+                stopped = self.smoke_verdict(result)
             self.results.append(result)
             for line in result.detail:
                 log(f"[proof]   {line}")
@@ -233,25 +230,50 @@ class Proof(ProofSteps):
             log(f"[proof] next, here: bash scripts/commit_gpu_proof.sh <files_at>/{self.bundle_name()}")
         return 1 if any(r.status == "failed" for r in self.results if r.name in order) else 0
 
+    def smoke_verdict(self, result: StepResult) -> str | None:
+        """Why the rest of the call is not run (None: it is). A smoke test that finished and
+        timed no config says the GPU path is broken: the call stops there, with the first
+        failure. One cut by its box (out of time) proves nothing: the call goes on, and
+        validation and the window say whether the path works."""
+        if result.status == "skipped":
+            return None
+        why = self.smoke_timed()
+        if not why:
+            return None
+        if result.status == "out of time":
+            result.detail.append(f"the smoke test was cut by its box before it timed a config ({why}); "
+                                 "the call goes on")
+            return None
+        result.status = "failed"
+        result.detail.append(f"the smoke test failed: {why}; the rest of this call is not run")
+        return f"{STOPPED_BY_SMOKE} ({why})"
+
     def boxes(self) -> dict[str, float]:
         """Each device step's box, from the H200 run's measured times (tuner/commands/proof_plan.py)."""
-        from tuner.commands.proof_plan import DEVICE_MINUTES, device_boxes, measured, validation_cases
-        boxes = device_boxes(measured(), validation_cases())
-        # the rehearsal: Triton's interpreter is no GPU; its boxes keep the GPU's proportions to
-        # its --minutes (the GPU's are for a --minutes DEVICE_MINUTES command)
-        scale = self.minutes / DEVICE_MINUTES if self.rehearsal else 1.0
-        return {k: v * scale for k, v in boxes.items()}
+        from tuner.commands.proof_plan import boxes_for
+        return boxes_for(self.minutes, self.rehearsal, "H200")
 
     def write_summary(self, elapsed: float) -> None:
         from tuner.commands.proof_summary import summary_markdown
         atomic_write_json(self.out / "steps.json", {"device": self.device, "minutes": self.minutes,
                                                     "elapsed_s": elapsed, "gpu": self.gpu.key,
                                                     "steps": [r.__dict__ for r in self.results]}, indent=2,
-                          root=self.out)
+                          root=self.out, kind=PROOF_STEPS)
         atomic_write_text(self.out / "summary.md", summary_markdown(self.out, self.results, self.device, elapsed),
-                          root=self.out)
+                          root=self.out, kind=PROOF_MD)
 
     # -- what comes back from a device call ---------------------------------------------
+    def check_outputs(self) -> None:
+        """Before the first step: in the folders the user named (--out, --bundle), only the proof's
+        own files are replaced (tuner/file_kinds.py); its logs are checked as each is opened."""
+        from tuner.paths import replaceable
+        targets = [(self.out / "summary.md", PROOF_MD, "--out"), (self.out / "environment.json", PROOF_ENV, "--out")]
+        if self.bundle is not None:
+            targets += [(self.bundle / self.bundle_name(), PROOF_BUNDLE, "--bundle"),
+                        (self.bundle / "summary.md", PROOF_MD, "--bundle")]
+        for path, kind, option in targets:
+            replaceable(path, kind, f"{option} {path.parent}: {path.name}")
+
     def bundle_name(self) -> str:
         return f"proof-{self.out.name}.tar.gz"
 
@@ -270,10 +292,11 @@ class Proof(ProofSteps):
         def fill(tmp: Path) -> None:
             with tarfile.open(tmp, "w:gz") as tar:        # links are stored as links, never followed
                 tar.add(self.out, arcname=self.arcname(), filter=_no_temporaries)
-        atomic_write_file(target, fill, root=self.bundle)
+        atomic_write_file(target, fill, root=self.bundle, kind=PROOF_BUNDLE)
         if (self.out / "summary.md").is_file():
             from tuner.reading import read_text
-            atomic_write_text(self.bundle / "summary.md", read_text(self.out / "summary.md"), root=self.bundle)
+            atomic_write_text(self.bundle / "summary.md", read_text(self.out / "summary.md"), root=self.bundle,
+                              kind=PROOF_MD)
         self._bundled_at = time.time()
         size = target.stat().st_size
         if log and size > 12 << 20:
@@ -319,18 +342,9 @@ def default_out(gpu: GpuSpec, device: str) -> Path:
     return REPO_ROOT / "bench" / "results" / f"{gpu.key}-{date}"
 
 
-def default_baselines() -> Path | None:
-    for candidate in (REPO_ROOT / ".baselines", REPO_ROOT.parent / "shared" / "baselines"):
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-def default_engine_source() -> list[str] | None:
-    folder = REPO_ROOT / ".engine-src"
-    if folder.is_dir():
-        return [str(p) for p in sorted(folder.iterdir()) if p.is_dir()]
-    return None
+def engine_sources(given: list[str] | None) -> list[str] | None:
+    """The engines' code (and tables) the proof runs: --engine-source, else .engine-src/'s folders."""
+    return [os.path.abspath(e) for e in given] if given else default_engine_source()
 
 
 def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
@@ -390,9 +404,19 @@ def run(args) -> int:
         for call in CALLS:
             chosen = [s for s in CALLS[call] if s in steps]
             if chosen:
-                print("\n".join(plan_lines(chosen, args.minutes, args.device)))
+                print("\n".join(plan_lines(chosen, args.minutes, args.device, gpu=gpu,
+                                            engine_source=engine_sources(args.engine_source))))
         return 0
     if any(s not in CALLS["local"] for s in steps):
+        from tuner.commands.proof_plan import boxes_for, refuse_unfit
+        refuse_unfit([s for s in STEPS if s in steps], args.minutes, boxes_for(args.minutes, args.device == "cpu"))
+        if args.device == "cuda" and set(steps) & {"smoke", "validate", "window"}:
+            missing = ProofSteps(Path("."), gpu, args.minutes, args.device, default_engine_source()
+                                 if not args.engine_source else [os.path.abspath(e) for e in args.engine_source],
+                                 Path(args.baselines) if args.baselines else default_baselines()).missing_inputs()
+            if missing:
+                from tuner.commands.proof_steps import MAKE_INPUTS
+                raise TunerError(f"missing {', '.join(missing)}: {MAKE_INPUTS}")
         require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
     # absolute before anything runs: the steps run from the repository root, where a relative
     # --out would land in the checkout instead of where the user stands
@@ -409,4 +433,5 @@ def run(args) -> int:
     proof = Proof(out, gpu, args.minutes, args.device, engine_source or default_engine_source(),
                           Path(os.path.abspath(baselines)) if baselines else None,
                           Path(os.path.abspath(args.bundle)) if args.bundle else None)
+    proof.check_outputs()
     return proof.execute(steps, log=lambda line: print(line, flush=True))

@@ -16,12 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.file_kinds import PROOF_ENV
 from tuner.measure.environment import now_iso, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text
 from tuner.plan.engines import DEFAULT_BATCH_SIZES
 from tuner.plan.gpus import GpuSpec
 
 GEMM_SHAPES = ["N=7168,K=2048", "N=3072,K=1536", "N=4608,K=7168"]
+ENGINE_NAMES = ("vllm", "sglang")
+MAKE_INPUTS = ("a GPU call times each engine's own kernel and beats the tables it ships: make .engine-src/ and "
+               ".baselines/ with bash scripts/prepare_gpu_proof.sh and carry them (bench/README.md)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Profile:
     ours_only: tuple[str, ...] = ()      # ours validated on these problems only (the GPU: every one)
     window_gemm_only: tuple[str, ...] = ()   # the window's GEMM shapes (the GPU: every one of the model)
     patience: int | None = None          # None: as many as the trials
+    window_dtypes: tuple[str, ...] | None = None   # the window's MoE precisions (None: every one it is served at)
 
 
 # The window's search settings are the committed state's (tuned/NVIDIA_H200/manifest.json: budget 32,
@@ -61,7 +66,7 @@ REHEARSAL_PROFILE = Profile("configs/examples/small-moe.json", 1, (1,), 16, (5,)
                                 "kernel: fp8_gemm\nparams:\n  BLOCK_SIZE_M: [16]\n  BLOCK_SIZE_N: [64, 128]\n"
                                 "  BLOCK_SIZE_K: [128]\n  GROUP_SIZE_M: [1]\n  num_warps: [4]\n  num_stages: [3]\n"
                                 "constraints: {block_k_divides_group: {}}\n"), ours_only=("E=8,",),
-                            window_gemm_only=("N=256,K=256",))
+                            window_gemm_only=("N=256,K=256",), window_dtypes=("fp8_w8a8",))
 
 
 @dataclass
@@ -114,7 +119,7 @@ class ProofSteps:
     def available_engines(self) -> list[str]:
         from tuner.plan.kernel_sources import locate, origin_for
         found = []
-        for engine in ("vllm", "sglang"):
+        for engine in ENGINE_NAMES:
             try:
                 locate(engine, origin_for(engine, self.engine_source))
                 found.append(engine)
@@ -123,8 +128,22 @@ class ProofSteps:
         return found
 
     def source_for(self, engine: str) -> str:
-        """The engine's own kernel where its code is here; else ours (said in the log)."""
-        return engine if engine in self.available_engines() else "ours"
+        """The engine's own kernel where its code is here. On a GPU, never ours in its place: its
+        rows would go into the engine's committed tables (refused, one line); the rehearsal (CI
+        without the engines' wheels) times ours."""
+        if engine in self.available_engines():
+            return engine
+        if not self.rehearsal:
+            raise TunerError(f"{engine}'s code is not here: {MAKE_INPUTS}")
+        return "ours"
+
+    def missing_inputs(self) -> list[str]:
+        """What a GPU call needs beside the repository and lacks: each engine's code (.engine-src/)
+        and its shipped tables (.baselines/), without which the window would time our kernel in
+        an engine's place and its choices would be made without the rows the engine ships."""
+        missing = [f"{e}'s code" for e in ENGINE_NAMES if e not in self.available_engines()]
+        missing += [f"{e}'s shipped tables" for e in ENGINE_NAMES if not self.baseline_dirs(e)]
+        return missing
 
     def baseline_dirs(self, engine: str | None = None) -> list[Path]:
         """The shipped tables' folders (one per engine version), `engine`'s only when given."""
@@ -156,12 +175,17 @@ class ProofSteps:
         return ["--tp", str(self.profile.tp), "--per-rank"]
 
     def moe_tune(self, engine: str, ms, out: Path, trials: int | None, log: str, label: str,
-                 kind: str = "moe", window: bool = False) -> Command:
+                 kind: str = "moe", window: bool = False, tp: int | None = None, ep: int = 1,
+                 dtype: str = "fp8_w8a8") -> Command:
+        """A tuning command (`kind`: moe or gemm) of `engine`'s tables at the profile's TP (or
+        `tp`/`ep`: one rank's shapes of a deployment of the work list) and `dtype`."""
         baseline = self.baseline_dirs(engine) if kind == "moe" else []
         only = list(self.profile.window_gemm_only) if kind == "gemm" else []
+        parallel = self.parallel_args() if tp is None else \
+            ["--tp", str(tp), *(["--ep", str(ep)] if ep > 1 else []), "--per-rank"]
         return Command(label, self.tuner(
-            kind, "--model", self.model(), "--gpu", self.gpu.key, *self.parallel_args(),
-            *(["--dtype", "fp8_w8a8"] if kind == "moe" else []), *(["--only", *only] if only else []),
+            kind, "--model", self.model(), "--gpu", self.gpu.key, *parallel,
+            *(["--dtype", dtype] if kind == "moe" else []), *(["--only", *only] if only else []),
             "--kernel-source", self.source_for(engine), "--engines", engine, *self.engine_args(),
             "--batch-sizes", *map(str, ms), *(["--trials", str(trials)] if trials else []),
             *(["--patience", str(self.profile.patience or trials if window else trials)] if trials else []),
@@ -183,7 +207,7 @@ class ProofSteps:
                 env.update(nvml_snapshot(nvml_index(0)))
         except Exception as e:  # noqa: BLE001 - the environment record says what failed
             env["error"] = str(e)
-        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out)
+        atomic_write_json(self.out / "environment.json", env, indent=2, root=self.out, kind=PROOF_ENV)
         cmds = []
         if self.device == "cuda" and shutil.which("nvidia-smi"):
             cmds.append(Command("nvidia-smi", ["nvidia-smi", "-q"], "logs/nvidia-smi.txt"))
@@ -223,49 +247,72 @@ class ProofSteps:
                         out.append((engine, path))
         return out
 
-    def step_validate(self) -> list[Command]:
-        """The full validation list, the engines' first: their kernels (the MoE layer, then the
-        GEMM shapes the window's landscape starts from), each engine's shipped MoE tables at the
-        validate batch sizes on its own kernel right after its default cases (same measuring
-        child); then ours on every problem of the model, MLA decode included: what a cut step
-        loses is the least valuable."""
+    def validation_runs(self) -> list[dict]:
+        """The validation's commands as arguments of scripts/validate_kernels.py (the full list, the
+        engines' first: their kernels (the MoE layer, then the GEMM shapes the window's landscape
+        starts from), each engine's shipped MoE tables at the validate batch sizes on its own kernel
+        right after its default cases (same measuring child); then ours on every problem of the
+        model, MLA decode included: what a cut step loses is the least valuable)."""
         p = self.profile
         engines = self.available_engines()
-        only = ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes]
         tables = [str(path) for engine, path in self.shipped_moe_tables() if engine in engines]
+        runs: list[dict] = []
+        if engines:
+            runs.append({"label": "validate the engines' kernels", "sources": engines,
+                         "only": ["E=8,"] if self.rehearsal else ["E=25", *p.gemm_shapes],
+                         "batch_sizes": list(p.validate_ms), "tables": tables, "out": "kernels.json",
+                         "log": "logs/validate-kernels.txt"})
+        runs.append({"label": "validate ours", "sources": ["ours"], "only": list(p.ours_only) or None,
+                     "batch_sizes": list(p.gemm_ms), "tables": [], "out": "ours.json", "log": "logs/validate-ours.txt"})
+        return runs
+
+    def step_validate(self) -> list[Command]:
+        """The full validation list (validation_runs); a case recorded as passed on this GPU model
+        with the same Triton, torch and kernel code is not run again, but one canary per kernel
+        source (bench/validated.json: tuner/commands/proof_validation.py)."""
+        from tuner.commands.proof_validation import LEDGER
+        p = self.profile
         common = [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key, "--model", self.model(),
                   "--tp", str(p.tp)]
-        cmds = []
-        if engines:
-            cmds.append(Command("validate the engines' kernels", [
-                *common, "--kernel-source", *engines, *self.engine_args(), "--only", *only,
-                "--batch-sizes", *map(str, p.validate_ms), *self.measuring_args(),
-                *(["--tables", *tables] if tables else []), "--out", str(self.out / "validate" / "kernels.json")],
-                "logs/validate-kernels.txt"))
-        cmds.append(Command("validate ours", [
-            *common, "--kernel-source", "ours", *(["--only", *p.ours_only] if p.ours_only else []),
-            "--batch-sizes", *map(str, p.gemm_ms), *self.measuring_args(),
-            "--out", str(self.out / "validate" / "ours.json")], "logs/validate-ours.txt"))
-        return cmds
+        return [Command(r["label"], [
+            *common, "--kernel-source", *r["sources"], *(self.engine_args() if r["sources"] != ["ours"] else []),
+            *(["--only", *r["only"]] if r["only"] else []), "--batch-sizes", *map(str, r["batch_sizes"]),
+            *self.measuring_args(), *(["--tables", *r["tables"]] if r["tables"] else []),
+            "--recorded", str(LEDGER), "--out", str(self.out / "validate" / r["out"])], r["log"])
+            for r in self.validation_runs()]
+
+    def work(self) -> tuple[list, list[str]]:
+        """The window's work list in order (tuner/commands/proof_work.py: by expected value from
+        the coverage map, less what the state folder holds), and what its order could not know."""
+        from tuner.commands.proof_work import work_list
+        p = self.profile
+        return work_list(self.model(), self.gpu, self.tuned(), {}, p.tp, self.engine_source, p.window_dtypes,
+                         p.window_gemm_only)
 
     def step_window(self) -> list[Command]:
-        """The window's work list, most valuable first: both engines' MoE tables at the window's
-        batch sizes, both engines' GEMM tables (every shape of the model), MLA decode (where the
-        model has it), then a landscape; each command continues the state folder."""
-        from tuner.plan.models import load_model
+        """The window's work list, most valuable first (self.work): the fused-MoE tables of the
+        model's deployments on this GPU that run the engine's default config, then fallbacks,
+        then shipped ones; both engines' GEMM tables (every TP8 shape of the model), MLA decode
+        (where the model has it); then a landscape. Each command continues the state folder."""
         p = self.profile
         self.window_note = self.seed_state()
         state = self.tuned()
-        cmds = [self.moe_tune(e, p.moe_ms, state, p.trials, f"logs/window-moe-{e}.txt",
-                              f"the {self.model()} MoE tables of {e}", window=True) for e in ("vllm", "sglang")]
-        cmds += [self.moe_tune(e, p.moe_ms, state, p.trials, f"logs/window-gemm-{e}.txt",
-                               f"the {self.model()} GEMM tables of {e}", kind="gemm", window=True)
-                 for e in ("vllm", "sglang")]
-        if load_model(self.model()).is_mla:
-            cmds.append(Command(f"the {self.model()} MLA decode table", self.tuner(
-                "mla", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp),
-                *(["--trials", str(p.trials), "--patience", str(p.patience or p.trials)] if p.trials else []),
-                *self.measuring_args(), "--out", str(state), "--quiet"), "logs/window-mla.txt", window=True))
+        work, notes = self.work()
+        if notes:
+            self.window_note = "; ".join(filter(None, [self.window_note, *notes]))
+        cmds = []
+        for w in work:
+            name = f"{w.kind}-{w.engine}" + (f"-tp{w.tp}-ep{w.ep}-{w.dtype}" if w.kind == "moe" else "")
+            if w.kind in ("moe", "gemm"):
+                cmds.append(self.moe_tune(w.engine, p.moe_ms, state, p.trials, f"logs/window-{name}.txt",
+                                          f"the {self.model()} {w.label} tables ({w.status or 'TP8'})", kind=w.kind,
+                                          window=True, **({"tp": w.tp, "ep": w.ep, "dtype": w.dtype}
+                                                          if w.kind == "moe" else {})))
+            elif w.kind == "mla":
+                cmds.append(Command(f"the {self.model()} MLA decode table", self.tuner(
+                    "mla", "--model", self.model(), "--gpu", self.gpu.key, "--tp", str(p.tp),
+                    *(["--trials", str(p.trials), "--patience", str(p.patience or p.trials)] if p.trials else []),
+                    *self.measuring_args(), "--out", str(state), "--quiet"), "logs/window-mla.txt", window=True))
         return cmds + self.step_landscapes()
 
     def step_landscapes(self) -> list[Command]:
@@ -298,6 +345,22 @@ class ProofSteps:
     def builders(self) -> dict:
         return {"environment": self.step_environment, "smoke": self.step_smoke, "validate": self.step_validate,
                 "window": self.step_window, "report": self.step_report, "sampler": self.step_sampler}
+
+
+def default_baselines() -> Path | None:
+    from tuner.paths import REPO_ROOT
+    for candidate in (REPO_ROOT / ".baselines", REPO_ROOT.parent / "shared" / "baselines"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def default_engine_source() -> list[str] | None:
+    from tuner.paths import REPO_ROOT
+    folder = REPO_ROOT / ".engine-src"
+    if folder.is_dir():
+        return [str(p) for p in sorted(folder.iterdir()) if p.is_dir()]
+    return None
 
 
 def _last_line(path: Path) -> str:

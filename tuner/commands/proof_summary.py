@@ -66,14 +66,19 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
     if vals or checks:
         lines += ["## Kernels against the float64 reference", ""]
         for f, val in vals:
-            cases = val.get("cases", [])
+            everything = val.get("cases", [])
+            # recorded: passed before on this GPU model with the same Triton, torch and code, not run again
+            recorded = [c for c in everything if c.get("recorded")]
+            cases = [c for c in everything if not c.get("recorded")]
             # a case fails its numerics or its timing: either is a failure of the kernel on this device
             bad = [c for c in cases if c["numerics"]["status"] != "passed" or not c.get("time_us")]
             where = next((c.get("time_source") for c in cases if c.get("time_source")), "-")
-            shipped = sorted({c["case"] for c in cases if str(c.get("case", "")).startswith("shipped ")})
+            shipped = sorted({c["case"] for c in everything if str(c.get("case", "")).startswith("shipped ")})
             lines.append(f"- validate_kernels ({f.name}): {len(cases) - len(bad)} passed, {len(bad)} failed "
                          f"({sum(not c.get('time_us') for c in cases)} not timed; default configs"
-                         + (f" and {len(shipped)} shipped tables" if shipped else "") + f"; times: {where})")
+                         + (f" and {len(shipped)} shipped tables" if shipped else "") + f"; times: {where})"
+                         + (f"; {len(recorded)} recorded as passed before ({', '.join(sorted({c['recorded'] for c in recorded}))}"
+                            "; same GPU model, Triton, torch and code): not run again" if recorded else ""))
             lines += [f"  - FAILED [{c['kernel_source']}] {c['kernel']} {c['problem']} M={c['M']} "
                       f"({c.get('case', 'default')}): "
                       + (f"not timed: {c.get('error')}" if not c.get("time_us") else str(c["numerics"].get("detail")))

@@ -16,9 +16,10 @@ from tuner.commands.options import fraction
 from tuner.commands.report_traffic import geomean, label, number
 from tuner.emit.run_table import run_source
 from tuner.errors import TunerError
+from tuner.file_kinds import DIFF_MD, PLOT, PLOT_METADATA, REPORT_MD
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
-from tuner.paths import atomic_write_file, atomic_write_text, check_writable
+from tuner.paths import Kind, atomic_write_file, atomic_write_text, check_output, check_writable, replaceable
 
 if TYPE_CHECKING:                  # pandas loads when a report runs, not for `tuner --help`
     import pandas as pd
@@ -34,14 +35,32 @@ def read_manifest(run: Path) -> dict:
 WIDTH = 120        # terminal tables stay within this many columns
 
 
-def _files(entry: dict) -> tuple[str, str]:
+def _files(entry: dict, manifest: dict | None = None) -> tuple[str, str]:
     """(engines, files) a manifest table was written to: 'vllm', 'vllm: E=...json' (one
-    line per engine; our kernel times one table for both engines' files)."""
+    line per engine; our kernel times one table for both engines' files); a tied table not
+    written (the same as the one it is tied to) by the file it would be, and why it is not."""
     files = entry.get("files") or {}
     if not files:
         source = (entry.get("kernel_source") or {}).get("source", "ours")
+        unwritten = _unwritten(entry, manifest)
+        if unwritten is not None:
+            would, why = unwritten
+            return ", ".join(would), "\n".join([*(f"{engine}: {Path(f).name} (not written)" for engine, f in
+                                                 would.items()), f"  not written: {why}"])
         return source, f"{source}: (no file)"
     return ", ".join(files), "\n".join(f"{engine}: {Path(str(f)).name}" for engine, f in files.items())
+
+
+def _unwritten(entry: dict, manifest: dict | None) -> tuple[dict[str, str], str] | None:
+    from tuner.emit.run_table import unwritten_table
+    from tuner.plan.gpus import get_gpu
+    if manifest is None or not entry.get("not_written"):
+        return None
+    try:
+        cuda_name = get_gpu(str(manifest.get("gpu"))).cuda_name
+    except TunerError:
+        return None
+    return unwritten_table(manifest, entry, cuda_name)
 
 
 def manifest_frame(run: Path) -> pd.DataFrame:
@@ -50,7 +69,7 @@ def manifest_frame(run: Path) -> pd.DataFrame:
     manifest = read_manifest(run)
     rows = []
     for t in manifest.get("tables", []):
-        engine, file = _files(t)
+        engine, file = _files(t, manifest)
         for m, e in (t.get("entries") or {}).items():
             cfg = e.get("config")
             rows.append({
@@ -74,12 +93,25 @@ def manifest_frame(run: Path) -> pd.DataFrame:
     return df
 
 
-def _fit(text: str, width: int = WIDTH) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+def _columns() -> int | None:
+    """The terminal's columns (at most WIDTH), None when piped: whole lines then, as every
+    command prints them (tuner/textwidth.py)."""
+    from tuner.textwidth import output_width
+    columns = output_width()
+    return min(WIDTH, columns) if columns else None
 
 
-def _wrapped(prefix: str, text: str, width: int = WIDTH) -> list[str]:
-    """`prefix text` over as many lines as it takes, broken at commas, each within width."""
+def _fit(text: str, width: int | None = None) -> str:
+    width = width or _columns()
+    return text if width is None or len(text) <= width else text[: width - 3] + "..."
+
+
+def _wrapped(prefix: str, text: str, width: int | None = None) -> list[str]:
+    """`prefix text` over as many lines as it takes, broken at commas, each within width (one
+    line when piped)."""
+    width = width or _columns()
+    if width is None:
+        return [prefix + text]
     lines, line = [], prefix
     for part in text.split(","):
         piece = part if line == prefix else "," + part
@@ -118,7 +150,7 @@ def failures_by_kind(run: Path) -> dict[str, int]:
 
 
 def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: tuple[str, list, list],
-          source: str, colours: list[str] | None = None, root: Path | None = None) -> None:
+          source: str, colours: list[str] | None = None, root: Path | None = None, kind: Kind | None = None) -> None:
     """Time against M (log-log) and a bar per M of the ratio, coloured by verdict (given, or
     green for a gain and red for a loss), titled with the problem and where the times came
     from (red when SYNTHETIC)."""
@@ -154,9 +186,26 @@ def _plot(path: Path, title: str, series: dict[str, tuple[list, list]], ratio: t
                  color="red" if is_loud(source) else "black")
     fig.tight_layout()
     try:
-        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"), root=root)
+        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png", metadata=PLOT_METADATA),
+                          root=root, kind=kind)
     finally:
         plt.close(fig)
+
+
+def check_outputs(md: Path, md_kind: Kind, plots: list[Path], option: str) -> Kind | None:
+    """Before the first write: the Markdown and every plot beside it may be written there. A
+    path the user named (`option`) holds only files of the kind written (tuner/file_kinds.py);
+    inside a results folder of ours (no option) only no folder, device or link is replaced.
+    Returns the plots' kind for the writer."""
+    if not option:
+        check_writable(md, "", folder=False)
+        for png in plots:
+            replaceable(png)
+        return None
+    check_output(md, md_kind, option)
+    for png in plots:
+        replaceable(png, PLOT, f"{option} {md.parent}: {png.name}")
+    return PLOT
 
 
 def choice_text(choice: dict) -> str:
@@ -177,7 +226,9 @@ def write_report(run: Path, out: Path | None = None,
     # the report and its plots stay inside the run (or the folder of --out), through no link
     given = out is not None
     out, root = (Path(out), Path(out).parent) if out else (run / "report" / "report.md", run)
-    check_writable(out, "--out" if given else "", folder=False)
+    problems = sorted(df["problem"].unique())
+    plot_kind = check_outputs(out, REPORT_MD, [out.parent / f"plot-{i}.png" for i in range(len(problems))],
+                              "--out" if given else "")
     manifest = read_manifest(run)
     lines = [f"# Tuning report: {run}", "", source, "",
              f"Measurement: {policy_text(manifest.get('measurement'))}."
@@ -207,11 +258,11 @@ def write_report(run: Path, out: Path | None = None,
         sp = part.dropna(subset=["speedup"])
         head = "; ".join(part["file"].iloc[0].splitlines())
         _plot(png, f"{head}\n{problem}", series, ("speedup over default", list(sp["M"]), list(sp["speedup"])),
-              source, root=root)
+              source, root=root, kind=plot_kind)
         lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
                   f"![{problem}]({png.name})", "",
                   markdown_table(part.drop(columns=["problem", "engine", "file", "legend"])), ""]
-    atomic_write_text(out, "\n".join(lines) + "\n", root=root)
+    atomic_write_text(out, "\n".join(lines) + "\n", root=root, kind=REPORT_MD if given else None)
     return df, out
 
 
@@ -256,6 +307,8 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
     default = Path(out_dir) == Path(new) / "diff"
     root = Path(new) if default else Path(out_dir)
     check_writable(out_dir, "" if default else "--out")
+    plot_kind = check_outputs(out, DIFF_MD, [out.parent / f"diff-{i}.png" for i in range(df["problem"].nunique())],
+                              "" if default else "--out")
     if not force and not ((df["verdict"] != "new") & (df["verdict"] != "dropped")).any():
         raise TunerError(f"{old} and {new} have no (problem, M) in common: they are unrelated runs "
                          "(--force compares them anyway)")
@@ -285,11 +338,11 @@ def write_diff(old: Path, new: Path, out_dir: Path, noise: float = 0.02,
               {"old": (list(part.dropna(subset=["time_us_old"])["M"]), list(part["time_us_old"].dropna())),
                "new": (list(part.dropna(subset=["time_us_new"])["M"]), list(part["time_us_new"].dropna()))},
               ("speedup new/old", list(both["M"]), list(both["time_us_old"] / both["time_us_new"])), sources,
-              colours=[VERDICT_COLOURS[v] for v in both["verdict"]], root=root)
+              colours=[VERDICT_COLOURS[v] for v in both["verdict"]], root=root, kind=plot_kind)
         table = part.drop(columns=["problem", "engine", "file", "legend"])
         lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
                   f"![{problem}]({png.name})", "", markdown_table(table, floatfmt=".2f"), ""]
-    atomic_write_text(out, "\n".join(lines) + "\n", root=root)
+    atomic_write_text(out, "\n".join(lines) + "\n", root=root, kind=None if default else DIFF_MD)
     return df, out
 
 
@@ -323,14 +376,15 @@ def add_report_parser(sub, common) -> None:
 
 
 def bench_verdict(path: Path) -> list[str]:
-    """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run (tuner/emit/verdict.py)."""
+    """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run
+    (tuner/emit/verdict.py), from the file checked on read (tuner/commands/bench_file.py)."""
+    from tuner.commands.bench_file import read_bench
     from tuner.emit.verdict import verdict_lines
-    from tuner.reading import read_json_file
-    data = read_json_file(path, "bench file ")
-    if not isinstance(data, dict) or data.get("format") != "tuner-bench/1" or not isinstance(data.get("rows"), list):
-        raise TunerError(f"{path} is not a bench file (\"format\": \"tuner-bench/1\", written by tuner bench)")
-    rows = [r for r in data["rows"] if isinstance(r, dict) and {"kernel_source", "problem", "M", "contender"} <= set(r)]
-    return [str(data.get("banner") or "times: unknown source"), *verdict_lines(rows, str(data.get("kernel")))]
+    bench = read_bench(path)
+    if not any(r["time_us"] is not None for r in bench.rows):
+        raise TunerError(f"bench file {path}: none of its {len(bench.rows)} rows has a time (every contender failed "
+                         "or was not timed): no verdict to give")
+    return [bench.banner, *verdict_lines(bench.rows, bench.kernel)]
 
 
 def run_report(args) -> int:

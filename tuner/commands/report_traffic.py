@@ -23,8 +23,14 @@ def label(entry: dict) -> str:
     return f"{entry.get('kernel')} " + Problem(entry.get("kernel", ""), entry.get("problem") or {}).key
 
 
+# What a manifest's time (us), spread or speedup can be: outside it a figure is no measurement (a
+# hand-edited 1e300 printed 300 digits in every table and overflowed the plots); shown as '-'.
+PLAUSIBLE = (1e-6, 1e9)
+
+
 def number(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+    return v if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                 and PLAUSIBLE[0] <= v <= PLAUSIBLE[1]) else None
 
 
 def geomean(values) -> float | None:

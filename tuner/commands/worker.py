@@ -81,7 +81,7 @@ def add_collect_parser(sub, common) -> None:
 
 
 def run_collect(args) -> int:
-    from tuner.emit.run_table import run_table_lines, written_files
+    from tuner.emit.run_table import run_table_lines, unwritten_files, written_files
     from tuner.pipeline.emission import collect
     from tuner.pipeline.stored_plans import load_plans
     from tuner.search.storage_checks import open_checked_storage
@@ -95,7 +95,7 @@ def run_collect(args) -> int:
             from tuner.emit.run_table import run_source
             print(run_source(out))            # where the times came from (a GPU, the CPU device, ...)
             for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out,
-                                        opts.settings.row_gain):
+                                        opts.settings.row_gain, unwritten_files(opts)):
                 print(line)
     print(f"tables and manifest in {args.out}/")
     return 0

@@ -43,6 +43,7 @@ from tuner.plan.engines import (
     TableFamily,
     backend_reads_table,
     load_table,
+    loader_release,
     table_family,
 )
 from tuner.plan.problems import Problem
@@ -199,7 +200,7 @@ def _siblings(family: TableFamily, resolved: Resolved, cuda_name: str, package, 
     out = []
     for files, folder in folders:
         for name in files.listdir(folder) or []:
-            m = pattern.match(name)
+            m = pattern.match(name) if name.startswith(head) else None
             if m and m.group("device") != dev and gpu_family(m.group("device")) == gpu_family(dev):
                 sub = folder[len(family.folder) + 1:] if folder.startswith(family.folder + "/") else ""
                 out.append(f"{sub}/{name}" if sub else name)
@@ -222,8 +223,11 @@ def deployment_problems(model, tp: int, ep: int, dtype: str, engine: str) -> lis
 
 
 def audit_deployment(inst: Installation, model, gpu, tp: int, ep: int, dtype: str, batches: Batches,
-                     override_dir: Path | None, env: dict) -> AuditReport:
-    """Resolve and check every table the deployment reads (see the module docstring)."""
+                     override_dir: Path | None, env: dict, detail: bool = True) -> AuditReport:
+    """Resolve and check every table the deployment reads (see the module docstring).
+    detail=False: which file is read and the findings about that (no table, fallbacks, keys,
+    K, backend), without the loader's functions compared, each row's checks and per-M rows
+    (`tuner coverage`, hundreds of deployments, compares the loader once per installation)."""
     engine = inst.engine
     override = FolderFiles(override_dir) if override_dir is not None else None
     problems = deployment_problems(model, tp, ep, dtype, engine)
@@ -232,7 +236,7 @@ def audit_deployment(inst: Installation, model, gpu, tp: int, ep: int, dtype: st
         "engine": engine, "version": inst.version, "source": inst.origin, "triton": inst.triton,
         "triton_from": inst.triton_origin, "model": model.name, "gpu": gpu.cuda_name, "tp": tp, "ep": ep,
         "dtype": dtype, "batch_sizes": batches.label(), "notes": list(inst.notes)})
-    loader, release = _loader_findings(inst, families)
+    loader, release = _loader_findings(inst, families) if detail else ([], loader_release(engine, inst.version))
     report.header["rules_of"] = f"{engine} {release}"
     report.findings += loader
     if override_dir is not None:
@@ -242,14 +246,14 @@ def audit_deployment(inst: Installation, model, gpu, tp: int, ep: int, dtype: st
             report.header["notes"].append(f"the override folder {override_dir} does not exist")
     ups: dict[str, KernelAudit] = {}
     for problem in problems:
-        ka = _audit_problem(inst, problem, gpu, dtype, batches, override, env, ep, ups)
+        ka = _audit_problem(inst, problem, gpu, dtype, batches, override, env, ep, ups, detail)
         report.kernels.append(ka)
         report.findings += ka.findings
     return report
 
 
 def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batches, override, env: dict, ep: int,
-                   ups: dict) -> KernelAudit:
+                   ups: dict, detail: bool = True) -> KernelAudit:
     kind = problem.kernel
     family = table_family(inst.engine, kind)
     params = problem.params
@@ -275,7 +279,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
                 places = "looked in every triton_* folder"
             ka.findings.append(Finding("warning", "no_table", f"{inst.label} finds no such file ({places}): its default "
                                        "config runs at every M", name))
-        for sib in _siblings(family, resolved, gpu.cuda_name, inst.files, override_here, inst.triton):
+        for sib in _siblings(family, resolved, gpu.cuda_name, inst.files, override_here, inst.triton) if detail else []:
             ka.findings.append(Finding("warning", "device_name",
                                        f"{sib} is for another variant of this GPU: {inst.engine} looks up "
                                        f"device_name={family.device_file_name(gpu.cuda_name)} on {gpu.cuda_name}"
@@ -286,6 +290,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
         if part == "up":
             ups[name] = ka
         return ka
+    ka.findings += _k_findings(inst.engine, resolved, params["K"], where)
     if resolved.how == "Triton fallback":
         ka.findings.append(Finding("warning", "triton_fallback",
                                    f"no {family.triton_folder(inst.triton)}/ copy for Triton {inst.triton}: SGLang runs "
@@ -306,15 +311,27 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
                                    f"Triton {inst.triton} all the same", where))
     device = family.device_file_name(gpu.cuda_name)
     if resolved.how != "the up table":
-        ka.findings += row_findings(family, table, where, block, K, device)
+        ka.findings += row_findings(family, table, where, block, K, device) if detail else []
         ka.findings += key_findings(list(table), where, batches)
     up_table = up.table if (up is not None and part == "down" and resolved.how != "the up table") else None
-    if up_table is not None and up is not None:
+    if up_table is not None and up is not None and detail:
         ka.findings += pair_findings(up_table, table, where, batches, family)
-    _fill_rows(ka, table, batches, block, up_table)
+    if detail:
+        _fill_rows(ka, table, batches, block, up_table)
     if part == "up":
         ups[name] = ka
     return ka
+
+
+def _k_findings(engine: str, resolved: Resolved, layer_K: int, where: str) -> list[Finding]:
+    """An error when the file read is one of ours (a results folder's, or installed by tuner)
+    tuned for another K than this layer's (tuner/emit/table_origin.py: the name has no K)."""
+    if not isinstance(resolved.files, FolderFiles) or resolved.rel is None:
+        return []
+    from tuner.emit.table_origin import backup_root, k_mismatch, ours
+    mine = ours(Path(resolved.files.display(resolved.rel)), engine, backup_root())
+    why = k_mismatch(mine.K, layer_K, mine.model) if mine is not None else None
+    return [Finding("error", "k_mismatch", f"a table of ours {why}", where)] if why else []
 
 
 def _fill_rows(ka: KernelAudit, table: dict, batches: Batches, block, up_table: dict | None) -> None:

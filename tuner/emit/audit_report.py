@@ -1,4 +1,5 @@
-"""`tuner audit`'s output: a terminal summary (within 120 columns), JSON and Markdown."""
+"""`tuner audit`'s output: a terminal summary (within 120 columns or the terminal's width; whole
+lines when piped, as every command's: tuner/textwidth.py), JSON and Markdown."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ from pathlib import Path
 
 from tuner.emit.audit import AuditReport, KernelAudit
 from tuner.emit.audit_rules import KINDS, Finding, _cfg_text, m_range
-from tuner.paths import atomic_write_json, atomic_write_text
+from tuner.file_kinds import AUDIT_JSON, AUDIT_MD
+from tuner.paths import atomic_write_json, atomic_write_text, replaceable
 
 WIDTH = 120
 EXAMPLES = 5          # findings shown per kind in the terminal (every one is in the JSON and Markdown)
 
 
 def wrap(line: str, indent: str = "") -> list[str]:
-    return textwrap.wrap(line, WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False,
+    """A line as printed: wrapped to the terminal's width (at most WIDTH), whole when piped (the
+    rule of every command: tuner/textwidth.py)."""
+    from tuner.textwidth import output_width
+    columns = output_width()
+    if columns is None:
+        return [line]
+    return textwrap.wrap(line, min(WIDTH, columns), subsequent_indent=indent + "    ", break_on_hyphens=False,
                          break_long_words=True) or [""]
 
 
@@ -165,10 +173,25 @@ def markdown(report: AuditReport) -> str:
 def write_outputs(report: AuditReport, out_dir: Path) -> tuple[Path, Path]:
     """audit.json and audit.md in `out_dir`, each written atomically."""
     out_dir = Path(out_dir)
-    json_path, md_path = out_dir / "audit.json", out_dir / "audit.md"
-    atomic_write_json(json_path, report.as_dict(), indent=2, root=out_dir)
-    atomic_write_text(md_path, markdown(report), root=out_dir)
+    json_path, md_path = out_paths(out_dir)
+    for path, kind in ((json_path, AUDIT_JSON), (md_path, AUDIT_MD)):      # both checked before either is written
+        replaceable(path, kind, f"--out {out_dir}: {path.name}")
+    atomic_write_json(json_path, report.as_dict(), indent=2, root=out_dir, kind=AUDIT_JSON)
+    atomic_write_text(md_path, markdown(report), root=out_dir, kind=AUDIT_MD)
     return json_path, md_path
+
+
+def out_paths(out_dir: Path) -> tuple[Path, Path]:
+    return out_dir / "audit.json", out_dir / "audit.md"
+
+
+def check_out(out_dir: Path) -> None:
+    """Before the audit: --out can be written, and its audit.json and audit.md, where there,
+    are an audit's (a folder the user named: nothing else there is replaced)."""
+    from tuner.paths import check_writable
+    check_writable(out_dir, "--out")
+    for path, kind in zip(out_paths(out_dir), (AUDIT_JSON, AUDIT_MD)):
+        replaceable(path, kind, f"--out {out_dir}: {path.name}")
 
 
 __all__ = ["Finding", "terminal_lines", "markdown", "wrap", "write_outputs"]

@@ -32,6 +32,7 @@ KINDS = {
     "bad_row": "rows the launch fails on",
     "numerics": "rows that compute wrong results (--numerics)",
     "block_k_above_block": "rows with BLOCK_SIZE_K above the weight block",
+    "k_mismatch": "tables of ours tuned for another K than the layer's (the file name has no K)",
     "no_table": "no table: the engine's default config runs",
     "triton_fallback": "tables of another Triton version (SGLang's fallback)",
     "truncated": "truncated tables (a contiguous slice of the engines' grid)",

@@ -12,6 +12,7 @@ quoted from the source, never from memory.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass, field
@@ -77,19 +78,38 @@ class FolderFiles(TableFiles):
         return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if not p.is_dir())
 
 
+SMALL_FILE = 64 << 10         # a wheel's files up to this size are kept once read (its tables)...
+SMALL_FILES = 4096           # ... this many of them at most
+
+
 class WheelFiles(TableFiles):
     kind = "wheel"
+
+    @staticmethod
+    def of(wheel: Path) -> "WheelFiles":
+        """The wheel's files, its zip directory read once per process and version of the file
+        (`tuner coverage` looks at each engine version's wheel for hundreds of deployments)."""
+        st = Path(wheel).stat()
+        return _wheel_files(str(Path(wheel).resolve()), st.st_size, st.st_mtime_ns)
 
     def __init__(self, wheel: Path):
         self.wheel = Path(wheel)
         from tuner.reading import open_zip
         self._zip = open_zip(self.wheel)
         self._names = set(self._zip.namelist())
+        self._small: dict[str, bytes] = {}
         self._dirs: set[str] = set()
+        # each folder's entries, indexed once: an audit lists the same folders for every lookup
+        # (thousands of members each time would make `tuner coverage`'s thousand lookups slow)
+        self._children: dict[str, set[str]] = {}
         for n in self._names:
             parts = n.split("/")
-            for i in range(1, len(parts)):
-                self._dirs.add("/".join(parts[:i]))
+            folder = parts[0]
+            for part in parts[1:]:
+                self._dirs.add(folder)
+                if part:
+                    self._children.setdefault(folder, set()).add(part)
+                folder = f"{folder}/{part}"
 
     def exists(self, rel: str) -> bool:
         return rel in self._names or rel in self._dirs
@@ -97,13 +117,16 @@ class WheelFiles(TableFiles):
     def listdir(self, rel: str) -> list[str] | None:
         if rel not in self._dirs:
             return None
-        prefix = rel + "/"
-        return sorted({n[len(prefix):].split("/")[0] for n in self._names | self._dirs
-                       if n.startswith(prefix) and len(n) > len(prefix)})
+        return sorted(self._children.get(rel, ()))
 
     def read(self, rel: str) -> bytes:
+        if rel in self._small:
+            return self._small[rel]
         from tuner.reading import zip_member
-        return zip_member(self._zip, rel, str(self.wheel))
+        data = zip_member(self._zip, rel, str(self.wheel))
+        if len(data) <= SMALL_FILE and len(self._small) < SMALL_FILES:     # a table: read again by the next lookup
+            self._small[rel] = data
+        return data
 
     def display(self, rel: str) -> str:
         return f"{self.wheel.name}:{rel}"
@@ -111,6 +134,11 @@ class WheelFiles(TableFiles):
     def walk(self, rel: str) -> list[str]:
         prefix = rel + "/"
         return sorted(n for n in self._names if n.startswith(prefix) and not n.endswith("/"))
+
+
+@functools.lru_cache(maxsize=8)
+def _wheel_files(wheel: str, size: int, mtime_ns: int) -> WheelFiles:
+    return WheelFiles(Path(wheel))
 
 
 @dataclass
@@ -151,6 +179,22 @@ def _this_triton() -> str | None:
         return None
 
 
+def _extracted_version(folder: Path, engine: str) -> str | None:
+    """The version of `engine` a folder from `tuner engine-source extract` holds, where it kept
+    the engine's tables (its manifest says how many); None otherwise."""
+    from tuner.plan.kernel_sources import EXTRACT_MANIFEST
+    from tuner.reading import read_json_file
+    if not (folder / EXTRACT_MANIFEST).is_file():
+        return None
+    try:
+        info = read_json_file(folder / EXTRACT_MANIFEST, "extraction manifest ")
+    except TunerError:
+        return None
+    if not isinstance(info, dict) or info.get("engine") != engine or not info.get("tables"):
+        return None
+    return str(info.get("version") or "") or None
+
+
 def _wheel_in(folder: Path, engine: str, version: str | None) -> Path | None:
     wheels = [w for w in folder.glob(f"{engine}-*.whl") if _wheel_version(w, engine)]
     if version:
@@ -182,12 +226,16 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
             if p.is_file():
                 if _wheel_version(p, engine) is None:
                     continue
-                files, origin, found_version = WheelFiles(p), f"wheel {p}", _wheel_version(p, engine)
+                files, origin, found_version = WheelFiles.of(p), f"wheel {p}", _wheel_version(p, engine)
                 break
             if p.is_dir():
                 wheel = _wheel_in(p, engine, version)
                 if wheel is not None:
-                    files, origin, found_version = WheelFiles(wheel), f"wheel {wheel}", _wheel_version(wheel, engine)
+                    files, origin, found_version = WheelFiles.of(wheel), f"wheel {wheel}", _wheel_version(wheel, engine)
+                    break
+                extracted = _extracted_version(p, engine)
+                if extracted is not None and (not version or extracted == version):
+                    files, origin, found_version = FolderFiles(p), f"extracted in {p}", extracted
                     break
                 if (p / engine / "__init__.py").is_file():         # a site-packages folder
                     files, origin = FolderFiles(p), f"installed in {p}"
@@ -200,7 +248,8 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
                     raise TunerError(f"--engine-source {src} not found")
             raise TunerError(f"none of --engine-source {' '.join(engine_source)} holds a {engine} wheel"
                              + (f" of version {version}" if version else "") + " or site-packages with its package "
-                             "(a folder from `tuner engine-source extract` holds kernel files, no tables)")
+                             "(a folder from `tuner engine-source extract` holds its tables when extracted by this "
+                             "tuner: extract it again)")
     else:
         spec = None
         try:
@@ -216,7 +265,7 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
         for folder in wheel_folders() if files is None else []:      # $TUNER_ENGINE_WHEELS, the wheels fetched
             wheel = _wheel_in(folder, engine, version)
             if wheel is not None:
-                files, origin, found_version = WheelFiles(wheel), f"wheel {wheel}", _wheel_version(wheel, engine)
+                files, origin, found_version = WheelFiles.of(wheel), f"wheel {wheel}", _wheel_version(wheel, engine)
                 break
     notes: list[str] = []
     if version and found_version and version != found_version:
@@ -252,14 +301,28 @@ def _function_source(text: str, name: str) -> str | None:
         return None
 
 
+_LOADER_CHANGES: dict[tuple[str, str, str], list[str]] = {}    # per wheel file: its loader parsed once
+
+
 def loader_changes(inst: Installation) -> tuple[str, list[str]]:
     """(the release whose rules apply, the loader functions of this installation that differ
     from that release's, as 'file:function'); [] also when the source cannot be read (said
     by `loader_source_readable`)."""
-    from tuner.plan.kernel_sources import source_hash
     release = loader_release(inst.engine, inst.version)
     if inst.files is None:
         return release, []
+    if not isinstance(inst.files, WheelFiles):        # a folder may change between two audits: read again
+        return release, _changed_functions(inst, release)
+    st = inst.files.wheel.stat()
+    key = (f"{inst.files.wheel.resolve()}:{st.st_size}:{st.st_mtime_ns}", inst.engine, release)
+    if key not in _LOADER_CHANGES:
+        _LOADER_CHANGES[key] = _changed_functions(inst, release)
+    return release, list(_LOADER_CHANGES[key])
+
+
+def _changed_functions(inst: Installation, release: str) -> list[str]:
+    from tuner.plan.kernel_sources import source_hash
+    assert inst.files is not None
     changed = []
     texts: dict[str, str | None] = {}
     for key, expected in LOADER_FUNCTIONS[inst.engine][release].items():
@@ -275,7 +338,7 @@ def loader_changes(inst: Installation) -> tuple[str, list[str]]:
         src = _function_source(text, name)
         if src is None or source_hash(src) != expected:
             changed.append(key)
-    return release, changed
+    return changed
 
 
 def loader_source_readable(inst: Installation, family: TableFamily) -> bool:

@@ -36,6 +36,7 @@ from tuner.emit.backups import (  # noqa: F401 (RECORD, read_record: the names u
 )
 from tuner.emit.engine_tables import installed_version
 from tuner.emit.results import read_manifest
+from tuner.emit.table_origin import k_refusals
 from tuner.errors import TunerError, os_error_words
 from tuner.measure.environment import now_iso
 from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
@@ -69,6 +70,8 @@ class Copy:
     timed_on: dict | None = None
     not_a_gpu: str = ""           # "SYNTHETIC" or "CPU DEVICE": its times never came from a GPU (said loudly)
     partial: dict | None = None   # a table tuned at fewer batch sizes than planned (tuner/emit/partial.py)
+    problem: dict | None = None   # what it was tuned for (the K its name lacks): recorded, for the audit
+    model: str | None = None      # the model it was tuned for
 
     def content(self) -> str:
         from tuner.reading import read_text
@@ -162,10 +165,13 @@ def _engine_has(kind: str, engine: str) -> bool:
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                  moe_config_dir: Path | None = None, target_gpu: str | None = None,
                  merge: bool = False, engine_version: str | None = None,
-                 package_present: bool = True, min_gain: float = 0.02) -> tuple[list[Copy], list[str]]:
+                 package_present: bool = True, min_gain: float = 0.02, model=None) -> tuple[list[Copy], list[str]]:
     """(copies to make, notes). Raises TunerError, one line, when the install must not happen,
     among others when a table would replace one that covers batch sizes it lacks (unless
-    `merge`: the old entries for those are kept, or `force`). Without the engine's package
+    `merge`: the old entries for those are kept, or `force`), and when a table was tuned for
+    another K than `model`'s layers (the model the engine serves), or would replace a table
+    tuner installed for another K (unless `force`: the file name has no K, so the other
+    model would read it: tuner/emit/table_origin.py). Without the engine's package
     (`package_present` False: a config folder for `engine_version`), the tables no config-folder
     variable covers are left out, with a note."""
     manifest = read_manifest(results)
@@ -177,6 +183,8 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     target_triton = installed_version(site, "triton")
     target_engine = installed_version(site, engine) or engine_version
     gpu = target_gpu or local_gpu_name()     # the GPU the engine will run on, when known
+    from tuner.emit.engine_reads import package_files, reads_today
+    package = package_files(site, engine, package_present, target_engine)
     copies: list[Copy] = []
     notes: list[str] = []
     timed_on_ours: list[str] = []
@@ -221,28 +229,28 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
                             f"{engine} {target_engine}")
         elif timed_by.get("source") == "ours" and not is_synthetic(env):     # (a SYNTHETIC table timed nothing)
             timed_on_ours.append(rel)
+        root = roots[kind]
+        dest = _destination(eng, kind, tail, root, moe_config_dir)
+        problems += k_refusals(t, kind, dest, engine, model, BACKUP_ROOT)
         if problems:
             if not force:
                 raise TunerError(f"refusing {rel}: {'; '.join(problems)} (--force installs it anyway)")
             forced.setdefault("; ".join(problems), []).append(rel)
-        root = roots[kind]
-        if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
-            tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
-        if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
-            tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
-        dest = root / tail
         if not inside(dest, root):
             raise TunerError(f"{where}: {rel!r} would be written outside {root}; refusing it")
         if str(dest) in seen:
             raise TunerError(f"{where}: {rel!r} and {seen[str(dest)]!r} go to the same file {dest}")
         seen[str(dest)] = rel
         copy = Copy(source, dest, f"{kind} {t.get('problem')}", root, kind, not_a_gpu=not_a_gpu,
-                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t))
-        notes += _coverage(copy, engine, rel, force, merge, shipped_under(site, engine, moe_config_dir, dest),
-                           min_gain)
+                    times=merge_rule.row_times(t), timed_on=merge_rule.timed_on(t),
+                    problem=t.get("problem") if isinstance(t.get("problem"), dict) else None,
+                    model=str(manifest.get("model") or "") or None)
         copy.partial = partial.of_entry(t)
+        old = reads_today(site, engine, kind, moe_config_dir, dest, package, target_engine)
+        notes += _coverage(copy, engine, rel, force, merge, old, min_gain, copy.partial)
         if copy.partial is not None:
-            notes.append(partial.install_note(rel, copy.partial, merge))
+            held = {int(k) for k in json.loads(copy.content()) if k.isdigit()}
+            notes.append(partial.install_note(rel, copy.partial, engine, bool(copy.merged), old is None, held))
         copies.append(copy)
     for why, rels in forced.items():
         names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
@@ -260,81 +268,86 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     return copies, notes
 
 
-def shipped_under(site: Path, engine: str, moe_config_dir: Path | None, dest: Path) -> Path | None:
-    """The table the engine reads today for the file about to be written at `dest`: the one
-    there now; for SGLang's config-dir variable, the shipped table install copies there first;
-    else, where the loader falls back to another Triton version's folder (SGLang), the file of
-    that name it falls back to, so that a --merge keeps the rows the engine runs today."""
-    if dest.is_file():
-        return dest
-    family = table_family(engine, "fused_moe")
-    if moe_config_dir is not None and family.env_replaces_root:
-        root = config_roots(site, engine, moe_config_dir)["fused_moe"]
-        if inside(dest, root):      # what the variable's folder will hold: the package's tables, copied first
-            dest = site / ENGINES[engine].moe_folder / dest.relative_to(root)
-            if dest.is_file():
-                return dest
-    if family.per_triton and dest.parent.name.startswith("triton_"):
-        from tuner.plan.table_lookup import _version_tuple
-        others = []
-        for folder in dest.parent.parent.glob("triton_*"):
-            version = folder.name.removeprefix("triton_").split("_")
-            if folder != dest.parent and all(x.isdigit() for x in version) and (folder / dest.name).is_file():
-                others.append((_version_tuple(".".join(version)), folder / dest.name))
-        return max(others)[1] if others else None      # the loader's fallback: the newest other version
-    return None
+def _destination(eng, kind: str, tail: str, root: Path, moe_config_dir: Path | None) -> Path:
+    """Where a results folder's table (its path under <engine>/<kind>/) goes under `root`."""
+    if kind == "fused_moe" and eng.moe_env_subfolder and tail.startswith(eng.moe_env_subfolder + "/"):
+        tail = tail[len(eng.moe_env_subfolder) + 1:]    # results: <engine>/fused_moe/configs/triton_X/
+    if kind == "fused_moe" and moe_config_dir is not None and not eng.moe_folder_per_triton:
+        tail = tail.rsplit("/", 1)[-1]                  # vLLM's variable folder is flat
+    return root / tail
 
 
-def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_path: Path | None,
-              min_gain: float = 0.02) -> list[str]:
-    """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace one
-    covering batch sizes it lacks: those batch sizes would run an entry tuned for another M."""
+def _coverage(copy: Copy, engine: str, rel: str, force: bool, merge: bool, old_reads,
+              min_gain: float = 0.02, part: dict | None = None) -> list[str]:
+    """Refuse (or with `merge`, fill in; with `force`, note) a table that would replace or hide
+    the one the engine reads today (`old_reads`: tuner/emit/engine_reads.py) where that one covers
+    batch sizes it lacks: those would run an entry tuned for another M. Of a partial table
+    (`part`: tuner/emit/partial.py of_entry) only the rows its run tuned go over the engine's,
+    never the others (the incumbent a --minutes window wrote), and a merge keeps what the engine
+    reads today at every batch size planned and not tuned. A merge that cannot read the
+    engine's table is refused, never claimed."""
+    from tuner.emit.engine_reads import Unknown
     from tuner.plan.engines import load_table
-    if old_path is None:
-        return []
     family = table_family(engine, copy.kind)
-    from tuner.reading import read_bytes
-    old, crash = load_table(family, read_bytes(old_path, "installed table "))
+    rows = {int(k): v for k, v in read_json(copy.source, "table ").items() if k not in family.dropped_keys}
+    new = {m: v for m, v in rows.items() if part is None or m in part["tuned"]}
+    untuned = sorted(set(rows) - set(new))      # a partial table's incumbent rows: never over the engine's
+    if untuned and old_reads is not None:       # its tuned rows only (a merge adds what the engine reads)
+        copy.text = json.dumps({str(m): new[m] for m in sorted(new)}, indent=4) + "\n"
+    if isinstance(old_reads, Unknown):
+        if merge:
+            raise TunerError(f"cannot merge {rel}: {old_reads.why}, so --merge cannot keep its rows: "
+                             f"`{old_reads.fetch}` fetches it (then install again), or install without --merge "
+                             "(nothing was installed)")
+        return [f"{family.env_var} is read before {engine}'s package: {copy.dest.name} there hides the table "
+                f"{engine} ships of that name, if it ships one (no wheel of its version is at hand to read it: "
+                f"`{old_reads.fetch}`, then --merge keeps its rows)"] \
+            if family.env_var and not family.env_replaces_root and copy.kind == "fused_moe" else []
+    if old_reads is None:
+        return []
+    old_path = old_reads.where
+    old, crash = load_table(family, old_reads.data)
     if old is None:
         return [f"{rel} replaces {old_path}, which {engine}'s loader cannot read ({crash})"]
-    new_raw = read_json(copy.source, "table ")
-    new = {int(k): v for k, v in new_raw.items() if k not in family.dropped_keys}
+    verb = "hide" if old_reads.hidden else "replace"
+
+    def hides() -> list[str]:       # vLLM's config folder is read first: what it hides, said (once merged or not)
+        return [f"{family.env_var} is read before {engine}'s package: {copy.dest.name} there hides {old_path} "
+                f"({len(old)} batch sizes)" + ("; --merge kept the rows it reads for the batch sizes not tuned here"
+                                               if copy.merged else "")] if old_reads.hidden else []
     # Keys below 1 are no batch size (every table we install is refused with one): a merge
     # drops them rather than keep them, and says so. Their entries ran only where no batch
     # size key was nearer, which the merged table's keys now are.
     not_sizes = sorted(m for m in old if m < 1)
     lost = sorted(set(old) - set(new) - set(not_sizes))
+    # a batch size planned and not tuned that the engine's table has no key for: the row it reads there today
+    from tuner.plan.table_lookup import nearest_key
+    sizes = [m for m in old if m >= 1]
+    fill = {m: old[nearest_key(sizes, m)] for m in {*untuned, *(part or {}).get("left", [])} if m not in old and sizes}
     installed = merge_rule.installed_times(copy.dest, engine, BACKUP_ROOT) if merge else None
     kept = merge_rule.keep_installed(old, new, installed[0], copy.times or {}, installed[1] == copy.timed_on,
                                      min_gain) if installed else {}
-    if kept:                     # --merge: the installed rows the new ones do not beat by --min-gain stay
-        merged = {**new, **{m: old[m] for m in [*lost, *kept]}}
+    dropped = ([f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are dropped: no "
+                "batch size (recorded in the backup record)"] if not_sizes else [])
+    if merge and (lost or kept or fill):
+        keep = sorted({*lost, *kept, *fill})
+        merged = {**new, **{m: old[m] for m in [*lost, *kept]}, **fill}
         copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
-        copy.merged = {"new": sorted(set(new) - set(kept)), "kept": sorted([*lost, *kept]), "from": str(old_path),
-                       "kept_installed": {str(m): why for m, why in kept.items()},
-                       **({"dropped": not_sizes} if not_sizes else {})}
+        copy.merged = {"new": sorted(set(new) - set(kept)), "kept": keep, "from": old_path,
+                       **({"kept_installed": {str(m): why for m, why in kept.items()}} if kept else {}),
+                       **({"not_tuned": untuned} if untuned else {}), **({"dropped": not_sizes} if not_sizes else {})}
         copy.times = {**(copy.times or {}), **{m: (installed or ({}, {}))[0][m] for m in kept}}   # the rows it holds
-        return [f"merged {rel}: {why}" for why in kept.values()] + (
-            [f"merged {rel}: the entries of {old_path} for M={','.join(map(str, lost))} are kept"] if lost else []) + (
-            [f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are dropped: no batch "
-             "size (recorded in the backup record)"] if not_sizes else [])
+        rest = sorted({*lost, *fill} - set(kept))
+        return hides() + [f"merged {rel}: {why}" for why in kept.values()] + (
+            [f"merged {rel}: the {len(rest)} entries {engine} reads today from {old_path} for "
+             f"M={','.join(map(str, rest))} are kept (recorded in the backup record)"] if rest else []) + dropped
     if not lost:
-        return []
-    what = (f"{rel} covers M={','.join(map(str, sorted(new)))} and would replace {old_path}, which also covers "
-            f"M={','.join(map(str, lost))}")
-    if merge:
-        merged = {**{m: old[m] for m in lost}, **new}
-        copy.text = json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=4) + "\n"
-        copy.merged = {"new": sorted(new), "kept": lost, "from": str(old_path)}
-        notes = [f"merged {rel}: the {len(lost)} entries of {old_path} for M={','.join(map(str, lost))} are kept "
-                 "(recorded in the backup record)"]
-        if not_sizes:
-            copy.merged["dropped"] = not_sizes
-            notes.append(f"merged {rel}: the entries of {old_path} for keys {','.join(map(str, not_sizes))} are "
-                         "dropped: no batch size (recorded in the backup record)")
-        return notes
+        return hides()
+    what = (f"{rel} covers M={','.join(map(str, sorted(new)))}"
+            + (f" (tuned; not its rows at M={','.join(map(str, untuned))})" if untuned else "")
+            + f" and would {verb} {old_path}, which also covers M={','.join(map(str, lost))}")
     if force:
-        return [f"forced {what}: those batch sizes now run the entry tuned for the nearest M"]
+        return hides() + [f"forced {what}: those batch sizes now run the entry tuned for the nearest M"]
     raise TunerError(f"refusing {what}: those batch sizes would run an entry tuned for another M (--merge keeps the "
                      "old entries for them, --force replaces it anyway)")
 
@@ -395,6 +408,10 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
                 entry["merged"] = c.merged
             if c.partial:
                 entry["partial"] = c.partial
+            if c.problem:                    # the K its name lacks: the audit compares it (table_origin.py)
+                entry["problem"] = c.problem
+                if c.model:
+                    entry["model"] = c.model
             if c.times is not None:          # what a later --merge compares against (merge_rule.py)
                 entry["times"] = {str(m): t for m, t in c.times.items()
                                   if not c.merged or m not in c.merged.get("kept", []) or str(m) in
@@ -405,8 +422,16 @@ def install(copies: list[Copy], engine: str, extra: Sequence[Copy] = (), backup_
         record = {"engine": engine, "sequence": seq, "installed": now_iso(), "state": backups.WRITING,
                   "roots": [str(r) for r in roots], "files": entries}
         atomic_write_json(backup / RECORD, record, root=backup_root)
-        for c, text in zip(everything, texts):
-            atomic_write_text(c.dest, text, root=c.root)
+        done = 0
+        try:
+            for c, text in zip(everything, texts):
+                atomic_write_text(c.dest, text, root=c.root)
+                done += 1
+        except (OSError, TunerError) as e:      # a full disk mid-way: say what stands, and how to undo it
+            why = os_error_words(e).split(";")[0] if isinstance(e, OSError) else str(e)
+            raise TunerError(f"cannot install {c.dest}: {why}; {done} of {len(everything)} files were installed "
+                             f"when it stopped: `tuner install --restore --engine {engine}` puts back what was "
+                             "there (the next install also rolls them back first)") from None
         atomic_write_json(backup / RECORD, {**record, "state": backups.DONE}, root=backup_root)
     return backup
 

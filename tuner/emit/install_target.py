@@ -32,6 +32,21 @@ class Target:
     def label(self) -> str:
         return f"{self.engine} {self.version}" if self.version else self.engine
 
+    def show(self, path: Path) -> str:
+        """A path as printed: under an absent engine's stand-in site-packages (whose place is not
+        known here), as `.../site-packages/<its path in the package>`, never the stand-in itself."""
+        return shown(path, self.site, self.present)
+
+
+def shown(path: Path | str, site: Path, present: bool) -> str:
+    """`path` as printed (Target.show)."""
+    if present or not Path(path).is_relative_to(site):
+        return str(path)
+    return str(Path(ABSENT_SITE) / Path(path).relative_to(site))
+
+
+ABSENT_SITE = ".../site-packages"         # how an absent engine's site-packages is printed
+
 
 def install_target(engine: str, site_packages: str | None, moe_config_dir: str | None, dry_run: bool,
                    engine_version: str | None) -> Target:
@@ -78,19 +93,6 @@ def restore_roots(engine: str, site_packages: str | None, moe_config_dir: str | 
     return list(config_roots(site, engine, config_dir).values())
 
 
-def engine_wheel(engine: str, version: str | None) -> Path | None:
-    """The wheel of exactly this version among the wheels at hand ($TUNER_ENGINE_WHEELS, the
-    wheels fetched), or None."""
-    from tuner.plan.kernel_sources import _wheel_version, wheel_folders
-    if not version:
-        return None
-    for folder in wheel_folders():
-        for wheel in sorted(folder.glob(f"{engine}-{version}-*.whl")):
-            if _wheel_version(wheel, engine) == version:
-                return wheel
-    return None
-
-
 def shipped_copies(target: Target, config_dir: Path, notes: list[str]) -> list:
     """The engine's shipped MoE tables, copied into a config folder whose variable hides the
     package's own (SGLang's): from the package, else from the same version's wheel; none (and a
@@ -104,6 +106,7 @@ def shipped_copies(target: Target, config_dir: Path, notes: list[str]) -> list:
     root = config_roots(target.site, engine, config_dir)["fused_moe"]
     if target.present:
         return [Copy(p, root / rel, "shipped", root) for p, rel in shipped_moe_tables(target.site, engine)]
+    from tuner.emit.engine_reads import engine_wheel
     wheel = engine_wheel(engine, target.version)
     if wheel is None:
         notes.append(f"{family.env_var} hides {target.label}'s shipped MoE tables, and no {target.label} wheel is "
@@ -145,10 +148,11 @@ def config_folder_lines(engine: str, kind: str, folder: Path) -> list[str]:
 
 
 def engine_log_lines(copies: list, engine: str, site: Path, moe_config_dir: Path | None,
-                     engine_version: str | None = None) -> list[str]:
+                     engine_version: str | None = None, present: bool = True) -> list[str]:
     """For each table installed, the line the engine logs when it loads it and the one it logs
     when it finds no table there, quoted from the engine's loader source (the target's own
-    package, else the same version's wheel in $TUNER_ENGINE_WHEELS or among the wheels fetched)."""
+    package, else the same version's wheel in $TUNER_ENGINE_WHEELS or among the wheels fetched;
+    `present` False: the engine is not here, `site` a stand-in printed as .../site-packages)."""
     import os
 
     from tuner.emit.engine_tables import (
@@ -168,10 +172,11 @@ def engine_log_lines(copies: list, engine: str, site: Path, moe_config_dir: Path
         match = sorted(w for folder in wheel_folders() for w in folder.glob(f"{engine}-{version}-*.whl")) \
             if version else []
         if not match:
-            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source is not in {site}, "
+            where = f"is not in {site}" if present else "is not here"
+            return [f"(the lines {engine} logs for these tables cannot be quoted: its loader source {where}, "
                     f"and no {engine} {version} wheel is at hand: `tuner engine-source fetch {engine}=={version}`)"
                     if version else f"(the lines {engine} logs for these tables cannot be quoted: its loader source "
-                    f"is not in {site})"]
+                    f"{where})"]
         inst = Installation(engine, version, WheelFiles(match[0]), f"wheel {match[0]}", "", "")
     out = []
     for c in copies:
@@ -182,10 +187,11 @@ def engine_log_lines(copies: list, engine: str, site: Path, moe_config_dir: Path
             path = str(Path(moe_config_dir).resolve() / c.dest.relative_to(c.root)) if not family.env_replaces_root \
                 else str(Path(moe_config_dir).resolve() / "configs" / c.dest.relative_to(c.root))
         else:
-            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name)
+            path = os.path.join(os.path.realpath(c.dest.parent), c.dest.name) if present else shown(c.dest, site, False)
         tried = [path]
         if c.kind == "fused_moe" and family.env_var and not family.env_replaces_root and moe_config_dir is not None:
-            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name))
+            tried.append(os.path.join(os.path.realpath(site / family.folder), c.dest.name) if present else
+                         shown(site / family.folder / c.dest.name, site, False))
         lines = log_lines(inst, family, {"config_file_path": path, "config_file_paths": tried})
         label = f"{engine} {version}".strip()
         if "loaded" in lines:

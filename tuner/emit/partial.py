@@ -3,7 +3,8 @@
 Its manifest entry says so as `"partial": {"tuned": [M...], "planned": [M...], "why": "..."}`
 (`planned`: every batch size the run meant to tune; the rows it holds, `entries`, are the ones it
 did), or as a `--minutes` window writes it, `{"tuned": [M...], "incumbent": {M: whose row}}` (the
-batch sizes not tuned hold the incumbent in the table file). `tuner install` says so for each
+batch sizes not tuned hold the incumbent in the table file). `tuner install` puts only the tuned
+rows over a table the engine reads (never the incumbent rows: issue 51, item 2), says so for each
 partial table (with --merge the other batch sizes keep the rows the engine reads today) and
 records it in the backup record, where `tuner audit` reads it back.
 """
@@ -45,13 +46,16 @@ def of_entry(table_entry: dict) -> dict | None:
         return None
     from tuner.plan.batch_keys import batch_key
     entries = table_entry.get("entries")
-    tuned = sorted(m for k in (entries if isinstance(entries, dict) else {}) if (m := batch_key(k)) is not None)
+    tuned = sorted(m for k in (entries if isinstance(entries, dict) else {}) if (m := batch_key(k)) is not None
+                   and (value.get("tuned") is None or m in value["tuned"]))
     planned = sorted({*(value.get("planned") or []), *tuned,
                       *(m for k in (value.get("incumbent") or {}) if (m := batch_key(k)) is not None)})
     left = [m for m in planned if m not in tuned]
     if not left:
         return None
-    return {"tuned": tuned, "planned": planned, "left": left, "why": value.get("why") or ""}
+    incumbent = {m: str(who) for k, who in (value.get("incumbent") or {}).items() if (m := batch_key(k)) is not None}
+    return {"tuned": tuned, "planned": planned, "left": left, "why": value.get("why") or "",
+            **({"incumbent": {str(m): incumbent[m] for m in sorted(incumbent)}} if incumbent else {})}
 
 
 def _ms(ms) -> str:
@@ -62,10 +66,20 @@ def _ms(ms) -> str:
     return ",".join(map(str, ms[:SHOWN - 3])) + ",...," + ",".join(map(str, ms[-2:])) + f" ({len(ms)} in all)"
 
 
-def install_note(rel: str, part: dict, merge: bool) -> str:
-    """What `tuner install` says of a partial table."""
-    rest = ("with --merge they keep the rows the engine reads today" if merge else
-            "they run the nearest tuned row (--merge keeps the rows the engine reads today where a table is there)")
+def install_note(rel: str, part: dict, engine: str, merged: bool, reads_none: bool, held: set[int]) -> str:
+    """What `tuner install` says of a partial table: what its batch sizes not tuned run once it is
+    installed (`merged`: the rows the engine reads today, kept; `reads_none`: the engine reads no
+    table of this name today; `held`: the batch sizes the file installed has a row for)."""
+    if merged:
+        rest = f"--merge keeps the rows {engine} reads today for them"
+    elif reads_none and set(part["left"]) <= held:
+        who = sorted(set((part.get("incumbent") or {}).values()))
+        rest = (f"{engine} reads no table of this name today, and they hold the row the run took as incumbent ("
+                + ("the engine's default config" if who == ["default"] else "the row its engine read, else the "
+                   "default config") + ")")
+    else:
+        rest = "they run the nearest tuned row" + ("" if reads_none else
+                                                   f" (--merge keeps the rows {engine} reads today for them)")
     return (f"partial: {Path(rel).name} was tuned at M={_ms(part['tuned'])} only ({len(part['tuned'])} of the "
             f"{len(part['planned'])} batch sizes planned; {part['why'] or 'its run stopped early'}); "
             f"M={_ms(part['left'])} were not tuned: {rest}")

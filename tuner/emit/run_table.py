@@ -80,9 +80,11 @@ def fixed_width(headers: list[str], rows: list[list[str]], left: tuple[int, ...]
 
 
 def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[str, str]], out_dir,
-                    threshold: float | None = None) -> list[str]:
+                    threshold: float | None = None, unwritten: dict[str, tuple[dict, str]] | None = None) -> list[str]:
     """The closing table of a run: `results` {problem key: [StudyResult]}, `files` {problem key:
-    {engine: relative path}} (from the manifest; a problem without files: not written)."""
+    {engine: relative path}} (from the manifest), `unwritten` {problem key: ({engine: the path
+    its table would have}, why it is not written)} (a tied table the same as its partner: its
+    rows are labelled as that file, marked `*`, and why is said once)."""
     kept = any(r.kept_default for rs in results.values() for r in rs)
     # the row kept (tuned, installed, default) and why, where any row is not the tuned config
     chosen = any((r.choice or {}).get("kept", "tuned") != "tuned" for rs in results.values() for r in rs)
@@ -91,8 +93,9 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     from tuner.measure.noise import speedup, threshold_text, within
     noise = getattr(threshold, "noise", None)          # the paired check's threshold knows the device's noise
     rows = []
-    labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or "(as up table: not written)"
-                              for pkey in results})
+    unwritten = {k: v for k, v in (unwritten or {}).items() if k in results and not files.get(k)}
+    labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or (
+        short_file(unwritten[pkey][0]) + "*" if pkey in unwritten else "(not written)") for pkey in results})
     for pkey, rs in results.items():
         label = labels[pkey]
         for r in sorted(rs, key=lambda r: r.M):
@@ -109,6 +112,8 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     where = where_lines(out_dir, written)
     if legend:
         where.append(f"      named {legend}")
+    for why in sorted({why for _, why in unwritten.values()}):
+        where.append(f"*: not written: {why}")
     if chosen:
         min_gain = next((r.choice["min_gain"] for rs in results.values() for r in rs
                          if r.choice and r.choice.get("min_gain") is not None), None)
@@ -124,7 +129,24 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
         where.append(f"     (the noise as recorded in {noise.source})")
     headers = ["file", "M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                *(["table"] if kept else []), *(["row"] if chosen else [])]
-    return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9))
+    return where + fixed_width(headers, rows, left=(0, 2, 7, 8, 9)) + _pair_lines(results, labels)
+
+
+def _pair_lines(results: dict, labels: dict[str, str]) -> list[str]:
+    """Why a tied table's row kept with its partner as the incumbent pair shows a speedup other
+    than 1.00x: its default_us is its own study's default (which follows the partner's tuned
+    config), not the config of the pair kept."""
+    by_label: dict[str, list[int]] = {}
+    for pkey, rs in results.items():
+        for r in rs:
+            c = r.choice or {}
+            if c.get("tied_with") and c.get("kept", "tuned") != "tuned" and r.config != r.default_config \
+                    and r.time_us and r.default_time_us:
+                by_label.setdefault(labels[pkey], []).append(r.M)
+    # one line each: a terminal fits it (tuner/textwidth.py), a pipe keeps it whole
+    return [f"{label} at M={','.join(map(str, sorted(ms)))}: the row is the incumbent pair's, kept with the table it "
+            "is tied to; its default_us times this table's own default, which follows that table's tuned config, "
+            "not the pair kept: hence a speedup other than 1.00x" for label, ms in by_label.items()]
 
 
 def distinct_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -180,3 +202,46 @@ def written_files(opts) -> dict[str, dict[str, str]]:
         return {}
     return {Problem(t["kernel"], t["problem"]).key: dict(t.get("files") or {}) for t in manifest.get("tables", [])
             if t.get("kernel") == opts.kernel.name}
+
+
+def unwritten_files(opts) -> dict[str, tuple[dict[str, str], str]]:
+    """{problem key: ({engine: the file its table would be}, why it is not)} of a run's tied tables
+    the manifest says were not written (a `_down` table the same as its up table: the engines
+    that read the one it is tied to read that one for it)."""
+    from tuner.emit.results import read_manifest
+    from tuner.errors import TunerError
+    from tuner.plan.problems import Problem
+    try:
+        manifest = read_manifest(opts.out_dir)
+    except TunerError:
+        return {}
+    out = {}
+    for t in manifest.get("tables", []):
+        if t.get("kernel") == opts.kernel.name and (found := unwritten_table(manifest, t, opts.gpu.cuda_name)):
+            out[Problem(t["kernel"], t["problem"]).key] = found
+    return out
+
+
+def unwritten_table(manifest: dict, entry: dict, cuda_name: str) -> tuple[dict[str, str], str] | None:
+    """({engine: the file it would be}, why it is not) of a manifest's table entry that was not
+    written for being the same as the table it is tied to (None for any other)."""
+    from tuner.plan.engines import ENGINES
+    from tuner.plan.problems import Problem
+    if not isinstance(entry.get("not_written"), str):
+        return None
+    partner = next((dict(t.get("files") or {}) for t in manifest.get("tables", [])
+                    if t.get("kernel") == entry.get("kernel") and isinstance(t.get("problem"), dict)
+                    and Problem(t["kernel"], t["problem"]).key == entry.get("tied_to")), None)
+    if not partner:
+        return None
+    triton = str((entry.get("environment") or {}).get("triton") or "")
+    files = {}
+    for engine, rel in partner.items():
+        kind = str(rel).split("/")[1] if str(rel).count("/") >= 2 else ""
+        if engine in ENGINES and kind:
+            try:
+                files[engine] = ENGINES[engine].table_relpath(kind, entry["problem"], cuda_name, triton)
+            except (KeyError, TypeError, ValueError):
+                continue                 # a hand-edited entry: no name for it
+    return (files, f"the same configs as {short_file(partner)} at every M: the engine reads that table for it") \
+        if files else None

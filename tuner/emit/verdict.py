@@ -15,28 +15,36 @@ import textwrap
 from typing import Iterable
 
 from tuner.plan.engines import ENGINES
+from tuner.textwidth import factor
 
-TRITON_CONTENDERS = ("tuned", "shipped", "default")     # the engine's Triton kernel with a config
+# the engine's Triton kernel with a config: ours, a shipped table's, the default, a landscape's best
+TRITON_CONTENDERS = ("tuned", "shipped", "default", "landscape best")
 
 
 def is_triton(contender: str) -> bool:
     return contender == "tuned" or contender.startswith(TRITON_CONTENDERS[1:])
 
 
+def is_triton_row(row: dict) -> bool:
+    """A row of the Triton kernel with a config (a bench row with a config is one, whatever its
+    contender's name); the others are what runs instead of it (references)."""
+    return isinstance(row.get("config"), dict) or is_triton(str(row.get("contender")))
+
+
 def per_m(rows: Iterable[dict]) -> list[dict]:
     """One verdict per (kernel source, problem, M): the fastest contender, the best Triton one
     and the best other one (None where none was timed)."""
-    groups: dict[tuple, list[tuple[float, str]]] = {}
+    groups: dict[tuple, list[tuple[float, str, bool]]] = {}
     for r in rows:
         t = r.get("time_us")
         key = (r["kernel_source"], r["problem"], int(r["M"]))
         groups.setdefault(key, [])
-        if isinstance(t, (int, float)) and t > 0:
-            groups[key].append((float(t), str(r["contender"])))
+        if isinstance(t, (int, float)) and t > 0:        # a contender not timed gives no verdict
+            groups[key].append((float(t), str(r["contender"]), is_triton_row(r)))
     out = []
     for (src, problem, M), timed in groups.items():
-        triton = min((x for x in timed if is_triton(x[1])), default=None)
-        other = min((x for x in timed if not is_triton(x[1])), default=None)
+        triton = min((x for x in timed if x[2]), default=None)
+        other = min((x for x in timed if not x[2]), default=None)
         best = min(timed, default=None)
         out.append({"kernel_source": src, "problem": problem, "M": M,
                     "fastest": best[1] if best else None, "time_us": best[0] if best else None,
@@ -64,19 +72,29 @@ def short(contender: str | None) -> str:
 
 
 def verdict_lines(rows: list[dict], table_kind: str, served: dict[int, float] | None = None,
-                  width: int = 120) -> list[str]:
+                  width: int | None = None) -> list[str]:
     """Per problem, the fastest contender at each M; then per engine and problem the flag to run:
-    the best Triton config against the best other contender, weighted over M. Lines fit `width`."""
+    the best Triton config against the best other contender, weighted over M. Lines fit `width`
+    (default: the terminal's, at most 120; whole when piped, as every command's)."""
     from tuner.emit.run_table import distinguishing
+    from tuner.textwidth import output_width
+    columns = output_width()
+    width = width or (min(120, columns) if columns else 1 << 30)
     verdicts = per_m(rows)
     lines: list[str] = []
     weighting = "by the traffic profile" if served else "each benched M alike"
     names, common = distinguishing(list(dict.fromkeys(v["problem"] for v in verdicts)))
     if common:
         lines += textwrap.wrap(f"verdict ({common}):", width)
-    for (src, problem) in dict.fromkeys((v["kernel_source"], v["problem"]) for v in verdicts):
-        mine = sorted((v for v in verdicts if (v["kernel_source"], v["problem"]) == (src, problem)),
-                      key=lambda v: v["M"])
+    groups: dict[tuple[str, str], list[dict]] = {}        # grouped once: a scan per group was quadratic
+    for v in verdicts:
+        groups.setdefault((v["kernel_source"], v["problem"]), []).append(v)
+    for (src, problem), group in groups.items():
+        mine = sorted(group, key=lambda v: v["M"])
+        if not any(v["time_us"] for v in mine):      # every contender failed: nothing to judge by
+            lines += textwrap.wrap(f"{src} {names[problem]}: nothing timed (every contender failed): no verdict",
+                                   width, subsequent_indent="    ")
+            continue
         per = ", ".join(f"M={v['M']} {short(v['fastest'])}" for v in mine)
         lines += textwrap.wrap(f"{src} {names[problem]}: fastest {per}", width, subsequent_indent="    ")
         engine = ENGINES.get(src.split()[0])
@@ -86,20 +104,22 @@ def verdict_lines(rows: list[dict], table_kind: str, served: dict[int, float] | 
         both = [v for v in mine if v["triton_us"] and v["other_us"]]
         w = nearest_weights([v["M"] for v in mine], served)
         choice = engine.hopper_backends.get(table_kind)
-        if not both:
+        triton = sum(w[v["M"]] * v["triton_us"] for v in both)
+        other = sum(w[v["M"]] * v["other_us"] for v in both)
+        if both and not (triton > 0 and other > 0):     # the traffic falls on M's not timed both ways
+            said = f"no M timed both ways carries traffic: {flag.flag} cannot be judged here"
+        elif not both:
             said = (f"runs its Triton kernel by default ({flag.default}): the tables are read, no flag needed"
                     if choice is not None and choice.by_default else
                     f"only its Triton kernel was timed: {flag.flag} cannot be judged here (without it "
                     f"{engine.name} runs {flag.default})")
         else:
-            triton = sum(w[v["M"]] * v["triton_us"] for v in both)
-            other = sum(w[v["M"]] * v["other_us"] for v in both)
             others = "/".join(sorted({short(v["best_other"]) for v in both}))
             ms = ",".join(str(v["M"]) for v in both)
-            said = (f"run {flag.flag}: the best Triton config is {other / triton:.2f}x faster than {others} "
+            said = (f"run {flag.flag}: the best Triton config is {factor(other / triton)} faster than {others} "
                     f"(weighted {weighting}, M={ms}); without it {engine.name} runs {flag.default}"
                     if triton < other else
-                    f"keep the default ({flag.default}), no {flag.flag}: {others} is {triton / other:.2f}x "
+                    f"keep the default ({flag.default}), no {flag.flag}: {others} is {factor(triton / other)} "
                     f"faster than the best Triton config (weighted {weighting}, M={ms}); the tables matter only "
                     f"with {flag.flag}")
         lines += textwrap.wrap(f"  {engine.name}: {said}", width, subsequent_indent="    ")

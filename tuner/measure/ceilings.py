@@ -179,7 +179,8 @@ def measure(gpu: GpuSpec, size: int | None = None, copy_bytes: list[int] | None 
 
 
 def write(data: dict, path: Path) -> Path:
-    atomic_write_json(path, data, indent=2)
+    from tuner.file_kinds import CEILINGS
+    atomic_write_json(path, data, indent=2, kind=CEILINGS)      # only a ceilings file is replaced
     return path
 
 

@@ -101,8 +101,14 @@ class DeviceMeasurer:
         self.throttled_retakes = self.throttled_kept = 0
         # compile jobs handed to the workers: built into Triton's cache, failed (error text
         # kept), or lost (a worker crashed or the wait ran out)
-        self.compiles: dict = {"built": 0, "failed": 0, "lost": 0, "reused": 0, "errors": []}
-        self._submitted: set = set()   # compile keys handed to the workers (kernel.compile_per_m)
+        # ahead: jobs handed out before their config was asked for (compile_ahead), ahead_used: a
+        # batch's configs found among them, ahead_dropped: those cancelled before a worker took them;
+        # wait_s: seconds the timing waited for compile workers
+        self.compiles: dict = {"built": 0, "failed": 0, "lost": 0, "reused": 0, "ahead": 0, "ahead_used": 0,
+                               "ahead_dropped": 0, "wait_s": 0.0, "errors": []}
+        self._submitted: dict = {}     # compile key (kernel.compile_per_m) -> its job, as handed to the workers
+        self._ahead_keys: set = set()  # ... of those, the ones handed out ahead and not asked for yet
+        self._ahead: list[tuple[Problem, int, Config]] = []    # to hand out after the next batch's own jobs
         self.kernel = kernel
         self.gpu = gpu
         self.input_sets = input_sets or self.device.input_sets
@@ -139,7 +145,7 @@ class DeviceMeasurer:
                 "clock_warmups": self.device.clock_warmups}
 
     def compile_stats(self) -> dict:
-        return {**self.compiles, "errors": list(self.compiles["errors"])}
+        return {**self.compiles, "wait_s": round(self.compiles["wait_s"], 3), "errors": list(self.compiles["errors"])}
 
     def candidates(self, problem: Problem, M: int):
         return None
@@ -162,8 +168,10 @@ class DeviceMeasurer:
         m = M if self.kernel.compile_per_m else None
         return (problem.key, m, tuple(sorted(config.items())))
 
-    def _submit(self, problem: Problem, M: int, configs: list[Config]) -> list:
-        """One future per config; None where the same build was handed out before."""
+    def _submit(self, problem: Problem, M: int, configs: list[Config], ahead: bool = False) -> list:
+        """One future per config; None where the same build was handed out before (a build
+        handed out ahead and not asked for yet: its future, to wait for). `ahead`: jobs for
+        configs not asked for yet, handed out after those that are."""
         if self._pool is None:
             return []
         futures: list = []
@@ -171,15 +179,41 @@ class DeviceMeasurer:
             for c in configs:
                 key = self._compile_key(problem, M, c)
                 if key in self._submitted:
-                    self.compiles["reused"] += 1
-                    futures.append(None)
+                    if ahead:
+                        continue
+                    if key in self._ahead_keys:
+                        self._ahead_keys.discard(key)
+                        self.compiles["ahead_used"] += 1
+                        futures.append(self._submitted[key])
+                    else:
+                        self.compiles["reused"] += 1
+                        futures.append(None)
                     continue
-                futures.append(self._pool.submit(_compile_in_worker, self.kernel.ref, problem.params, M, c))
-                self._submitted.add(key)
+                future = self._pool.submit(_compile_in_worker, self.kernel.ref, problem.params, M, c)
+                self._submitted[key] = future
+                futures.append(future)
+                if ahead:
+                    self._ahead_keys.add(key)
+                    self.compiles["ahead"] += 1
         except BrokenProcessPool:
             self._restart_pool()
             return []
         return futures
+
+    def _drop_stale_ahead(self, keep: set) -> None:
+        """Jobs handed out ahead that no worker started yet, but those of `keep` (the batch at
+        hand): cancelled, so that the batch's own jobs never queue behind them."""
+        for key in list(self._ahead_keys - keep):
+            if self._submitted[key].cancel():
+                del self._submitted[key]
+                self._ahead_keys.discard(key)
+                self.compiles["ahead_dropped"] = self.compiles.get("ahead_dropped", 0) + 1
+
+    def compile_ahead(self, jobs: list[tuple[Problem, int, Config]]) -> None:
+        """Configs the search is likely to ask for next: their compile jobs are handed to the
+        workers right after the next batch's own, so that they build while it is timed (a GPU
+        host's workers outnumber a batch's configs). A job never asked for costs a worker's time."""
+        self._ahead = list(jobs)
 
     def _await_compile(self, future) -> bool:
         """Wait for one compile job (at most the compile timeout); False when the pool broke."""
@@ -203,14 +237,26 @@ class DeviceMeasurer:
     def measure_iter(self, problem: Problem, M: int, configs: list[Config]):
         """Yield each config's measurement as soon as it is taken (the isolation layer
         forwards them one by one, so a crash loses only the config it happened on)."""
+        self._drop_stale_ahead({self._compile_key(problem, M, c) for c in configs})
         futures = self._submit(problem, M, configs)
+        # only as many as the batch leaves workers idle (a GPU host's 16 for batches of 8): where
+        # none idles (the CPU device's 2 for batches of 2) they would only delay the next batch's own
+        ahead, self._ahead = self._ahead, []
+        idle = max(0, self._compile_workers - sum(f is not None and not f.done() for f in futures))
+        for job_problem, job_m, job_config in ahead:
+            if idle <= 0:
+                break
+            idle -= len(self._submit(job_problem, job_m, [job_config], ahead=True))   # [] when handed out before
         n = len(configs)
         where = " in Triton's interpreter" if self.device.kind == "cpu" else ""
         for i, cfg in enumerate(configs):
             if futures and futures[i] is not None:
                 if not futures[i].done():
                     self._step(f"compiling config {i + 1} of {n}")
-                if not self._await_compile(futures[i]):
+                waited = time.monotonic()
+                ok = self._await_compile(futures[i])
+                self.compiles["wait_s"] += time.monotonic() - waited
+                if not ok:
                     futures = []
             self._step(f"timing config {i + 1} of {n}{where}")
             m = self._time(problem, M, cfg)
@@ -228,13 +274,16 @@ class DeviceMeasurer:
         """Build many (problem, M, config) at once in the compile workers (validation of many
         cases, each with its own problem); returns the compile counts."""
         futures = [f for p, M, c in jobs for f in self._submit(p, M, [c]) if f is not None]
+        waited = time.monotonic()
         for f in futures:
             if not self._await_compile(f):
                 break
+        self.compiles["wait_s"] += time.monotonic() - waited
         return self.compile_stats()
 
     def _restart_pool(self) -> None:
         self._submitted.clear()              # what the broken pool had queued may never have been built
+        self._ahead_keys.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = self._new_pool()
@@ -293,8 +342,17 @@ class DeviceMeasurer:
         return getattr(importlib.import_module(module), attr)(self, *args)
 
     def close(self) -> None:
+        """The compile workers ended at once: a build in progress or queued ahead is of no more
+        use, and waiting for idle workers' interpreters to wind down (torch and Triton loaded)
+        took 6.4 s of a run's close on the CPU device (2 workers, 2 loaded cores); Triton writes
+        its cache atomically, so a killed build leaves no half-written kernel."""
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            workers = list(getattr(self._pool, "_processes", {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for proc in workers:
+                proc.kill()
+            for proc in workers:
+                proc.join(5)
             self._pool = None
 
 

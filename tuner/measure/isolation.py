@@ -111,7 +111,9 @@ def _requests(conn, inner, stats) -> None:
             break
         try:
             if method == "measure":
-                problem, M, configs = args
+                problem, M, configs, *ahead = args
+                if ahead and hasattr(inner, "compile_ahead"):
+                    inner.compile_ahead(ahead[0])
                 each = getattr(inner, "measure_iter", None)
                 results = each(problem, M, configs) if each else (
                     inner.measure(problem, M, [c])[0] for c in configs)
@@ -188,7 +190,9 @@ def _add_counts(a: dict, b: dict | None) -> dict:
     """Compile counts (and the measurers' counters) of two children added up."""
     if not b:
         return a
-    out: dict = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost", "reused")}
+    out: dict = {k: a.get(k, 0) + b.get(k, 0) for k in ("built", "failed", "lost", "reused", "ahead", "ahead_used",
+                                                                  "ahead_dropped")}
+    out["wait_s"] = round(a.get("wait_s", 0.0) + b.get("wait_s", 0.0), 3)
     out["errors"] = (list(a.get("errors", [])) + list(b.get("errors", [])))[:5]
     if a.get("counters") or b.get("counters"):
         ca, cb = a.get("counters") or {}, b.get("counters") or {}
@@ -225,6 +229,7 @@ class IsolatedMeasurer:
         self._env: dict = {}
         self._compiles_before: dict = {}       # compile counts of children already replaced
         self._compiles_now: dict = {}
+        self._ahead: list = []                 # configs to build ahead, sent with the next measurement
         self.busy = False                      # a request sent and not answered in full (a stop lands mid-request)
         # told every WAIT_TICK_S while we wait on the child: what it is doing, for how many seconds
         self.on_wait = on_wait
@@ -357,7 +362,8 @@ class IsolatedMeasurer:
             # no more than the child's quota: it is replaced after exactly recycle_after configs
             batch = todo[: max(1, self.recycle_after - self.served)]
             self.busy = True                # until "done": a stop meanwhile kills the child (close)
-            if not self._send(("measure", (problem, M, batch))):
+            ahead, self._ahead = self._ahead, []     # with the first batch sent: built while it is timed
+            if not self._send(("measure", (problem, M, batch, *([ahead] if ahead else [])))):
                 self.proc.join(5)
                 _stopped_from_outside(self.proc.exitcode)
                 self._restart(_death_reason(self.proc.exitcode))
@@ -415,6 +421,11 @@ class IsolatedMeasurer:
             self._restart(f"{payload} ({method})")
             return False, payload
         return False, str(payload).splitlines()[0]
+
+    def compile_ahead(self, jobs: list[tuple[Problem, int, Config]]) -> None:
+        """Configs likely asked for next: sent with the next measurement, whose compile workers
+        build them after its own configs (DeviceMeasurer.compile_ahead)."""
+        self._ahead = list(jobs)
 
     def check_numerics(self, problem: Problem, M: int, config: Config, seed: int | None = None) -> NumericsCheck:
         ok, result = self.call("check_numerics", problem, M, config, seed)

@@ -351,7 +351,8 @@ class LandscapeWriter:
                     pass
 
     def close(self) -> None:
-        from tuner.paths import atomic_write_file
+        from tuner.file_kinds import LANDSCAPE
+        from tuner.paths import atomic_write_file, replaceable
         # The file stays open (a temporary's lock with it) until it is in place: a rerun
         # beside us never takes it for a killed writer's.
         self._f.flush()
@@ -361,13 +362,19 @@ class LandscapeWriter:
                     with open(self.partial, "rb") as src, gzip.open(tmp, "wb") as dst:
                         shutil.copyfileobj(src, dst)
                 try:
-                    atomic_write_file(self.path, fill)
+                    atomic_write_file(self.path, fill, kind=LANDSCAPE)    # only a landscape is replaced
                 except BaseException:
                     if not self.resume:
                         os.unlink(self.partial)
                     raise
                 os.unlink(self.partial)
             else:
+                try:
+                    replaceable(self.path, LANDSCAPE)     # only a landscape is replaced (a recording's .partial stays)
+                except TunerError:
+                    if not self.resume:
+                        os.unlink(self.partial)
+                    raise
                 if not self.resume:                       # mkstemp's file is private: as open() would
                     from tuner.paths import new_file_mode
                     os.chmod(self.partial, new_file_mode())

@@ -71,10 +71,11 @@ def within(ratio: float | None, noise: Noise | None) -> bool:
 
 def speedup(ratio: float, noise: Noise | None, compact: bool = False) -> str:
     """`ratio`x, unless it is within the noise: then said so (compact: '~1.02x', for tables)."""
+    from tuner.textwidth import factor
     if within(ratio, noise):
         assert noise is not None
-        return f"~{ratio:.2f}x" if compact else f"{ratio:.2f}x (within the {noise.spread:.1%} between-process noise)"
-    return f"{ratio:.2f}x"
+        return f"~{factor(ratio)}" if compact else f"{factor(ratio)} (within the {noise.spread:.1%} between-process noise)"
+    return factor(ratio)
 
 
 def spread_of(pairs: list[tuple[float, float]]) -> dict:

@@ -68,7 +68,7 @@ def _fake_mla_time_us(params: dict, M: int, cfg: dict, h: int) -> float:
 
 
 def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], batch_sizes: list[int],
-                              device: str | None = None) -> int:
+                              device: str | None = None, made_for: str | None = None) -> int:
     """The pruned grid (and the seeds) of every problem and M, timed by the cost model;
     returns the number of points written."""
     device = device or gpu.cuda_name
@@ -79,7 +79,7 @@ def write_synthetic_landscape(path, kernel, space, gpu, problems: list[dict], ba
     header = {"format": "tuner-landscape/1", "kernel": kernel.name, **landscape_source(kernel),
               "device": device, "triton": triton.__version__,
               "torch": "synthetic", "cuda": "synthetic", "driver": "synthetic",
-              "recorded": "2026-11-22T00:00:00+00:00", "synthetic": True}
+              "recorded": "2026-11-22T00:00:00+00:00", "synthetic": True, **({"made_for": made_for} if made_for else {})}
     # written in one go into a temporary file of its own, renamed at the end: a killed run
     # leaves nothing a rerun would continue or merge (LandscapeWriter, resume=False)
     w = LandscapeWriter(path, kernel, header, resume=False)
@@ -140,9 +140,35 @@ def landscape_for_run(out: Path, kernel_name: str, source: str, gpu, problems: l
     kernel = get_kernel(kernel_name, source, load_code=False) if source != "ours" else get_kernel(kernel_name)
     path = out / f"synthetic-{kernel_name}.jsonl.gz"
     check_replaceable(path, "the run's landscape")
-    make_folder(out)
     params = [p.params for p in problems if source == "ours" or source in p.engines]
-    n = write_synthetic_landscape(path, kernel, load_space(kernel, space_path), gpu, params, sorted(set(batch_sizes)))
+    space = load_space(kernel, space_path)
+    made_for = made_for_digest(kernel, space, gpu, params, sorted(set(batch_sizes)))
+    if os.path.lexists(path) and _header_of(path).get("made_for") == made_for:
+        # an earlier run's (a window before this one): the same points, so not made again (a window's start-up)
+        say(f"replaying {path}, made by an earlier run for the same problems and batch sizes (SYNTHETIC)")
+        return path
+    make_folder(out)
+    n = write_synthetic_landscape(path, kernel, space, gpu, params, sorted(set(batch_sizes)), made_for=made_for)
     say(f"made {path}: {n} SYNTHETIC points ({len(params)} problems x {len(set(batch_sizes))} batch sizes); "
         "replaying it")
     return path
+
+
+def made_for_digest(kernel, space, gpu, params: list[dict], batch_sizes: list[int]) -> str:
+    """What a run's SYNTHETIC landscape is made of: the kernel and its code, the space, the GPU, the problems
+    and batch sizes, and this cost model's own code: a landscape made for the same is the same, point for point."""
+    import inspect
+    import json
+    model = inspect.getsource(fake_time_us) + inspect.getsource(_fake_moe_time_us) + inspect.getsource(_fake_mla_time_us)
+    what = {"kernel": kernel.name, **landscape_source(kernel), "space": space.version, "device": gpu.cuda_name,
+            "problems": params, "batch_sizes": batch_sizes, "model": hashlib.sha256(model.encode()).hexdigest()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _header_of(path: Path) -> dict:
+    from tuner.measure.landscape import read_header
+    try:
+        header = read_header(path)
+    except TunerError:
+        return {}
+    return header if isinstance(header, dict) else {}

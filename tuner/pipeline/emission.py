@@ -24,7 +24,9 @@ log = logging.getLogger("tuner")
 
 def collect(opts: RunPlan, storage: BaseStorage, quiet: bool = False, wait: bool = False) -> dict[str, list[StudyResult]]:
     """Write the tables and the manifest from the studies' stored results (tuner collect,
-    and the end of every run). Batch sizes whose study has not finished are left out."""
+    and the end of every run); returns the rows written as tuned, as the files hold them (a
+    study finished whose tied partner has not is not among them: its row holds the incumbent
+    until both are). Batch sizes whose study has not finished are left out."""
     results: dict[str, list[StudyResult]] = {}
     envs, labels, identities = [], set(), []
     missing = 0
@@ -90,7 +92,8 @@ def collect(opts: RunPlan, storage: BaseStorage, quiet: bool = False, wait: bool
     if missing and not quiet:
         log.warning("%d studies have no result yet; their rows keep the incumbent (the row the engine reads "
                     "today)", missing)
-    return results
+    # what the files hold as tuned (never a row written as the incumbent: the closing table shows these)
+    return {k: tuned for k, rs in written.items() if (tuned := [r for r in rs if r.stopped != NOT_TUNED])}
 
 
 def _searched_otherwise(opts: RunPlan, results: dict[str, list[StudyResult]]) -> list[dict]:
@@ -235,7 +238,9 @@ def _entry(opts: RunPlan, problem: Problem, results: list[StudyResult], files: d
     entry = manifest_entry(opts.kernel, problem, tuned, files, run_info)
     kept = {str(r.M): r.choice.get("row") for r in results if r.stopped == NOT_TUNED}
     if kept:
-        entry["partial"] = {"planned": sorted(r.M for r in results), "incumbent": kept,
+        # which rows were tuned, said: `tuner install` puts those alone over what an engine reads
+        entry["partial"] = {"tuned": sorted(r.M for r in tuned), "planned": sorted(r.M for r in results),
+                            "incumbent": kept,
                             "why": "not tuned yet (the run stopped or its --minutes window ended); their rows "
                                    "keep the incumbent, the row the engine reads today"}
     return entry

@@ -12,8 +12,8 @@ from tuner.plan.engines import ENGINES
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
 from tuner.search.budget import budget_lines, pruned_sizes
-from tuner.search.stopping import CONFIDENCE
 from tuner.search.settings import StudyResult
+from tuner.search.stopping import CONFIDENCE
 from tuner.search.storage_urls import shown
 
 

@@ -60,10 +60,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             check_storage_driver(req.storage)
     synthetic_landscape = None
     if req.synthetic:
-        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE
-        say(SYNTHETIC_RUN_LINE)
+        landscape_path = out_dir(req, model.name, gpu.key) / f"synthetic-{KERNEL_OF[req.command]}.jsonl.gz"
+        from tuner.measure.synthetic import check_replaceable
+        check_replaceable(landscape_path, "the run's landscape")     # refused before anything is said (a dry run too)
         if not req.dry_run:         # replayed from where it will be made, once every check has passed (below)
-            synthetic_landscape = out_dir(req, model.name, gpu.key) / f"synthetic-{KERNEL_OF[req.command]}.jsonl.gz"
+            synthetic_landscape = landscape_path
             req.replay = str(synthetic_landscape)
     notes: list[str] = []
     runs = kernel_runs(req, KERNEL_OF[req.command], problems, notes)
@@ -89,6 +90,11 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
+    for opts in plans:
+        if opts.record:          # the landscape a recording replaces at the end: only a landscape (file_kinds.py)
+            from tuner.file_kinds import LANDSCAPE
+            from tuner.paths import check_output
+            check_output(Path(opts.record), LANDSCAPE, "--record")
     if not req.dry_run and (synthetic_landscape is not None or recorded is not None):
         # a stored plan for another routing (or device, kernel, space) is refused before the
         # landscape and routing file below replace an earlier run's (issue 42, item 8)
@@ -104,7 +110,16 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
                     from tuner.measure.landscape import replay_times
                     opts.times = replay_times(req.replay)
                 check_plan(open_run_storage(opts), opts)
+    if req.synthetic:
+        # said once every input is checked: a refused run (a --warm-start with no configs, say) is its one line
+        from tuner.measure.synthetic import SYNTHETIC_RUN_LINE
+        say(SYNTHETIC_RUN_LINE)
+    out = out_dir(req, model.name, gpu.key)
+    # what planning creates below, for undo_planning (a run refused before it measures leaves none of it)
+    made = [] if req.dry_run or out.exists() else [out]
     if synthetic_landscape is not None:
+        if not os.path.lexists(synthetic_landscape):
+            made.append(synthetic_landscape)
         # made last: a run refused above (a missing --warm-start, say) replaced no landscape of an earlier one
         from tuner.measure.synthetic import landscape_for_run
         landscape_for_run(out_dir(req, model.name, gpu.key), KERNEL_OF[req.command], str(req.kernel_source), gpu,
@@ -113,13 +128,31 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         # stored last too, where the kernel reads the ids (this run's children too): a run refused
         # above stored no routing file (issue 42, item 8)
         from tuner.plan.routing import install
-        install(recorded, out_dir(req, model.name, gpu.key) / "routing")
+        folder = out / "routing"
+        made += [] if folder.exists() else [folder]
+        made += [] if (folder / f"{recorded.digest}.npy").exists() else [folder / f"{recorded.digest}.npy"]
+        install(recorded, folder)
+    for opts in plans:
+        opts.made = made
     if parallel.line and plans:
         plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
     if req.dry_run:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
     return plans
+
+
+def undo_planning(opts: RunPlan) -> None:
+    """Remove what planning created for a run refused before it measured (its landscape, the
+    routing file, their folders when planning made them and they hold nothing else): a refused
+    run leaves nothing. An earlier run's files were never planning's to list."""
+    import contextlib
+    for path in reversed(opts.made):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()                 # only when empty: anything else there is someone's
+            else:
+                path.unlink()
 
 
 def sized(req: TuneRequest, settings, space, problems: list, gpu):

@@ -27,6 +27,7 @@ from tuner.pipeline.studies import time_unit, tune_all
 from tuner.plan.kernel_api import config_tuple
 from tuner.progress import Progress
 from tuner.search.settings import StudyResult
+from tuner.search.storage_urls import shown
 from tuner.search.window import Window, WindowClosed, measuring_in
 
 
@@ -68,7 +69,11 @@ def run_tuning(opts: RunPlan, window: Window | None = None) -> dict[str, list[St
                 storage = _tune_here(opts, storage, measurer, progress, window)
     results = collect(opts, storage)
     ended = "the window closed" if window is not None and window.closed else "done"
-    progress.note(f"{ended} in {time.monotonic() - t0:.0f}s; tables and manifest in {opts.out_dir}/")
+    from tuner.emit.results import MANIFEST
+    # what is there to read: the tables, or (no study finished yet) only the trials in the storage
+    where = (f"tables and manifest in {opts.out_dir}/" if (opts.out_dir / MANIFEST).is_file() else
+             f"no table written yet (no row tuned yet); the trials measured are kept in {shown(run_storage(opts))}")
+    progress.note(f"{ended} in {time.monotonic() - t0:.0f}s; {where}")
     return results
 
 

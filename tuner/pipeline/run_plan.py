@@ -43,6 +43,7 @@ class RunPlan:
     started: float | None = None     # time.monotonic() when the command began: its "done in" counts from it
     warm: WarmPool | None = None     # known configs to seed studies from (tuner/search/warm_start.py)
     incumbents: dict | None = None   # the tables the engines read today, once resolved (studies.incumbent_tables)
+    made: list[Path] = field(default_factory=list)   # what planning created (undo_planning removes it)
 
     # The request's options a run reads, by the names the pipeline uses.
     @property

@@ -52,33 +52,85 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
                       + (f"; {kept} shown as stored, not run again" if kept else "")
                       + (f"; {grown} continued to the larger budget" if grown else ""))
     installed = incumbent_tables(opts)
+    # One order with or without a window (tuner/pipeline/windows.py): the studies seed each other (the batch
+    # sizes done, the shapes tuned), so windows that continue each other leave what one run without
+    # --minutes leaves only where both take the studies in the same order.
+    from tuner.pipeline.windows import stored_close_seconds, study_order, study_states
+    states = study_states(opts, storage)
+    order = study_order(opts, states, getattr(measurer, "landscape", None))
     if window is not None:
-        from tuner.pipeline.windows import study_order, study_states
-        order = study_order(opts, study_states(opts, storage), getattr(measurer, "landscape", None))
-        try:
-            for problem, M in order:
-                if window.closed:
-                    break
-                # the batch sizes done: those whose study is finished, in this window or an earlier one
-                ms_done = [m for m in sorted(opts.ms_for(problem))
-                           if m != M and stored_result(storage, opts, problem, m) is not None]
-                _study(opts, storage, measurer, runner, progress, installed, problem, M, ms_done, after_study)
-        except WindowClosed:
-            window.closed = True
-        finally:
+        window.stored_close_s = stored_close_seconds(states)
+        window.ready()
+    _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
+    try:
+        for problem, M in order:
+            if window is not None and window.closed:
+                break
+            # the batch sizes done: those whose study is finished, in this run (window) or an earlier one
+            ms_done = [m for m in sorted(opts.ms_for(problem))
+                       if m != M and stored_result(storage, opts, problem, m) is not None]
+            _study(opts, storage, measurer, runner, progress, installed, problem, M, ms_done, after_study)
+    except WindowClosed:
+        if window is None:
+            raise
+        window.closed = True
+    finally:
+        if window is not None:
             sync_storage(storage)       # what the window measured is on the disk
+
+
+def _upcoming(runner: StudyRunner, opts: RunPlan, installed: dict, order: list[tuple[Problem, int]]) -> None:
+    """What the run's studies will surely time, in their order, for the compile workers to build
+    ahead (tuner/search/ahead.py): each one's seeds known before it starts (its defaults, the
+    cost model's first, the row the engine reads today)."""
+    if runner.ahead is None:
         return
-    for problem in opts.problems:
-        done: list[int] = []
-        for M in sorted(opts.ms_for(problem)):
-            if _study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study):
-                done.append(M)
+    runner.ahead.upcoming = [(p, M, c) for p, M in order for c in runner.sure_configs(
+        p, M, [("default", c) for c in opts.kernel.extra_seeds(p.params, M)]
+        + [("installed", row[1]) for row in incumbents(opts, installed, p, M)])]
 
 
 def _study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,
            installed: dict, problem: Problem, M: int, done: list[int],
            after_study: Callable[[], object] | None) -> bool:
-    """One study, seeded; False where a tied table has nothing to tie to at M."""
+    """One study, seeded; False where a tied table has nothing to tie to at M. Its time, all in
+    (seeds, search, close, tables written), is added to the study's SPENT_ATTR, and its close's
+    (finalists timed again, choice, tables) kept as CLOSE_ATTR: what is left is priced from them."""
+    from tuner.search.window import now
+    began = now()
+    closed = False
+    try:
+        closed = _run_study(opts, storage, measurer, runner, progress, installed, problem, M, done, after_study)
+        return closed
+    finally:
+        try:
+            _spent(storage, opts, problem, M, now() - began,
+                   now() - runner.searched_at if closed and runner.searched_at is not None else None, runner.window)
+        except Exception:  # noqa: BLE001 - a time not kept (a full disk, say) must not hide the study's own error
+            if closed:
+                raise
+
+
+def _spent(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int, seconds: float,
+           close_s: float | None, window) -> None:
+    """Add `seconds` to the study's time spent (every window's), and keep its close's time."""
+    from tuner.search.window import CLOSE_ATTR, SPENT_ATTR, plausible
+    try:
+        study_id = storage.get_study_id_from_name(study_name(problem, M, opts.prefix, opts.kernel.source))
+    except KeyError:
+        return                  # never opened (a tied table with nothing to tie to, a window closed before)
+    attrs = storage.get_study_user_attrs(study_id)
+    before = plausible(attrs.get(SPENT_ATTR), float("inf")) or 0.0
+    storage.set_study_user_attr(study_id, SPENT_ATTR, round(before + seconds, 3))
+    if close_s is not None:
+        storage.set_study_user_attr(study_id, CLOSE_ATTR, round(close_s, 3))
+        if window is not None:
+            window.close_done(close_s)
+
+
+def _run_study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: StudyRunner, progress: Progress,
+               installed: dict, problem: Problem, M: int, done: list[int],
+               after_study: Callable[[], object] | None) -> bool:
     baseline = load_baseline_table(opts.baseline, opts.kernel, opts.gpu, problem) if opts.baseline else None
     tied_config = None
     if problem.tied_to:
@@ -186,12 +238,14 @@ def stored_result(storage: BaseStorage, opts: RunPlan, problem: Problem, M: int)
     """The stored result of a finished study (None before it finishes). Read from the storage
     directly, and copied once: each run reads every study's result after every study, and
     Optuna's Study.user_attrs deep-copies all of a study's attributes on each access."""
+    from tuner.search.stored_state import checked_result
+    name = study_name(problem, M, opts.prefix, opts.kernel.source)
     try:
-        study_id = storage.get_study_id_from_name(study_name(problem, M, opts.prefix, opts.kernel.source))
+        study_id = storage.get_study_id_from_name(name)
     except KeyError:
         return None
     attrs = storage.get_study_user_attrs(study_id)
-    if attrs.get("result") is None:
+    if checked_result(name, attrs.get("result")) is None:      # none yet, or one that does not validate
         return None
     # the storage's own objects (a journal's in-memory state): copied before anyone changes them
     return copy.deepcopy({**attrs["result"], "environment": attrs.get("environment", {}),

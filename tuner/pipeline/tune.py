@@ -10,6 +10,7 @@ import os
 import time
 from typing import Callable
 
+from tuner.errors import TunerError
 from tuner.pipeline.request import TuneRequest
 
 
@@ -36,12 +37,14 @@ def tune(request: TuneRequest, say: Callable[[str], None] = print, left: dict | 
 def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = None) -> list:
     from tuner.pipeline.plan_text import plan_text  # light: a plan loads no Optuna, torch, Triton
     from tuner.pipeline.planning import plan_runs
-
+    from tuner.search.stored_state import new_run
+    new_run()                            # a stored state discarded is said once per run
     req = copy.copy(request)             # the defaults it left open are filled in the pipeline's copy
     window = None
     if req.minutes is not None and not req.dry_run:
         from tuner.search.window import Window
-        window = Window(req.minutes, began=req.started)     # the command's start-up and planning count too
+        # the command's start-up and planning count too
+        window = Window(req.minutes, began=req.started, measure_timeout=req.measure_timeout)
     started = req.started if req.started is not None else time.monotonic()
     plans = plan_runs(req, say)
     for opts in plans:
@@ -57,11 +60,18 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
                 say(line)
         return []
     from tuner.pipeline.run import run_tuning
-    done = []
+    done: list = []
     for opts in plans:
         if window is not None and window.closed:
             continue                    # no time left for this kernel's studies: said below
-        results = run_tuning(opts, window)
+        try:
+            results = run_tuning(opts, window)
+        except TunerError:
+            from tuner.pipeline.planning import undo_planning
+            from tuner.pipeline.stored_plans import storage_exists
+            if not done and not storage_exists(opts):       # refused before anything was measured
+                undo_planning(opts)
+            raise
         for line in closing_lines(opts, results):
             say(line)
         done.append((opts, results))
@@ -71,6 +81,9 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
             say(line)
         if left is not None:
             left["studies"] = studies_left
+            left["stalled"] = window.stalled()
+            left["progressed"] = window.progressed
+            left["needs_s"] = round(window.needs_seconds(), 1)      # a window that makes progress, at least
     return done
 
 
@@ -78,14 +91,14 @@ def window_order_lines(plans: list, minutes: float) -> list[str]:
     """A dry run's --minutes: the order a window takes the studies in (what its storage holds read,
     nothing written), and what is left by the measured cost per trial where known."""
     from tuner.pipeline.stored_plans import open_run_storage, storage_exists
-    from tuner.pipeline.windows import left_lines, study_order, study_states, wrap
-    lines = [f"a window of {minutes:g} min takes the studies by value per GPU second (docs/tuning.md):"]
+    from tuner.pipeline.windows import left_lines, study_order, study_states, window_length, wrap
+    lines = [f"a window of {window_length(minutes)} takes the studies by value per GPU second (docs/tuning.md):"]
     for opts in plans:
         states = study_states(opts, open_run_storage(opts) if storage_exists(opts) else None)
         order = [f"{p.key} M={m}" for p, m in study_order(opts, states) if not states[(p.key, m)].finished]
         lines += left_lines(opts, states, minutes)[:1]
         if order:
-            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else ""), cont=""))
+            lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else "")))
     return lines
 
 
@@ -93,20 +106,47 @@ def window_lines(plans: list, window, req: TuneRequest) -> tuple[list[str], int]
     """What a --minutes window leaves: per kernel, the studies finished and left, and the command
     that continues (the same command again, with the same --out or --storage)."""
     from tuner.pipeline.stored_plans import open_run_storage, storage_exists
-    from tuner.pipeline.windows import continue_command, left_lines, study_states, wrap
+    from tuner.pipeline.windows import continue_command, left_lines, study_states, window_length, wrap
     spent = window.clock() - window.started
-    lines = [f"window of {window.minutes:g} min: {spent:.0f} s used"
+    startup = f" (its start-up {window.ready_s:.0f} s)" if window.ready_s is not None else ""
+    lines = [f"window of {window_length(window.minutes)}: {spent:.0f} s used{startup}"
              + ("; it closed before the work was done" if window.closed else "")]
     left = 0
     for opts in plans:
         states = study_states(opts, open_run_storage(opts) if storage_exists(opts) else None)
         lines += left_lines(opts, states, window.minutes)
         left += sum(not s.finished for s in states.values())
+    stalled = window.stalled()
+    if stalled:
+        lines.append(wrap(stalled[0].upper() + stalled[1:]))
     if left:
         out = str(plans[0].out_dir) if plans and not req.storage else None
+        argv = req.argv
+        if stalled and argv is not None:          # the same command, with a window long enough
+            argv = with_minutes(argv, stalled.rsplit("--minutes ", 1)[1].split()[0])
         lines.append("continue with (the studies finished are not run again, nor any trial measured):")
-        lines.append(wrap("  " + continue_command(req.argv, out)))
+        from tuner.textwidth import command_lines
+
+        # to be pasted: wrapped with ` \` marks only
+        lines += command_lines("  " + continue_command(argv, out))
     return lines, left
+
+
+def with_minutes(argv: list[str], minutes: str) -> list[str]:
+    """`argv` with its --minutes (in either spelling) set to `minutes`."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--minutes" and i + 1 < len(argv):
+            out += [a, minutes]
+            skip = True
+        elif a.startswith("--minutes="):
+            out.append(f"--minutes={minutes}")
+        else:
+            out.append(a)
+    return out
 
 
 def closing_lines(opts, results: dict) -> list[str]:
@@ -115,13 +155,14 @@ def closing_lines(opts, results: dict) -> list[str]:
     where an engine would read the tables (for times from a GPU or a recorded landscape only)."""
     kernel, lines = opts.kernel, []
     if results:
-        from tuner.emit.run_table import run_source, run_table_lines, written_files
+        from tuner.emit.run_table import run_source, run_table_lines, unwritten_files, written_files
         lines.append(run_source(opts.out_dir))
         # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
         whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
-        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain)
+        lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain,
+                                 unwritten_files(opts))
         from tuner.search.outcomes import untimed, why_untimed
         lines += [f"no config timed at M={r.M} of {r.problem.key}: {why_untimed(r)}" for r in untimed(results)]
     if kernel.engine_hints:

@@ -6,13 +6,22 @@ Every study of the plan is ranked by its expected value per GPU second:
           share of the plan's batch sizes (the engines' grid);
   gap     how far the incumbent (the engine's default config) is above the roofline floor,
           1 - floor / incumbent, where a recorded landscape knows the incumbent's time; else 1;
-  cost    the study's trial budget times the seconds a trial of this kernel took so far
-          (read from the storage: the same factor for every study of one run, so it orders
-          nothing within a run; it prices what is left).
+  cost    the study's trial budget (the seconds a trial of this kernel takes are the same
+          factor for every study of one run, so they order nothing within a run; they price
+          what is left).
 A study begun in an earlier window and not finished comes first: its trials are paid for.
 Tables tied together (SGLang's up and _down) go as one: the study they hang on first.
 The order is made from the plan, the landscape and what is stored, never from the clock, so
-a window that continues another takes the studies in the order one longer run would have.
+a window that continues another takes the studies in the order one longer run would have; a run
+without --minutes takes them in this order too (tuner/pipeline/studies.py), so windows add up
+to what it leaves.
+
+What is left is priced from what the storage says the run has spent, all in, on the monotonic
+clock (tuner/search/window.py): a measured trial's share of its batch's round (the sampler, the
+claim, the measurement, the tell), and a study's time besides its trials' (its seeds, its close:
+finalists timed again and checked, its tables written). The trials left are the budgets' rest
+(at most), and as many as the finished studies measured on average where some finished (a
+study stops early when it converges: tuner/search/stopping.py).
 """
 
 from __future__ import annotations
@@ -34,9 +43,13 @@ class StudyState:
     M: int
     budget: int
     measured: int            # distinct configs measured so far (every window)
-    seconds: float           # their time from ask to tell, summed
+    seconds: float           # the measured trials' shares of their batches' time (monotonic), summed
     finished: bool
     empty: bool = False      # finished without a config: a table tied to it has nothing to tie to
+    timed: int = 0           # the measured trials whose time is stored (a storage from before: none)
+    spent: float = 0.0       # the study's time all in, every window (SPENT_ATTR)
+    close: float | None = None   # its close's time (CLOSE_ATTR), once closed
+    last: float = 0.0        # when its last trial was told (the wall clock's timestamp: orders studies only)
 
 
 def study_states(opts: RunPlan, storage: BaseStorage | None) -> dict[tuple[str, int], StudyState]:
@@ -45,6 +58,8 @@ def study_states(opts: RunPlan, storage: BaseStorage | None) -> dict[tuple[str, 
 
     from tuner.search.settings import study_name
     from tuner.search.storage import counts
+    from tuner.search.stored_state import checked_result
+    from tuner.search.window import CLOSE_ATTR, SPENT_ATTR, plausible
     names = set(optuna.get_all_study_names(storage)) if storage is not None else set()
     out = {}
     for p in opts.problems:
@@ -56,14 +71,18 @@ def study_states(opts: RunPlan, storage: BaseStorage | None) -> dict[tuple[str, 
                 continue
             study = optuna.load_study(study_name=name, storage=storage)
             trials = [t for t in study.get_trials(deepcopy=False) if counts(t)]
-            seconds = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials
-                          if t.datetime_start and t.datetime_complete)
+            shares = [s for s in map(trial_share, trials) if s is not None]
             configs = {tuple(sorted(t.user_attrs["config"].items())) for t in trials}
-            result = study.user_attrs.get("result")
+            attrs = study.user_attrs
+            result = checked_result(name, attrs.get("result"))
             # finished as the runner takes it: a study stopped at a smaller budget than this run's goes on
             done = result is not None and (result.get("stopped") != "budget" or result.get("trials", 0) >= budget)
-            out[(p.key, M)] = StudyState(p, M, budget, len(configs), seconds, done,
-                                         done and not (result or {}).get("config"))
+            out[(p.key, M)] = StudyState(p, M, budget, len(configs), sum(shares), done,
+                                         done and not (result or {}).get("config"), len(shares),
+                                         plausible(attrs.get(SPENT_ATTR), DAY) or 0.0,
+                                         plausible(attrs.get(CLOSE_ATTR), DAY),
+                                         max((t.datetime_complete.timestamp() for t in trials
+                                              if t.datetime_complete is not None), default=0.0))
     for (key, M), s in out.items():      # a tied table's study is never run where its partner found nothing
         partner = out.get((s.problem.tied_to, M)) if s.problem.tied_to else None
         if partner is not None and partner.empty:
@@ -125,10 +144,73 @@ def study_order(opts: RunPlan, states: dict[tuple[str, int], StudyState], landsc
     return order
 
 
+DAY = 86400.0          # a stored time beyond this is no study's (bounds what an edited storage can claim)
+
+
+def trial_share(trial) -> float | None:
+    """A measured trial's share of its batch's time (monotonic, from its round's start to the tell),
+    within what a batch can plausibly take; None where the storage has no such time."""
+    from tuner.search.window import BATCH_ATTR, TOOK_ATTR, plausible
+    took = plausible(trial.user_attrs.get(TOOK_ATTR), DAY)
+    n = trial.user_attrs.get(BATCH_ATTR, 1)
+    n = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 1024 else 1
+    return None if took is None else took / n
+
+
+RECENT_STUDIES = 6      # what is left is priced by the latest studies finished: the next are most like them
+
+
+def recent(states) -> list:
+    """The studies to price what is left by: the RECENT_STUDIES finished last (studies later in a run's order
+    are larger, and a study's tables cost more as more are written), else every study begun."""
+    done = sorted((s for s in states if s.finished and s.measured), key=lambda s: s.last)
+    return done[-RECENT_STUDIES:] or [s for s in states if s.measured]
+
+
 def per_trial_seconds(states) -> float | None:
-    """The seconds a measured trial took so far (every window, this run's kernel), None before any."""
-    n = sum(s.measured for s in states)
+    """The seconds a measured trial took, all in (its share of its batch's round), None before any."""
+    n = sum(s.timed for s in states)
     return sum(s.seconds for s in states) / n if n else None
+
+
+def per_study_seconds(states) -> float | None:
+    """The seconds a study took besides its trials (seeds, close, tables), over the studies closed."""
+    closed = [s for s in states if s.close is not None and s.spent > 0 and s.timed == s.measured]
+    return sum(max(0.0, s.spent - s.seconds) for s in closed) / len(closed) if closed else None
+
+
+def stored_close_seconds(states: dict) -> float:
+    """The longest close a study of the run took (0 before any): a window's estimate of the next."""
+    return max((s.close for s in states.values() if s.close is not None), default=0.0)
+
+
+def trials_left(states) -> tuple[int, int]:
+    """(at most, as many as the latest studies finished measured on average) trials left."""
+    todo = [s for s in states if not s.finished]
+    most = sum(max(0, s.budget - s.measured) for s in todo)
+    done = [s for s in recent(states) if s.finished]
+    if not done:
+        return most, most
+    mean = sum(s.measured for s in done) / len(done)
+    return most, sum(min(max(0, s.budget - s.measured), max(0, round(mean) - s.measured)) for s in todo)
+
+
+def left_estimate(states) -> str:
+    """', about T as measured (X s a trial, Y s a study besides)', or '' before anything is measured: the rates
+    of the latest studies finished (`recent`)."""
+    st = list(states)
+    latest = recent(st)
+    each = per_trial_seconds(latest)
+    if each is None:
+        return ""
+    todo = [s for s in st if not s.finished]
+    most, expected = trials_left(st)
+    study = per_study_seconds(latest)
+    total = expected * each + len(todo) * (study or 0.0)
+    what = f"{each:.2f} s a trial" + (f", {study:.1f} s a study besides" if study is not None
+                                      else "; a study's close not measured yet")
+    likely = f" (likely {expected} trials)" if expected != most else ""
+    return f"{likely}, about {duration(total)} as measured ({what}, all in)"
 
 
 def left_lines(opts: RunPlan, states: dict[tuple[str, int], StudyState], minutes: float) -> list[str]:
@@ -138,23 +220,33 @@ def left_lines(opts: RunPlan, states: dict[tuple[str, int], StudyState], minutes
     head = f"{opts.kernel.name}"
     if not todo:
         return [f"{head}: all {len(st)} studies finished; every table of the plan is written"]
-    trials = sum(max(0, s.budget - s.measured) for s in todo)
-    each = per_trial_seconds(st)
-    cost = f", about {duration(trials * each)} at {each:.2f} s a trial as measured" if each else ""
+    trials, _ = trials_left(st)
     begun = sum(1 for s in todo if s.measured)
-    lines = [f"{head}: {len(st) - len(todo)} of {len(st)} studies finished; left {len(todo)} "
-             f"({begun} begun), at most {trials} trials{cost}"]
-    tuned: dict[str, list[int]] = {}
-    for s in st:
-        if s.finished:
-            tuned.setdefault(s.problem.key, []).append(s.M)
+    lines = [wrap(f"{head}: {len(st) - len(todo)} of {len(st)} studies finished; left {len(todo)} "
+                  f"({begun} begun), at most {trials} trials{left_estimate(st)}")]
+    done = {(s.problem.key, s.M) for s in st if s.finished}
     for p in opts.problems:
-        ms = sorted(tuned.get(p.key, []))
-        missing = [m for m in opts.ms_for(p) if m not in ms]
+        # tables tied together are written together (tuner/pipeline/emission.py with_incumbents): a
+        # row is tuned where every table of its group finished its study at that M
+        root = p.tied_to or p.key
+        group = [q for q in opts.problems if root in (q.key, q.tied_to)]
+        missing = [m for m in opts.ms_for(p) if not all((q.key, m) in done for q in group if m in opts.ms_for(q))]
         if missing:
+            waiting = [m for m in missing if (p.key, m) in done]
             lines.append(wrap(f"  {p.key}: not tuned yet M={','.join(map(str, missing))} "
-                              "(their rows keep the incumbent)", cont=""))
+                              "(their rows keep the incumbent" + (
+                                  f"; at M={','.join(map(str, waiting))} its study finished: written once its tied "
+                                  "table's study is" if waiting else "") + ")"))
     return lines
+
+
+def window_length(minutes: float) -> str:
+    """A window's length as printed: as given where it is a plain number of minutes ('0.3 min'),
+    else in the unit that reads ('1.2 s', '17.5 min'): a night's share of its slot is a fraction
+    nobody typed (0.0196884 min)."""
+    if round(minutes, 2) == minutes:
+        return f"{minutes:g} min"
+    return f"{minutes * 60:.1f} s" if minutes < 1 else f"{minutes:.1f} min"
 
 
 def duration(seconds: float) -> str:
@@ -171,16 +263,9 @@ def continue_command(argv: list[str] | None, out: str | None = None) -> str:
     return "tuner " + " ".join(shlex.quote(a) for a in argv)
 
 
-def wrap(text: str, width: int = WIDTH, indent: str = "    ", cont: str = " \\") -> str:
-    """A line cut at spaces to fit `width` columns, continued with `cont` (a backslash: a shell reads it
-    whole)."""
-    lead = text[:len(text) - len(text.lstrip(" "))]
-    words, lines, line = text.lstrip(" ").split(" "), [], lead
-    for word in words:
-        if line.strip() and len(line) + 1 + len(word) > width - 2:
-            lines.append(line + cont)
-            line = indent + word
-        else:
-            line = f"{line} {word}" if line.strip() else line + word
-    lines.append(line)
-    return "\n".join(lines)
+def wrap(text: str, width: int | None = None) -> str:
+    """A line of prose as printed: fitted to the terminal's width (at most 120), whole when piped,
+    the one rule of every command (tuner/textwidth.py); a command to paste: textwidth.command_lines."""
+    from tuner.textwidth import fit_line, output_width
+    width = width or output_width()
+    return text if width is None else "\n".join(fit_line(text, min(width, WIDTH)))

@@ -142,3 +142,70 @@ def check_tp(model, gpu, tp: int | None, ep: int, dtype: str | None, per_rank: b
     why = "--per-rank" if per_rank else f"--ep {ep}"
     return Parallelism(tp, False, f"tp={tp} ({why}): one rank's shapes, on purpose; {tp} {gpu.key}"
                        f"{'s' if tp > 1 else ''} alone would not hold {_weights_text(model, dtype)}")
+
+
+# -- the deployments a model is served with (tuner coverage) ---------------------------------------
+TWO_NODES = 2 * NODE_GPUS
+
+
+@dataclass(frozen=True)
+class Served:
+    """One deployment as one GPU (rank) sees it: the tensor- and expert-parallel sizes of the
+    experts, and the tensor-parallel size of the other linear layers (1 under data-parallel
+    attention: every rank holds the attention whole and runs its own requests)."""
+    tp: int
+    ep: int = 1
+    dp_attention: bool = False
+
+    @property
+    def label(self) -> str:
+        """"TP8", "TP16", "TP8 EP8" (expert parallelism here always comes with data-parallel attention)."""
+        return f"TP{self.tp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+
+    @property
+    def kind(self) -> str:
+        """Which of the deployments it is: "one node", "two nodes", "EP" (with data-parallel attention)."""
+        return "EP" if self.ep > 1 else "one node" if self.tp <= NODE_GPUS else "two nodes"
+
+    @property
+    def attention_tp(self) -> int:
+        return 1 if self.dp_attention else self.tp
+
+
+def served_deployments(model, gpu, dtype: str | None) -> tuple[list[Served], list[str]]:
+    """(the deployments `model` is served with on `gpu` at `dtype`, a line for each left out):
+    the smallest TP of one node that holds the weights (serving_tp); TP16 over two nodes when
+    a model fills a node (or one does not hold it); expert parallelism with data-parallel
+    attention (EP = that TP, the experts split over the ranks) where the experts divide."""
+    from tuner.plan.models import check_parallel
+    out: list[Served] = []
+    notes: list[str] = []
+    node = smallest_tp(model, gpu, dtype, most=NODE_GPUS)
+    if node is None:
+        notes.append(f"{_weights_text(model, dtype)} do not fit one node of {NODE_GPUS} {gpu.key}s")
+    else:
+        out.append(Served(node))
+    if node is None or node == NODE_GPUS:
+        if holds(model, gpu, TWO_NODES, dtype) and _admits(model, TWO_NODES):
+            out.append(Served(TWO_NODES))
+        else:
+            notes.append(f"{_weights_text(model, dtype)} do not fit two nodes of {NODE_GPUS} {gpu.key}s (TP{TWO_NODES})"
+                         if _admits(model, TWO_NODES) else f"TP{TWO_NODES} does not divide {model.name}'s "
+                         f"{model.num_attention_heads} attention heads")
+    if out and model.is_moe and out[0].tp > 1:
+        base = out[0].tp
+        try:
+            check_parallel(model, base, base)
+            out.append(Served(base, base, dp_attention=True))
+        except TunerError as e:
+            notes.append(f"no EP{base}: {e}")
+    kept = []
+    for served in out:                # the shapes the engines take (experts split into whole weight blocks)
+        try:
+            if model.is_moe:
+                from tuner.plan.models import moe_problems
+                moe_problems(model, served.tp, served.ep, dtype or "bf16")
+            kept.append(served)
+        except TunerError as e:
+            notes.append(f"no {served.label}: {e}")
+    return kept, notes

@@ -326,8 +326,9 @@ def jit_module(code: EngineCode, relpath: str, names: list[str]):
 
 
 def _holds(path: Path, text: str) -> bool:
-    """Whether the cached file at `path` is exactly `text` (read within bounds: anything else
-    there, a FIFO or a huge file included, is simply written over)."""
+    """Whether the cached file at `path` is exactly `text` (read within bounds, never waited on:
+    another text or a huge file there is written over; a FIFO or a device is refused by the
+    writer, never replaced: tuner/paths.py)."""
     from tuner.reading import read_bytes
     try:
         return read_bytes(path, limit=len(text.encode()) + 1) == text.encode()
@@ -407,10 +408,11 @@ def mirrored_hashes(code: EngineCode, mirrored: dict[str, list[str]]) -> dict[st
     return out
 
 
-def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> Path:
-    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) out
-    of `source` (wheel or installed engine) into `out`, with a manifest: a small folder to
-    carry where there is no wheel.
+def extract(engine: str, source: str, out: Path, launcher_files: list[str], tables: dict[str, str] | None = None) -> Path:
+    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) and
+    `tables` ({path: text}: its config tables and loader files, read by the caller from the same
+    source, so that it serves `tuner audit` too) out of `source` (wheel or installed engine)
+    into `out`, with a manifest: a small folder to carry where there is no wheel.
 
     All or nothing: every file is read (and checked) first, then written into a temporary
     folder beside `out` that is renamed into place, so a source lacking a file, a full disk
@@ -447,10 +449,11 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str]) -> P
     try:
         for rel, text in texts.items():
             atomic_write_text(tmp / rel, text, root=tmp)
-        atomic_write_json(tmp / EXTRACT_MANIFEST, {"engine": engine, "version": code.version,
-                                                   "extracted_from": code.where,
-                                                   "files": {rel: source_hash(t) for rel, t in texts.items()}},
-                          root=tmp)
+        for rel, text in (kept := {r: t for r, t in (tables or {}).items() if r not in texts}).items():
+            atomic_write_text(tmp / rel, text, root=tmp)
+        atomic_write_json(tmp / EXTRACT_MANIFEST, {"engine": engine, "version": code.version, "extracted_from": code.where,
+                                                   "files": {rel: source_hash(t) for rel, t in texts.items()},
+                                                   **({"tables": len(kept)} if kept else {})}, root=tmp)
         os.chmod(tmp, 0o777 & ~_umask())
         release_temporary_folder(tmp)
         if os.path.lexists(out):                       # an earlier extract (or an empty folder): replaced whole

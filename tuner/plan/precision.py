@@ -69,3 +69,21 @@ def resolve_dtype(model: Model, given: str | None, allowed: tuple[str, ...], com
                     " unless it quantizes the weights itself (vLLM --quantization fp8)" if given == "fp8_w8a8" else "",
                     given)
     return given
+
+
+# What an engine serves a checkpoint of each precision as, besides the checkpoint's own: an
+# FP8 checkpoint is also served dequantized to BF16 (DeepSeek's own conversion script; the
+# DataCrunch DeepSeek-V3 on H200 write-up served both), a BF16 one quantized to FP8 when loaded
+# (vLLM --quantization fp8, SGLang --quantization fp8: per-tensor scales, no block_shape). Integer
+# checkpoints are served as they are.
+_ALSO_SERVED = {"fp8_w8a8": ("bf16",), "bf16": ("fp8_w8a8",)}
+
+
+def served_dtypes(model: Model) -> list[str]:
+    """The precisions an engine can serve this checkpoint at, as its tables name their dtype:
+    the checkpoint's own first (bf16 for an unquantized one), then those the engines convert
+    it to (see _ALSO_SERVED). A precision added to checkpoint_dtype flows in here as it lands;
+    whether a kernel takes it is the kernel's problems' to say (tuner/plan/models.py)."""
+    own = checkpoint_dtype(model)
+    served = own if own not in (None, "fp16", "fp32") else "bf16"
+    return [served, *(d for d in _ALSO_SERVED.get(served, ()) if d != served)]

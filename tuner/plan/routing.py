@@ -138,8 +138,12 @@ def load_routing(path: str | Path) -> RecordedRouting:
     except TunerError:
         raise
     except Exception as e:  # noqa: BLE001 - any unreadable file is one line
-        raise TunerError(f"{where}: not readable as .npy or torch.save data ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
+        if type(e).__name__ == "UnpicklingError":
+            # torch's own advice (to load it unsafely, with terminal escapes) is not ours to pass on
+            raise TunerError(f"{where}: holds objects other than tensors, lists and dicts (torch.load refuses "
+                             "them with weights_only): not expert ids") from None
+        said = "".join(c for c in (str(e).splitlines() or [""])[0] if c.isprintable())[:120]
+        raise TunerError(f"{where}: not readable as .npy or torch.save data ({type(e).__name__}: {said})") from None
     return RecordedRouting(arr.astype(np.int32), source, p.stem.split(".")[0][:40] or "routing")
 
 

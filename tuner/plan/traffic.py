@@ -301,7 +301,8 @@ def speedup_text(w: Weighted, against: str) -> str:
     if w.speedup is None:
         return f"traffic-weighted speedup over {against}: - (no served M has both times)"
     part = "" if w.covered > 0.999 else f"; over the {w.covered:.0%} of passes timed in both, from the same key"
-    return f"traffic-weighted speedup over {against}: {w.speedup:.2f}x{part}"
+    from tuner.textwidth import factor
+    return f"traffic-weighted speedup over {against}: {factor(w.speedup)}{part}"
 
 
 def step_text(w: Weighted, source: str, base: str = "default", new: str = "table") -> str:

@@ -15,6 +15,7 @@ from tuner.plan.kernel_api import Config, config_tuple
 from tuner.plan.problems import Problem
 from tuner.search.settings import StudyResult, study_name
 from tuner.search.storage import counts
+from tuner.search.stored_state import checked_result
 
 if TYPE_CHECKING:
     from tuner.search.runner import StudyRunner
@@ -46,7 +47,7 @@ def conclude(runner: StudyRunner, problem: Problem, M: int, ordered: list[Config
     kernel = runner.kernel
     study = optuna.load_study(study_name=study_name(problem, M, runner.prefix, kernel.source),
                               storage=runner.storage)
-    before = study.user_attrs.get("result") or {}
+    before = checked_result(study.study_name, study.user_attrs.get("result")) or {}
     default_t = config_tuple(kernel, default)
     retime = ordered + ([] if any(config_tuple(kernel, c) == default_t for c in ordered) else [default])
     again = runner.measurer.measure(problem, M, retime)

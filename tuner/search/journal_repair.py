@@ -8,6 +8,7 @@ whole, and nothing after them can be read as one."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -21,9 +22,8 @@ def whole_operations(path: Path) -> tuple[int, int, int]:
     """(operations, the byte after the last of them, the file's size): the lines from the
     start that are each a whole operation Optuna replays (a line of JSON with an op_code can
     still be none: an unknown op_code, a field missing), read a line at a time (each bounded)."""
-    # Optuna's own replay (private: JournalStorage rebuilds its studies with it), one operation at a time
-    from optuna.storages.journal._storage import JournalStorageReplayResult
-    replay = JournalStorageReplayResult("tuner-repair-")
+    from tuner.search.optuna_private import journal_replay
+    replay = journal_replay("tuner-repair-")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -107,13 +107,7 @@ def _repair_locked(path: Path, fd: int) -> list[str]:
         aside = path.with_name(f"{path.name}.damaged-tail-{n}")
     out = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        pos = good
-        while pos < size:
-            chunk = os.pread(fd, min(1 << 20, size - pos), pos)
-            if not chunk:
-                break
-            os.write(out, chunk)
-            pos += len(chunk)
+        _copy_sparse(fd, out, good, size)
         os.fsync(out)
     except BaseException:
         os.close(out)
@@ -124,3 +118,31 @@ def _repair_locked(path: Path, fd: int) -> list[str]:
     os.fsync(fd)
     return [f"{path}: kept its {count} whole operations ({good} bytes); the damaged tail ({size - good} bytes) is in "
             f"{aside}"]
+
+
+BLOCK = 64 << 10
+
+
+def _copy_sparse(src: int, dst: int, start: int, end: int) -> None:
+    """Bytes start..end of `src` into `dst` from its offset 0, its runs of NULs left as holes
+    (a tail of a GiB of zeros keeps its size aside, not a GiB on a disk): holes in `src` are
+    skipped unread where the file system says where its data is (SEEK_DATA), and a block read
+    as all zeros is seeked over, not written."""
+    pos = start
+    while pos < end:
+        try:
+            data = os.lseek(src, pos, os.SEEK_DATA)      # the next byte that is not a hole
+        except OSError as e:                              # none left (ENXIO), or not said here: read on
+            data = end if e.errno == errno.ENXIO else pos
+        except AttributeError:                            # no SEEK_DATA on this system
+            data = pos
+        pos = min(max(pos, data), end)
+        if pos >= end:
+            break
+        chunk = os.pread(src, min(BLOCK, end - pos), pos)
+        if not chunk:
+            break
+        if chunk.count(0) != len(chunk):
+            os.pwrite(dst, chunk, pos - start)
+        pos += len(chunk)
+    os.ftruncate(dst, end - start)            # its size, whatever zeros end it

@@ -17,6 +17,7 @@ is tuner/search/stopping.py's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -27,7 +28,6 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from tuner.errors import TunerError
 from tuner.measure.failures import RUNTIME, kind_of
 from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
 from tuner.measure.provenance import is_cpu_device
@@ -35,6 +35,8 @@ from tuner.plan.gpus import GpuSpec
 from tuner.plan.kernel_api import Config, KernelSpec, config_dict, config_tuple
 from tuner.plan.problems import Problem
 from tuner.plan.space import SearchSpace
+from tuner.search import window as _window
+from tuner.search.ahead import CompileAhead
 from tuner.search.choice import choose_row
 from tuner.search.conclusion import failures, first_failure
 from tuner.search.evidence import StopModel, table_gain
@@ -44,20 +46,20 @@ from tuner.search.samplers import make_sampler
 from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
 from tuner.search.stopping import StoppingRule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
+from tuner.search.stored_state import checked_result
+from tuner.search.study_match import check_identity, stored_choices
 from tuner.search.warm_start import is_warm, seeds_by_source
-from tuner.search.window import Window, measuring_in
+from tuner.search.window import BATCH_ATTR, CLOSE_CUT_ATTR, CUT_ATTR, TOOK_ATTR, Window, WindowClosed, measuring_in
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
-# How trial parameters encode a config: each key a categorical parameter over its values.
-# Studies stored before this attribute existed encoded each key as an index (an int).
-ENCODING = "categorical-values/2"
 # Trials after the seeds that are the sampler's alone, before the stop's model shares them (tuner/search/
 # evidence.py): on the H200's GEMM landscape at M=16 the best config is one the cost model and M=1 call slow,
 # and the sampler's own model tries it by its third pick
 SAMPLER_FIRST = 4
+
 
 @dataclass
 class _Target:
@@ -88,6 +90,8 @@ class StudyRunner:
         self.prefix = prefix
         self.policy = policy or {}          # the run's measurement policy (tuner/measure/policy.py)
         self.window = window                # --minutes: stop on time (tuner/search/window.py)
+        self.searched_at: float | None = None   # when the last study's search ended and its close began
+        self.ahead = CompileAhead.of(kernel, gpu, measurer)    # compile workers: the likely next built ahead
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
@@ -99,30 +103,38 @@ class StudyRunner:
         without this table (the kernel's default config unless given); `neighbours`, what the
         batch sizes of this problem done in this run measured ({M: {config: time}}), evidence
         for when to stop."""
+        self.searched_at = None
         target = self._target(problem, M, seeds, fixed or {}, default, neighbours)
         if not target.allowed:
             return StudyResult(problem, M, None, None, None, target.default, None, 0, "no config",
                                {"status": "not checked", "detail": "no config survives pruning"})
         study = self._open(target)
-        done = study.user_attrs.get("result")
+        done = checked_result(study.study_name, study.user_attrs.get("result"))   # one that does not validate: closed again
         if done and (done["stopped"] != "budget" or done["trials"] >= self.settings.budget_for(problem, M)):
             result = self.result_from_dict(problem, M, done)
             result.resumed = True
             return result
         self._fail_stale(study, target)
         self._queue_seeds(study, target)
+        if self.ahead is not None:
+            self.ahead.studied(problem, M, [row[1] for row in incumbents or []])
         try:
             # the row the engine runs today: what a tuned row must beat (tuner/search/choice.py)
             row = self._key(incumbents[0][1]) if incumbents else self._key(target.default)
             stopped, measured = self._search(study, target, neighbours or {}, row)
+            self.searched_at = _window.now()     # the close begins: its time is the pipeline's to keep (close_s)
             if self.window:       # the finalists timed again and checked: in this window, or the next
-                self.window.before_close(study.get_trials(deepcopy=False))
-            with measuring_in(self.window, closing=True):
-                result = self._finish(problem, M, measured, target.default, stopped)
-                # the row changes only for a real gain over what the engine runs today (an installed row, else
-                # the default)
-                result = choose_row(self.kernel, self.measurer, result,
-                                    [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+                self.window.before_close(study.get_trials(deepcopy=False), cut_s=study.user_attrs.get(CLOSE_CUT_ATTR))
+            try:
+                with measuring_in(self.window, closing=True):
+                    result = self._finish(problem, M, measured, target.default, stopped)
+                    # the row changes only for a real gain over what the engine runs today (an installed row, else
+                    # the default)
+                    result = choose_row(self.kernel, self.measurer, result,
+                                        [*(incumbents or []), ("default", target.default)], self.settings.row_gain)
+            except WindowClosed:      # the next window takes such a close as at least this long
+                study.set_user_attr(CLOSE_CUT_ATTR, round(_window.now() - (self.searched_at or _window.now()), 3))
+                raise
         finally:
             self._fail_stale(study, target)      # leave no dead worker's (or cut batch's) trial RUNNING behind
         result.failures = failures(study, result)
@@ -133,6 +145,12 @@ class StudyRunner:
         study.set_user_attr("environment", self.measurer.environment())
         study.set_user_attr("measured_by", self.measurer.label)
         return result
+
+    def sure_configs(self, problem: Problem, M: int, seeds: list[tuple[str, Config]]) -> list[Config]:
+        """The configs a study of (problem, M) will time whatever it finds: its default and its
+        seeds (these, and the cost model's first), as it will time them (tuner/search/ahead.py)."""
+        target = self._target(problem, M, seeds, {})
+        return [target.default, *(c for _, c in target.seeds)]
 
     def searched_with(self, problem: Problem, M: int) -> dict:
         """The settings this runner searches a study with, as its result records them."""
@@ -192,17 +210,10 @@ class StudyRunner:
         name = study_name(target.problem, target.M, self.prefix, self.kernel.source)
         study = optuna.create_study(study_name=name, storage=self.storage, direction="minimize",
                                     sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
-        self._check_identity(study)
-        stored = study.user_attrs.get("choices")
-        if stored is None:
-            study.set_user_attr("choices", choices)
-            study.set_user_attr("encoding", ENCODING)
-        elif study.user_attrs.get("encoding") != ENCODING:
-            raise TunerError(f"the storage holds study {name} from an older tuner that encoded configs as "
-                             f"{study.user_attrs.get('encoding') or 'indices'}, not {ENCODING}: "
-                             "give another --out (or --storage, or --study-prefix), or delete that storage")
-        elif stored != choices:
-            choices = {k: [int(v) for v in stored[k]] for k in keys}
+        check_identity(study, self.identity())
+        stored = stored_choices(study, keys, choices)      # a study not this run's, or damaged: one line
+        if stored != choices:
+            choices = stored
             target.allowed = {t for t in target.allowed if all(v in choices[k] for k, v in zip(keys, t))}
             target.seeds = [(lb, c) for lb, c in target.seeds if self._key(c) in target.allowed]
         target.choices = choices
@@ -218,21 +229,6 @@ class StudyRunner:
         env = self.measurer.environment() or {}
         policy = {"routing": self.policy.get("routing"), **(env.get("policy") or {})}
         return study_identity(self.kernel, self.space, self.measurer, policy)
-
-    def _check_identity(self, study: optuna.Study) -> None:
-        """A stored study timed on another device, kernel code, space or Triton, or whose times
-        came from elsewhere (a SYNTHETIC landscape, another landscape, the CPU device), is
-        refused (one line): its results are not this run's and must never be reused. Studies
-        from before identities were recorded are taken as they are, unless their environment
-        says otherwise."""
-        mine = self.identity()
-        stored = stored_identity(study.user_attrs)
-        what = identity_differences(stored, mine) if stored else ""
-        if what:
-            raise TunerError(f"the storage already holds study {study.study_name} timed with another {what}; "
-                             "its results are not this run's: give another --out (or --storage, or --study-prefix)")
-        if study.user_attrs.get("identity") is None:
-            study.set_user_attr("identity", mine)
 
     def _encode(self, choices: dict, cfg: Config) -> dict:
         return {k: int(cfg[k]) for k in self.kernel.config_keys}
@@ -261,6 +257,7 @@ class StudyRunner:
         name = study_name(target.problem, target.M, source=self.kernel.source)
         idle = 0
         while True:
+            began = _window.now()       # the round's start: a batch's time is its whole round's (sampler, claim too)
             # Other workers may share this study: read its state from the storage every round.
             trials = study.get_trials(deepcopy=False)
             measured, running = self._state(trials)
@@ -274,13 +271,13 @@ class StudyRunner:
                                   functools.partial(chance, model) if model is not None else None)
             if stopped:
                 return stopped, measured
-            if self.window:     # no time for another batch: the trials measured so far stay for the next window
-                self.window.before_batch(trials)
             room = budget - len(measured) - len(running)
             if room <= 0:                     # the last trials are out with other workers
                 self._wait(study, target)
                 continue
             want = min(s.batch, room)
+            if self.window:     # no time for another batch: the trials measured so far stay for the next window
+                self.window.before_batch(trials, want)
             if asked and model is not None and len(measured) >= len(target.seeds) + SAMPLER_FIRST \
                     and len(measured) % 2 == 0:
                 # not converged, the sampler's own first picks made: every other trial (half a batch) measures
@@ -298,7 +295,9 @@ class StudyRunner:
                            random.Random(f"{s.seed}:{name}:{len(trials)}"))
                 continue
             idle = 0
-            results = self._measure(study, target, batch)
+            if self.ahead is not None:            # built while this batch is timed (tuner/search/ahead.py)
+                self.ahead.hand_out(self.measurer, target, measured, running, [c for _, c in batch], s.batch)
+            results = self._measure(study, target, batch, began)
             times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
             self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
                           budget=budget, best=min(times, default=None))
@@ -371,13 +370,25 @@ class StudyRunner:
             study.enqueue_trial(self._encode(target.choices, config_dict(self.kernel, t)),
                                 user_attrs={"seed": "random-fill"})
 
-    def _measure(self, study: optuna.Study, target: _Target,
-                 batch: list[tuple[optuna.Trial, Config]]) -> list[Measurement]:
+    def _measure(self, study: optuna.Study, target: _Target, batch: list[tuple[optuna.Trial, Config]],
+                 began: float) -> list[Measurement]:
+        """Measure and tell a batch, each trial with its round's time on the monotonic clock (TOOK_ATTR; a cut
+        batch: how long it ran), never the wall clock's ask-to-tell, which a clock step stretches."""
         with measuring(self.storage, batch):
-            with measuring_in(self.window):
-                results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
+            try:
+                with measuring_in(self.window):
+                    results = self.measurer.measure(target.problem, target.M, [c for _, c in batch])
+            except WindowClosed:
+                ran = round(_window.now() - began, 3)
+                for trial, _ in batch:       # failed as interrupted by fail_stale, their configs measured again
+                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                        trial.set_user_attr(CUT_ATTR, ran)
+                raise
+            took = round(_window.now() - began, 3)
             for (trial, _), m in zip(batch, results):
-                self._tell(study, trial, m)
+                self._tell(study, trial, m, {TOOK_ATTR: took, BATCH_ATTR: len(batch)})
+        if self.window:
+            self.window.batch_done(took, len(batch))
         return results
 
     def _wait(self, study: optuna.Study, target: _Target) -> None:
@@ -398,14 +409,15 @@ class StudyRunner:
         else:
             close_trial(study, trial, value=value, repeat=cfg)
 
-    def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement) -> None:
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, m: Measurement, timing: dict | None = None) -> None:
+        timing = timing or {}
         if m.time_us is None:
             close_trial(study, trial, TrialState.FAIL, error=m.error or "failed",
-                        failure=m.kind or kind_of(m.error) or RUNTIME)
+                        failure=m.kind or kind_of(m.error) or RUNTIME, **timing)
         elif m.spread is not None:
-            close_trial(study, trial, value=m.time_us, spread=m.spread)
+            close_trial(study, trial, value=m.time_us, spread=m.spread, **timing)
         else:
-            close_trial(study, trial, value=m.time_us)
+            close_trial(study, trial, value=m.time_us, **timing)
 
     def _state(self, trials) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
         """(configs measured: time or None, configs being measured now: trial number)."""

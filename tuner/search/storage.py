@@ -10,10 +10,10 @@ trials another worker may have finished first (`close_trial`), and opens storage
 line per operation, no database layer between a trial and the disk), or a database for
 fleets, which several processes may create at once.
 
-This is the only module that touches Optuna's private API; each use says why.
+Optuna's private API it reaches through tuner/search/optuna_private.py, as every module does.
 
 Trial user attributes written here and by the search (tuner/search/runner.py):
-  worker    "host:pid" of the process that asked for the trial
+  worker    "host:pid/boot/start" of the process that asked for the trial (tuner/search/owners.py)
   config    the launch config it measures (absent on trials pruned before one was chosen)
   error     why a measured config failed (FAIL trials); "interrupted" when its worker died
   failure   the kind of that failure (tuner/measure/failures.py)
@@ -33,7 +33,6 @@ import inspect
 import json
 import logging
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -56,13 +55,16 @@ from tuner.search.journal_lines import (  # noqa: F401 (is_journal: the name cal
     looks_like_operation,
     torn_tail_start,
 )
+from tuner.search.optuna_private import journal_backend, study_storage, trial_id, trial_of
+from tuner.search.owners import owner_id, process_gone, same_process
 from tuner.search.settings import JOURNAL
 
 log = logging.getLogger("tuner")
 
-# Who measures a trial: host and process, so that a restarted run can tell at once which
-# RUNNING trials belong to a process that no longer exists on this host.
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+# Who measures a trial: host, process and that process's identity (boot, start time:
+# tuner/search/owners.py), so that a restarted run can tell at once which RUNNING trials belong
+# to a process that no longer exists on this host, whatever process has its pid now.
+WORKER_ID = owner_id()
 ACTIVE_TRIALS: set[int] = set()      # trial ids this process is measuring right now
 # A live worker names itself on a trial and gives it a config (or prunes it) within moments
 # of asking for it; a RUNNING trial still unnamed or without a config after this long was
@@ -78,30 +80,15 @@ SCHEMA_RACE_MESSAGES = ("already exists", "alembic_version", "unique constraint"
 ConfigKey = Callable[[Config], tuple]     # a config as the hashable tuple studies compare
 
 
-def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
-    """A trial's id in the storage (its number counts within the study only).
-    Optuna private: the storage calls below (heartbeats, reading one trial back, reopening
-    another worker's trial) take this id, and Optuna exposes it on no public attribute."""
-    return trial._trial_id
-
-
-def worker_gone(worker: str | None, tid: int) -> bool:
-    """The process named `worker` ("host:pid") no longer measures trial `tid`: it is a
-    process of this host that has exited, or this process, which is not measuring it."""
-    if not worker or ":" not in worker:
+def worker_gone(worker: str | None, tid: int, asked: datetime.datetime | None = None) -> bool:
+    """The process named `worker` no longer measures trial `tid` (asked at `asked`): it is a
+    process of this host that has exited or whose pid another process has now
+    (tuner/search/owners.py), or this process, which is not measuring it."""
+    if not isinstance(worker, str) or not worker:
         return False
-    host, pid = worker.rsplit(":", 1)
-    if host != socket.gethostname():
-        return False                 # another machine's: Optuna's heartbeat decides
-    if int(pid) == os.getpid():
+    if same_process(worker):
         return tid not in ACTIVE_TRIALS
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return bool(process_gone(worker, asked))     # None: another machine's, Optuna's heartbeat decides
 
 
 def close_trial(study: optuna.Study, trial: optuna.Trial, state: TrialState | None = None,
@@ -120,9 +107,8 @@ def close_trial(study: optuna.Study, trial: optuna.Trial, state: TrialState | No
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     except ValueError:
-        # tell() refuses a trial that is no longer RUNNING. Optuna private: study._storage is
-        # the only way to read one trial's present state back without loading the study.
-        if study._storage.get_trial(trial_id(trial)).state.is_finished():
+        # tell() refuses a trial that is no longer RUNNING: read its present state back
+        if study_storage(study).get_trial(trial_id(trial)).state.is_finished():
             return False
         raise
 
@@ -209,7 +195,7 @@ def abandoned(tr: FrozenTrial, now: datetime.datetime, unnamed_after_s: float) -
         return age > unnamed_after_s
     if "config" not in tr.user_attrs and age > ORPHAN_AFTER_S:
         return True
-    return worker_gone(worker, trial_id(tr))
+    return worker_gone(worker, trial_id(tr), tr.datetime_start)
 
 
 def claim(study: optuna.Study, batch: list[tuple[optuna.Trial, Config]], budget: int,
@@ -266,9 +252,7 @@ def fail_stale(study: optuna.Study, requeue: Callable[[Config], None]) -> None:
     now = datetime.datetime.now()
     for tr in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if abandoned(tr, now, ORPHAN_AFTER_S):
-            # Optuna private: the public API hands out Trial objects only from ask(); failing
-            # another worker's trial needs one built on its id.
-            stale = optuna.Trial(study, trial_id(tr))
+            stale = trial_of(study, trial_id(tr))
             if not close_trial(study, stale, TrialState.FAIL, error="interrupted"):
                 continue                  # another worker got there first and requeues it
             log.info("trial %d of %s was left running by %s: failed as interrupted%s", tr.number,
@@ -445,7 +429,7 @@ def open_journal(path: Path) -> BaseStorage:
 
 def sync_storage(storage: BaseStorage) -> None:
     """Sync a journal's last writes to the disk (databases sync their own)."""
-    backend = getattr(storage, "_backend", None)     # Optuna private: JournalStorage keeps its backend there
+    backend = journal_backend(storage)
     if isinstance(backend, JournalFile):
         try:
             backend.sync()

@@ -273,11 +273,17 @@ class CandidateGPSampler(BaseSampler):
         if not self._restored:
             self._restored = True
             stored = study.user_attrs.get(RNG_ATTR)
-            if isinstance(stored, dict):
-                try:
-                    self.rng.bit_generator.state = stored
-                except (TypeError, ValueError, KeyError):
-                    pass                 # another generator's state: this one's own stream
+            if stored is not None:
+                # a state that does not validate (edited, damaged, another generator's): this one's own stream
+                from tuner.search.stored_state import discarded, rng_problem
+                why = rng_problem(stored, type(self.rng.bit_generator).__name__)
+                if why is None:
+                    try:
+                        self.rng.bit_generator.state = stored
+                    except (TypeError, ValueError, KeyError, OverflowError) as e:
+                        why = str(e) or type(e).__name__
+                if why is not None:
+                    discarded(study.study_name, "random stream of the search's model", why)
         before = self.rng.bit_generator.state
         choice = self._choose(study, trial)
         if choice is None:
@@ -311,8 +317,14 @@ class CandidateGPSampler(BaseSampler):
         x = self.x_all[idx]
         if self._fitted_at < 0 and study is not None:
             stored = study.user_attrs.get(FIT_ATTR)
-            if isinstance(stored, dict) and len(stored.get("ls") or ()) == len(self.ls):
-                self.ls, self._fitted_at = np.array(stored["ls"], dtype=float), int(stored["at"])
+            if stored is not None:
+                from tuner.search.stored_state import discarded, fit_problem
+                why = fit_problem(stored, len(self.ls))
+                if why is None and stored["at"] <= len(idx):
+                    self.ls, self._fitted_at = np.array(stored["ls"], dtype=float), int(stored["at"])
+                else:               # refitted now, on the study's trials
+                    discarded(study.study_name, "fit of the search's model",
+                              why or f"'at' {stored['at']} is past the {len(idx)} observations")
         if self._fitted_at < 0 or len(idx) - self._fitted_at >= REFIT_EVERY:
             self.ls = _fit_length_scales(x, y, self.ls, self.groups)
             self._fitted_at = len(idx)

@@ -1,0 +1,106 @@
+"""`tuner coverage`: which table every supported engine version reads for every layer of the
+deployments people run, and whether it is shipped for the GPU, a fallback, ours, or none (the
+engine's default config); where tuning pays (tuner/emit/coverage.py builds the map,
+coverage_report.py renders it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tuner.errors import TunerError
+from tuner.plan.engines import ENGINE_NAMES
+
+KERNELS = ("fused_moe", "fp8_gemm")
+
+
+def add_parser(sub, common) -> None:
+    """`tuner coverage` and its options."""
+    cov = sub.add_parser(
+        "coverage", help="which table each engine reads for the deployments people run, and where tuning pays",
+        description="For the models in configs/models/ (and --model), the Hopper GPUs, the deployments each is served "
+        "with (the TP that fits one node, TP16 over two nodes, EP with data-parallel attention) at the precisions the "
+        "checkpoint is served at, and every supported engine version at hand (installed, or its wheel): the table each "
+        "engine reads for every layer, as `tuner audit` resolves it, and its status: shipped (for this GPU), fallback "
+        "(another Triton folder, another GPU's table, the up table for a _down, keys far from M), tuned (ours: tuned/ "
+        "or installed by tuner) or default (no table: the engine's default config). Per row the command that tunes it "
+        "and the gains a committed GPU run measured. No GPU needed.")
+    cov.add_argument("--model", nargs="+", default=[], metavar="MODEL",
+                     help="also these models (a name in configs/models/, a config.json or a folder holding one)")
+    cov.add_argument("--only-given", action="store_true", help="the --model models only, not configs/models/'s")
+    cov.add_argument("--gpu", nargs="+", default=None, metavar="GPU", help="these GPUs only (default: every Hopper GPU)")
+    cov.add_argument("--engine", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
+    cov.add_argument("--kernel", nargs="+", choices=KERNELS, default=list(KERNELS),
+                     help="these table families only (default both: fused MoE and block-FP8 GEMM)")
+    cov.add_argument("--engine-source", nargs="+", default=None, metavar="PATH",
+                     help="the engines' wheels, or folders holding them (default: the installed engine, then "
+                          "$TUNER_ENGINE_WHEELS)")
+    cov.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engines")
+    cov.add_argument("--triton", default=None, metavar="V",
+                     help="the Triton version the engines run (default: the site-packages', else this Python's)")
+    cov.add_argument("--json", action="store_true", help="print the map as JSON, one object per row")
+    cov.add_argument("--plot", default=None, metavar="FILE.png",
+                     help="also draw models x deployments coloured by status, one panel per engine (newest version)")
+
+
+def _plot_target(text: str) -> Path:
+    """--plot's file: a new .png, or a PNG file there already (never another kind of file)."""
+    path = Path(text)
+    if path.suffix.lower() != ".png":
+        raise TunerError(f"--plot {text}: give a file name ending in .png")
+    if path.is_dir():
+        raise TunerError(f"--plot {text} is a folder: give the path of a .png file")
+    if path.exists() or path.is_symlink():
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8)
+        except OSError as e:
+            from tuner.errors import os_error_words
+            raise TunerError(f"--plot {text}: {os_error_words(e)}") from None
+        if not path.is_file() or head != b"\x89PNG\r\n\x1a\n":
+            raise TunerError(f"--plot {text} exists and is not a PNG image: refusing to replace it (give another path)")
+    if not path.parent.is_dir():
+        raise TunerError(f"--plot {text}: the folder {path.parent} does not exist")
+    return path
+
+
+def run(args) -> int:
+    import json
+
+    from tuner.emit.coverage import coverage_map
+    from tuner.emit.coverage_report import as_json, head_lines, pays_lines, plot, summary_lines, table_lines
+    from tuner.emit.coverage_sources import installations, measured_gains, tuned_roots
+    from tuner.plan.gpus import GPUS, get_gpu
+    from tuner.plan.models import known_models, load_model
+    plot_path = _plot_target(args.plot) if args.plot else None
+    if args.only_given and not args.model:
+        raise TunerError("--only-given maps the --model models only: give --model")
+    names = [*([] if args.only_given else known_models()), *args.model]
+    models = [(name, load_model(name)) for name in dict.fromkeys(names)]
+    gpus = [get_gpu(g) for g in args.gpu] if args.gpu else list(GPUS.values())
+    installs, notes = installations(args.engine, args.site_packages, args.engine_source, args.triton)
+    if not installs:
+        raise TunerError("no engine version is at hand: " + "; ".join(notes))
+
+    def progress(line: str) -> None:
+        if sys.stderr.isatty():
+            print(f"\r\033[K[coverage] {line[:100]}", end="", file=sys.stderr, flush=True)
+    cmap = coverage_map(models, gpus, installs, tuned_roots(), measured_gains(), tuple(args.kernel), progress=progress)
+    if sys.stderr.isatty():
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    cmap.notes = notes + cmap.notes
+    if args.json:
+        print(json.dumps(as_json(cmap), indent=1))
+    else:
+        from tuner.textwidth import fit_line
+        for line in head_lines(cmap, len(models), len(gpus)):
+            print("\n".join(fit_line(line, 120)))
+        for line in table_lines(cmap, each_gemm=args.kernel == ["fp8_gemm"]):
+            print(line)
+        print()
+        for line in [*summary_lines(cmap), *pays_lines(cmap), *(f"note: {n}" for n in cmap.notes)]:
+            print("\n".join(fit_line(line, 120)))
+    if plot_path is not None:
+        plot(cmap, plot_path)
+        print(f"plot: {plot_path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
