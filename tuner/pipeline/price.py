@@ -7,11 +7,12 @@ Two records, both committed and both measured, make it:
     seconds its trials took and the seconds its close took (the finalists timed again, the
     numerics check, the paired gain, the tables written);
   - what the stopping rule spends (bench/results/search/stopping.json, scripts/stop_check.py):
-    the share of their caps the synthetic headline's studies measured under it.
-A study of the plan is expected to measure that share of its cap (the budget sized by its space,
-or --trials), each trial at the seconds per trial measured at the nearest batch sizes (between
-two, by log M), then to close in the median close; each kernel's run adds its start-up. Light:
-JSON only, no Optuna, so the dry run prints it.
+    the measured configs per study of the synthetic headline's 54 studies replayed under it.
+A study of the plan is expected to measure that many configs (its mean), or its cap where the cap
+(the budget sized by its space, or --trials) is smaller: a study stops on evidence, which does not
+grow with its cap as a share of it would. Each trial costs the seconds per trial measured at the
+nearest batch sizes (between two, by log M), then the study closes in the mean close; each
+kernel's run adds its start-up. Light: JSON only, no Optuna, so the dry run prints it.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ def measured_costs(gpu_key: str):
     return data, path
 
 
-def stop_share() -> float | None:
-    """The share of their caps the studies measured under the stopping rule (the synthetic headline)."""
+def stop_trials() -> float | None:
+    """The mean measured configs of a study under the stopping rule (the synthetic headline's, replayed)."""
     try:
         data = json.loads(STOPPING.read_text())
-        share = float(data["headline"]["share"])
-    except (OSError, ValueError, KeyError, TypeError):
+        trials = float(data["headline"]["trials"]) / len(data["headline"]["studies"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
-    return share if 0 < share <= 1 else None
+    return trials if trials >= 1 else None
 
 
 def per_trial_s(studies: list[dict], M: int) -> float:
@@ -90,8 +91,8 @@ def per_trial_s(studies: list[dict], M: int) -> float:
 def plan_price(opts) -> Price | None:
     """The expected GPU seconds of a plan (RunPlan) on its GPU, or None where nothing measured them."""
     found = measured_costs(opts.gpu.key)
-    share = stop_share()
-    if found is None or share is None:
+    per_study = stop_trials()
+    if found is None or per_study is None:
         return None
     data, path = found
     sources = data.get("sources") or {}
@@ -108,7 +109,7 @@ def plan_price(opts) -> Price | None:
     for p in opts.problems:
         for m in opts.ms_for(p):
             budget = opts.settings.budget_for(p, m)
-            expect = min(budget, max(1, round(share * budget)))
+            expect = min(budget, max(1, round(per_study)))
             trials, cap = trials + expect, cap + budget
             seconds += expect * per_trial_s(studies, m) + close
     return Price(seconds, trials, cap, _rel(path), pooled)
@@ -119,11 +120,12 @@ def minutes(seconds: float) -> str:
 
 
 def price_line(price: Price, opts) -> str:
-    """The plan's line: 'expected: about 5.5 min of GPU on NVIDIA H200: ...', and where it comes from."""
+    """The plan's lines: 'expected: about 5.5 min of GPU on NVIDIA H200, ...', and where it comes from."""
     whose = "every kernel's pooled, none of this kernel's" if price.pooled else f"{opts.kernel.source}'s"
     return (f"  expected: about {minutes(price.seconds)} of GPU on {opts.gpu.cuda_name}, {price.trials} measured configs "
-            f"(the stopping rule's share of the {price.cap} the budgets allow, {_rel(STOPPING)}; start-up and seconds "
-            f"per trial and per study as measured on that GPU, {whose}: {price.costs})")
+            f"(at most {price.cap})\n"
+            f"    from {price.costs} ({whose} start-up, seconds per trial and per study)\n"
+            f"    and {_rel(STOPPING)} (the configs a study measured under the stopping rule, replayed)")
 
 
 def total_line(prices: list[Price | None], gpu_name: str) -> str | None:
