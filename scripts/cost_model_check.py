@@ -241,7 +241,7 @@ def main() -> int:
     args = ap.parse_args()
     import pandas as pd
 
-    from tuner.commands.report import markdown_table
+    from tuner.jobs.report import markdown_table
     from tuner.plan.gpus import get_gpu
     from tuner.search.settings import SearchSettings
     gpu = get_gpu("H200")

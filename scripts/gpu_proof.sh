@@ -31,7 +31,7 @@ done
 if ! python3 -c "import optuna, threadpoolctl" 2>/dev/null; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     # exactly the pinned versions (scripts/gpu_wheels.txt), checked before anything is installed
-    python3 -m tuner.commands.proof_wheels .whl || { echo "gpu_proof: .whl/ is not the pinned set of wheels" >&2; exit 2; }
+    python3 -m tuner.jobs.proof_wheels .whl || { echo "gpu_proof: .whl/ is not the pinned set of wheels" >&2; exit 2; }
     # a machine kept warm keeps what an earlier command installed: reused only when made from these very wheels
     stamp=$(cat .whl/*.whl | sha256sum | cut -d' ' -f1)
     if [ "$(cat /tmp/site/.tuner-wheels 2>/dev/null)" != "$stamp" ]; then

@@ -21,7 +21,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -d .whl $pins
-python3 -m tuner.commands.proof_wheels .whl || { echo "prepare_gpu_proof: .whl/ is not the pinned set" >&2; exit 1; }
+python3 -m tuner.jobs.proof_wheels .whl || { echo "prepare_gpu_proof: .whl/ is not the pinned set" >&2; exit 1; }
 wheels=${TUNER_ENGINE_WHEELS:-$HOME/.cache/tuner-engine-wheels}
 rm -rf .engine-src
 for engine in vllm sglang; do

@@ -42,7 +42,7 @@ def problems_by_key(model_name: str, tp: int, ep: int) -> dict:
 
 def recompute(src: Path, ceilings_path: Path | None) -> tuple[dict, list]:
     """(the new JSON, its BenchRows) from an as-measured bench JSON."""
-    from tuner.commands.bench_output import BenchRow
+    from tuner.jobs.bench_output import BenchRow
     from tuner.measure import ceilings as ceilings_mod
     from tuner.plan.gpus import get_gpu
     from tuner.plan.kernel_registry import get_kernel
@@ -80,7 +80,7 @@ def recompute(src: Path, ceilings_path: Path | None) -> tuple[dict, list]:
 
 def write(src: Path, data: dict, rows: list, dest: Path) -> dict[str, str]:
     """The JSON and Markdown (and plots) `tuner bench` would write, into `dest`; {name: text}."""
-    from tuner.commands.bench_output import markdown
+    from tuner.jobs.bench_output import markdown
     stem = src.name[: -len(SUFFIX)]
     header = {k: v for k, v in data.items() if k != "rows"}
     md = markdown(rows, {**header, "out": str(dest)}, stem)
@@ -89,7 +89,7 @@ def write(src: Path, data: dict, rows: list, dest: Path) -> dict[str, str]:
 
 def summary_sections(run: Path, benches: dict[Path, dict]) -> str:
     """summary.md with its "## Bench" sections rebuilt from the recomputed JSONs."""
-    from tuner.commands.proof_summary import summary_markdown
+    from tuner.jobs.proof_summary import summary_markdown
     text = (run / "summary.md").read_text()
     for path, data in benches.items():
         kind = path.parent.name

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Add a GPU run's passed validation cases to bench/validated.json (tuner/commands/proof_validation.py):
+"""Add a GPU run's passed validation cases to bench/validated.json (tuner/jobs/proof_validation.py):
 the next GPU run does not run a case again that passed under the same identity (GPU model, Triton,
 torch, kernel code, case), but one canary per kernel source.
 
@@ -48,7 +48,7 @@ def rows_of(path: Path, assumed: dict[str, str]) -> list[dict]:
 
 
 def main() -> int:
-    from tuner.commands.proof_validation import LEDGER, record
+    from tuner.jobs.proof_validation import LEDGER, record
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a GPU run's folder (bench/results/<gpu>-<date>)")
     ap.add_argument("files", nargs="*", help="more validation files of that run")

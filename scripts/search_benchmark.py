@@ -41,8 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.commands.report import markdown_table  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner.jobs.report import markdown_table  # noqa: E402
 from tuner.measure.landscape import read_header, read_landscape  # noqa: E402
 from tuner.measure.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space  # noqa: E402
 from tuner.search.offline import CHECKPOINTS, benchmark_rows, benchmark_traces  # noqa: E402

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.commands.report import markdown_table  # noqa: E402
 from tuner.errors import TunerError  # noqa: E402
+from tuner.jobs.report import markdown_table  # noqa: E402
 from tuner.measure.landscape import read_header, read_landscape  # noqa: E402
 from tuner.plan.gpus import get_gpu  # noqa: E402
 from tuner.plan.kernel_registry import get_kernel  # noqa: E402

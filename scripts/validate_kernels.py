@@ -15,7 +15,7 @@ measuring child. Every case runs in an isolated measuring child (tuner/measure/i
 whose compile workers build all of a kernel's cases first: a case that crashes the child, hangs
 or poisons its CUDA context fails its own line and the next runs in a fresh child. With
 `--recorded bench/validated.json` a case recorded there as passed under the same identity (GPU
-model, Triton, torch, kernel code, case: tuner/commands/proof_validation.py) is written as
+model, Triton, torch, kernel code, case: tuner/jobs/proof_validation.py) is written as
 recorded and not run again, but the first of each kernel source. `--device
 cpu` runs the same code on the CPU device (Triton's interpreter; give a small --model). Prints
 one line per case, writes --out after every case, and exits 1 if any case fails its tolerance
@@ -80,7 +80,7 @@ def main() -> int:
         gpu = get_gpu(args.gpu)
         require(args.device, gpu, "validating kernels", "--device cpu runs them on the CPU device")
         model = load_model(args.model)
-        from tuner.commands import proof_validation as pv
+        from tuner.jobs import proof_validation as pv
         ledger = pv.read_ledger(Path(args.recorded)) if args.recorded else {}
         groups = pv.groups(args.kernel_source, model, args.tp, args.only, args.batch_sizes, args.tables,
                            args.engine_source, log=lambda line: print(line, flush=True))

@@ -1,11 +1,11 @@
 """Reference contenders for tests/test_bench_references.py, listed in the measuring child as
-tuner.commands.bench_references.gemm_reference_candidates lists the real ones: one that
+tuner.jobs.bench_references.gemm_reference_candidates lists the real ones: one that
 aborts its process, one that raises, one that computes the block-FP8 GEMM right (in float64,
 from M padded to a multiple of 4 and sliced back, as the block-scaled _scaled_mm row is)."""
 
 import os
 
-from tuner.commands.bench_references import padded_rows
+from tuner.jobs.bench_references import padded_rows
 
 
 def _dequantized_gemm(i, rows: int):

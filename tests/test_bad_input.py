@@ -667,7 +667,7 @@ def test_broken_pipe_is_quiet(tmp_path):
 def test_proof_paths_are_the_users_not_the_checkouts(tmp_path, monkeypatch):
     """The proof's steps run from the repository root: a relative --out, --bundle or
     --engine-source is taken from where the user stands, never from the checkout."""
-    from tuner.commands import proof
+    from tuner.jobs import proof
     seen = {}
     monkeypatch.setattr(proof.Proof, "execute", lambda self, steps, log=print: seen.update(p=self) or 0)
     monkeypatch.chdir(tmp_path)

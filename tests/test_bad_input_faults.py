@@ -245,8 +245,8 @@ import signal, sys
 from pathlib import Path
 from tuner.cli import _on_sigterm
 from tuner.plan.gpus import get_gpu
-from tuner.commands.proof import Proof
-from tuner.commands.proof_steps import Command
+from tuner.jobs.proof import Proof
+from tuner.jobs.proof_steps import Command
 signal.signal(signal.SIGTERM, _on_sigterm)
 proof = Proof(Path(sys.argv[1]), get_gpu("H200"), minutes=5, device="cpu")
 sleeper = [sys.executable, "-c", "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); "
@@ -289,7 +289,7 @@ def test_a_killed_proof_takes_its_step_along_and_reruns(tmp_path, env, sig):
         steps = json.loads((out / "steps.json").read_text())["steps"]
         assert steps[0]["name"] == "environment" and steps[0]["status"] == "interrupted"
     rerun = ("import sys\nfrom pathlib import Path\nfrom tuner.plan.gpus import get_gpu\n"
-             "from tuner.commands.proof import Proof\nfrom tuner.commands.proof_steps import Command\n"
+             "from tuner.jobs.proof import Proof\nfrom tuner.jobs.proof_steps import Command\n"
              "p = Proof(Path(sys.argv[1]), get_gpu('H200'), minutes=1, device='cpu')\n"
              "p.builders = lambda: {'environment': lambda: [Command('quick', [sys.executable, '-c', 'pass'], "
              "'logs/quick.txt')]}\nsys.exit(p.execute(['environment'], log=lambda line: None))\n")

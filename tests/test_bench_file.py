@@ -1,5 +1,5 @@
 """`tuner report BENCH.json` on bench files that are damaged, edited or made to attack
-(tuner/commands/bench_file.py): each is one line on stderr and exit 2, never an internal error,
+(tuner/jobs/bench_file.py): each is one line on stderr and exit 2, never an internal error,
 and nothing of the file reaches the terminal unchecked; a bench whose times are all unusable
 gets no verdict; a verdict's factor stays a few digits whatever the times (issue 51, items 6, 8
 and 11)."""
@@ -111,7 +111,7 @@ def test_a_problem_whose_times_are_all_unusable_gets_no_verdict_of_its_own(tmp_p
 
 
 def test_the_committed_benches_read_back_whole(tmp_path, capsys):
-    from tuner.commands.bench_file import read_bench
+    from tuner.jobs.bench_file import read_bench
     for path in sorted((REPO / "bench" / "results").rglob("bench-*.json")):
         bench = read_bench(path)
         assert len(bench.rows) == len(json.loads(path.read_text())["rows"]) > 0

@@ -1,5 +1,5 @@
 """`tuner bench`'s references outside Triton, each variant in the measuring child by a call of
-its own (issue 39, item 3; tuner/commands/bench_references.py): one that aborts its process or
+its own (issue 39, item 3; tuner/jobs/bench_references.py): one that aborts its process or
 raises costs that contender alone, the next runs in a fresh child and is timed; a reference
 that takes M in multiples of 4 (cuBLASLt's block-scaled path, padded as vLLM pads it) says so in
 its row. On the CPU device, with stand-in contenders (tests/reference_candidates.py)."""
@@ -7,7 +7,7 @@ its row. On the CPU device, with stand-in contenders (tests/reference_candidates
 import pytest
 import torch
 
-from tuner.commands.bench_references import BLOCK_SCALED_M_MULTIPLE, padded_rows, reference_rows
+from tuner.jobs.bench_references import BLOCK_SCALED_M_MULTIPLE, padded_rows, reference_rows
 from tuner.measure.isolation import isolated_gpu_measurer
 from tuner.plan.kernel_registry import get_kernel
 from tuner.plan.problems import Problem

@@ -30,14 +30,17 @@ def coverage_json(capsys, *args) -> dict:
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory):
     """`tuner coverage --json` over every model of configs/models/, every Hopper GPU and every
-    supported engine version, as a user runs it (Triton 3.6.0)."""
+    supported engine version, as a user runs it (Triton 3.6.0), on an 80-column terminal: JSON is
+    never fitted to it (a line break inside a string made it invalid)."""
     if not WHEELS:
         pytest.skip("the coverage map reads the engines' tables from their wheels: TUNER_ENGINE_WHEELS is not set")
     import contextlib
     import io
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv("COLUMNS", "80")
         assert main(["coverage", "--triton", TRITON, "--json"]) == 0
+    assert max(map(len, out.getvalue().splitlines())) > 80          # lines a terminal would have wrapped
     return json.loads(out.getvalue())
 
 
@@ -336,9 +339,9 @@ def test_a_night_asked_to_orders_its_jobs_by_expected_value(tmp_path):
     """`order: value`: the MoE job whose tables run the default config (DeepSeek-V3 TP16 on the
     H200: vLLM has none) before the one whose tables are shipped or fall back (TP8), the GEMM
     job last, and the night says so; without it, the file's order (what `tuner nightly` runs:
-    tuner/commands/nightly.py takes its jobs from ordered_jobs)."""
-    from tuner.commands.nightly import load_config
-    from tuner.commands.nightly_order import ordered_jobs
+    tuner/jobs/nightly.py takes its jobs from ordered_jobs)."""
+    from tuner.jobs.nightly import load_config
+    from tuner.jobs.nightly_order import ordered_jobs
     said = []
     ranked = ordered_jobs(load_config(night_config(tmp_path, "value")), said.append)
     assert [j["name"] for j in ranked] == ["moe-tp16", "moe-tp8", "gemm-tp8"]

@@ -291,7 +291,7 @@ def test_the_kv_cache_rule_picks_the_smallest_tp_that_leaves_a_quarter():
 
 def test_a_nightly_job_without_tp_plans_the_serving_tp(capsys, tmp_path):
     from tuner import api
-    from tuner.commands.nightly import job_request
+    from tuner.jobs.nightly import job_request
     req = job_request({"name": "j", "kernel": "moe", "model": "deepseek-v3", "gpu": "H200", "batch_sizes": [1],
                        "kernel_source": "ours"}, tmp_path / "o")
     assert req.tp is None

@@ -181,13 +181,16 @@ OWN_FILES = {
     "kernels/engines/base.py": "the launcher's own source",
     "tuner/measure/process_tree.py": "/proc/<pid>/stat",
     "tuner/plan/kernel_sources.py": "RELEASE_FILES, shipped beside the kernels package",
+    "tuner/search/owners.py": "/proc/sys/kernel/random/boot_id, /proc/<pid>/stat and /proc/stat",
+    "tuner/jobs/proof_wheels.py": "scripts/gpu_wheels.txt, read on the GPU machine before anything is installed "
+                                      "(the standard library only: tuner/reading.py needs PyYAML)",
 }
 # Files streamed a block or a line at a time (never held whole), each a file of the tool's own:
 # the journal (tuner/search/storage.py reads it line by line, each line bounded) and a
 # landscape's .partial gzipped into place.
 STREAMED = {("tuner/search/storage.py", 'open(self.path, "rb") as f'),
             ("tuner/measure/landscape.py", 'open(self.partial, "rb") as src, gzip.open'),
-            ("tuner/commands/proof.py", 'open(partial, "rb") as src, gzip.open')}
+            ("tuner/jobs/proof.py", 'open(partial, "rb") as src, gzip.open')}
 READ = re.compile(r"\.read_text\(|\.read_bytes\(|json\.load\(|yaml\.(safe_)?load\(|\.readlines\(|_zip\.read\(|"
                   r"ZipFile\([^)]*\)\.read\(|[^.]\bopen\([^)]*['\"]r|"
                   r"ZipFile\((?![^)]*['\"][wax]['\"])|tarfile\.open\((?![^)]*['\"][wx])")
@@ -218,5 +221,16 @@ def test_a_fifo_named_like_a_wheel_is_refused_not_waited_on(tmp_path, capsys, mo
     with deadline(30):
         rc = main(["audit", "--engine", "vllm", "--triton", "3.6.0", "--model", "deepseek-v3", "--gpu", "H200",
                    "--tp", "8", "--moe-config-dir", ""])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "is not a regular file" in err, err
+
+
+def test_a_fifo_named_as_the_plot_is_refused_not_waited_on(tmp_path, capsys):
+    """`tuner coverage --plot` checks that a file already there is a PNG before replacing it: a
+    FIFO there is refused in one line (opening it to read its header waited for a writer)."""
+    fifo = tmp_path / "map.png"
+    os.mkfifo(fifo)
+    with deadline(30):
+        rc = main(["coverage", "--plot", str(fifo)])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "is not a regular file" in err, err

@@ -190,7 +190,7 @@ def test_the_night_compares_each_engines_entry_of_one_problem(tmp_path, capsys):
     previous configs compares both entries and keeps both. Before: nightly keyed tables by
     kernel, source and problem, so it compared the last entry only and rewrote the manifest
     without the other (vLLM's table left on disk, unrecorded)."""
-    from tuner.commands.nightly_keep import keep_better
+    from tuner.jobs.nightly_keep import keep_better
     model = block_fp8_model(tmp_path / "tiny.yaml", 1024, 8)
     runs = {}
     for run in ("prev", "new"):

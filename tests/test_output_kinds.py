@@ -187,7 +187,7 @@ CASES = {
 def test_a_file_in_the_way_of_a_command_is_refused_and_kept(runs, tmp_path, capsys, monkeypatch, case):
     """Before: each of these replaced the file in its way (exit 0)."""
     argv, rel, kind = CASES[case]
-    from tuner.commands import proof
+    from tuner.jobs import proof
     started: list = []
     monkeypatch.setattr(proof.Proof, "execute", lambda self, steps, log=print: started.append(1) or 0)
     target = tmp_path / rel

@@ -56,3 +56,34 @@ def test_the_progress_line_fits_an_80_column_terminal(monkeypatch):
     drawn = [seg for seg in re.split(r"[\r\n]", term.text) if seg.strip()]
     assert len(drawn) > 32 and max(map(len, drawn)) < 80, max(drawn, key=len)
     assert any("32/32" in seg and "123.46" in seg for seg in drawn)      # what it must show is not cut away
+
+
+@pytest.mark.parametrize("columns", [None, "40", "80"])
+def test_machine_readable_output_is_never_fitted_or_cut(columns, monkeypatch):
+    """JSON (or CSV) a command prints goes through whole on a terminal of any width, after and
+    before fitted prose: a line break added inside a JSON string made `tuner coverage --json`
+    invalid on an 80-column terminal."""
+    import io
+    import json
+
+    from tuner.textwidth import Fitting, print_whole
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)
+    else:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    doc = {"command": "tuner moe --model deepseek-v3 --gpu H200 --dtype fp8_w8a8 " * 4,
+           "rows": [{"file": "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json",
+                     "note": "a \x1b[2J control and a \u202e override, escaped by json.dumps"}]}
+    raw = io.StringIO()
+    out = Fitting(raw)
+    print("a partial line, ", end="", file=out)
+    print_whole(json.dumps(doc, indent=1), file=out)
+    print("prose after it " * 20, file=out)
+    out.flush()
+    text = raw.getvalue()
+    assert text.startswith("a partial line, {")              # what was written before it comes first
+    document, prose = text.removeprefix("a partial line, ").split("\n}\n", 1)
+    assert json.loads(document + "\n}") == doc
+    assert max(map(len, document.splitlines())) > 80
+    if columns:                                   # the prose after it is fitted again
+        assert max(map(len, prose.splitlines())) <= int(columns) and len(prose.splitlines()) > 1

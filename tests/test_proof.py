@@ -20,7 +20,7 @@ import pytest
 from test_engine_kernels import triton_unsqueezes_scalars
 
 from tuner.cli import main
-from tuner.commands.proof import CALLS, STEPS, Proof
+from tuner.jobs.proof import CALLS, STEPS, Proof
 from tuner.plan.gpus import get_gpu
 
 # Under a Triton that refuses `scalar[:, None]` (3.9), SGLang 0.5.23's own fused MoE kernel
@@ -152,7 +152,7 @@ def test_the_rehearsal_takes_every_launch_path_of_a_gpu_call_under_the_capture_r
     path, SGLang's short sorted length); every process that timed said it timed under the rules."""
     out, _, _, _, _ = rehearsal
     from kernels.engines import vllm
-    from tuner.commands.proof_steps import GPU_PROFILE, REHEARSAL_PROFILE
+    from tuner.jobs.proof_steps import GPU_PROFILE, REHEARSAL_PROFILE
     assert REHEARSAL_PROFILE.smoke_m == GPU_PROFILE.smoke_m == 16
     smoke = json.loads((out / "runs" / "smoke" / "manifest.json").read_text())
     [table] = smoke["tables"]
@@ -188,7 +188,7 @@ def test_the_second_window_continues_the_first(rehearsal):
     reopened no study the first finished (its trials as they were), and the state folder holds
     every table of the work list at the end."""
     out, _, _, first, took = rehearsal
-    from tuner.commands.proof_plan import STOP_GRACE_S
+    from tuner.jobs.proof_plan import STOP_GRACE_S
     # the box, SIGTERM then SIGKILL after the grace, the stray-process wait and the bundle
     assert took["window 1"] <= took["window 1 minutes"] * 60 + STOP_GRACE_S + 30, took
     state = out.joinpath(*STATE)
@@ -283,7 +283,7 @@ def test_the_device_command_in_bench_readme_fits_the_device_tool():
     timeout covers its --minutes and overhead and is at most the tool's 10 minutes, kind
     nvidia-h200, the carried paths prepare_gpu_proof.sh makes; within the task's device time
     even after a failed start; its --minutes the plan's (DEVICE_MINUTES)."""
-    from tuner.commands.proof_plan import DEVICE_MINUTES
+    from tuner.jobs.proof_plan import DEVICE_MINUTES
     text = (REPO / "bench" / "README.md").read_text()
     [call] = [json.loads(m) for m in re.findall(r"^run\((\{.*\})\)$", text, flags=re.M)]
     assert call["kind"] == "nvidia-h200" and call["timeout_s"] <= COMMAND_S
@@ -309,9 +309,9 @@ def test_a_step_that_times_nothing_says_why_in_the_log_steps_and_summary(tmp_pat
     """What the smoke's manifest and validate's cases say about failures reaches the smoke's
     verdict, the step's detail (steps.json, printed) and summary.md: the first failure's
     text; a case validate could not time is a failure."""
-    from tuner.commands.proof import StepResult
-    from tuner.commands.proof_outcomes import step_outcome
-    from tuner.commands.proof_summary import summary_markdown
+    from tuner.jobs.proof import StepResult
+    from tuner.jobs.proof_outcomes import step_outcome
+    from tuner.jobs.proof_summary import summary_markdown
     out = tmp_path / "H200-why"
     first = ("CaptureRuleError: Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
              "tensor is pinned.")
@@ -354,7 +354,7 @@ def test_the_plan_gives_measured_boxes_and_what_a_window_finishes(capsys):
     studies their manifest holds and the MLA journal's span over its studies, the studies left
     are the engines' grid less the committed tables' rows; and a 12-minute window finishes what
     those add up to, each item's start-up counted once."""
-    from tuner.commands.proof_plan import COLD_MARGIN, MARGIN, environment_added_s, measured, validation_plan
+    from tuner.jobs.proof_plan import COLD_MARGIN, MARGIN, environment_added_s, measured, validation_plan
     run = REPO / "bench" / "results" / "H200-2026-11-27"
     steps = {s["name"]: s["seconds"] for s in json.loads((run / "steps.json").read_text())["steps"]}
     tables = json.loads((run / "tuned" / "moe" / "manifest.json").read_text())["tables"]
@@ -407,11 +407,17 @@ def test_the_plans_first_work_item_is_a_table_that_runs_the_default_config(capsy
     assert any(re.search(r"MoE sglang +TP8 fp8 .* fallback", ln) for ln in items)
 
 
+@pytest.mark.ci_variables
 def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tmp_path):
     """On a GPU, the window's state folder starts as a copy of tuned/NVIDIA_H200 (tables,
     manifest, studies journal), and its commands run in the work list's order (one per item:
     the MoE tables of each deployment and engine at the engines' 18 batch sizes, both engines'
-    GEMM tables at every TP8 shape, MLA decode), each into that folder, then the landscape."""
+    GEMM tables at every TP8 shape, MLA decode), each into that folder, then the landscape.
+    A GPU window times the engines' own kernels, never ours in their place (without their code
+    it is refused: proof_steps.source_for): their code comes from their wheels here."""
+    if not os.environ.get("TUNER_ENGINE_WHEELS"):
+        pytest.skip("a GPU window runs the engines' own kernels, from their wheels here: "
+                    "TUNER_ENGINE_WHEELS is not set (.ci/run provides it)")
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
     proof = Proof(tmp_path / "H200-x", get_gpu("H200"), minutes=9, device="cuda")
     cmds = proof.step_window()
@@ -448,15 +454,19 @@ def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tm
 
 def test_mark_partial_marks_what_lacks_the_grid(tmp_path):
     """After a window, each table lacking rows of its kernel's grid is marked partial, a whole
-    one unmarked: what install and audit read."""
+    one unmarked: what install and audit read. A table holding a row at every batch size is
+    whole only where its run tuned them all: the rows a --minutes window did not tune hold the
+    incumbent (partial.tuned says which), and the committed tables are partial at 5 of 18."""
     from tuner.emit.partial import of_entry
     from tuner.pipeline.mark_partial import mark
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
     shutil.copy(REPO / "tuned" / "NVIDIA_H200" / "manifest.json", tmp_path / "manifest.json")
     data = json.loads((tmp_path / "manifest.json").read_text())
-    whole = data["tables"][0]
+    whole, held = data["tables"][:2]
     row = next(iter(whole["entries"].values()))
-    whole["entries"] = {str(m): {**row, "M": m} for m in DEFAULT_BATCH_SIZES}
+    for t in (whole, held):
+        t["entries"] = {str(m): {**row, "M": m} for m in DEFAULT_BATCH_SIZES}
+    whole.pop("partial")                   # tuned at every batch size (held's 13 others are incumbent rows)
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     said = mark(tmp_path, "a test")
     assert [s.split(":")[0] for s in said] == ["whole", "partial (5 of 18 batch sizes)",

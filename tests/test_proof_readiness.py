@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.commands import proof_plan as pp
-from tuner.commands import proof_validation as pv
+from tuner.jobs import proof_plan as pp
+from tuner.jobs import proof_validation as pv
 from tuner.plan.gpus import get_gpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_the_first_steps_boxes_leave_room_for_a_fresh_machine():
 # -- a cut smoke --------------------------------------------------------------------------------
 def _proof(tmp_path, statuses: dict):
     """A CPU-device proof whose steps 'run' as given (no process started), smoke writing nothing."""
-    from tuner.commands.proof import Proof, StepResult
+    from tuner.jobs.proof import Proof, StepResult
     proof = Proof(tmp_path / "H200-smoke", get_gpu("H200"), minutes=9, device="cpu")
     proof.builders = lambda: {s: (lambda s=s: [s]) for s in ("environment", "smoke", "validate", "window")}
     proof.run = lambda commands, seconds: StepResult("", statuses.get(commands[0], "ok"), 0.0, [])
@@ -212,7 +212,7 @@ def test_validate_kernels_skips_a_recorded_case_and_runs_the_canary(tmp_path):
     assert [(c["M"], c.get("recorded"), c.get("canary")) for c in rows] == [(2, "rehearsal", None), (1, None, True)]
     assert rows[1]["time_us"] > 0 and rows[1]["numerics"]["status"] == "passed"
     assert "1 passed, 0 failed; 1 recorded as passed before" in r.stdout.splitlines()[-1]
-    from tuner.commands.proof_outcomes import step_outcome
+    from tuner.jobs.proof_outcomes import step_outcome
     (tmp_path / "validate").mkdir()
     out.rename(tmp_path / "validate" / "ours.json")
     assert step_outcome(tmp_path, "validate").line() is None                      # recorded is no failure
@@ -230,8 +230,8 @@ def test_a_gpu_call_without_the_engines_code_or_tables_is_refused(tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing vllm's code, sglang's code, vllm's shipped tables, sglang's shipped tables" \
         in err[0] and "prepare_gpu_proof.sh" in err[0]
-    from tuner.commands.proof_steps import ProofSteps
     from tuner.errors import TunerError
+    from tuner.jobs.proof_steps import ProofSteps
     steps = ProofSteps(tmp_path, get_gpu("H200"), 9, "cuda", [str(empty)], empty)
     with pytest.raises(TunerError, match="vllm's code is not here"):
         steps.source_for("vllm")
@@ -266,7 +266,7 @@ def test_the_committed_studies_are_still_this_checkouts_to_continue():
 def test_the_device_wheels_are_pinned_and_checked(tmp_path):
     """Before: prepare_gpu_proof.sh downloaded threadpoolctl, alembic, colorlog, sqlalchemy, mako and
     greenlet at whatever version the index had that day."""
-    from tuner.commands.proof_wheels import PINS, problems, read_pins
+    from tuner.jobs.proof_wheels import PINS, problems, read_pins
     pins = read_pins()
     assert {"optuna", "threadpoolctl", "alembic", "colorlog", "sqlalchemy", "mako"} <= set(pins)
     assert pins["optuna"] == json.loads((RUN / "environment.json").read_text())["optuna"]
@@ -285,7 +285,7 @@ def test_the_device_wheels_are_pinned_and_checked(tmp_path):
     assert "scripts/gpu_wheels.txt" in prepare and "proof_wheels .whl" in prepare and "device/wheels.sh" not in prepare
     gpu = (REPO / "scripts" / "gpu_proof.sh").read_text()
     assert gpu.index("proof_wheels .whl") < gpu.index("pip install")
-    r = subprocess.run([sys.executable, "-m", "tuner.commands.proof_wheels", str(folder)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "tuner.jobs.proof_wheels", str(folder)], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "not pinned" in r.stderr
 
@@ -296,13 +296,13 @@ def test_each_window_commands_start_up_is_counted():
     command that first starts (about 10 s on the H200: its start to its first trial)."""
     cost = pp.measured()
     assert 8 < cost.command_start_s < 13
-    a = pp.Work("a", 3, 10.0, "measured", cost.command_start_s)
-    b = pp.Work("b", 5, 2.0, "measured", cost.command_start_s)
+    a = pp.Work("a", 3, 10.0, "measured", start_s=cost.command_start_s)
+    b = pp.Work("b", 5, 2.0, "measured", start_s=cost.command_start_s)
     assert a.seconds == pytest.approx(30 + cost.command_start_s)
     assert pp.finished_in([a, b], 30.0) == [(a, 1), (b, 0)]
     assert pp.finished_in([a, b], a.seconds + cost.command_start_s + 4.0) == [(a, 3), (b, 2)]
-    assert pp.finished_in([pp.Work("done", 0, 5.0, "measured", 10.0), b], 12.0) == [
-        (pp.Work("done", 0, 5.0, "measured", 10.0), 0), (b, 0)]
+    assert pp.finished_in([pp.Work("done", 0, 5.0, "measured", start_s=10.0), b], 12.0) == [
+        (pp.Work("done", 0, 5.0, "measured", start_s=10.0), 0), (b, 0)]
 
 
 def test_bench_readme_states_the_plans_figures(capsys):

@@ -134,7 +134,7 @@ def test_terminal_tables_name_engine_file_and_config_keys_within_120_columns(two
 
 def test_every_plot_says_where_its_times_came_from_and_diff_bars_follow_the_verdict(two_runs, tmp_path,
                                                                                      monkeypatch):
-    import tuner.commands.report as report
+    import tuner.jobs.report as report
     old, new = two_runs
     plots = []
     monkeypatch.setattr(report, "_plot", lambda path, title, series, ratio, source, colours=None, root=None, kind=None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tuner.cli import main
-from tuner.commands.proof_summary import summary_markdown
+from tuner.jobs.proof_summary import summary_markdown
 from tuner.measure import ceilings
 from tuner.measure.roofline import judge
 

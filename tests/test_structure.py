@@ -115,7 +115,7 @@ def test_kernels_import_only_the_contract_from_tuner():
 # The stages of tuner/, bottom first (docs/architecture.md draws them): a module imports only
 # modules of its own stage and of the stages below it. kernels/ is no stage: it keeps the
 # contract rule above, and only the kernel registry imports it.
-STAGES = ("base", "plan", "measure", "search", "emit", "pipeline", "api", "commands", "cli")
+STAGES = ("base", "plan", "measure", "search", "emit", "pipeline", "jobs", "api", "commands", "cli")
 BASE = {"errors", "paths", "reading", "progress", "textwidth", "file_kinds"}
 
 # The imports that break the rule, each with its reason. The test fails on any other upward
@@ -130,7 +130,7 @@ def stage_of(module: str) -> str | None:
         return None
     if len(parts) == 1 or parts[1] in BASE:
         return "base"
-    if parts[1] in ("plan", "measure", "search", "emit", "pipeline", "commands", "api"):
+    if parts[1] in ("plan", "measure", "search", "emit", "pipeline", "jobs", "commands", "api"):
         return parts[1]
     if parts[1] in ("cli", "__main__"):
         return "cli"
@@ -247,3 +247,16 @@ def test_the_engine_name_check_finds_a_branch():
     code = ('a = engine == "vllm" and kind == "fused_moe"\nif name in ("vllm", "sglang"):\n    pass\n'
             'b = "SGLang" != e\nc = engine == ENGINE\nd = {"vllm": 1}["vllm"]\n')
     assert sorted(line for line, _ in engine_name_comparisons(code)) == [1, 2, 4]
+
+
+# The command layer stays thin (issue 53): a command parses its options into a request, calls
+# one function below it and prints; the jobs themselves live in tuner/jobs/.
+MAX_COMMAND_LINES, MAX_COMMANDS_LINES = 250, 2000
+
+
+def test_the_commands_are_thin():
+    lengths = {path: n for path, n in module_lengths().items() if path.startswith("tuner/commands/")}
+    assert len(lengths) > 10
+    over = sorted(f"{path} ({n} lines)" for path, n in lengths.items() if n > MAX_COMMAND_LINES)
+    assert not over, f"command modules over {MAX_COMMAND_LINES} lines (move the job to tuner/jobs/): {over}"
+    assert sum(lengths.values()) < MAX_COMMANDS_LINES, f"tuner/commands/ holds {sum(lengths.values())} lines"

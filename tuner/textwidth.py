@@ -7,7 +7,9 @@ no $COLUMNS, a line goes through whole: a log keeps each message on one line to 
 printed to be pasted is then cut at 120 columns, with its marks). And nothing a command prints
 drives the terminal: a control character (an escape that clears the screen, moves the cursor or
 retitles the window, from a file the tool read) or a bidirectional override is printed as its
-escape (`\x1b`), whatever printed it."""
+escape (`\x1b`), whatever printed it. Machine-readable output (JSON, CSV) is never fitted or cut:
+a command prints it with print_whole, which a script or a file gets exactly (a newline added inside
+a JSON string would make it invalid)."""
 
 from __future__ import annotations
 
@@ -181,6 +183,20 @@ def cut(line: str, columns: int) -> str:
     return line if len(line) <= columns else line[:columns - 1] + "~"
 
 
+def print_whole(text: str, file=None) -> None:
+    """`text` and a line feed on `file` (default stdout) as they are, never wrapped or cut whatever
+    the terminal's width: machine-readable output (a JSON document, CSV rows) that a program
+    reads, where a line break added inside a string or a field changes or breaks it. Only a
+    control character is escaped, as everywhere (shown); json.dumps escapes them already, so a
+    JSON document goes through byte for byte."""
+    import sys
+    stream = sys.stdout if file is None else file
+    if isinstance(stream, Fitting):
+        stream.write_whole(text + "\n")
+    else:
+        stream.write(shown(text) + "\n")
+
+
 class Fitting:
     """A text stream whose complete lines are fitted (fit_line) to the width of the terminal it
     writes to ($COLUMNS, or the stream's own); a write holding a carriage return (a redrawn
@@ -206,6 +222,12 @@ class Fitting:
             *lines, self._partial = self._partial.split("\n")
             self._stream.write("".join(out + "\n" for line in lines for out in self._fit(line)))
         return n
+
+    def write_whole(self, text: str) -> None:
+        """`text` as it is, never fitted (print_whole): after what was written before it."""
+        self.flush()                 # a partial line before it goes first, as it is
+        self._command = False
+        self._stream.write(shown(text))
 
     def _fit(self, line: str) -> list[str]:
         """A line fitted: a shell command's (one ending in `\\`, or the line after one) with its

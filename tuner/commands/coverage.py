@@ -51,13 +51,9 @@ def _plot_target(text: str) -> Path:
     if path.is_dir():
         raise TunerError(f"--plot {text} is a folder: give the path of a .png file")
     if path.exists() or path.is_symlink():
-        try:
-            with open(path, "rb") as f:
-                head = f.read(8)
-        except OSError as e:
-            from tuner.errors import os_error_words
-            raise TunerError(f"--plot {text}: {os_error_words(e)}") from None
-        if not path.is_file() or head != b"\x89PNG\r\n\x1a\n":
+        from tuner.reading import read_head
+        head = read_head(path, 8, "--plot ")       # a FIFO or a device is refused, not waited on
+        if head != b"\x89PNG\r\n\x1a\n":
             raise TunerError(f"--plot {text} exists and is not a PNG image: refusing to replace it (give another path)")
     if not path.parent.is_dir():
         raise TunerError(f"--plot {text}: the folder {path.parent} does not exist")
@@ -90,7 +86,8 @@ def run(args) -> int:
         print("\r\033[K", end="", file=sys.stderr, flush=True)
     cmap.notes = notes + cmap.notes
     if args.json:
-        print(json.dumps(as_json(cmap), indent=1))
+        from tuner.textwidth import print_whole
+        print_whole(json.dumps(as_json(cmap), indent=1))      # a program reads it: never fitted
     else:
         from tuner.textwidth import fit_line
         for line in head_lines(cmap, len(models), len(gpus)):

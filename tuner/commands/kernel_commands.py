@@ -164,12 +164,3 @@ def run(args) -> int:
     return 0
 
 
-def problem_builder(args, command: str):
-    """(kernel name, model -> problems) of a kernel command, as tuning builds them."""
-    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
-    if command == "gemm":
-        return "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep)
-    if command == "moe":
-        return "fused_moe", lambda model: moe_problems(model, args.tp, args.ep, args.dtype, args.routing, args.engines)
-    return "mla_decode", lambda model: mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS,
-                                                    args.page_size)[0]

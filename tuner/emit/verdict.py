@@ -1,7 +1,7 @@
 """A bench's verdict: at each batch size, which contender ran fastest on this GPU, and, weighted
 over the batch sizes, which backend flag each engine should run with the expected gain.
 
-Contenders are a bench's rows (tuner/commands/bench.py): the engine's Triton kernel with a config
+Contenders are a bench's rows (tuner/jobs/bench.py): the engine's Triton kernel with a config
 (tuned, a shipped table, the default), and what runs instead of it (cuBLASLt via
 torch._scaled_mm, DeepGEMM or the engine's CUTLASS path where importable). Whether the tables
 matter at all is the engine's backend choice: the flag that makes its Triton kernel run, and

@@ -3,7 +3,7 @@
 A study that timed nothing (every config failed, or none survived pruning) leaves its batch
 size out of the tables. `tuner gemm|moe|mla` then says so in one line with the first
 failure's text and exits 1 (tuner/commands/kernel_commands.py); the proof reads the same from
-the manifest (tuner/commands/proof_outcomes.py).
+the manifest (tuner/jobs/proof_outcomes.py).
 """
 
 from __future__ import annotations

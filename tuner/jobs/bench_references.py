@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tuner.commands.bench_output import BenchRow
+from tuner.jobs.bench_output import BenchRow
 from tuner.measure.provenance import time_source
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
@@ -29,7 +29,7 @@ def reference_note(kernel: KernelSpec) -> str:
 # 4: vLLM 0.33's BlockWiseTorchFP8ScaledMMLinearKernel pads A and its column-major scales up to
 # it and slices the output back (at M = 1 unpadded: CUBLAS_STATUS_NOT_SUPPORTED on the H200).
 BLOCK_SCALED_M_MULTIPLE = 4
-CANDIDATES = "tuner.commands.bench_references:gemm_reference_candidates"
+CANDIDATES = "tuner.jobs.bench_references:gemm_reference_candidates"
 
 
 def padded_rows(t, rows: int):
@@ -107,7 +107,7 @@ def reference_rows(kernel: KernelSpec, problem: Problem, M: int, floor: float, m
         return [note("reference", "needs a GPU (" + reference_note(kernel) + ")")]
     source = time_source(measurer.environment(), measurer.label)
     try:
-        names = measurer.run_here("tuner.commands.bench_references:reference_names", candidates)
+        names = measurer.run_here("tuner.jobs.bench_references:reference_names", candidates)
     except RuntimeError as e:
         return [note("reference", f"not timed: {e}")]
     rows: list[BenchRow] = []
@@ -116,7 +116,7 @@ def reference_rows(kernel: KernelSpec, problem: Problem, M: int, floor: float, m
         if family in failed and failed[family] is None:
             continue                               # this family already has a working variant
         try:
-            r = measurer.run_here("tuner.commands.bench_references:reference_timing", problem, M, family, variant,
+            r = measurer.run_here("tuner.jobs.bench_references:reference_timing", problem, M, family, variant,
                                   candidates)
         except RuntimeError as e:                  # it took the measuring process down: that variant alone
             r = {"error": f"the measuring process was lost ({str(e).splitlines()[0][:160]})"}

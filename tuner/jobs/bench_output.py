@@ -90,7 +90,7 @@ def check_out(out: Path) -> None:
 def markdown(rows: list[BenchRow], header: dict, stem: str) -> str:
     import pandas as pd
 
-    from tuner.commands.report import markdown_table
+    from tuner.jobs.report import markdown_table
     lines = [f"# Bench: {header.get('model')} on {header.get('device')}", "",
              str(header.get("banner")), "",
              f"Roofline floor: {header.get('ceilings')}. Versions: "

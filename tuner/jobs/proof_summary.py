@@ -43,7 +43,7 @@ def engine_vs_ours(rows: list[dict]) -> list[dict]:
 def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> str:
     import pandas as pd
 
-    from tuner.commands.report import markdown_table
+    from tuner.jobs.report import markdown_table
     env = _load(out / "environment.json") or {}
     lines = ["# GPU proof", ""]
     if device == "cpu":
@@ -60,7 +60,7 @@ def summary_markdown(out: Path, results: list, device: str, elapsed: float) -> s
         from tuner.measure.ceilings import summary_lines
         where = "the CPU DEVICE, not a GPU" if ceil.get("device_kind") == "cpu" else "the GPU"
         lines += [f"## Ceilings (measured on {where})", ""] + [f"- {s}" for s in summary_lines(ceil)] + [""]
-    from tuner.commands.proof_outcomes import validation_files
+    from tuner.jobs.proof_outcomes import validation_files
     vals = [(f, v) for f in validation_files(out) if isinstance(v := _load(f), dict)]
     checks = sorted((out / "validate").glob("check-*.txt")) if (out / "validate").is_dir() else []
     if vals or checks:

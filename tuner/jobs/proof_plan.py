@@ -8,11 +8,11 @@ time to the window. The first two steps on a fresh machine (CUDA's start, cold c
 compiles) get COLD_MARGIN, and the environment's box counts the work `tuner ceilings` added since
 that run. Validation's box is the start-up of its two commands and the cases it will run (those
 bench/validated.json does not hold as passed under the same identity, and one canary per kernel
-source: tuner/commands/proof_validation.py) at the H200 run's measured seconds per case. A step out
+source: tuner/jobs/proof_validation.py) at the H200 run's measured seconds per case. A step out
 of time is stopped (SIGTERM, then SIGKILL after STOP_GRACE_S) and keeps what it wrote. The boxes
 must fit within --minutes (else refused: refuse_unfit).
 
-The window's work list (tuner/commands/proof_work.py), by expected value from the coverage map:
+The window's work list (tuner/jobs/proof_work.py), by expected value from the coverage map:
 DeepSeek-V3's fused-MoE tables of every deployment on the GPU, those that run the engine's default
 config first, then fallbacks, then shipped tables; then both engines' GEMM tables (every TP8
 shape), MLA decode, landscapes; what the committed state (tuned/NVIDIA_H200/manifest.json) already
@@ -28,9 +28,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.commands import proof_work
-from tuner.commands.proof_work import Work
 from tuner.errors import TunerError
+from tuner.jobs import proof_work
+from tuner.jobs.proof_work import Work
 from tuner.paths import REPO_ROOT
 
 CALLS = {"gpu": ("environment", "smoke", "validate", "window"), "local": ("report", "sampler")}
@@ -137,7 +137,7 @@ def validation_cases(model: str = "deepseek-v3", tp: int = 8) -> dict[str, int]:
     """The full validation list's cases: the engines' kernels (their MoE layer and the GEMM
     shapes benched, default configs at 2 batch sizes, each engine's shipped MoE tables at
     them), then ours on every problem of the model (MLA decode included) at 2 batch sizes."""
-    from tuner.commands.proof_steps import GEMM_SHAPES
+    from tuner.jobs.proof_steps import GEMM_SHAPES
     from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, load_model, mla_problems, moe_problems
     m = load_model(model)
     moe = {e: moe_problems(m, tp, 1, "fp8_w8a8", engines=[e]) for e in ("vllm", "sglang")}
@@ -152,7 +152,7 @@ def validation_cases(model: str = "deepseek-v3", tp: int = 8) -> dict[str, int]:
 def work_list(cost: Measured, state: Path = TUNED_STATE, model: str = "deepseek-v3", tp: int = 8,
               gpu=None, engine_source: list[str] | None = None) -> tuple[list[Work], list[str]]:
     """The work on this GPU still to do, in the window's order (by expected value from the
-    coverage map: tuner/commands/proof_work.py), less what the state's manifest holds, each
+    coverage map: tuner/jobs/proof_work.py), less what the state's manifest holds, each
     item one command (its start-up counted once); with the lines on what the order could not know."""
     from tuner.plan.gpus import get_gpu
     return proof_work.work_list(model, gpu or get_gpu("H200"), state, cost.per_study(), tp, engine_source,
@@ -175,7 +175,7 @@ def finished_in(work: list[Work], seconds: float) -> list[tuple[Work, int]]:
 
 @dataclass(frozen=True)
 class ValidationPlan:
-    """What the validate step will run of its full list (tuner/commands/proof_validation.py)."""
+    """What the validate step will run of its full list (tuner/jobs/proof_validation.py)."""
     cases: int                   # the full list
     run: int                     # new or changed cases and the canaries: what the call runs
     canaries: int
@@ -199,8 +199,8 @@ def validation_identities(gpu_key: str = "H200") -> tuple[list[dict] | None, int
     The full list is proof_steps.validation_runs' with the engines' code here (.engine-src/,
     installed, or $TUNER_ENGINE_WHEELS); the GPU's torch and Triton are the latest committed
     run's (last_gpu_versions)."""
-    from tuner.commands import proof_validation as pv
-    from tuner.commands.proof_steps import ProofSteps, default_baselines, default_engine_source
+    from tuner.jobs import proof_validation as pv
+    from tuner.jobs.proof_steps import ProofSteps, default_baselines, default_engine_source
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
     gpu = get_gpu(gpu_key)
@@ -227,7 +227,7 @@ def validation_plan(gpu_key: str = "H200", ledger: Path | None = None, everythin
     """The validate step's cases on the GPU `gpu_key` (validation_identities) less those the
     ledger records as passed under the same identity, but one canary per kernel source.
     `everything`: every case runs (a rehearsal: the ledger records GPU cases only)."""
-    from tuner.commands import proof_validation as pv
+    from tuner.jobs import proof_validation as pv
     full = sum(validation_cases().values())
     if everything:
         return ValidationPlan(full, full, 3, 2, "every case (a rehearsal)")

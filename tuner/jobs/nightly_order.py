@@ -1,5 +1,5 @@
 """`order: value` in a nightly config: the night runs its jobs by expected value from the coverage
-map (tuner/emit/coverage.py), as the GPU run's window does (tuner/commands/proof_work.py): the
+map (tuner/emit/coverage.py), as the GPU run's window does (tuner/jobs/proof_work.py): the
 MoE jobs whose tables run the engine's default config first, then those that run a fallback,
 then a shipped table (each by the gain the committed GPU runs measured over that status); then
 the GEMM jobs (their tables are read only with a backend flag) and MLA decode, in the file's
@@ -37,7 +37,7 @@ def ordered_jobs(cfg: dict, log=print) -> list[dict]:
     jobs = list(cfg["jobs"])
     if order == "file":
         return jobs
-    from tuner.commands.proof_work import expected_gains, moe_coverage
+    from tuner.jobs.proof_work import expected_gains, moe_coverage
     from tuner.plan.gpus import get_gpu
     rows_of: dict[tuple[str, str], list] = {}
     notes: list[str] = []

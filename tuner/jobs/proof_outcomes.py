@@ -1,6 +1,6 @@
 """What each step of the GPU proof timed, read back from what it wrote: how many of its cases
 were timed, how many failed, and the first failure's text (one line). A step that timed
-nothing says so with that text (tuner/commands/proof.py), in steps.json and summary.md."""
+nothing says so with that text (tuner/jobs/proof.py), in steps.json and summary.md."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ gain the committed GPU runs measured for that status (tuned vs the default confi
 what the engine read); tables the engine's default backend does not read after those it does.
 Then the rest of the model's TP8 work: both engines' GEMM tables, MLA decode. Studies finished
 in the state folder (its manifest) are not redone; an item whose studies are all done is
-dropped. Each item becomes one tuning command of the window (tuner/commands/proof_steps.py),
+dropped. Each item becomes one tuning command of the window (tuner/jobs/proof_steps.py),
 its tables going into the state folder, which the commit puts under tuned/ (there `tuner
 coverage` shows them as tuned)."""
 

@@ -68,7 +68,7 @@ def plan_night(cfg: dict, path: Path, runs_dir: Path, night: str, state: dict, j
     say(f"dry run of the night {night} of {path}: nothing is measured or written")
     jobs, shares = cfg["jobs"], dict[str, float]()
     if minutes is not None:
-        from tuner.commands.nightly_slot import slot_lines
+        from tuner.jobs.nightly_slot import slot_lines
         jobs, shares = slot_lines(jobs, state, minutes, say)
     for job in jobs:
         name = job["name"]
@@ -76,7 +76,7 @@ def plan_night(cfg: dict, path: Path, runs_dir: Path, night: str, state: dict, j
         out = night_dir / name
         begun = None
         if prev and prev.get("unfinished"):
-            # as the night decides (tuner/commands/nightly.py run_job): the retune an earlier window began,
+            # as the night decides (tuner/jobs/nightly.py run_job): the retune an earlier window began,
             # continued in its folder where the environment is the same, against the run before it
             begun = begun_of(job, prev) if begun_of is not None else None
             out = begun or out

@@ -23,9 +23,9 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     """Where the previous config is not slower than the new one now, keep it (tied tables
     decide together). Rewrites the new run's tables and manifest; returns how many entries
     were kept."""
-    from tuner.commands.drift import Measurers
-    from tuner.commands.nightly_modes import run_landscape
     from tuner.emit.results import table_json
+    from tuner.jobs.drift import Measurers
+    from tuner.jobs.nightly_modes import run_landscape
     from tuner.plan.gpus import get_gpu
     from tuner.plan.kernel_api import table_entry
     from tuner.plan.kernel_registry import get_kernel

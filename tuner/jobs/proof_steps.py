@@ -1,6 +1,6 @@
 """The GPU proof's steps (`tuner proof`): what each step runs, as tuner commands and scripts
 in child processes, for the real proof on a GPU or the CPU device's rehearsal (the profiles).
-tuner/commands/proof.py runs them in order within their time boxes, keeps what they measured
+tuner/jobs/proof.py runs them in order within their time boxes, keeps what they measured
 and bundles it. The window's work (both engines' MoE tables, then their GEMM tables, then MLA
 decode, then a landscape) goes into one state folder, OUT/tuned/<device>/, seeded on a GPU from
 the committed state (tuned/NVIDIA_H200/) and continued by every later window: its studies'
@@ -269,8 +269,8 @@ class ProofSteps:
     def step_validate(self) -> list[Command]:
         """The full validation list (validation_runs); a case recorded as passed on this GPU model
         with the same Triton, torch and kernel code is not run again, but one canary per kernel
-        source (bench/validated.json: tuner/commands/proof_validation.py)."""
-        from tuner.commands.proof_validation import LEDGER
+        source (bench/validated.json: tuner/jobs/proof_validation.py)."""
+        from tuner.jobs.proof_validation import LEDGER
         p = self.profile
         common = [self.python, "scripts/validate_kernels.py", "--gpu", self.gpu.key, "--model", self.model(),
                   "--tp", str(p.tp)]
@@ -282,9 +282,9 @@ class ProofSteps:
             for r in self.validation_runs()]
 
     def work(self) -> tuple[list, list[str]]:
-        """The window's work list in order (tuner/commands/proof_work.py: by expected value from
+        """The window's work list in order (tuner/jobs/proof_work.py: by expected value from
         the coverage map, less what the state folder holds), and what its order could not know."""
-        from tuner.commands.proof_work import work_list
+        from tuner.jobs.proof_work import work_list
         p = self.profile
         return work_list(self.model(), self.gpu, self.tuned(), {}, p.tp, self.engine_source, p.window_dtypes,
                          p.window_gemm_only)
