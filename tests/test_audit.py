@@ -256,11 +256,17 @@ def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path,
 
 def test_our_tables_pass_the_audit(tmp_path, capsys):
     """A run over the engines' whole batch-size grid (replayed from a SYNTHETIC landscape),
-    installed into an empty SGLang package: `tuner audit --all` finds nothing in it."""
+    installed into an empty SGLang package: `tuner audit --all` finds nothing in it. Enough
+    trials that the `_down` table is tuned apart from the up table (with 2, and no wheels whose
+    shipped tables are raced, both kept the default config everywhere, and a `_down` that is
+    the up table's copy is rightly not written: results.copied_tied_tables)."""
     land, run, site = tmp_path / "m.jsonl.gz", tmp_path / "run", tmp_path / "site"
     common = ["--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--engines", "sglang"]
     assert main(["landscape", "synth", "--kernel", "moe", *common, "--out", str(land)]) == 0
-    assert main(["moe", *common, "--replay", str(land), "--trials", "2", "--out", str(run), "--quiet"]) == 0
+    assert main(["moe", *common, "--replay", str(land), "--trials", "6", "--out", str(run), "--quiet"]) == 0
+    written = sorted(Path(f).name for t in json.loads((run / "manifest.json").read_text())["tables"]
+                     for f in t["files"].values())
+    assert len(written) == 2 and written[1].endswith("_down.json"), written
     put(site, "sglang/__init__.py", "")
     assert main(["install", str(run), "--engine", "sglang", "--site-packages", str(site), "--force"]) == 0
     out = capsys.readouterr().out

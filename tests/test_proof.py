@@ -407,11 +407,17 @@ def test_the_plans_first_work_item_is_a_table_that_runs_the_default_config(capsy
     assert any(re.search(r"MoE sglang +TP8 fp8 .* fallback", ln) for ln in items)
 
 
+@pytest.mark.ci_variables
 def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tmp_path):
     """On a GPU, the window's state folder starts as a copy of tuned/NVIDIA_H200 (tables,
     manifest, studies journal), and its commands run in the work list's order (one per item:
     the MoE tables of each deployment and engine at the engines' 18 batch sizes, both engines'
-    GEMM tables at every TP8 shape, MLA decode), each into that folder, then the landscape."""
+    GEMM tables at every TP8 shape, MLA decode), each into that folder, then the landscape.
+    A GPU window times the engines' own kernels, never ours in their place (without their code
+    it is refused: proof_steps.source_for): their code comes from their wheels here."""
+    if not os.environ.get("TUNER_ENGINE_WHEELS"):
+        pytest.skip("a GPU window runs the engines' own kernels, from their wheels here: "
+                    "TUNER_ENGINE_WHEELS is not set (.ci/run provides it)")
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
     proof = Proof(tmp_path / "H200-x", get_gpu("H200"), minutes=9, device="cuda")
     cmds = proof.step_window()
@@ -448,15 +454,19 @@ def test_the_gpu_window_continues_the_committed_state_in_the_work_lists_order(tm
 
 def test_mark_partial_marks_what_lacks_the_grid(tmp_path):
     """After a window, each table lacking rows of its kernel's grid is marked partial, a whole
-    one unmarked: what install and audit read."""
+    one unmarked: what install and audit read. A table holding a row at every batch size is
+    whole only where its run tuned them all: the rows a --minutes window did not tune hold the
+    incumbent (partial.tuned says which), and the committed tables are partial at 5 of 18."""
     from tuner.emit.partial import of_entry
     from tuner.pipeline.mark_partial import mark
     from tuner.plan.engines import DEFAULT_BATCH_SIZES
     shutil.copy(REPO / "tuned" / "NVIDIA_H200" / "manifest.json", tmp_path / "manifest.json")
     data = json.loads((tmp_path / "manifest.json").read_text())
-    whole = data["tables"][0]
+    whole, held = data["tables"][:2]
     row = next(iter(whole["entries"].values()))
-    whole["entries"] = {str(m): {**row, "M": m} for m in DEFAULT_BATCH_SIZES}
+    for t in (whole, held):
+        t["entries"] = {str(m): {**row, "M": m} for m in DEFAULT_BATCH_SIZES}
+    whole.pop("partial")                   # tuned at every batch size (held's 13 others are incumbent rows)
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     said = mark(tmp_path, "a test")
     assert [s.split(":")[0] for s in said] == ["whole", "partial (5 of 18 batch sizes)",

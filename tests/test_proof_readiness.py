@@ -296,13 +296,13 @@ def test_each_window_commands_start_up_is_counted():
     command that first starts (about 10 s on the H200: its start to its first trial)."""
     cost = pp.measured()
     assert 8 < cost.command_start_s < 13
-    a = pp.Work("a", 3, 10.0, "measured", cost.command_start_s)
-    b = pp.Work("b", 5, 2.0, "measured", cost.command_start_s)
+    a = pp.Work("a", 3, 10.0, "measured", start_s=cost.command_start_s)
+    b = pp.Work("b", 5, 2.0, "measured", start_s=cost.command_start_s)
     assert a.seconds == pytest.approx(30 + cost.command_start_s)
     assert pp.finished_in([a, b], 30.0) == [(a, 1), (b, 0)]
     assert pp.finished_in([a, b], a.seconds + cost.command_start_s + 4.0) == [(a, 3), (b, 2)]
-    assert pp.finished_in([pp.Work("done", 0, 5.0, "measured", 10.0), b], 12.0) == [
-        (pp.Work("done", 0, 5.0, "measured", 10.0), 0), (b, 0)]
+    assert pp.finished_in([pp.Work("done", 0, 5.0, "measured", start_s=10.0), b], 12.0) == [
+        (pp.Work("done", 0, 5.0, "measured", start_s=10.0), 0), (b, 0)]
 
 
 def test_bench_readme_states_the_plans_figures(capsys):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel_options, resolve_tp, seed
+from tuner.commands.options import batch, parallel_options, seed
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
+from tuner.pipeline.command_problems import resolve_tp
 from tuner.plan.engines import ENGINE_NAMES
 from tuner.plan.gpus import gpu_keys_text
 from tuner.plan.precision import MOE_DTYPES

@@ -45,11 +45,11 @@ def common_options() -> Parser:
                    "(the plan lists the keys)")
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=positive, default=None,
-                   help="measured configs per batch size (default: sized by its pruned space, 2*sqrt(configs) "
-                   "within 24..160, as the plan prints; with --traffic 48 for gemm, 32 for moe and mla, split by traffic)")
+                   help="measured configs per batch size at most (default: sized by its pruned space, 2*sqrt(configs) "
+                   "within 24..160, as the plan prints; with --traffic 48 for gemm, 32 for moe and mla, split by "
+                   "traffic); a study stops earlier when no config it has not measured is likely to change the table")
     s.add_argument("--patience", type=positive, default=None,
-                   help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
-                   "is measured (default half the budget)")
+                   help="stop a study after this many trials without a 0.5%% gain instead (default: on that evidence)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
                    help="gp (default): a Gaussian process over the study's own candidates; tpe, random: Optuna's")
     s.add_argument("--seed", type=seed, default=0, help="sampler seed (0 to 2^32-1)")
@@ -165,12 +165,3 @@ def run(args) -> int:
     return 0
 
 
-def problem_builder(args, command: str):
-    """(kernel name, model -> problems) of a kernel command, as tuning builds them."""
-    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
-    if command == "gemm":
-        return "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep)
-    if command == "moe":
-        return "fused_moe", lambda model: moe_problems(model, args.tp, args.ep, args.dtype, args.routing, args.engines)
-    return "mla_decode", lambda model: mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS,
-                                                    args.page_size)[0]

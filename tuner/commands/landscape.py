@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import Parser, batch, context, page, parallel_options, resolve_tp
+from tuner.commands.options import Parser, batch, context, page, parallel_options
 from tuner.errors import TunerError
+from tuner.pipeline.command_problems import problem_builder, resolve_tp
 from tuner.pipeline.planning import command_dtype
 from tuner.pipeline.request import DTYPES
 from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES

@@ -154,7 +154,7 @@ def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list
 def table_cases(paths: list[str], model, tp: int, batch_sizes: list[int] | None):
     """(engine, problem, M, config, label) of each shipped table's entries at `batch_sizes`
     (default 1, 256), on the model's shapes (`tuner check`'s reading of a table)."""
-    from tuner.commands.check import pick_batch_sizes, read_table, table_problems
+    from tuner.jobs.check import pick_batch_sizes, read_table, table_problems
     from tuner.plan.kernel_api import checked_config
     from tuner.plan.kernel_registry import get_kernel
     from tuner.plan.models import moe_problems

@@ -168,8 +168,7 @@ def undo_planning(opts: RunPlan) -> None:
 def sized(req: TuneRequest, settings, space, problems: list, gpu):
     """Without --trials, each M's budget from its pruned space (tuner/search/budget.py)."""
     from tuner.search.budget import pruned_sizes, sized_settings
-    return sized_settings(settings, pruned_sizes(space, problems, sorted(set(req.batch_sizes or [])), gpu),
-                          patience_given=req.patience is not None)
+    return sized_settings(settings, pruned_sizes(space, problems, sorted(set(req.batch_sizes or [])), gpu))
 
 
 def deployment_tp(req: TuneRequest, model, gpu):
