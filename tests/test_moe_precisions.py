@@ -330,3 +330,18 @@ def test_the_validation_list_runs_each_precision_case_on_the_launcher_that_runs_
                 assert set(cfg) <= set(kernel.config_keys)
     assert found.pop("fp8_w8a8") == {""}
     assert found and all(v == {"quant"} for v in found.values()), found
+
+
+def test_re_timing_tables_of_two_precisions_builds_a_measurer_for_each_launcher(monkeypatch):
+    """`tuner drift` and the nightly keep one measurer per kernel: an INT8 table and an FP8 one of
+    the same engine are two kernels (its integer launcher and its main one), not one."""
+    import tuner.measure.isolation as isolation
+    from tuner.jobs.drift import Measurers
+    made = []
+    monkeypatch.setattr(isolation, "isolated_gpu_measurer", lambda kernel, *a, **k: made.append(kernel) or kernel)
+    measurers = Measurers(get_gpu("H100"), device="cpu")
+    int8 = measurers.kernel("fused_moe", "vllm", {**PRECISIONS[0], "E": 8, "N": 128, "K": 256, "topk": 2})
+    fp8 = measurers.kernel("fused_moe", "vllm", {"dtype": "fp8_w8a8", "block_shape": [128, 128]})
+    assert (int8.variant, fp8.variant) == ("quant", "")
+    assert measurers(int8) is int8 and measurers(fp8) is fp8 and measurers(int8) is int8
+    assert made == [int8, fp8]

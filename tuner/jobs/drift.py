@@ -124,7 +124,7 @@ class Measurers:
                                       params=params), self.replay)
 
     def __call__(self, kernel: KernelSpec) -> Measurer:
-        key = (kernel.name, kernel.source)
+        key = (kernel.name, kernel.source, kernel.variant)       # an engine launcher's variant: a kernel of its own
         if key not in self._made:
             if self.replay:
                 from tuner.measure.device import device_name
