@@ -9,6 +9,7 @@ from tuner.commands.options import batch, device_option, parallel, seed, trust_o
 from tuner.errors import TunerError
 from tuner.pipeline.planning import command_dtype
 from tuner.plan.engines import ENGINE_NAMES
+from tuner.plan.precision import MOE_DTYPES
 
 
 def add_parser(sub, common) -> None:
@@ -28,7 +29,7 @@ def add_parser(sub, common) -> None:
     trust_option(chk)
     chk.add_argument("--tp", type=parallel, default=1)
     chk.add_argument("--ep", type=parallel, default=1)
-    chk.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
+    chk.add_argument("--dtype", default=None, choices=MOE_DTYPES,
                      help="moe: the tables' precision (default: the checkpoint's own, bf16 when it is not quantized)")
     chk.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
     chk.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,

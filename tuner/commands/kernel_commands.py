@@ -32,8 +32,9 @@ def common_options() -> Parser:
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
     g.add_argument("--gpu", required=True, help=gpu_keys_text())
-    g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
-                   "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
+    g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8, bf16, int8_w8a8, int8_w8a16 or "
+                   "int4_w4a16, default the checkpoint's own (its quantization_config, which also gives the blocks, "
+                   "K groups and zero points; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
     parallel_options(g)
     g.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")

@@ -66,7 +66,7 @@ def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: lis
     --baseline folder's, ours (a `tuned` row without a config says why there is none)."""
     from tuner.pipeline.baselines import load_baseline_table
     from tuner.plan.space import load_space
-    space = load_space(kernel)
+    space = load_space(kernel, problems=[problem])
     # equivalent forms (GROUP_SIZE_M folding, clamped K tiles) are one point: the one timed
     same = lambda entry: space.canonical(problem.params, M, gpu, config_from_entry(kernel, entry))  # noqa: E731
     out = [Contender("default", same(kernel.default_config(problem.params, M)),

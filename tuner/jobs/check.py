@@ -114,7 +114,7 @@ def run_check(kernel_name: str, table_path: Path, model, make_problems, routing:
     table = read_table(table_path)
     hint = source if source in ENGINE_NAMES else None
     engine, work, notes = table_problems(kernel_name, table_path, table, model, make_problems, routing, hint)
-    kernel = kernel_for(kernel_name, engine, source, origins)
+    kernel = kernel_for(kernel_name, engine, source, origins, params=work[0][0].params if work else None)
     log(f"kernel: {kernel.description} [{kernel.source_label}" + (f", {kernel.origin}]" if kernel.origin else "]"))
     log("device: " + (device_name(device, spec) if device == "cuda"
                       else f"{device_name(device, spec)}: Triton's interpreter (slow; a small model keeps it fast)"))

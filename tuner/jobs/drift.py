@@ -33,13 +33,13 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     from tuner.search.tied_choice import table_default
     roof = ceilings.load(measurer_for.gpu)
     for t in tables:                   # every entry checked before anything is timed
-        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine, t.problem.params)
         for key, entry in t.table.items():
             checked_config(kernel, entry, f"{t.path}: the entry for M={key}")
     rows = []
     for t in tables:
-        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
-        space = load_space(kernel)
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine, t.problem.params)
+        space = load_space(kernel, problems=[t.problem])
         measurer = measurer_for(kernel)
         for key in sorted(t.table, key=int):
             M = int(key)
@@ -116,10 +116,12 @@ class Measurers:
         self.policy = policy                 # how to time: --timing, --l2 (tuner/measure/policy.py)
         self._made: dict = {}
 
-    def kernel(self, name: str, engine: str) -> KernelSpec:
+    def kernel(self, name: str, engine: str, params: dict | None = None) -> KernelSpec:
+        """The kernel that times `engine`'s table of `name` (for a problem's `params`: the
+        engine launcher's variant that runs it)."""
         from tuner.plan.kernel_registry import as_recorded, kernel_for
-        return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay),
-                           self.replay)
+        return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay,
+                                      params=params), self.replay)
 
     def __call__(self, kernel: KernelSpec) -> Measurer:
         key = (kernel.name, kernel.source)

@@ -8,7 +8,7 @@ from tuner.measure import ceilings
 from tuner.measure.environment import installed_version
 from tuner.measure.policy import policy_text
 from tuner.pipeline.run_plan import RunPlan, run_storage
-from tuner.plan.engines import ENGINES
+from tuner.plan.engines import ENGINES, reading_note
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
 from tuner.search.budget import budget_lines, pruned_sizes
@@ -22,6 +22,7 @@ def plan_text(opts: RunPlan) -> str:
     lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
              f"  {opts.run_info.get('model', '')}  " + "  ".join(
                  f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
+             *([f"  precision: {opts.run_info['precision']}"] if opts.run_info.get("precision") else []),
              f"  kernel: {kernel_origin_text(k)}",
              f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
              f"keys {', '.join(k.config_keys)}",
@@ -62,7 +63,8 @@ def plan_text(opts: RunPlan) -> str:
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {most} measured configs")
     lines.append(expected_text(opts))
-    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
+    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines},
+                                  opts.problems[0].params if opts.problems else None)
     return "\n".join(lines)
 
 
@@ -103,10 +105,11 @@ def traffic_plan_lines(opts: RunPlan) -> list[str]:
     return lines
 
 
-def engine_reading_notes(table_kind: str, engines) -> list[str]:
-    """What makes each engine read tables of this kind on Hopper (tuner/plan/engines.py)."""
-    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
-            for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
+def engine_reading_notes(table_kind: str, engines, params: dict | None = None) -> list[str]:
+    """What makes each engine read tables of this kind (of the precision of `params`) on Hopper
+    (tuner/plan/engines.py)."""
+    notes = [(e, reading_note(e, table_kind, params)) for e in sorted(engines) if e in ENGINES]
+    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {note}" for e, note in notes if note]
 
 
 def timing_text(opts: RunPlan) -> str:
