@@ -107,3 +107,39 @@ def test_the_committed_h200_moe_studies_replayed_stop_early_within_2_percent():
         within += min(v for v in measured.values() if v) <= 1.02 * min(pts.values())
         spent, offered = spent + result.trials, offered + len(pts)
     assert offered == 400 and spent <= offered // 2 and within >= 14, (spent, within)
+
+
+def test_a_study_with_no_evidence_but_its_own_trials_waits_on_the_plateau_rule(tmp_path):
+    """A kernel known only from another project's landscape, at its only batch size: no cost model, no batch
+    size done. There the model, fitted to a few of its own points, stopped too soon (held-out pnpoly-rtx3060laptop
+    at 1.18x of the best where the plateau rule reaches 1.00x); such a study waits for 3/4 of its budget and then
+    half of it without a gain (stopping.plateau_rule). Before: it stopped on the model's word, well before 36."""
+    import importlib.util
+
+    import optuna
+
+    from tuner.measure.landscape import read_header, read_landscape
+    from tuner.measure.landscape_kernel import landscape_gpu, landscape_kernel, landscape_space
+    from tuner.measure.measurers import ReplayMeasurer
+    from tuner.search.runner import StudyRunner, default_settings
+    spec = importlib.util.spec_from_file_location("search_benchmark", REPO / "scripts" / "search_benchmark.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    values = [1, 2, 4, 8, 16, 32, 64, 128]
+    cache = {f"{a},{b},{c}": {"A": a, "B": b, "C": c, "time": 10.0 + abs(a - 8) / 4 + abs(b - 8) / 8 + c / 4}
+             for a in values for b in values for c in (0, 1, 2, 3)}
+    source = bench.Source("someone/hub", "c0ffee", "cache/bowl.json", "a bowl", None, {"A": 8, "B": 8, "C": 0},
+                          "a fixture's license")
+    path = bench.convert_cache({"device_name": "Fixture GPU", "kernel_name": "bowl", "problem_size": [64, 64],
+                                "tune_params_keys": ["A", "B", "C"], "tune_params": {"A": values, "B": values,
+                                                                                     "C": [0, 1, 2, 3]},
+                                "cache": cache}, "bowl", source, tmp_path)
+    header = read_header(path)
+    kernel = landscape_kernel(header)
+    land = read_landscape(path, kernel)
+    params = next(iter(land.problems.values()))
+    runner = StudyRunner(kernel, landscape_space(kernel, header), landscape_gpu(header), ReplayMeasurer(land),
+                         optuna.storages.InMemoryStorage(), default_settings(48))
+    result = runner.tune(Problem(kernel.name, params), 64, [("default", kernel.default_config(params, 64))])
+    assert result.trials >= 36, (result.trials, result.stopped)

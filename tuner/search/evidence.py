@@ -28,7 +28,8 @@ chance of a candidate is that its time, as the model predicts it, lies below the
 more than the gain: the incumbent is the measured config the model believes fastest.
 
 Where the kernel gives no work and no batch size was done (a landscape of another project, the
-first batch size), the study's own trials are all the evidence, and ALONE of them come first.
+first batch size), the study's own trials are all the evidence: such a study stops on the plateau rule
+(tuner/search/stopping.py plateau_rule), where this model was confident too soon.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class StopModel:
         # the unmeasured candidates likeliest to change the table, likeliest first (the last answer's):
         # what the search measures next to settle the question
         self.likeliest: list[tuple] = []
+
+    def alone(self) -> bool:
+        """No evidence but the study's own trials: no batch size done to read, no cost model's estimates."""
+        return not self.neighbours and not self.estimates
 
     @staticmethod
     def nearest(M: int, done: Mapping[int, object]) -> list[int]:

@@ -44,7 +44,7 @@ from tuner.search.identity import identity_differences, stored_identity, study_i
 from tuner.search.prior import PRIOR, agreement, earned_seeds, estimates, prior_seeds
 from tuner.search.samplers import make_sampler
 from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
-from tuner.search.stopping import StoppingRule
+from tuner.search.stopping import StoppingRule, plateau_rule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
 from tuner.search.stored_state import checked_result
 from tuner.search.study_match import check_identity, stored_choices
@@ -253,6 +253,8 @@ class StudyRunner:
         budget = s.budget_for(target.problem, target.M)
         rule = StoppingRule(budget, s.patience_for(target.problem, target.M), s.min_gain, seeds=len(target.seeds))
         model = None if rule.patience else self._stop_model(target, neighbours)    # --patience: its own stop
+        if model is not None and model.alone():          # no evidence but its own trials: the plateau
+            rule, model = plateau_rule(budget, s.min_gain, len(target.seeds)), None
         gain = float(s.row_gain)
         name = study_name(target.problem, target.M, source=self.kernel.source)
         idle = 0
