@@ -22,6 +22,7 @@ from kernels.fused_moe_spec import (
     expert_parallel,
     pairs_per_token,
 )
+from kernels.moe_quant import MoeQuant, dequantize_weight, fake_quant_activation, quantize_weight
 from tuner.plan.kernel_api import ROUTING_PREFIX, Params, recorded_routing_ids
 
 _weight_cache: dict = {}
@@ -29,19 +30,30 @@ _weight_cache: dict = {}
 
 def _weights(params: Params, device: str):
     """Random expert weights for a problem, made once and shared by every input set and M
-    (they are the large part: about 2 GB for DeepSeek-V3 at TP8)."""
-    key = (params["E"], params["N"], params["K"], params["dtype"], str(params.get("block_shape")), device)
+    (they are the large part: about 2 GB for DeepSeek-V3 at TP8); integer precisions laid
+    out as the engines' checkpoint loaders hold them (kernels/moe_quant.py)."""
+    mq = MoeQuant.of(params)
+    key = (params["E"], params["N"], params["K"], mq, device)
     if key in _weight_cache:
         return _weight_cache[key]
     _weight_cache.clear()
     E, N, K = params["E"], params["N"], params["K"]
     gen = torch.Generator(device=device).manual_seed(1234)
     w1s, w2s, s1s, s2s = [], [], [], []
+    z1s: list = []
+    z2s: list = []
     for e0 in range(0, E, 8):                 # a few experts at a time bounds the fp32 temporaries
         n_e = min(8, E - e0)
         w1 = torch.randn((n_e, 2 * N, K), generator=gen, device=device) / math.sqrt(K)
         w2 = torch.randn((n_e, K, N), generator=gen, device=device) / math.sqrt(N)
-        if params["dtype"] == "bf16":
+        if mq.int8:
+            for w, ws, ss, zs in ((w1, w1s, s1s, z1s), (w2, w2s, s2s, z2s)):
+                held = quantize_weight(w, mq)
+                ws.append(held["w"])
+                ss.append(held["scale"])
+                if held["zp"] is not None:
+                    zs.append(held["zp"])
+        elif params["dtype"] == "bf16":
             w1s.append(w1.to(torch.bfloat16))
             w2s.append(w2.to(torch.bfloat16))
         elif params.get("block_shape"):
@@ -55,7 +67,8 @@ def _weights(params: Params, device: str):
                 ws.append((w / scale[:, None, None]).to(FP8))
                 ss.append(scale.float())
     out = {"w1": torch.cat(w1s), "w2": torch.cat(w2s),
-           "w1_scale": torch.cat(s1s) if s1s else None, "w2_scale": torch.cat(s2s) if s2s else None}
+           "w1_scale": torch.cat(s1s) if s1s else None, "w2_scale": torch.cat(s2s) if s2s else None,
+           "w1_zp": torch.cat(z1s) if z1s else None, "w2_zp": torch.cat(z2s) if z2s else None}
     _weight_cache[key] = out
     return out
 
@@ -178,21 +191,30 @@ def reference(inputs: dict) -> torch.Tensor:
         tok, kk = torch.nonzero(ids == e, as_tuple=True)
         experts.append((e, tok, kk, tok * topk + kk))
 
+    mq = MoeQuant.of(p)
+
     def weight(name, e):
         scale = inputs[name + "_scale"]
+        if mq.int8:
+            zp = inputs.get(name + "_zp")
+            return dequantize_weight(inputs[name][e], None if scale is None else scale[e],
+                                     None if zp is None else zp[e], mq)
         return _dequant_weight(inputs[name][e], None if scale is None else scale[e], block_shape)
+
+    def activation(x):
+        return fake_quant_activation(x, mq) if mq.int8 else _fake_quant(x, quant, gk)
 
     if part == "down":
         act = inputs["act"]
     else:
-        x_q = _fake_quant(inputs["x"], quant, gk)
+        x_q = activation(inputs["x"])
         h = torch.zeros((M * topk, 2 * N), dtype=torch.float64, device=dev)
         for e, tok, kk, pair in experts:
             h[pair] = x_q[tok] @ weight("w1", e).T
         if part == "up":
             return h
         act = silu_and_mul(h.to(torch.bfloat16))
-    act_q = _fake_quant(act, quant, gk)          # per-tensor scales span all pairs
+    act_q = activation(act)                      # per-tensor scales span all pairs
     y = torch.zeros((M * topk, K), dtype=torch.float64, device=dev)
     for e, tok, kk, pair in experts:
         y[pair] = (act_q[pair] @ weight("w2", e).T) * wts[tok, kk][:, None]

@@ -74,9 +74,17 @@ def flops(params: Params, M: int) -> float:
     return 2.0 * local_pairs(params, M) * per_pair
 
 
+def element_bytes(params: Params) -> tuple[int, float]:
+    """(bytes of an activation element, of a weight element) the GEMMs load: 8-bit W8A8,
+    16-bit activations for bf16 and the weight-only precisions, half a byte an INT4 weight."""
+    dtype = params["dtype"]
+    act = 1 if dtype in ("fp8_w8a8", "int8_w8a8") else 2
+    return act, {"bf16": 2, "int4_w4a16": 0.5}.get(dtype, 1)
+
+
 def bytes_moved(params: Params, M: int) -> float:
     part = params.get("part", "op")
-    wbytes = 2 if params["dtype"] == "bf16" else 1
+    wbytes = element_bytes(params)[1]
     mats = {"op": 3, "pair": 3, "up": 2, "down": 1}[part]
     weights = expected_experts_touched(params, M) * mats * params["N"] * params["K"] * wbytes
     pairs = local_pairs(params, M)
@@ -87,15 +95,16 @@ def bytes_moved(params: Params, M: int) -> float:
 
 
 def shared_memory(params: Params, config: Config) -> int:
-    elt = 2 if params["dtype"] == "bf16" else 1
-    return config["num_stages"] * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"]) * config["BLOCK_SIZE_K"] * elt
+    act, weight = element_bytes(params)
+    return int(config["num_stages"] * (config["BLOCK_SIZE_M"] * act + config["BLOCK_SIZE_N"] * weight)
+               * config["BLOCK_SIZE_K"])
 
 
 def _grouped_gemm(params: Params, M: int, config: Config, n_out: int, k_in: int) -> Launch:
     """One grouped GEMM for the cost model: each touched expert's rows in BLOCK_SIZE_M blocks
     (the padding of its last block computed too), times the N tiles; every block streams its
     expert's weights over K."""
-    elt = 2 if params["dtype"] == "bf16" else 1
+    act, weight = element_bytes(params)
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     touched = max(expected_experts_touched(params, M), 1.0)
     per_expert = local_pairs(params, M) / touched
@@ -103,8 +112,8 @@ def _grouped_gemm(params: Params, M: int, config: Config, n_out: int, k_in: int)
     rows = int(min(bm, max(1, round(per_expert))))
     block = params.get("block_shape") or (bn, bk)
     scales = 4 * (rows + -(-bn // block[0])) if params.get("block_shape") else 0
-    weights = touched * n_out * k_in * elt
-    return Launch(blocks * -(-n_out // bn), -(-k_in // bk), bm, bn, bk, (rows + bn) * bk * elt + scales,
+    weights = touched * n_out * k_in * weight
+    return Launch(blocks * -(-n_out // bn), -(-k_in // bk), bm, bn, bk, int((rows * act + bn * weight) * bk) + scales,
                   config["num_stages"], config["num_warps"], shared_memory(params, config),
                   weights + local_pairs(params, M) * (n_out + k_in) * 2, 2.0 * local_pairs(params, M) * n_out * k_in)
 
@@ -144,11 +153,19 @@ def measurement_note(params: Params) -> str:
         if params.get("shared_experts") else "")
 
 
+def refuses(params: Params) -> str | None:
+    """Our kernel's precisions: bf16 and FP8 (block, per tensor)."""
+    if params.get("dtype") in ("bf16", "fp8_w8a8"):
+        return None
+    return (f"our fused MoE runs bf16 and fp8_w8a8 only, not {params.get('dtype')}: time the engines' own kernels "
+            "(--kernel-source engine)")
+
+
 SPEC = KernelSpec(
     name="fused_moe",
     table_kind="fused_moe",
-    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "part", "routing",
-                  "up_config"),
+    problem_keys=("E", "N", "K", "topk", "shared_experts", "ep", "dtype", "block_shape", "group_size", "zero_point",
+                  "part", "routing", "up_config"),
     config_keys=MATMUL_CONFIG_KEYS,
     make_inputs=from_code(INPUTS, "make_inputs"),
     run=from_code(CODE, "run"),
@@ -165,5 +182,6 @@ SPEC = KernelSpec(
     m_tiles=m_tiles,
     layers_per_pass=from_code("tuner.plan.layers", "moe_table_layers"),
     measurement_note=measurement_note,
+    refuses=refuses,
     description="fused MoE (sorted tokens, grouped GEMMs)",
 )

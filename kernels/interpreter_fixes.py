@@ -1,8 +1,8 @@
 """Work-arounds for Triton's CPU interpreter (TRITON_INTERPRET=1), which CI runs kernels in.
 
-Triton 3.6's interpreter truncates float32 -> bfloat16 casts, rounds float -> fp8 half-up
-(losing the carry out of the mantissa), and multiplies bfloat16 dot operands as their raw
-uint16 bits. Kernels take an `INTERPRET` constexpr and, only when it is set, round to the
+Triton 3.6's interpreter truncates float32 -> bfloat16 casts, casts integers to bfloat16 as
+raw bits, rounds float -> fp8 half-up (losing the carry out of the mantissa), and multiplies
+bfloat16 dot operands as their raw uint16 bits. Kernels take an `INTERPRET` constexpr and, only when it is set, round to the
 target grid themselves (so the cast is exact) or upcast dot operands. Compiled kernels
 never run this code: on a GPU the hardware rounds to nearest even.
 """
@@ -45,9 +45,10 @@ def dot(a, b, INTERPRET: tl.constexpr):
 
 
 def patch_interpreter() -> None:
-    """The same two fixes inside Triton's interpreter itself, for kernels we run but do not
-    edit (the engines'): float32 -> bfloat16 casts round to nearest even, and bfloat16 dot
-    operands are multiplied as numbers. Only under TRITON_INTERPRET=1; idempotent."""
+    """The same fixes inside Triton's interpreter itself, for kernels we run but do not
+    edit (the engines'): float32 -> bfloat16 casts round to nearest even, integer -> bfloat16
+    casts take the value (the INT8 W8A16 kernel's), and bfloat16 dot operands are multiplied
+    as numbers. Only under TRITON_INTERPRET=1; idempotent."""
     if not interpreting():
         return
     import numpy as np
@@ -62,8 +63,9 @@ def patch_interpreter() -> None:
     cast_impl, create_dot = builder.cast_impl, builder.create_dot
 
     def rounding_cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            data = np.asarray(src.data, dtype=np.float32)
+        if dst_type.scalar == tl.bfloat16 and (src.dtype.scalar == tl.float32 or src.dtype.scalar.is_int()):
+            # an integer source (INT8 weights to bf16) would otherwise land as raw bits
+            data = np.asarray(src.data).astype(np.float32)
             bits = data.view(np.uint32)
             rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
             return ti.TensorHandle(np.where(np.isnan(data), np.uint16(0x7FC0), rounded), dst_type.scalar)

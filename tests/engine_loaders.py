@@ -32,11 +32,12 @@ LOADERS = {
         "vllm/utils/platform_utils.py": ["get_device_name_as_file_name"],
         "vllm/model_executor/layers/fused_moe/fused_moe.py": ["get_config_file_name", "get_moe_configs",
                                                               "try_get_optimal_moe_config"],
+        "vllm/model_executor/layers/fused_moe/config.py": ["_get_config_dtype_str"],
         "vllm/model_executor/layers/quantization/utils/fp8_utils.py": ["get_w8a8_block_fp8_configs"],
     },
     "sglang": {
         "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py":
-            ["get_config_file_name", "get_moe_configs", "try_get_optimal_moe_config"],
+            ["get_config_file_name", "get_moe_configs", "try_get_optimal_moe_config", "get_config_dtype_str"],
         "sglang/kernels/ops/gemm/fp8_kernel.py": ["get_w8a8_block_fp8_configs"],
     },
 }
@@ -127,7 +128,9 @@ def load_loaders(engine: str, site: Path, device_name: str, triton_version: str,
             "get_device_name": lambda *a: device_name,
             "get_exec": lambda: SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=False)),
             "triton": SimpleNamespace(__version__=triton_version),
-            "torch": SimpleNamespace(_dynamo=SimpleNamespace(is_compiling=lambda: False)),
+            # the dtype-string functions compare a dtype with torch.float (the activation's: bf16 here)
+            "torch": SimpleNamespace(_dynamo=SimpleNamespace(is_compiling=lambda: False), dtype=object,
+                                     float="torch.float32", bfloat16="torch.bfloat16"),
             "log_info_on_rank0": lambda lg, msg, *a: lg.info(msg, *a),
             "get_default_config": lambda *a, **k: dict(DEFAULT),
             **shared,

@@ -41,11 +41,13 @@ import triton.language as tl
 
 from kernels.fp8_gemm import FP8_MAX, per_token_group_quant_fp8
 from kernels.fused_moe import silu_and_mul as _silu_and_mul
+from kernels.moe_quant import per_token_group_quant_int8, per_token_quant_int8
 
 VLLM_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 VLLM_ALIGN = "vllm/model_executor/layers/fused_moe/moe_align_block_size.py"
 VLLM_UTILS = "vllm/model_executor/layers/fused_moe/utils.py"
 VLLM_GEMM = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
+VLLM_EXPERTS = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 SGL_RUNNER = "sglang/srt/layers/moe/moe_runner/triton_utils"
 SGL_KERNELS = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
 SGL_GEMM = "sglang/kernels/ops/gemm/fp8_kernel.py"
@@ -111,10 +113,17 @@ def sglang_moe_align_op(topk_ids, buckets, block_size, sorted_ids, expert_ids, n
 
 
 def _quantize_input(A, A_scale, quant_dtype, per_act_token_quant=False, block_shape=None, **kw):
-    """vLLM's moe_kernel_quantize_input (dynamic quantization only)."""
-    assert A_scale is None and not per_act_token_quant
+    """vLLM's moe_kernel_quantize_input (dynamic quantization only): FP8 per 128-wide group or
+    per tensor; INT8 per token (its per_token_quant_int8) or per token group."""
+    assert A_scale is None
     if quant_dtype is None:
         return A, None
+    if quant_dtype == torch.int8:
+        if block_shape is not None:
+            return per_token_group_quant_int8(A, block_shape[1])
+        assert per_act_token_quant
+        return per_token_quant_int8(A)
+    assert not per_act_token_quant
     if block_shape is not None:
         return per_token_group_quant_fp8(A, block_shape[1])
     return _per_tensor(A)
@@ -208,6 +217,8 @@ def sglang_wrappers(folder: Path, version: str, kernels: dict, config: dict, dow
         silu_and_mul=_silu_into, per_token_group_quant=_group_quant,
         sglang_per_token_group_quant_fp8=lambda A, k: per_token_group_quant_fp8(A, k),
         per_token_group_quant_fp8=lambda A, k: per_token_group_quant_fp8(A, k), scaled_fp8_quant=_per_tensor,
+        per_token_quant_int8=per_token_quant_int8, sglang_per_token_group_quant_int8=per_token_group_quant_int8,
+        per_token_group_quant_int8=per_token_group_quant_int8,
         _use_moe_sum_reduce_torch_compile=lambda n: False,
         moe_sum_reduce=lambda x, out, scale: torch.sum(x, dim=1, out=out).mul_(scale),
         _B_DESC_CACHE=OrderedDict(), _B_DESC_CACHE_MAX=8, _TMA_ALLOCATOR_SET=True,
@@ -224,6 +235,54 @@ def sglang_wrappers(folder: Path, version: str, kernels: dict, config: dict, dow
         take_functions(zf, SGL_GEMM, ["w8a8_block_fp8_matmul_triton", "select_w8a8_block_fp8_matmul_kernel",
                                       "prepare_block_fp8_matmul_inputs"], ns)
     return ns
+
+
+def take_method(zf: zipfile.ZipFile, rel: str, cls: str, name: str, namespace: dict):
+    """A class's method from the wheel's file, verbatim, as a plain function of `namespace`
+    (its `self` is whatever the caller passes)."""
+    tree = ast.parse(zf.read(rel).decode())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    fn.decorator_list = []
+    code = compile(ast.Module(body=[fn], type_ignores=[]), f"<{zf.filename}:{rel}:{cls}>", "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    exec(code, namespace)
+    return namespace[name]
+
+
+def vllm_wna16_apply(folder: Path, version: str, kernels: dict, config: dict, quant: dict):
+    """vLLM's TritonWNA16Experts.apply of `version` (the group-wise MoE as it serves it), with
+    invoke_fused_moe_wna16_triton_kernel and get_moe_wna16_block_config from the wheel and
+    `config` as the table's row; `quant`: w1_scale, w2_scale, w1_zp, w2_zp, use_int4_w4a16,
+    use_int8_w8a16, block_shape ([0, group]). Returns apply(output, hidden, w1, w2, weights, ids)."""
+    ns = _common(kernels)
+    ns.update(try_get_optimal_moe_config=lambda *a, **k: dict(config),
+              _resize_cache=lambda x, v: x.flatten()[: int(torch.tensor(v).prod())].view(*v),
+              moe_kernel_quantize_input=_quantize_input, current_platform=SimpleNamespace(is_cuda=lambda: True),
+              ops=SimpleNamespace(moe_align_block_size=vllm_moe_align_op), round_up=lambda x, m: -(-x // m) * m)
+    with zipfile.ZipFile(wheel(folder, "vllm", version)) as zf:
+        take_functions(zf, VLLM_MOE, ["invoke_fused_moe_wna16_triton_kernel", "get_moe_wna16_block_config"], ns)
+        take_functions(zf, VLLM_ALIGN, ["moe_align_block_size"], ns)
+        apply = take_method(zf, VLLM_EXPERTS, "TritonWNA16Experts", "apply", ns)
+    quant_config = SimpleNamespace(use_int4_w4a16=quant["use_int4_w4a16"], use_int8_w8a16=quant["use_int8_w8a16"],
+                                   w1_zp=quant["w1_zp"], w2_zp=quant["w2_zp"], config_name=lambda dtype: None)
+    this = SimpleNamespace(
+        quant_config=quant_config, w1_scale=quant["w1_scale"], w2_scale=quant["w2_scale"],
+        block_shape=quant["block_shape"], quant_dtype=None, per_act_token_quant=False,
+        moe_problem_size=lambda a1, w1, w2, ids: (w1.shape[0], a1.size(0), w1.shape[1], a1.size(-1), ids.size(1)),
+        adjust_N_for_activation=lambda N, act: N // 2,
+        activation=lambda act, out, inp: _silu_into(inp, out),
+        moe_sum=lambda inp, out: torch.sum(inp, dim=1, out=out))
+
+    def run(output, hidden, w1, w2, topk_weights, topk_ids):
+        M, top_k = topk_ids.shape
+        N2, K = w1.shape[1], hidden.shape[1]
+        workspace13 = torch.empty(M * top_k * max(N2, K), dtype=hidden.dtype)
+        workspace2 = torch.empty(M * top_k * max(N2, K), dtype=hidden.dtype)
+        apply(this, output, hidden, w1, w2, topk_weights, topk_ids, "silu", w1.shape[0], None, None, None,
+              workspace13, workspace2, None, False)
+        return output
+    return run
 
 
 # -- recording launches -----------------------------------------------------------------------

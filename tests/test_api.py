@@ -168,3 +168,26 @@ def test_a_nightly_job_with_a_bad_option_refuses_the_night_before_it_writes(tmp_
     assert main(["nightly", str(cfg), "--night", "n1"]) == 2
     assert "job 'also': --tp must be at least 1, not -1" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "n1" / "bad").exists()
+
+
+# The jobs' commands and their requests (issue 53): each command's options are fields of its request.
+JOB_REQUESTS = {"proof": "ProofRequest", "nightly": "NightlyRequest", "drift": "DriftRequest", "bench": "BenchRequest",
+                "report": "ReportRequest", "diff": "DiffRequest"}
+
+
+@pytest.mark.parametrize("command", sorted(JOB_REQUESTS))
+def test_a_jobs_request_has_every_option_of_its_command(command):
+    request = getattr(api, JOB_REQUESTS[command])
+    options = {a.dest for a in build_parser()._subparsers._group_actions[0].choices[command]._actions} - {"help"}
+    assert options and options <= {f.name for f in fields(request)}, options - {f.name for f in fields(request)}
+
+
+def test_a_job_runs_from_python_as_from_the_command_line(capsys):
+    """tuner.api.proof(ProofRequest(...)) prints what `tuner proof` prints and returns its status
+    (here --plan: the steps' time boxes, no GPU needed)."""
+    assert main(["proof", "--plan", "--device", "cpu", "--minutes", "9"]) == 0
+    printed = capsys.readouterr().out
+    assert api.proof(api.ProofRequest(plan=True, device="cpu", minutes=9)) == 0
+    assert capsys.readouterr().out == printed and "window" in printed
+    with pytest.raises(TunerError, match="--minutes must be more than 0"):
+        api.proof(api.ProofRequest(plan=True, device="cpu", minutes=0))

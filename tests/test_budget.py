@@ -1,5 +1,6 @@
 """Budgets sized by the space (tuner/search/budget.py, issue 43): without --trials each batch size's
-studies get trials from their pruned space, patience half of that, and the plan says what it chose."""
+studies get at most so many trials from their pruned space (a cap: they stop earlier on evidence,
+issue 48), and the plan says what it chose."""
 
 import re
 
@@ -23,12 +24,12 @@ def test_the_budget_grows_with_the_pruned_space_within_its_bounds():
     assert sizes == sorted(sizes)
 
 
-def test_patience_is_half_of_each_studys_own_budget_unless_given():
+def test_a_sized_budget_leaves_the_stop_to_the_evidence_unless_patience_is_given():
     p = Problem("fp8_gemm", {"N": 1, "K": 1})
-    s = sized_settings(default_settings(48), {1: 64, 4096: 1583}, patience_given=False)
+    s = sized_settings(default_settings(48), {1: 64, 4096: 1583})
     assert (s.budget_for(p, 1), s.budget_for(p, 4096)) == (24, 80)
-    assert (s.patience_for(p, 1), s.patience_for(p, 4096)) == (12, 40)
-    given = sized_settings(default_settings(48, patience=5), {1: 64, 4096: 1583}, patience_given=True)
+    assert (s.patience_for(p, 1), s.patience_for(p, 4096)) == (0, 0)        # 0: stop on evidence
+    given = sized_settings(default_settings(48, patience=5), {1: 64, 4096: 1583})
     assert given.patience_for(p, 1) == 5
 
 
@@ -36,7 +37,8 @@ def test_the_plan_prints_the_budget_it_chose_and_why(capsys):
     assert main(ARGS) == 0
     out = capsys.readouterr().out
     assert "budget sized by the space: 2*sqrt(pruned configs), 24..160 (--trials N fixes it)" in out
-    assert "patience half the budget" in out
+    assert "stop: when no config it has not measured is 2% likely to change the table" in out
+    assert "the budget is a cap" in out
     # the budget of each M from the pruned space the plan itself reports
     sizes = re.search(r"configs after pruning, per M: 1:(\d+) 4096:(\d+)", out).groups()
     pruned = dict(zip((1, 4096), map(int, sizes)))
@@ -53,7 +55,7 @@ def test_the_plan_prints_the_budget_it_chose_and_why(capsys):
 @pytest.mark.parametrize("ms", [list(range(1, 60))])
 def test_the_budget_lines_wrap_within_120_columns(ms):
     from tuner.search.budget import budget_lines
-    s = sized_settings(default_settings(48), {m: 64 * m for m in ms}, patience_given=False)
+    s = sized_settings(default_settings(48), {m: 64 * m for m in ms})
     lines = budget_lines(s, {m: 64 * m for m in ms})
     assert len(lines) > 1 and all(len(line) <= 120 for line in lines)
     assert sum(len(re.findall(r"\b\d+:\d+->\d+\b", line)) for line in lines) == len(ms)

@@ -103,11 +103,22 @@ def test_checkpoint_dtype(tmp_path, qc, expected):
 
 def test_an_unsupported_quantization_is_refused_unless_dtype_is_given(tmp_path, capsys):
     f = tmp_path / "config.json"
+    f.write_text(json.dumps({**QWEN_BF16, "quantization_config": {"quant_method": "mxfp4"}}))
+    argv = ["moe", "--model", str(f), "--gpu", "H200", "--batch-sizes", "1", "--dry-run", "--kernel-source", "ours"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "quantized as mxfp4" in err and "give --dtype" in err
+
+
+def test_our_kernel_refuses_an_int4_checkpoint_in_one_line(tmp_path, capsys):
+    """An AWQ INT4 checkpoint is planned from its quantization_config (issue 52); our kernel
+    has no group-wise INT4 launch, and says so before anything is timed."""
+    f = tmp_path / "config.json"
     f.write_text(json.dumps({**QWEN_BF16, "quantization_config": {"quant_method": "awq", "bits": 4}}))
     argv = ["moe", "--model", str(f), "--gpu", "H200", "--batch-sizes", "1", "--dry-run", "--kernel-source", "ours"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "quantized as int4_w4a16" in err and "give --dtype" in err
+    assert err.count("\n") == 1 and "--kernel-source ours: our fused MoE runs bf16 and fp8_w8a8 only" in err
     assert main(argv + ["--dtype", "bf16"]) == 0
 
 

@@ -1,4 +1,4 @@
-"""The choice of a study's config (tuner/search/runner.py, StudyRunner._finish and .conclude): the
+"""The choice of a study's config (tuner/search/runner.py, StudyRunner._finish, and conclusion.conclude): the
 finalists and the default are timed again together and the default competes like any
 finalist, so a table never holds a config slower than the default measured in that same
 re-time. Over a SYNTHETIC landscape; the re-time differs from the search's times as noise
@@ -107,6 +107,7 @@ def test_concluding_tied_tables_lets_the_default_win_only_with_the_shared_keys(l
     runner, searched = tune(ReplayMeasurer(landscape), storage)
     measured = sorted((t, c) for c, t in runner.measured(PROBLEM, M).items() if t is not None)
     from tuner.plan.kernel_api import config_dict
+    from tuner.search.conclusion import conclude
     # a key standing for the one SGLang's up and down tables share (BLOCK_SIZE_M). Not
     # BLOCK_SIZE_K: since rule block_k_is_group the space holds only the group's 128
     key = "num_warps"
@@ -117,9 +118,9 @@ def test_concluding_tied_tables_lets_the_default_win_only_with_the_shared_keys(l
     other = [config_dict(KERNEL, c) for _, c in measured if c[i] != default[key]][:2]
     assert same and other
     runner.measurer = NoisyRetime(landscape, default, slower=10.0)
-    kept = runner.conclude(PROBLEM, M, same, default, shared=shared)
+    kept = conclude(runner, PROBLEM, M, same, default, shared=shared)
     assert kept.config == default and kept.speedup == 1.0
     # a default with another shared key would break the tie between the two tables: not a candidate
     runner.measurer = NoisyRetime(landscape, default, slower=10.0)
-    tied = runner.conclude(PROBLEM, M, other, default, shared=shared)
+    tied = conclude(runner, PROBLEM, M, other, default, shared=shared)
     assert tied.config == other[0] and tied.speedup < 1.0

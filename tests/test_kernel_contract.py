@@ -27,32 +27,43 @@ from tuner.search.runner import StudyResult
 GPU = get_gpu("H200")
 MOE = {"E": 8, "N": 128, "K": 256, "topk": 2, "dtype": "fp8_w8a8", "block_shape": [128, 128], "routing": "uniform"}
 # Tiny problems per kernel, and where an engine's kernel takes others (SGLang's fused MoE
-# times its up and down tables, with the shared expert fused in as expert E-1).
+# times its up and down tables, with the shared expert fused in as expert E-1; the engines'
+# launchers' "quant" variants take the integer precisions, issue 52: INT8 W8A8 per channel and in
+# blocks, INT8 W8A16 per channel, INT4 in K groups on the group-wise kernel's own space).
+INT4 = {"dtype": "int4_w4a16", "block_shape": None, "group_size": 64, "zero_point": True}
 PROBLEMS = {
     "fp8_gemm": [{"N": 256, "K": 256, "block_shape": [128, 128]}],
     "fused_moe": [{**MOE, "part": "op"}],
     ("fused_moe", "sglang"): [{**MOE, "E": 9, "shared_experts": 1, "part": "up"},
                               {**MOE, "E": 9, "shared_experts": 1, "part": "down"}],
+    ("fused_moe", "vllm", "quant"): [{**MOE, "dtype": "int8_w8a8", "block_shape": None, "part": "op"},
+                                     {**MOE, "dtype": "int8_w8a16", "block_shape": None, "part": "op"},
+                                     {**MOE, **INT4, "part": "op"}],
+    ("fused_moe", "sglang", "quant"): [{**MOE, "dtype": "int8_w8a8", "part": "up"}, {**MOE, **INT4, "part": "down"}],
     "mla_decode": [{"heads": 16, "kv_lora_rank": 512, "qk_rope_dim": 64, "page_size": 16, "context": 48}],
 }
 BATCH_SIZES = (1, 5)
 
-PAIRS = list(itertools.product(kernel_registry.KERNEL_MODULES, kernel_registry.KERNEL_SOURCES))
+PAIRS = [(n, s, "") for n, s in itertools.product(kernel_registry.KERNEL_MODULES, kernel_registry.KERNEL_SOURCES)] + \
+    [("fused_moe", s, v) for s in kernel_registry.KERNEL_SOURCES if s != "ours"
+     for v in kernel_registry.launcher_variants(s)]
 pytestmark = pytest.mark.triton
 
 
 # an engine's kernel comes from its wheel (TUNER_ENGINE_WHEELS), ours from the repository
 @pytest.fixture(scope="module", params=[pytest.param(p, marks=() if p[1] == "ours" else pytest.mark.ci_variables)
-                                        for p in PAIRS], ids=[f"{n}@{s}" for n, s in PAIRS])
+                                        for p in PAIRS], ids=[f"{n}@{s}" + (f"({v})" if v else "") for n, s, v in PAIRS])
 def spec(request):
-    name, source = request.param
+    name, source, variant = request.param
     try:
-        return kernel_registry.get_kernel(name, source)
+        return kernel_registry.get_kernel(name, source, variant=variant)
     except TunerError as e:
         pytest.skip(f"{name} from {source}: {e}")
 
 
 def problems_of(spec):
+    if spec.variant:
+        return PROBLEMS[(spec.name, spec.source, spec.variant)]
     return PROBLEMS.get((spec.name, spec.source), PROBLEMS[spec.name])
 
 
@@ -109,8 +120,8 @@ def test_inputs_are_a_function_of_their_seed(spec):
 
 @pytest.mark.parametrize("M", BATCH_SIZES)
 def test_the_default_config_is_a_point_of_the_space(spec, M):
-    space = load_space(spec)
     for params in problems_of(spec):
+        space = load_space(spec, problems=[params])          # the space of the jit kernel it launches
         default = space.canonical(params, M, GPU, spec.default_config(params, M))
         assert set(default) == set(spec.config_keys)
         outside = {k: v for k, v in default.items() if v not in space.choices[k]}

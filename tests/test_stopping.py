@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.search.stopping import BUDGET, CONVERGED, EXHAUSTED, StoppingRule, trials_since_gain
+from tuner.search.stopping import BUDGET, CONFIDENCE, CONVERGED, EXHAUSTED, MIN_TRIALS, StoppingRule, trials_since_gain
 
 
 @pytest.mark.parametrize("outcomes,since", [
@@ -41,8 +41,8 @@ def test_exhausted_when_every_candidate_is_measured_or_the_sampler_is_stuck():
     assert rule.reason(5, 6, [3.0, 2.0, 1.0, 0.5, 0.2], idle_rounds=4) == EXHAUSTED
 
 
-def test_converged_after_patience_without_a_gain_once_the_seeds_are_measured():
-    rule = StoppingRule(budget=48, patience=3, seeds=4, fair_share=0.0)
+def test_with_patience_converged_after_patience_without_a_gain_once_the_seeds_are_measured():
+    rule = StoppingRule(budget=48, patience=3, seeds=4)
     flat = [5.0, 6.0, 6.0, 6.0]                                    # 3 trials without a gain
     assert trials_since_gain(flat, 0.005) == 3
     # 4 measured < seeds + patience = 7: the seeds might still hold the winner
@@ -53,23 +53,53 @@ def test_converged_after_patience_without_a_gain_once_the_seeds_are_measured():
 
 
 def test_a_small_budget_converges_at_the_budget_not_after_the_seeds():
-    # min(budget, seeds + patience): with budget 4 the rule never asks for 7 measured
     rule = StoppingRule(budget=4, patience=2, seeds=5)
     assert rule.reason(3, 100, [5.0, 6.0, 6.0]) is None
     assert rule.reason(4, 100, [5.0, 6.0, 6.0, 6.0]) == BUDGET
 
 
 def test_failures_count_towards_convergence():
-    rule = StoppingRule(budget=48, patience=3, fair_share=0.0)
+    rule = StoppingRule(budget=48, patience=3)
     assert rule.reason(4, 100, [5.0, None, None, None]) == CONVERGED
     assert rule.reason(4, 100, [None, None, None, 5.0]) is None   # the first time is a gain
 
 
-def test_no_convergence_before_a_fair_share_of_the_budget():
-    # A plateau of `patience` trials early on is no reason to stop: the search must have
-    # measured three quarters of its budget (36 of 48) first.
-    rule = StoppingRule(budget=48, patience=16, seeds=2)
-    plateau = [5.0] + [6.0] * 34                                   # 35 measured, 34 without a gain
-    assert rule.reason(35, 1000, plateau) is None
-    assert rule.reason(36, 1000, plateau + [6.0]) == CONVERGED
-    assert rule.reason(36, 1000, plateau[:20] + [4.0] + [6.0] * 15) is None   # a gain 15 trials ago
+class Asked:
+    """The model's chance, counting how often the rule asked it."""
+    def __init__(self, chance):
+        self.chance, self.calls = chance, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.chance
+
+
+def test_the_evidence_stops_a_study_long_before_three_quarters_of_its_budget():
+    # issue 48: no wait for a share of the budget; the model's chance of a table-changing gain decides
+    rule = StoppingRule(budget=48, seeds=6)
+    unlikely, likely = Asked(1 - CONFIDENCE - 0.001), Asked(0.3)
+    assert rule.reason(8, 1000, [5.0] * 8, chance=unlikely) == CONVERGED
+    assert rule.reason(8, 1000, [5.0] * 8, chance=likely) is None
+    assert rule.reason(47, 1000, [5.0] * 47, chance=likely) is None            # the budget is a cap, no more
+    assert rule.reason(48, 1000, [5.0] * 48, chance=likely) == BUDGET
+
+
+def test_the_evidence_is_asked_only_once_the_seeds_and_a_few_trials_are_measured():
+    rule = StoppingRule(budget=48, seeds=6)
+    sure = Asked(0.0)
+    assert rule.reason(5, 1000, [5.0] * 5, chance=sure) is None and sure.calls == 0    # a seed is not measured yet
+    assert rule.reason(6, 1000, [5.0] * 6, chance=sure) == CONVERGED and sure.calls == 1
+    early = StoppingRule(budget=48, seeds=1)
+    assert early.reason(MIN_TRIALS - 1, 1000, [5.0] * 3, chance=sure) is None       # too few to judge by
+    assert early.reason(MIN_TRIALS, 1000, [5.0] * 4, chance=sure) == CONVERGED
+    # the budget, an exhausted space and a stuck sampler are said without asking the model
+    never = Asked(0.0)
+    assert rule.reason(48, 1000, [5.0] * 48, chance=never) == BUDGET
+    assert rule.reason(9, 9, [5.0] * 9, chance=never) == EXHAUSTED and never.calls == 0
+
+
+def test_without_evidence_or_patience_only_the_budget_and_the_space_stop_a_study():
+    rule = StoppingRule(budget=48, seeds=2)
+    plateau = [5.0] + [6.0] * 40
+    assert rule.reason(41, 1000, plateau) is None                  # no plateau rule unless --patience gave one
+    assert rule.reason(48, 1000, plateau + [6.0] * 7) == BUDGET

@@ -17,18 +17,22 @@ from typing import Callable
 from tuner import __version__
 from tuner.commands import (
     audit,
+    bench,
     ceilings,
     check,
     coverage,
+    drift,
     engine_source,
     install,
     kernel_commands,
     landscape,
+    nightly,
+    proof,
+    report,
     worker,
 )
 from tuner.commands.options import Parser
 from tuner.errors import Terminated, TunerError
-from tuner.jobs import bench, drift, nightly, proof, report
 
 
 # Each command's options and run live in its module under tuner/commands/; this list says the

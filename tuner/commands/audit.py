@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel_options, resolve_tp, seed
+from tuner.commands.options import batch, parallel_options, seed
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
+from tuner.pipeline.command_problems import resolve_tp
 from tuner.plan.engine_releases import versions_text
 from tuner.plan.engines import ENGINE_NAMES
 from tuner.plan.gpus import gpu_keys_text
+from tuner.plan.precision import MOE_DTYPES
 
 # the small model --numerics runs rows on without a GPU: the repository's, wherever the user stands
 NUMERICS_MODEL = CONFIGS_DIR / "examples" / "small-moe.json"
@@ -30,8 +32,12 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--model", default=None, help="name in configs/models/ or a Hugging Face config.json")
     aud.add_argument("--gpu", default=None, help=gpu_keys_text())
     parallel_options(aud)
-    aud.add_argument("--dtype", default=None, choices=("fp8_w8a8", "bf16"),
-                     help="default: the checkpoint's (fp8_w8a8 when its quantization_config is fp8, else bf16)")
+    aud.add_argument("--dtype", default=None, choices=MOE_DTYPES,
+                     help="default: the checkpoint's (its quantization_config: fp8_w8a8, int8_w8a8, int8_w8a16, "
+                          "int4_w4a16; bf16 when it has none)")
+    aud.add_argument("--disable-shared-experts-fusion", action="store_true",
+                     help="SGLang's flag of that name: the shared expert is not folded into the fused MoE (E counts "
+                          "the routed experts only)")
     aud.add_argument("--engine-version", default=None, metavar="V",
                      help="the engine's version (checked against the package's; alone: audit override folders only); "
                      f"the releases tuner knows: {versions_text()}")
@@ -154,9 +160,10 @@ def run(args) -> int:
     else:
         from tuner.plan.models import load_model
         from tuner.plan.precision import resolve_dtype
-        dtype = resolve_dtype(model, args.dtype, ("fp8_w8a8", "bf16"), "audit")
+        dtype = resolve_dtype(model, args.dtype, MOE_DTYPES, "audit")
         numerics_model = load_model(args.numerics_model or str(NUMERICS_MODEL)) if args.numerics else None
-        report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ))
+        report = audit_deployment(inst, model, gpu, args.tp, args.ep, dtype, batches, override_dir, dict(os.environ),
+                                  fuse_shared=not args.disable_shared_experts_fusion)
         if args.numerics:
             seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
             run_numerics(report, inst, numerics_model, seed, log=lambda line: print(line, flush=True))

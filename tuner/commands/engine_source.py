@@ -54,13 +54,13 @@ def run(args) -> int:
     if args.action != "extract":
         raise TunerError("say what to do: `tuner engine-source fetch vllm==0.33.0` or "
                          "`tuner engine-source extract --engine vllm --out DIR`")
-    from tuner.plan.kernel_registry import launcher
+    from tuner.plan.kernel_registry import engine_files
     from tuner.plan.kernel_sources import extract
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file")
     tables = engine_tables(args.engine, args.source)
-    folder = extract(args.engine, args.source, out, launcher(args.engine).FILES, tables)
+    folder = extract(args.engine, args.source, out, engine_files(args.engine), tables)
     files = sorted(p for p in folder.rglob("*.py"))
     size = sum(p.stat().st_size for p in files)
     print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) and {len(tables)} config tables in {folder}/; "

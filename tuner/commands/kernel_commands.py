@@ -32,8 +32,9 @@ def common_options() -> Parser:
     g.add_argument("--model", required=True, help="name in configs/models/ (deepseek-v3, ...) or a path to "
                    "a Hugging Face config.json or one of our YAML files")
     g.add_argument("--gpu", required=True, help=gpu_keys_text())
-    g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8 or bf16, default the checkpoint's own "
-                   "(its quantization_config; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
+    g.add_argument("--dtype", default=None, help="precision (moe: fp8_w8a8, bf16, int8_w8a8, int8_w8a16 or "
+                   "int4_w4a16, default the checkpoint's own (its quantization_config, which also gives the blocks, "
+                   "K groups and zero points; bf16 when it has none); gemm: fp8_w8a8; mla: bf16 KV cache)")
     parallel_options(g)
     g.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                    help="batch sizes to tune (default: the engines' grid, 1 to 4096; mla: 1 to 256)")
@@ -44,11 +45,11 @@ def common_options() -> Parser:
                    "(the plan lists the keys)")
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=positive, default=None,
-                   help="measured configs per batch size (default: sized by its pruned space, 2*sqrt(configs) "
-                   "within 24..160, as the plan prints; with --traffic 48 for gemm, 32 for moe and mla, split by traffic)")
+                   help="measured configs per batch size at most (default: sized by its pruned space, 2*sqrt(configs) "
+                   "within 24..160, as the plan prints; with --traffic 48 for gemm, 32 for moe and mla, split by "
+                   "traffic); a study stops earlier when no config it has not measured is likely to change the table")
     s.add_argument("--patience", type=positive, default=None,
-                   help="stop a study after this many trials without a 0.5%% gain, once 3/4 of the budget "
-                   "is measured (default half the budget)")
+                   help="stop a study after this many trials without a 0.5%% gain instead (default: on that evidence)")
     s.add_argument("--sampler", default=SAMPLERS[0], choices=SAMPLERS,
                    help="gp (default): a Gaussian process over the study's own candidates; tpe, random: Optuna's")
     s.add_argument("--seed", type=seed, default=0, help="sampler seed (0 to 2^32-1)")
@@ -164,12 +165,3 @@ def run(args) -> int:
     return 0
 
 
-def problem_builder(args, command: str):
-    """(kernel name, model -> problems) of a kernel command, as tuning builds them."""
-    from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, mla_problems, moe_problems
-    if command == "gemm":
-        return "fp8_gemm", lambda model: gemm_problems(model, args.tp, args.ep)
-    if command == "moe":
-        return "fused_moe", lambda model: moe_problems(model, args.tp, args.ep, args.dtype, args.routing, args.engines)
-    return "mla_decode", lambda model: mla_problems(model, args.tp, args.contexts or DEFAULT_CONTEXTS,
-                                                    args.page_size)[0]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import Parser, batch, context, page, parallel_options, resolve_tp
+from tuner.commands.options import Parser, batch, context, page, parallel_options
 from tuner.errors import TunerError
+from tuner.pipeline.command_problems import problem_builder, resolve_tp
 from tuner.pipeline.planning import command_dtype
 from tuner.pipeline.request import DTYPES
 from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES
@@ -49,7 +49,9 @@ def run(args) -> int:
         if source not in ("ours", *ENGINE_NAMES):
             raise TunerError(f"{args.file}: its header names kernel source {str(source)[:40]!r}, not ours or "
                              f"one of {', '.join(ENGINE_NAMES)}")
-        kernel = get_kernel(header["kernel"], source, load_code=False) if source != "ours" else get_kernel(header["kernel"])
+        variant = str(header.get("kernel_variant") or "")
+        kernel = (get_kernel(header["kernel"], source, load_code=False, variant=variant) if source != "ours"
+                  else get_kernel(header["kernel"]))
         for line in describe(read_landscape(args.file, kernel)):
             print(line)
         return 0
@@ -57,7 +59,7 @@ def run(args) -> int:
         raise TunerError("say what to do: `tuner landscape synth ...` or `tuner landscape info FILE`")
     from tuner.measure.synthetic import write_synthetic_landscape
     from tuner.plan.gpus import get_gpu
-    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.kernel_registry import engine_variant, get_kernel
     from tuner.plan.models import load_model
     from tuner.plan.space import load_space
 
@@ -70,8 +72,6 @@ def run(args) -> int:
     check_writable(out, "--out", folder=False)
     gpu = get_gpu(args.gpu)
     kernel_name, make = problem_builder(args, args.kernel)
-    kernel = get_kernel(kernel_name, args.kernel_source, load_code=False) if args.kernel_source != "ours" \
-        else get_kernel(kernel_name)
     model = load_model(args.model)
     resolve_tp(args, model, gpu)
     args.dtype = command_dtype(args.kernel, model, args.dtype)
@@ -80,9 +80,13 @@ def run(args) -> int:
         problems = [p for p in problems if args.kernel_source in p.engines]
         if not problems:
             raise TunerError(f"{args.kernel_source} reads none of this model's {kernel_name} tables")
+    kernel = get_kernel(kernel_name, args.kernel_source, load_code=False,
+                        variant=engine_variant(kernel_name, args.kernel_source, problems[0].params)) \
+        if args.kernel_source != "ours" else get_kernel(kernel_name)
     ms = sorted(set(args.batch_sizes or kernel.batch_sizes or DEFAULT_BATCH_SIZES))     # the kernel's grid
     remove_stale_temporaries_of(out)          # what a killed synth of this file left (never continued)
-    n = write_synthetic_landscape(out, kernel, load_space(kernel), gpu, [p.params for p in problems], ms)
+    n = write_synthetic_landscape(out, kernel, load_space(kernel, problems=problems), gpu, [p.params for p in problems],
+                                  ms)
     again = f"replaced {out} (an earlier SYNTHETIC landscape): " if replacing else ""
     print(f"{again}wrote {n} SYNTHETIC points ({len(problems)} problems x {len(ms)} batch sizes) to {out}: "
           "a cost model, not a GPU; replay it with --replay to try the tool, never to choose configs")

@@ -99,12 +99,3 @@ def parallel_options(group) -> None:
     group.add_argument("--per-rank", action="store_true", help=PER_RANK_HELP)
 
 
-def resolve_tp(args, model, gpu, say=print):
-    """args.tp set to the deployment's (tuner/plan/deployment.py check_tp), its line said."""
-    from tuner.plan.deployment import check_tp
-    from tuner.plan.precision import checkpoint_dtype
-    chosen = check_tp(model, gpu, args.tp, args.ep, checkpoint_dtype(model), getattr(args, "per_rank", False))
-    args.tp = chosen.tp
-    if chosen.line:
-        say(chosen.line)
-    return chosen

@@ -38,6 +38,7 @@ from tuner.emit.engine_tables import (
     loader_source_readable,
 )
 from tuner.errors import TunerError
+from tuner.plan.engine_rules.schema import precision_rule
 from tuner.plan.engines import (
     TABLE_FAMILIES,
     TableFamily,
@@ -208,13 +209,41 @@ def _siblings(family: TableFamily, resolved: Resolved, cuda_name: str, package, 
     return out
 
 
-def deployment_problems(model, tp: int, ep: int, dtype: str, engine: str) -> list:
+def _needed_keys(family: TableFamily, params: dict, table: dict, where: str) -> list[Finding]:
+    """Rows without a key the precision's launch passes to its kernel from the row as it is
+    (vLLM's group-wise MoE: SPLIT_K)."""
+    rule = precision_rule(family.precisions, params) if family.kind == "fused_moe" else None
+    if rule is None or not rule.row_needs:
+        return []
+    lacking = sorted(M for M, e in table.items() if isinstance(e, dict) and any(k not in e for k in rule.row_needs))
+    if not lacking:
+        return []
+    return [Finding("error", "bad_row", f"entries lack {', '.join(rule.row_needs)}: {rule.kernel}'s launch passes the "
+                                        "row as the kernel's arguments and raises TypeError without it", where,
+                    lacking)]
+
+
+def _unfused(family: TableFamily, problem, cuda_name: str, inst: Installation, override) -> str | None:
+    """For a fused-MoE table with the shared expert folded in (E = routed + 1) that the loader
+    does not find: the file it would read for the routed experts alone, if there is one."""
+    params = problem.params
+    if not params.get("shared_experts"):
+        return None
+    alone = {k: v for k, v in params.items() if k != "shared_experts"} | {"E": params["E"] - params["shared_experts"]}
+    name, up_name = table_names(family, Problem(problem.kernel, alone), cuda_name)
+    res = resolve_table(family, name, inst.files, override, inst.triton, down_of=up_name)
+    if not res.found or not res.rel:
+        return None
+    return res.rel[len(family.folder) + 1:] if res.rel.startswith(family.folder + "/") else res.rel
+
+
+def deployment_problems(model, tp: int, ep: int, dtype: str, engine: str, fuse_shared: bool = True) -> list:
     """The kernel problems one GPU runs that read an engine table: the fused MoE (vLLM's
     layer, SGLang's up and down) and, for block-FP8 checkpoints, every GEMM shape."""
     from tuner.plan.models import gemm_problems, moe_problems
     problems = []
     if model.is_moe:
-        problems += moe_problems(model, tp, ep, dtype, engines=[engine])
+        problems += moe_problems(model, tp, ep, dtype, engines=[engine], fuse_shared=fuse_shared)
     if dtype == "fp8_w8a8" and model.weight_block_size:
         problems += [p for p in gemm_problems(model, tp, ep) if engine in p.engines]
     if not problems:
@@ -224,14 +253,16 @@ def deployment_problems(model, tp: int, ep: int, dtype: str, engine: str) -> lis
 
 
 def audit_deployment(inst: Installation, model, gpu, tp: int, ep: int, dtype: str, batches: Batches,
-                     override_dir: Path | None, env: dict, detail: bool = True) -> AuditReport:
-    """Resolve and check every table the deployment reads (see the module docstring).
+                     override_dir: Path | None, env: dict, fuse_shared: bool = True,
+                     detail: bool = True) -> AuditReport:
+    """Resolve and check every table the deployment reads (see the module docstring);
+    `fuse_shared=False`: as SGLang runs with --disable-shared-experts-fusion.
     detail=False: which file is read and the findings about that (no table, fallbacks, keys,
     K, backend), without the loader's functions compared, each row's checks and per-M rows
     (`tuner coverage`, hundreds of deployments, compares the loader once per installation)."""
     engine = inst.engine
     override = FolderFiles(override_dir) if override_dir is not None else None
-    problems = deployment_problems(model, tp, ep, dtype, engine)
+    problems = deployment_problems(model, tp, ep, dtype, engine, fuse_shared)
     families = [table_family(engine, kind) for kind in ("fused_moe", "fp8_gemm")]
     report = AuditReport("deployment", {
         "engine": engine, "version": inst.version, "source": inst.origin, "triton": inst.triton,
@@ -270,7 +301,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
     override_here = override if family.env_var else None
     resolved = resolve_table(family, name, inst.files, override_here, inst.triton, down_of=up_name)
     ka = KernelAudit(kind, part, problem, family, resolved)
-    ka.reads, ka.reads_why = backend_reads_table(inst.engine, kind, ep, env)
+    ka.reads, ka.reads_why = backend_reads_table(inst.engine, kind, ep, env, params)
     if not ka.reads:
         ka.findings.append(Finding("warning", "not_read", ka.reads_why, ka.where))
     where = ka.where
@@ -285,6 +316,11 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
                 places = "looked in every triton_* folder"
             ka.findings.append(Finding("warning", "no_table", f"{inst.label} finds no such file ({places}): its default "
                                        "config runs at every M", name))
+        unfused = _unfused(family, problem, gpu.cuda_name, inst, override_here)
+        if unfused:
+            ka.findings.append(Finding("warning", "unfused_table", f"{unfused} is for the {params['E'] - 1} routed "
+                                       f"experts alone: {inst.engine} reads it only with --disable-shared-experts-"
+                                       f"fusion (it folds the shared expert in as expert {params['E'] - 1})", name))
         for sib in _siblings(family, resolved, gpu.cuda_name, inst.files, override_here, inst.triton) if detail else []:
             ka.findings.append(Finding("warning", "device_name",
                                        f"{sib} is for another variant of this GPU: {inst.engine} looks up "
@@ -319,6 +355,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
     if resolved.how != "the up table":
         ka.findings += row_findings(family, table, where, block, K, device) if detail else []
         ka.findings += key_findings(list(table), where, batches)
+        ka.findings += _needed_keys(family, params, table, where)
     up_table = up.table if (up is not None and part == "down" and resolved.how != "the up table") else None
     if up_table is not None and up is not None and detail:
         ka.findings += pair_findings(up_table, table, where, batches, family)

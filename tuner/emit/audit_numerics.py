@@ -53,7 +53,7 @@ def run_numerics(report: AuditReport, inst: Installation, numerics_model, seed: 
             if ka.table is None or not ka.rows:
                 continue
             if ka.kind not in measurers:
-                kernel = kernel_for(ka.kind, inst.engine, inst.engine, [origin])
+                kernel = kernel_for(ka.kind, inst.engine, inst.engine, [origin], params=ka.problem.params)
                 measurers[ka.kind] = isolated_gpu_measurer(kernel, spec.key, compile_workers=0, device=device)
             measurer = measurers[ka.kind]
             kernel = measurer.kernel

@@ -34,6 +34,7 @@ KINDS = {
     "block_k_above_block": "rows with BLOCK_SIZE_K above the weight block",
     "k_mismatch": "tables of ours tuned for another K than the layer's (the file name has no K)",
     "no_table": "no table: the engine's default config runs",
+    "unfused_table": "tables for the routed experts alone (read only with --disable-shared-experts-fusion)",
     "triton_fallback": "tables of another Triton version (SGLang's fallback)",
     "truncated": "truncated tables (a contiguous slice of the engines' grid)",
     "far_keys": f"batch sizes whose nearest key is more than {FAR_KEY_FACTOR}x away",

@@ -48,7 +48,7 @@ from tuner.paths import (  # noqa: F401 (inside: used by the audit and tests)
     writable_folder,
 )
 from tuner.plan.batch_keys import batch_key
-from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, table_family
+from tuner.plan.engines import ENGINE_NAMES, ENGINES, TABLE_FAMILIES, reading_note, table_family
 
 log = logging.getLogger("tuner")
 BACKUP_ROOT = Path(os.environ.get("TUNER_BACKUP_DIR", Path.home() / ".cache" / "tuner" / "backups"))
@@ -118,17 +118,18 @@ def _power_of_two(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
-def validate_table(path: Path, engine: str, kind: str) -> dict:
+def validate_table(path: Path, engine: str, kind: str, params: dict | None = None) -> dict:
     """The table at `path`, if `engine`'s loader and kernel take it (else one clear line):
     a JSON object keyed by positive integer batch sizes (vLLM's MoE loader alone drops a
     'triton_version' key), each value a config of exactly the keys that engine's kernel
     reads, with positive integer values (power-of-two tiles, warps and splits) or JSON
     booleans for its switches."""
-    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.kernel_registry import engine_variant, get_kernel
     table = read_json(path, "table ", "; refusing to install it")
     if not isinstance(table, dict) or not table:
         raise TunerError(f"table {path} is not a non-empty JSON object of batch sizes")
-    spec = get_kernel(kind, engine, load_code=False) if _engine_has(kind, engine) else get_kernel(kind)
+    spec = (get_kernel(kind, engine, load_code=False, variant=engine_variant(kind, engine, params))
+            if _engine_has(kind, engine) else get_kernel(kind))
     allowed, required = set(spec.config_keys), set(spec.config_keys) - set(spec.optional_keys)
     # the keys the engine's loader drops before int() (vLLM's MoE loader: 'triton_version')
     family = TABLE_FAMILIES.get((engine, kind))
@@ -205,7 +206,7 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
             raise TunerError(f"{where}: {rel!r} leads out of {results}; refusing it")
         if not source.is_file():
             raise TunerError(f"the manifest lists {rel}, but {source} is missing")
-        validate_table(source, engine, kind)
+        validate_table(source, engine, kind, t.get("problem"))
         env = t.get("environment") or {}
         problems = []
         if not t.get("numerics_passed"):
@@ -262,9 +263,13 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")
-    for kind in sorted({t["files"][engine].split("/")[1] for t in tables}):
-        if kind in (eng.reads_on_hopper or {}):
-            notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {eng.reads_on_hopper[kind]}")
+    said = set()
+    for t in tables:
+        kind = t["files"][engine].split("/")[1]
+        note = reading_note(engine, kind, t.get("problem"))
+        if note and (kind, note) not in said:
+            said.add((kind, note))
+            notes.append(f"when {eng.facts_for} reads these {kind} tables on Hopper: {note}")
     return copies, notes
 
 

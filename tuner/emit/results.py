@@ -28,7 +28,7 @@ def write_tables(out_dir: Path, kernel: KernelSpec, problem: Problem, results: l
                  cuda_name: str, triton_version: str, engines: list[str]) -> dict[str, str]:
     """Write one table per engine that runs this problem; returns {engine: relative path}.
     M values without a validated config are left out (the engine then uses the nearest)."""
-    table = {r.M: table_entry(kernel, r.config) for r in results if r.config is not None}
+    table = {r.M: table_entry(kernel, r.config, problem.params) for r in results if r.config is not None}
     files: dict[str, str] = {}
     if not table:
         return files
@@ -303,7 +303,7 @@ def copied_tied_tables(kernel: KernelSpec, group: list[Problem], group_results: 
     table they are tied to at every M: not written, since the engine then reuses that table
     anyway, and `tuner audit` flags such a file as a copy that was never tuned."""
     from tuner.plan.kernel_api import table_entry
-    tables = {p.key: {r.M: table_entry(kernel, r.config) for r in rs if r.config is not None}
+    tables = {p.key: {r.M: table_entry(kernel, r.config, p.params) for r in rs if r.config is not None}
               for p, rs in zip(group, group_results)}
     return {p.key: f"the same configs as {p.tied_to} at every M: the engine reuses that table for it without a file"
             for p in group if p.tied_to and tables.get(p.key) and tables[p.key] == tables.get(p.tied_to)}

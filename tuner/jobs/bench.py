@@ -21,30 +21,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tuner.commands.kernel_commands import problem_builder
-from tuner.commands.options import (
-    batch,
-    context,
-    device_option,
-    page,
-    parallel_options,
-    positive,
-    resolve_tp,
-    trust_option,
-    workers,
-)
 from tuner.errors import TunerError
 from tuner.jobs.bench_output import BenchRow, bench_header, bench_table, traffic_lines, write_outputs
 from tuner.jobs.bench_references import reference_rows
+from tuner.jobs.requests import BenchRequest
 from tuner.measure.ceilings import Ceilings
 from tuner.measure.provenance import short_label, time_source
+from tuner.pipeline.command_problems import problem_builder, resolve_tp
 from tuner.pipeline.planning import command_dtype, kernel_runs, only_problems
 from tuner.pipeline.request import DTYPES
-from tuner.plan.engines import DEFAULT_BATCH_SIZES, ENGINE_NAMES, lookup_nearest
+from tuner.plan.engines import DEFAULT_BATCH_SIZES, lookup_nearest
 from tuner.plan.kernel_api import KernelSpec, config_dict, config_from_entry
 from tuner.plan.problems import Problem
 
@@ -76,7 +66,7 @@ def contenders(kernel: KernelSpec, gpu, problem: Problem, M: int, baselines: lis
     --baseline folder's, ours (a `tuned` row without a config says why there is none)."""
     from tuner.pipeline.baselines import load_baseline_table
     from tuner.plan.space import load_space
-    space = load_space(kernel)
+    space = load_space(kernel, problems=[problem])
     # equivalent forms (GROUP_SIZE_M folding, clamped K tiles) are one point: the one timed
     same = lambda entry: space.canonical(problem.params, M, gpu, config_from_entry(kernel, entry))  # noqa: E731
     out = [Contender("default", same(kernel.default_config(problem.params, M)),
@@ -164,95 +154,51 @@ def bench_kernel(kernel: KernelSpec, problems: list[Problem], batch_sizes: dict,
 
 
 
-def add_parser(sub, common) -> None:
-    """`tuner bench` and its options."""
-    bench = sub.add_parser("bench", help="time every contender per batch size against the roofline",
-                           description="Per problem and M: the engine's default config, the row each engine reads today, "
-                           "each shipped table "
-                           "(--baseline), our tuned table (--tuned), a landscape's best, and a reference outside "
-                           "Triton where one exists, timed together, with their spread and their fraction of the "
-                           "roofline. Writes bench-<device>-<date>.json, a Markdown report and a plot per problem.")
-    bench.add_argument("--model", required=True)
-    bench.add_argument("--gpu", required=True)
-    bench.add_argument("--kernel", required=True, choices=("moe", "gemm", "mla"))
-    parallel_options(bench)
-    bench.add_argument("--dtype", default=None, help="moe: fp8_w8a8 or bf16 (default: the checkpoint's own); "
-                       "gemm: fp8_w8a8")
-    bench.add_argument("--routing", choices=("uniform", "zipf"), default="uniform")
-    bench.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
-                       help="default: the engines' grid (mla: 32 64 128)")
-    bench.add_argument("--contexts", type=context, nargs="+", metavar="TOKENS", default=None,
-                       help="mla: context buckets (default 4096 8192 32768)")
-    bench.add_argument("--page-size", type=page, default=64, help="mla: KV cache page size")
-    bench.add_argument("--engines", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
-    bench.add_argument("--only", nargs="+", metavar="TEXT", default=None,
-                       help="bench only the problems whose key holds one of these texts")
-    bench.add_argument("--tuned", default=None, metavar="RUN_DIR", help="one of our results folders")
-    bench.add_argument("--baseline", nargs="+", default=None, metavar="DIR",
-                       help="folders of shipped tables, e.g. ../shared/baselines/vllm-0.33.0")
-    bench.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape (no GPU)")
-    bench.add_argument("--kernel-source", nargs="+", choices=("engine", "ours"), default=["engine"],
-                       help="whose kernels time the configs; several side by side (default: engine)")
-    bench.add_argument("--engine-source", nargs="+", metavar="PATH", default=None)
-    trust_option(bench)
-    bench.add_argument("--ceilings", default=None, metavar="FILE",
-                       help="measured ceilings (default bench/ceilings/<gpu>.json, else datasheet figures)")
-    bench.add_argument("--compile-workers", type=workers, default=min(16, os.cpu_count() or 1))
-    bench.add_argument("--measure-timeout", type=positive, default=120, metavar="S",
-                       help="seconds one config may take before it counts as hung (default 120)")
-    device_option(bench)
-    bench.add_argument("--out", required=True, metavar="DIR")
-    bench.add_argument("--traffic", default=None, metavar="FILE",
-                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): bench at the "
-                       "keys it chooses (unless --batch-sizes) and print the traffic-weighted speedups")
-    bench.add_argument("--quiet", action="store_true")
-
-
-def run(args) -> int:
+def run_bench(request: BenchRequest) -> int:
     import copy
 
     from tuner.measure import ceilings as ceilings_mod
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
 
-    if args.dtype is not None and args.dtype not in DTYPES[args.kernel]:
-        raise TunerError(f"--dtype {args.dtype} is not supported by `tuner bench --kernel {args.kernel}`")
-    if args.kernel == "mla":
-        args.contexts = args.contexts or [4096, 8192, 32768]
-    gpu = get_gpu(args.gpu)
-    model = load_model(args.model)
-    resolve_tp(args, model, gpu, say=(lambda line: None) if args.quiet else print)
+    if request.dtype is not None and request.dtype not in DTYPES[request.kernel]:
+        raise TunerError(f"--dtype {request.dtype} is not supported by `tuner bench --kernel {request.kernel}`")
+    if request.kernel == "mla":
+        request.contexts = request.contexts or [4096, 8192, 32768]
+    gpu = get_gpu(request.gpu)
+    model = load_model(request.model)
+    resolve_tp(request, model, gpu, say=(lambda line: None) if request.quiet else print)
     profile = None
-    if args.traffic:
+    if request.traffic:
         from tuner.plan.traffic import choose_keys, load_profile
-        if args.kernel == "mla":
+        if request.kernel == "mla":
             raise TunerError("--traffic applies to `tuner bench --kernel gemm|moe` (M = tokens per forward pass)")
-        profile = load_profile(args.traffic, args.tp)
-        args.batch_sizes = args.batch_sizes or choose_keys(profile).keys
-    batch_sizes = sorted(set(args.batch_sizes or ([32, 64, 128] if args.kernel == "mla" else DEFAULT_BATCH_SIZES)))
-    out = Path(args.out)
+        profile = load_profile(request.traffic, request.tp)
+        request.batch_sizes = request.batch_sizes or choose_keys(profile).keys
+    batch_sizes = sorted(set(request.batch_sizes or ([32, 64, 128] if request.kernel == "mla" else DEFAULT_BATCH_SIZES)))
+    out = Path(request.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file, not a folder")
     from tuner.jobs.bench_output import check_out
     check_out(out)
-    if args.replay and not Path(args.replay).is_file():
-        raise TunerError(f"landscape {args.replay} not found")
-    for folder in args.baseline or []:
+    if request.replay and not Path(request.replay).is_file():
+        raise TunerError(f"landscape {request.replay} not found")
+    for folder in request.baseline or []:
         if not Path(folder).is_dir():
             raise TunerError(f"--baseline {folder} is not a folder")
-    tuned = Path(args.tuned) if args.tuned else None
+    tuned = Path(request.tuned) if request.tuned else None
     if tuned is not None and not (tuned / "manifest.json").is_file():
         raise TunerError(f"--tuned {tuned} holds no manifest.json: not one of our results folders")
-    args.dtype = command_dtype(args.kernel, model, args.dtype)
+    request.dtype = command_dtype(request.kernel, model, request.dtype)
     from tuner.measure.device import device_name
-    ceilings = ceilings_mod.load(gpu, args.ceilings, device_name(args.device, gpu) if not args.replay else None)
-    kernel_name, make_problems = problem_builder(args, args.kernel)
-    problems = only_problems(make_problems(model), args.only)
-    baselines = [(Path(d).name, d) for d in args.baseline or []]
-    if not args.replay:
+    ceilings = ceilings_mod.load(gpu, request.ceilings, device_name(request.device, gpu) if not request.replay else None)
+    kernel_name, make_problems = problem_builder(request, request.kernel)
+    problems = only_problems(make_problems(model), request.only)
+    baselines = [(Path(d).name, d) for d in request.baseline or []]
+    if not request.replay:
         from tuner.measure.device import require
-        require(args.device, gpu, "a bench", "--replay FILE benches a recorded landscape")
-    say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+        require(request.device, gpu, "a bench", "--replay FILE benches a recorded landscape")
+    say = (lambda line: None) if request.quiet else (lambda line: print(line, flush=True))
     from tuner.paths import remove_stale_temporaries
     remove_stale_temporaries(out)           # what a killed bench's writes left (no live writer holds them)
     rows: list = []
@@ -260,19 +206,19 @@ def run(args) -> int:
     notes: list[str] = []
     benched: dict = {}
     try:
-        modes = list(dict.fromkeys(args.kernel_source))
-        if args.replay:
+        modes = list(dict.fromkeys(request.kernel_source))
+        if request.replay:
             from tuner.plan.kernel_registry import source_mode
-            recorded = source_mode(None, args.replay)
+            recorded = source_mode(None, request.replay)
             if len(modes) > 1:
                 say(f"note: a landscape holds one kernel's timings: benching {recorded}'s only")
             modes = [recorded if m == "engine" else m for m in modes[:1]]
         for mode in modes:
-            ns = copy.copy(args)
+            ns: Any = copy.copy(request)          # one kernel source at a time: what kernel_runs reads
             ns.kernel_source, ns.dry_run = mode, False
             for kernel, probs in kernel_runs(ns, kernel_name, problems, notes):
                 probs = one_per_key(probs)
-                measurer = bench_measurer(args, kernel, gpu)
+                measurer = bench_measurer(request, kernel, gpu)
                 measurers.append(measurer)
                 landscape = getattr(measurer, "landscape", None)
                 ms = {}
@@ -282,9 +228,9 @@ def run(args) -> int:
                         say(f"note: {p.key}: the landscape lacks M={','.join(str(m) for m in batch_sizes if m not in covered)}")
                     ms[p.key] = covered
                 rows += bench_kernel(kernel, probs, ms, gpu, ceilings, measurer, baselines, tuned,
-                                     landscape, progress=say, engines=args.engines, engine_source=args.engine_source)
+                                     landscape, progress=say, engines=request.engines, engine_source=request.engine_source)
                 benched.update({p.key: p for p in probs})
-        header = bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": args.tp, "ep": args.ep,
+        header = bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": request.tp, "ep": request.ep,
                                                                     "kernel": kernel_name}, out)
         if profile is not None:
             header["traffic"] = profile.as_manifest()

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.commands.options import device_option, fraction, parallel, trust_option
 from tuner.errors import TunerError
 from tuner.file_kinds import DRIFT_JSON
+from tuner.jobs.requests import DriftRequest
 from tuner.measure.measurers import Measurer
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.table_files import TableFile, find_tables
@@ -33,13 +33,13 @@ def measure_drift(tables: list[TableFile], measurer_for: "Measurers", noise: flo
     from tuner.search.tied_choice import table_default
     roof = ceilings.load(measurer_for.gpu)
     for t in tables:                   # every entry checked before anything is timed
-        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine, t.problem.params)
         for key, entry in t.table.items():
             checked_config(kernel, entry, f"{t.path}: the entry for M={key}")
     rows = []
     for t in tables:
-        kernel = measurer_for.kernel(t.problem.kernel, t.engine)
-        space = load_space(kernel)
+        kernel = measurer_for.kernel(t.problem.kernel, t.engine, t.problem.params)
+        space = load_space(kernel, problems=[t.problem])
         measurer = measurer_for(kernel)
         for key in sorted(t.table, key=int):
             M = int(key)
@@ -116,13 +116,15 @@ class Measurers:
         self.policy = policy                 # how to time: --timing, --l2 (tuner/measure/policy.py)
         self._made: dict = {}
 
-    def kernel(self, name: str, engine: str) -> KernelSpec:
+    def kernel(self, name: str, engine: str, params: dict | None = None) -> KernelSpec:
+        """The kernel that times `engine`'s table of `name` (for a problem's `params`: the
+        engine launcher's variant that runs it)."""
         from tuner.plan.kernel_registry import as_recorded, kernel_for
-        return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay),
-                           self.replay)
+        return as_recorded(kernel_for(name, engine, self.mode, self.engine_source, load_code=not self.replay,
+                                      params=params), self.replay)
 
     def __call__(self, kernel: KernelSpec) -> Measurer:
-        key = (kernel.name, kernel.source)
+        key = (kernel.name, kernel.source, kernel.variant)       # an engine launcher's variant: a kernel of its own
         if key not in self._made:
             if self.replay:
                 from tuner.measure.device import device_name
@@ -186,67 +188,33 @@ def traffic_lines(df: pd.DataFrame, tables: list[TableFile], profile, model, sou
     return lines
 
 
-def add_parser(sub, common) -> None:
-    """`tuner drift` and its options."""
-    drift = sub.add_parser("drift", help="does a table still beat the default config here?",
-                           description="Time each table's configs against the engines' default config on "
-                           "this GPU and software (or a landscape) and say, per M, whether the table still wins.")
-    drift.add_argument("tables", nargs="+", help="table files or folders (an engine's configs folder, a results folder)")
-    drift.add_argument("--gpu", required=True)
-    drift.add_argument("--model", default=None, help="needed for fused-MoE tables (hidden size, top-k)")
-    drift.add_argument("--routing", choices=("uniform", "zipf"), default="uniform",
-                       help="fused MoE: how tokens are routed to experts while timing: uniformly at random like "
-                       "the engines' tuners (default, as the tables were tuned), or Zipf-skewed like real traffic")
-    drift.add_argument("--replay", default=None, metavar="FILE", help="time from a landscape instead of the GPU")
-    drift.add_argument("--timing", choices=("graph", "eager"), default="graph",
-                       help="time CUDA-graph replays (default) or eager launches, as the tables were tuned")
-    drift.add_argument("--l2", choices=("cold", "warm"), default="cold", help="L2 flushed before each run, or warm")
-    drift.add_argument("--noise", type=fraction, default=0.02,
-                       help="a difference smaller than this fraction (or the measured spread, if larger) is a tie, "
-                       "`same` (default 0.02 = 2%%)")
-    drift.add_argument("--kernel-source", choices=("engine", "ours"), default=None,
-                       help="engine (default): each engine's table on that engine's own kernel; ours: on ours "
-                       "(with --replay: the landscape's)")
-    drift.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
-                       help="the engines' wheels or extracted folders (default: installed, then $TUNER_ENGINE_WHEELS)")
-    trust_option(drift)
-    drift.add_argument("--out", default=None, metavar="FILE", help="also write the rows as JSON")
-    drift.add_argument("--tp", type=parallel, default=None,
-                       help="with --traffic and --model: the TP the GEMM tables are for, for their layer counts "
-                       "(default: the first TP at which the model runs the shape)")
-    drift.add_argument("--traffic", default=None, metavar="FILE",
-                       help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight): also print "
-                       "the traffic-weighted speedup and, with --model, the per-pass estimate")
-    device_option(drift)
-
-
-def run(args) -> int:
+def run_drift(request: DriftRequest) -> int:
     from tuner.measure.failures import count_by_kind, summary
     from tuner.paths import atomic_write_json
     from tuner.plan.gpus import get_gpu
     from tuner.plan.models import load_model
 
-    gpu = get_gpu(args.gpu)
-    if args.replay and not Path(args.replay).is_file():
-        raise TunerError(f"landscape {args.replay} not found")
-    if args.out:                 # before timing: only drift's rows are replaced there
+    gpu = get_gpu(request.gpu)
+    if request.replay and not Path(request.replay).is_file():
+        raise TunerError(f"landscape {request.replay} not found")
+    if request.out:                 # before timing: only drift's rows are replaced there
         from tuner.paths import check_output
-        check_output(Path(args.out), DRIFT_JSON)
-    model = load_model(args.model) if args.model else None
+        check_output(Path(request.out), DRIFT_JSON)
+    model = load_model(request.model) if request.model else None
     profile = None
-    if args.traffic:
+    if request.traffic:
         from tuner.plan.traffic import load_profile
-        profile = load_profile(args.traffic, args.tp)
-    tables = find_tables(args.tables, model, args.routing)
-    measurers = Measurers(gpu, args.replay, kernel_source=args.kernel_source, engine_source=args.engine_source,
-                          device=args.device, policy={"timing": args.timing, "l2": args.l2})
+        profile = load_profile(request.traffic, request.tp)
+    tables = find_tables(request.tables, model, request.routing)
+    measurers = Measurers(gpu, request.replay, kernel_source=request.kernel_source, engine_source=request.engine_source,
+                          device=request.device, policy={"timing": request.timing, "l2": request.l2})
     try:
-        df = measure_drift(tables, measurers, args.noise)
+        df = measure_drift(tables, measurers, request.noise)
     finally:
         measurers.close()
     from tuner.measure.provenance import banner
-    print(banner(measurers.environment(), "replay" if args.replay else measurers.label))
-    print(policy_lines(measurers, args.tables))
+    print(banner(measurers.environment(), "replay" if request.replay else measurers.label))
+    print(policy_lines(measurers, request.tables))
     for line in drift_table(df):
         print(line)
     losing = df[df["verdict"].isin(["loses", "fails"])]
@@ -258,11 +226,11 @@ def run(args) -> int:
     if profile is not None:
         from tuner.measure.provenance import is_synthetic, time_source
         env = measurers.environment()
-        for line in traffic_lines(df, tables, profile, model, time_source(env, "replay" if args.replay else "gpu"),
-                                  args.tp, env.get("device"), is_synthetic(env)):
+        for line in traffic_lines(df, tables, profile, model, time_source(env, "replay" if request.replay else "gpu"),
+                                  request.tp, env.get("device"), is_synthetic(env)):
             print(line)
-    if args.out:
-        atomic_write_json(Path(args.out), df.to_dict(orient="records"), kind=DRIFT_JSON)
+    if request.out:
+        atomic_write_json(Path(request.out), df.to_dict(orient="records"), kind=DRIFT_JSON)
     return 0
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from tuner.errors import TunerError
 from tuner.file_kinds import NIGHT_JSON, NIGHT_MD
 from tuner.jobs.nightly_slot import slot_fields_ok
+from tuner.jobs.requests import NightlyRequest
 from tuner.measure.environment import nvml_index, nvml_snapshot, software_versions
 from tuner.paths import atomic_write_json, atomic_write_text, replaceable
 from tuner.plan.engines import ENGINE_NAMES
@@ -191,8 +192,8 @@ def environment_now(job: dict) -> dict:
 
 def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=None, jobs_left: int = 1,
             first: bool = False) -> dict:
-    from tuner import api
     from tuner.jobs.drift import Measurers, measure_drift
+    from tuner.jobs.install import install_results
     from tuner.jobs.report import write_diff
     from tuner.pipeline.tune import tune
     from tuner.plan.gpus import get_gpu
@@ -283,7 +284,7 @@ def run_job(job: dict, night_dir: Path, state: dict, noise: float, log, window=N
     elif job.get("install"):
         inst = job["install"]
         try:
-            api.install_results(out, inst["engine"], inst.get("site_packages") and str(inst["site_packages"]),
+            install_results(out, inst["engine"], inst.get("site_packages") and str(inst["site_packages"]),
                                 inst.get("moe_config_dir") and str(inst["moe_config_dir"]))
             result["installed"] = True
         except Exception as e:  # noqa: BLE001 - the tables are tuned either way; say why they stay here
@@ -415,23 +416,10 @@ def _run_jobs(cfg: dict, runs_dir: Path, night: str, night_dir: Path, state_path
     return EXIT_OK
 
 
-def add_parser(sub, common) -> None:
-    """`tuner nightly` and its options."""
-    night = sub.add_parser("nightly", help="check drift and retune the jobs of a YAML file",
-                           description="One night of the retune loop over configs/nightly.yaml's jobs; exit 0 "
-                           "fine, 3 a table regressed, 1 a job failed.")
-    night.add_argument("config", help="the jobs YAML (see configs/nightly.yaml)")
-    night.add_argument("--night", default=None, metavar="DATE", help="the night's folder name (default today)")
-    night.add_argument("--dry-run", action="store_true", help="print every job's plan; nothing measured or written")
-    night.add_argument("--synthetic", action="store_true",
-                       help="time the jobs without a landscape of their own on SYNTHETIC ones made on the fly (no GPU; "
-                            "into RUNS_DIR-synthetic)")
-    from tuner.commands.options import minutes
-    night.add_argument("--minutes", type=minutes, default=None, metavar="M",
-                       help="the night's slot: the jobs' retunes stop after M minutes, their tables written with "
-                       "what was tuned, and the next night (or window) with --minutes continues them")
 
 
-def run(args) -> int:
-    return run_night(Path(args.config), args.night, log=lambda line: print(line, flush=True), dry_run=args.dry_run,
-                     synthetic=args.synthetic, minutes=args.minutes, began=getattr(args, "started", None))
+def run_nightly(request: NightlyRequest) -> int:
+    """`tuner nightly` (tuner.api.nightly): one night, its lines printed as they come."""
+    return run_night(Path(request.config), request.night, log=lambda line: print(line, flush=True),
+                     dry_run=request.dry_run, synthetic=request.synthetic, minutes=request.minutes,
+                     began=request.started)

@@ -48,7 +48,7 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
             first = new[keys[0]]
             # the kernel that timed the table: the engine's own, or ours
             engine = next(iter(first.get("files") or {"tuner": None}))
-            kernel = measurers.kernel(first["kernel"], engine)
+            kernel = measurers.kernel(first["kernel"], engine, first["problem"])
             measure = measurers(kernel)
             for M in sorted(set.intersection(*(set(new[k]["entries"]) & set(old[k]["entries"]) for k in keys)), key=int):
                 prev_total = new_total = 0.0
@@ -77,13 +77,14 @@ def keep_better(prev_run: Path, new_run: Path, job: dict, noise: float) -> int:
     # rewrite every table of the new run from its (possibly updated) entries
     own_format: dict[str, list] = {}
     for t in new.values():
-        kernel = measurers.kernel(t["kernel"], next(iter(t.get("files") or {"tuner": None})))
+        kernel = measurers.kernel(t["kernel"], next(iter(t.get("files") or {"tuner": None})), t["problem"])
         if kernel.emit_table is not None:          # one file may hold several problems
             problem = Problem(kernel.name, t["problem"])
             results = [StudyRunner.result_from_dict(problem, int(m), e) for m, e in t["entries"].items()]
             own_format.setdefault(kernel.name, []).append((problem, results))
             continue
-        table = {int(m): table_entry(kernel, e["config"]) for m, e in t["entries"].items() if e.get("config")}
+        table = {int(m): table_entry(kernel, e["config"], t["problem"]) for m, e in t["entries"].items()
+                 if e.get("config")}
         for rel in t["files"].values():
             atomic_write_text(new_run / rel, table_json(table), root=new_run)
     for name, pairs in own_format.items():

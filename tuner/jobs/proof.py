@@ -40,12 +40,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.commands.options import device_option, trust_option
 from tuner.errors import TunerError
 from tuner.file_kinds import LOG, PROOF_BUNDLE, PROOF_ENV, PROOF_MD, PROOF_STEPS
 from tuner.jobs.proof_outcomes import step_outcome
 from tuner.jobs.proof_plan import CALLS, STEPS, STOP_GRACE_S, time_box  # noqa: F401 - STOP_GRACE_S: shared
 from tuner.jobs.proof_steps import Command, ProofSteps, _last_line, default_baselines, default_engine_source
+from tuner.jobs.requests import ProofRequest
 from tuner.measure.process_tree import child_of_this_process, stop_group
 from tuner.paths import REPO_ROOT, atomic_write_file, atomic_write_json, atomic_write_text, make_folder, open_for_append
 from tuner.plan.gpus import GpuSpec
@@ -356,82 +356,49 @@ def steps_of(call: str | None, steps: list[str] | None) -> list[str]:
     return list(steps or STEPS)
 
 
-def add_parser(sub, common) -> None:
-    """`tuner proof` and its options."""
-    proof = sub.add_parser("proof", help="the GPU run: one device command (scripts/gpu_proof.sh), then a local part",
-                           description="The device command (--call gpu): environment and ceilings, a MoE smoke test "
-                           "(stops the call when nothing is timed), the full kernel validation, then one window of "
-                           "tuning for the time left, continuing tuned/<device>/ (both engines' MoE tables, their "
-                           "GEMM tables, MLA decode, a landscape); local (no GPU): report and sampler study. Each "
-                           "step's box comes from the H200 run's measured times; each step is written before the "
-                           "next (and bundled into --bundle). --device cpu rehearses it with a tiny model (for CI).")
-    proof.add_argument("--gpu", default="H100", help="the GPU of the machine (default H100)")
-    proof.add_argument("--minutes", type=float, default=9.0,
-                       help="this call's budget for its steps (default 9: a 10-minute device command)")
-    proof.add_argument("--out", default=None, metavar="DIR",
-                       help="default bench/results/<gpu>-<date>/ (with --device cpu: runs/proof-cpu-device-...)")
-    proof.add_argument("--engine-source", nargs="+", metavar="PATH", default=None,
-                       help="the engines' code (default: the folders in .engine-src/, else the installed engines, "
-                       "else $TUNER_ENGINE_WHEELS)")
-    trust_option(proof)
-    proof.add_argument("--baselines", default=None, metavar="DIR",
-                       help="the engines' shipped tables (default .baselines/, else ../shared/baselines)")
-    proof.add_argument("--call", choices=tuple(CALLS), default=None,
-                       help="which part: gpu (the one device command), local (here, after)")
-    proof.add_argument("--steps", nargs="+", default=None, metavar="STEP",
-                       help=f"run only these steps (of: {' '.join(STEPS)}); the summary keeps earlier calls' steps")
-    proof.add_argument("--plan", action="store_true",
-                       help="print the steps' time boxes within --minutes (from the H200 run's measured times) and "
-                       "how much of the DeepSeek-V3 H200 work the window finishes, and stop (no GPU needed)")
-    proof.add_argument("--bundle", default=None, metavar="DIR",
-                       help="after every step, write the folder as one tarball (top folder bench/results/<name>) "
-                       "and summary.md into DIR (the device tool's $OUT)")
-    device_option(proof)
-
-
-def run(args) -> int:
+def run_proof(request: ProofRequest) -> int:
     from tuner.measure.device import require
     from tuner.plan.gpus import get_gpu
-    gpu = get_gpu(args.gpu)
-    if not 0 < args.minutes <= 24 * 60:            # NaN fails this too
-        raise TunerError(f"--minutes must be more than 0 and at most a day, not {args.minutes}")
-    steps = steps_of(args.call, args.steps)
+    gpu = get_gpu(request.gpu)
+    if not 0 < request.minutes <= 24 * 60:            # NaN fails this too
+        raise TunerError(f"--minutes must be more than 0 and at most a day, not {request.minutes}")
+    steps = steps_of(request.call, request.steps)
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise TunerError(f"--steps {' '.join(unknown)}: not a step; the steps are {' '.join(STEPS)}")
-    if args.plan:
+    if request.plan:
         from tuner.jobs.proof_plan import plan_lines
         for call in CALLS:
             chosen = [s for s in CALLS[call] if s in steps]
             if chosen:
-                print("\n".join(plan_lines(chosen, args.minutes, args.device, gpu=gpu,
-                                            engine_source=engine_sources(args.engine_source))))
+                print("\n".join(plan_lines(chosen, request.minutes, request.device, gpu=gpu,
+                                            engine_source=engine_sources(request.engine_source))))
         return 0
     if any(s not in CALLS["local"] for s in steps):
         from tuner.jobs.proof_plan import boxes_for, refuse_unfit
-        refuse_unfit([s for s in STEPS if s in steps], args.minutes, boxes_for(args.minutes, args.device == "cpu"))
-        if args.device == "cuda" and set(steps) & {"smoke", "validate", "window"}:
-            missing = ProofSteps(Path("."), gpu, args.minutes, args.device, default_engine_source()
-                                 if not args.engine_source else [os.path.abspath(e) for e in args.engine_source],
-                                 Path(args.baselines) if args.baselines else default_baselines()).missing_inputs()
+        refuse_unfit([s for s in STEPS if s in steps], request.minutes, boxes_for(request.minutes, request.device == "cpu"))
+        if request.device == "cuda" and set(steps) & {"smoke", "validate", "window"}:
+            missing = ProofSteps(Path("."), gpu, request.minutes, request.device, default_engine_source()
+                                 if not request.engine_source else [os.path.abspath(e) for e in request.engine_source],
+                                 Path(request.baselines) if request.baselines else default_baselines()).missing_inputs()
             if missing:
                 from tuner.jobs.proof_steps import MAKE_INPUTS
                 raise TunerError(f"missing {', '.join(missing)}: {MAKE_INPUTS}")
-        require(args.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
+        require(request.device, gpu, "the GPU proof", "--device cpu rehearses it on the CPU device")
     # absolute before anything runs: the steps run from the repository root, where a relative
     # --out would land in the checkout instead of where the user stands
-    out = Path(os.path.abspath(args.out)) if args.out else default_out(gpu, args.device)
+    out = Path(os.path.abspath(request.out)) if request.out else default_out(gpu, request.device)
     from tuner.paths import check_writable
     # both before the first step: a step's results that cannot be bundled would be lost
     check_writable(out, "--out")
-    if args.bundle:
-        check_writable(Path(args.bundle), "--bundle")
-    baselines = Path(args.baselines) if args.baselines else default_baselines()
-    if args.baselines and not Path(args.baselines).is_dir():
+    if request.bundle:
+        check_writable(Path(request.bundle), "--bundle")
+    baselines = Path(request.baselines) if request.baselines else default_baselines()
+    if request.baselines and not Path(request.baselines).is_dir():
         raise TunerError(f"--baselines {baselines} is not a folder")
-    engine_source = [os.path.abspath(e) for e in args.engine_source] if args.engine_source else None
-    proof = Proof(out, gpu, args.minutes, args.device, engine_source or default_engine_source(),
+    engine_source = [os.path.abspath(e) for e in request.engine_source] if request.engine_source else None
+    proof = Proof(out, gpu, request.minutes, request.device, engine_source or default_engine_source(),
                           Path(os.path.abspath(baselines)) if baselines else None,
-                          Path(os.path.abspath(args.bundle)) if args.bundle else None)
+                          Path(os.path.abspath(request.bundle)) if request.bundle else None)
     proof.check_outputs()
     return proof.execute(steps, log=lambda line: print(line, flush=True))

@@ -138,12 +138,14 @@ def validation_cases(model: str = "deepseek-v3", tp: int = 8) -> dict[str, int]:
     shapes benched, default configs at 2 batch sizes, each engine's shipped MoE tables at
     them), then ours on every problem of the model (MLA decode included) at 2 batch sizes."""
     from tuner.jobs.proof_steps import GEMM_SHAPES
+    from tuner.jobs.proof_validation import precision_case_problems
     from tuner.plan.models import DEFAULT_CONTEXTS, gemm_problems, load_model, mla_problems, moe_problems
     m = load_model(model)
     moe = {e: moe_problems(m, tp, 1, "fp8_w8a8", engines=[e]) for e in ("vllm", "sglang")}
     engines = sum(2 * len(ps) for ps in moe.values())                  # default configs, M = 1, 256
     engines += sum(2 * len(ps) for ps in moe.values())                 # their shipped tables at the same M
     engines += 2 * len(GEMM_SHAPES) * 2                                # both engines' GEMM kernels
+    engines += sum(len(precision_case_problems(m, tp, e)) for e in ("vllm", "sglang"))   # one M each (issue 52)
     ours = 2 * (len(moe_problems(m, tp, 1, "fp8_w8a8")) + len(gemm_problems(m, tp))
                 + min(2, len(mla_problems(m, tp, DEFAULT_CONTEXTS, 64)[0])))
     return {"engines": engines, "ours": ours}

@@ -100,6 +100,31 @@ def record(rows: list[dict], run: str, path: Path = LEDGER) -> tuple[int, int]:
 
 
 # -- the list ----------------------------------------------------------------------------
+# Issue 52: one case of each integer MoE precision on each engine kernel that runs it, at the
+# model's shapes: (--dtype, the quantization_config the weights are read as; None: the model's
+# own, where an FP8 block checkpoint gives INT8 its blocks and W8A16 is per channel).
+MOE_PRECISION_CASES = (("int8_w8a8", None), ("int8_w8a8", {"quant_method": "w8a8_int8"}), ("int8_w8a16", None),
+                       ("int8_w8a16", {"quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True}),
+                       ("int4_w4a16", {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}))
+
+
+def precision_case_problems(model, tp: int, engine: str) -> list:
+    """The first MoE problem of each MOE_PRECISION_CASES precision `engine` runs (SGLang: its up
+    table), the model's checkpoint read as that case's quantization_config."""
+    import dataclasses
+
+    from tuner.plan.engines import ENGINES
+    from tuner.plan.models import moe_problems
+    from tuner.plan.precision import moe_precision
+    out = []
+    for dtype, qc in MOE_PRECISION_CASES:
+        m = model if qc is None else dataclasses.replace(model, raw={**model.raw, "quantization_config": qc},
+                                                         weight_block_size=None)
+        if (dtype, moe_precision(m, dtype).scheme) in ENGINES[engine].moe_precisions:
+            out += moe_problems(m, tp, 1, dtype, engines=[engine])[:1]
+    return out
+
+
 def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list[int] | None):
     """(problem, engine, batch sizes) whose tables `source` times."""
     from tuner.plan.models import gemm_problems, mla_problems, moe_problems
@@ -116,6 +141,10 @@ def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list
     for p in moe_problems(model, tp, 1, "fp8_w8a8"):
         if source in ("ours", p.engines[0]) and wanted(p):
             yield p, p.engines[0], batch_sizes or [1, 64, 512]
+    if source != "ours":        # issue 52: one case of each integer precision on the engine's kernel
+        for p in precision_case_problems(model, tp, source):
+            if wanted(p):
+                yield p, source, (batch_sizes or [64])[-1:]
     if source == "ours" and model.is_mla:
         for p in mla_problems(model, tp, [4096, 32768], 64)[0]:
             if wanted(p):
@@ -125,7 +154,7 @@ def cases(source: str, model, tp: int, only: list[str] | None, batch_sizes: list
 def table_cases(paths: list[str], model, tp: int, batch_sizes: list[int] | None):
     """(engine, problem, M, config, label) of each shipped table's entries at `batch_sizes`
     (default 1, 256), on the model's shapes (`tuner check`'s reading of a table)."""
-    from tuner.commands.check import pick_batch_sizes, read_table, table_problems
+    from tuner.jobs.check import pick_batch_sizes, read_table, table_problems
     from tuner.plan.kernel_api import checked_config
     from tuner.plan.kernel_registry import get_kernel
     from tuner.plan.models import moe_problems
@@ -156,13 +185,14 @@ def groups(sources: list[str], model, tp: int, only: list[str] | None, batch_siz
     for source in sources:
         by_kernel: dict = {}
         for problem, engine, ms in cases(source, model, tp, only, batch_sizes):
-            kernel = kernel_for(problem.kernel, engine, source, engine_source)
-            by_kernel.setdefault(kernel.name, (kernel, []))[1].extend(
+            kernel = kernel_for(problem.kernel, engine, source, engine_source, params=problem.params)
+            # a launcher's variant (the integer MoE precisions) is a kernel of its own: a group of its own
+            by_kernel.setdefault((kernel.name, kernel.variant), (kernel, []))[1].extend(
                 (problem, M, kernel.default_config(problem.params, M), "default") for M in ms)
         for engine, problem, M, cfg, label in shipped:
             if engine == source:
                 kernel = kernel_for("fused_moe", engine, source, engine_source)
-                by_kernel.setdefault(kernel.name, (kernel, []))[1].append((problem, M, cfg, label))
+                by_kernel.setdefault((kernel.name, kernel.variant), (kernel, []))[1].append((problem, M, cfg, label))
         out += [(source, kernel, work) for kernel, work in by_kernel.values()]
     out.sort(key=lambda g: (g[0] == "ours", g[1].name != "fused_moe"))
     return out

@@ -12,11 +12,11 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.commands.options import fraction
 from tuner.emit.run_table import run_source
 from tuner.errors import TunerError
 from tuner.file_kinds import DIFF_MD, PLOT, PLOT_METADATA, REPORT_MD
 from tuner.jobs.report_traffic import geomean, label, number
+from tuner.jobs.requests import DiffRequest, ReportRequest
 from tuner.measure import failures
 from tuner.measure.provenance import is_loud
 from tuner.paths import Kind, atomic_write_file, atomic_write_text, check_output, check_writable, replaceable
@@ -360,21 +360,6 @@ def markdown_table(df: pd.DataFrame, floatfmt: str = ".2f") -> str:
     return "\n".join([head, rule, *body])
 
 
-def add_report_parser(sub, common) -> None:
-    """`tuner report` and its options."""
-    rep = sub.add_parser("report", help="tables and plots of a results folder; a bench file's verdict",
-                         description="Print a results folder's tuned times and speedups, and write a Markdown "
-                         "report with plots (RUN/report/report.md). Given a bench file (tuner bench's JSON): "
-                         "the fastest contender per M and the backend flag each engine should run.")
-    rep.add_argument("run", help="a results folder (with manifest.json), or a bench file")
-    rep.add_argument("--out", default=None, metavar="FILE", help="where the Markdown goes")
-    rep.add_argument("--traffic", default=None, metavar="FILE",
-                     help="a traffic profile (a vLLM/SGLang /metrics dump, or a CSV/JSON of M,weight) to judge the "
-                     "tables by (default: the one the run was tuned for, if any)")
-    rep.add_argument("--model", default=None,
-                     help="the model whose layer counts give the per-pass estimate (default: the run's)")
-
-
 def bench_verdict(path: Path) -> list[str]:
     """`tuner report BENCH.json`: a bench's verdict per M and the backend flag to run
     (tuner/emit/verdict.py), from the file checked on read (tuner/jobs/bench_file.py)."""
@@ -387,19 +372,19 @@ def bench_verdict(path: Path) -> list[str]:
     return [bench.banner, *verdict_lines(bench.rows, bench.kernel)]
 
 
-def run_report(args) -> int:
+def run_report(request: ReportRequest) -> int:
     from tuner.jobs.report import table_sections, write_report
-    if Path(args.run).is_file():
-        for line in bench_verdict(Path(args.run)):
+    if Path(request.run).is_file():
+        for line in bench_verdict(Path(request.run)):
             print(line)
         return 0
     from tuner.jobs.report_traffic import run_model, run_traffic, traffic_report_lines
-    run = Path(args.run)
+    run = Path(request.run)
     read_manifest(run)                      # not a results folder: one line, before the profile's
-    profile = run_traffic([run], args.traffic)
-    traffic = traffic_report_lines(run, profile, run_model([run], args.model)) if profile else None
-    df, path = write_report(run, Path(args.out) if args.out else None, traffic)
-    source = run_source(Path(args.run))
+    profile = run_traffic([run], request.traffic)
+    traffic = traffic_report_lines(run, profile, run_model([run], request.model)) if profile else None
+    df, path = write_report(run, Path(request.out) if request.out else None, traffic)
+    source = run_source(Path(request.run))
     print(source)
     for line in table_sections(df, ["M", "config", "time_us", "default_us", "speedup", "trials", "numerics",
                                     "failures"]):
@@ -418,35 +403,18 @@ def run_report(args) -> int:
     return 0
 
 
-def add_diff_parser(sub, common) -> None:
-    """`tuner diff` and its options."""
-    dif = sub.add_parser("diff", help="compare two results folders",
-                         description="Per problem and M: old time, new time, change, and whether it is "
-                         "beyond noise; writes a Markdown report with plots.")
-    dif.add_argument("old")
-    dif.add_argument("new")
-    dif.add_argument("--out", default=None, metavar="DIR", help="where diff.md and plots go (default NEW/diff)")
-    dif.add_argument("--noise", type=fraction, default=0.02, help="smallest change that counts (default 0.02 = 2%%)")
-    dif.add_argument("--force", action="store_true",
-                     help="compare runs that share no problem, or replace a diff.md of another comparison")
-    dif.add_argument("--traffic", default=None, metavar="FILE",
-                     help="a traffic profile to judge the change by (default: the one NEW, else OLD, was tuned for)")
-    dif.add_argument("--model", default=None,
-                     help="the model whose layer counts give the per-pass estimate (default: the runs')")
-
-
-def run_diff(args) -> int:
+def run_diff(request: DiffRequest) -> int:
     from tuner.jobs.report import write_diff
-    out = Path(args.out) if args.out else Path(args.new) / "diff"
+    out = Path(request.out) if request.out else Path(request.new) / "diff"
     from tuner.jobs.report_traffic import run_model, run_traffic, traffic_diff_lines
-    runs = [Path(args.new), Path(args.old)]
+    runs = [Path(request.new), Path(request.old)]
     for run in runs:
         read_manifest(run)                  # not a results folder: one line, before the profile's
-    profile = run_traffic(runs, args.traffic)
-    traffic = traffic_diff_lines(Path(args.old), Path(args.new), profile, run_model(runs, args.model)) \
+    profile = run_traffic(runs, request.traffic)
+    traffic = traffic_diff_lines(Path(request.old), Path(request.new), profile, run_model(runs, request.model)) \
         if profile else None
-    df, path = write_diff(Path(args.old), Path(args.new), out, args.noise, args.force, traffic)
-    sources = run_source(Path(args.old)), run_source(Path(args.new))
+    df, path = write_diff(Path(request.old), Path(request.new), out, request.noise, request.force, traffic)
+    sources = run_source(Path(request.old)), run_source(Path(request.new))
     print(f"old: {sources[0]}")
     print(f"new: {sources[1]}")
     if sources[0] != sources[1]:

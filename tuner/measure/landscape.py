@@ -95,7 +95,8 @@ def landscape_source(kernel: KernelSpec) -> dict:
     out = {"code_version": kernel.code_version} if kernel.code_version else {}
     if kernel.source == "ours":
         return out
-    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version, **out}
+    variant = {"kernel_variant": kernel.variant} if kernel.variant else {}      # the launcher's variant
+    return {"kernel_source": kernel.source, "kernel_source_version": kernel.source_version, **variant, **out}
 
 
 def _header(path: Path, line: str) -> dict:

@@ -135,13 +135,15 @@ def landscape_for_run(out: Path, kernel_name: str, source: str, gpu, problems: l
     """`tuner gemm|moe|mla --synthetic`: the SYNTHETIC landscape of the run's problems and batch
     sizes, written into its results folder (an earlier run's replaced), to replay."""
     from tuner.paths import make_folder
-    from tuner.plan.kernel_registry import get_kernel
+    from tuner.plan.kernel_registry import engine_variant, get_kernel
     from tuner.plan.space import load_space
-    kernel = get_kernel(kernel_name, source, load_code=False) if source != "ours" else get_kernel(kernel_name)
+    params = [p.params for p in problems if source == "ours" or source in p.engines]
+    kernel = (get_kernel(kernel_name, source, load_code=False,
+                         variant=engine_variant(kernel_name, source, params[0] if params else None))
+              if source != "ours" else get_kernel(kernel_name))
     path = out / f"synthetic-{kernel_name}.jsonl.gz"
     check_replaceable(path, "the run's landscape")
-    params = [p.params for p in problems if source == "ours" or source in p.engines]
-    space = load_space(kernel, space_path)
+    space = load_space(kernel, space_path, params)
     made_for = made_for_digest(kernel, space, gpu, params, sorted(set(batch_sizes)))
     if os.path.lexists(path) and _header_of(path).get("made_for") == made_for:
         # an earlier run's (a window before this one): the same points, so not made again (a window's start-up)

@@ -8,11 +8,12 @@ from tuner.measure import ceilings
 from tuner.measure.environment import installed_version
 from tuner.measure.policy import policy_text
 from tuner.pipeline.run_plan import RunPlan, run_storage
-from tuner.plan.engines import ENGINES
+from tuner.plan.engines import ENGINES, reading_note
 from tuner.plan.kernel_api import KernelSpec
 from tuner.plan.problems import Problem
 from tuner.search.budget import budget_lines, pruned_sizes
 from tuner.search.settings import StudyResult
+from tuner.search.stopping import CONFIDENCE
 from tuner.search.storage_urls import shown
 
 
@@ -21,6 +22,7 @@ def plan_text(opts: RunPlan) -> str:
     lines = [f"plan: {k.name} ({k.description}) on {gpu.cuda_name}",
              f"  {opts.run_info.get('model', '')}  " + "  ".join(
                  f"{key}={opts.run_info[key]}" for key in ("tp", "ep", "dtype") if key in opts.run_info),
+             *([f"  precision: {opts.run_info['precision']}"] if opts.run_info.get("precision") else []),
              f"  kernel: {kernel_origin_text(k)}",
              f"  search space {opts.space.source}: {opts.space.size} configs before pruning; "
              f"keys {', '.join(k.config_keys)}",
@@ -28,8 +30,8 @@ def plan_text(opts: RunPlan) -> str:
               f"  budget sized by the space: {opts.settings.sized} (--trials N fixes it)" if opts.settings.sized else
               f"  budget by traffic: {sum(opts.settings.budget_for(opts.problems[0], m) for m in opts.batch_sizes)} "
               f"trials per problem over {len(opts.batch_sizes)} batch sizes ({opts.settings.budget} each on average)")
-             + f", sampler {opts.settings.sampler}, patience "
-             + ("half the budget" if opts.settings.patience_share else f"{opts.settings.patience}"),
+             + f", sampler {opts.settings.sampler}",
+             f"  stop: {stop_text(opts)}; the budget is a cap",
              *budget_lines(opts.settings, pruned_sizes(opts.space, opts.problems, opts.batch_sizes, gpu)),
              f"  timing: {timing_text(opts)}",
              f"  storage {shown(run_storage(opts))}",
@@ -60,8 +62,30 @@ def plan_text(opts: RunPlan) -> str:
     most = sum(opts.settings.budget_for(p, m) for p in opts.problems for m in opts.batch_sizes)
     lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
                  f"at most {most} measured configs")
-    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines})
+    lines.append(expected_text(opts))
+    lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines},
+                                  opts.problems[0].params if opts.problems else None)
     return "\n".join(lines)
+
+
+def stop_text(opts: RunPlan) -> str:
+    """When a study stops before its budget (tuner/search/stopping.py)."""
+    from tuner.measure.noise import threshold_text
+    s = opts.settings
+    if s.patience and not s.patience_share:
+        return f"after {s.patience} measured trials without a {s.min_gain:.1%} gain (--patience)"
+    return (f"when no config it has not measured is {1 - CONFIDENCE:.0%} likely to change the table (a gain above "
+            f"{threshold_text(s.row_gain)})")
+
+
+def expected_text(opts: RunPlan) -> str:
+    """What the plan is expected to cost on its GPU, from measured costs (tuner/pipeline/price.py)."""
+    from tuner.pipeline.price import RESULTS, plan_price, price_line
+    price = plan_price(opts)
+    if price is None:
+        return (f"  expected: not priced (no measured costs of a GPU run on {opts.gpu.key} under "
+                f"{RESULTS.relative_to(RESULTS.parents[1])}/*/costs.json)")
+    return price_line(price, opts)
 
 
 def traffic_plan_lines(opts: RunPlan) -> list[str]:
@@ -81,10 +105,11 @@ def traffic_plan_lines(opts: RunPlan) -> list[str]:
     return lines
 
 
-def engine_reading_notes(table_kind: str, engines) -> list[str]:
-    """What makes each engine read tables of this kind on Hopper (tuner/plan/engines.py)."""
-    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {ENGINES[e].reads_on_hopper[table_kind]}"
-            for e in sorted(engines) if e in ENGINES and table_kind in (ENGINES[e].reads_on_hopper or {})]
+def engine_reading_notes(table_kind: str, engines, params: dict | None = None) -> list[str]:
+    """What makes each engine read tables of this kind (of the precision of `params`) on Hopper
+    (tuner/plan/engines.py)."""
+    notes = [(e, reading_note(e, table_kind, params)) for e in sorted(engines) if e in ENGINES]
+    return [f"when {ENGINES[e].facts_for} reads these tables on Hopper: {note}" for e, note in notes if note]
 
 
 def timing_text(opts: RunPlan) -> str:

@@ -73,7 +73,7 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
     plans = []
     for kernel, problems in runs:
         from tuner.pipeline.warm_sources import build_pool
-        space = load_space(kernel, req.space)
+        space = load_space(kernel, req.space, problems)
         # the engine's own shipped tables for its kernel's tables (both engines' for ours)
         warm = build_pool(kernel, problems, gpu, req.warm_start, not req.no_warm_start,
                           [kernel.source] if kernel.source in ENGINE_NAMES else req.engines, req.engine_source, model)
@@ -86,7 +86,8 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
             gpus=gpu_list(req.gpus, req.device) if req.gpus is not None or not (req.dry_run or req.replay) else [],
             warm=warm,
             run_info={"model": model.name, "model_source": model.source, "tp": req.tp, "ep": req.ep,
-                      "dtype": req.dtype, **({"traffic": profile.as_manifest()} if profile else {}),
+                      "dtype": req.dtype, **precision_info(req, model),
+                      **({"traffic": profile.as_manifest()} if profile else {}),
                       "measurement": policy.as_dict(), **({"routing": routing} if routing else {})},
             traffic=profile,
         ))
@@ -142,6 +143,15 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
     return plans
 
 
+def precision_info(req: TuneRequest, model) -> dict:
+    """{"precision": in words} for a fused MoE of an integer precision (its blocks, K groups,
+    zero points, and where they were read: tuner/plan/precision.py); {} otherwise."""
+    if req.command != "moe" or req.dtype in (None, "bf16", "fp8_w8a8"):
+        return {}
+    from tuner.plan.precision import moe_precision
+    return {"precision": moe_precision(model, req.dtype).describe()}
+
+
 def undo_planning(opts: RunPlan) -> None:
     """Remove what planning created for a run refused before it measured (its landscape, the
     routing file, their folders when planning made them and they hold nothing else): a refused
@@ -158,8 +168,7 @@ def undo_planning(opts: RunPlan) -> None:
 def sized(req: TuneRequest, settings, space, problems: list, gpu):
     """Without --trials, each M's budget from its pruned space (tuner/search/budget.py)."""
     from tuner.search.budget import pruned_sizes, sized_settings
-    return sized_settings(settings, pruned_sizes(space, problems, sorted(set(req.batch_sizes or [])), gpu),
-                          patience_given=req.patience is not None)
+    return sized_settings(settings, pruned_sizes(space, problems, sorted(set(req.batch_sizes or [])), gpu))
 
 
 def deployment_tp(req: TuneRequest, model, gpu):
@@ -277,13 +286,17 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
         engines = [e for e in p.engines if e in req.engines] or list(p.engines)
         for engine in engines:
             try:
-                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=not req.replay)
+                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=not req.replay,
+                                    params=p.params)
             except TunerError as e:
                 if not req.dry_run:
                     raise
                 notes.append(str(e))
-                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=False)
+                kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=False, params=p.params)
             kernel = as_recorded(kernel, req.replay)
+            why = kernel.refuses(p.params)
+            if why:
+                raise TunerError(f"--kernel-source {kernel.source}: {why}")
             if kernel.source == "ours":
                 # one problem for every engine whose table ours times
                 runs.setdefault(("ours", kernel.name), (kernel, []))

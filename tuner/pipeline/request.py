@@ -15,12 +15,13 @@ from dataclasses import dataclass, field, fields
 
 from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
+from tuner.plan.precision import MOE_DTYPES
 from tuner.search.samplers import SAMPLERS
 
 COMMANDS = ("gemm", "moe", "mla")
 KERNEL_OF = {"gemm": "fp8_gemm", "moe": "fused_moe", "mla": "mla_decode"}
 DEFAULT_TRIALS = {"gemm": 48, "moe": 32, "mla": 32}
-DTYPES = {"gemm": ("fp8_w8a8",), "moe": ("fp8_w8a8", "bf16"), "mla": ("bf16",)}   # first: the default
+DTYPES = {"gemm": ("fp8_w8a8",), "moe": MOE_DTYPES, "mla": ("bf16",)}   # first: the default
 # The largest values the command line takes (tuner/commands/options.py uses these): a request
 # made in Python or from a nightly job's YAML is held to the same bounds.
 MAX_COUNT = 1 << 20                 # batch sizes (tokens per step), trials, patience, seconds, launches

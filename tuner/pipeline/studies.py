@@ -145,12 +145,14 @@ def _run_study(opts: RunPlan, storage: BaseStorage, measurer: Measurer, runner: 
     if baseline:
         seeds.append(("baseline", lookup_nearest(baseline, M)))
     # warm seeds: known configs (--warm-start, shipped tables) and the batch sizes done, closest first
+    measured_done = {m: runner.measured(problem, m) for m in done}
     seeds += study_seeds(opts.warm, opts.kernel, problem.params, M, opts.gpu,
-                         opts.settings.budget_for(problem, M), {m: runner.measured(problem, m) for m in done},
+                         opts.settings.budget_for(problem, M), measured_done,
                          shapes=tuned_shapes(opts, storage, runner, problem))
-    # a tied table searches its shared keys freely too: both tables choose them together below
+    # a tied table searches its shared keys freely too: both tables choose them together below;
+    # what the batch sizes done measured is evidence for when the study may stop
     try:
-        r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M))
+        r = runner.tune(problem, M, seeds, None, default, incumbents(opts, installed, problem, M), measured_done)
     except WindowClosed:
         progress.end_study("cut: the window closed; the trials measured are kept for the next")
         raise

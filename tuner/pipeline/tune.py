@@ -51,6 +51,10 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
         opts.started = started          # a run's "done in" is the command's time, its planning included
     if req.dry_run:
         say("\n\n".join(plan_text(opts) for opts in plans))
+        from tuner.pipeline.price import plan_price, total_line
+        total = total_line([plan_price(opts) for opts in plans], plans[0].gpu.cuda_name) if plans else None
+        if total:
+            say(total)
         if req.minutes is not None:
             for line in window_order_lines(plans, req.minutes):
                 say(line)

@@ -98,17 +98,35 @@ def parse_table_keys(raw, family: TableFamily) -> dict[int, object]:
     return {int(key): val for key, val in table.items()}
 
 
-def backend_reads_table(engine: str, kind: str, ep: int, env: dict) -> tuple[bool, str]:
+def backend_reads_table(engine: str, kind: str, ep: int, env: dict, params: dict | None = None) -> tuple[bool, str]:
     """(whether the engine's default backend choice on Hopper reads this table family, and
     a line saying what runs and the server setting that makes it read the table). Read from
     the source of vLLM 0.33.0 and SGLang 0.5.23 (same order of backends in the earlier
-    releases); `env` is the engine's environment (its variables decide too)."""
+    releases); `env` is the engine's environment (its variables decide too); `params`, a
+    fused-MoE problem's: its precision's rule (a weight-only MoE runs Marlin by default)."""
+    from tuner.plan.engine_rules.schema import precision_rule
     eng = ENGINES[engine]
     facts = eng.reads_on_hopper.get(kind, "")
+    rule = precision_rule(eng.moe_precisions, params) if params is not None and kind == "fused_moe" else None
+    if rule is not None and not rule.by_default:
+        return False, f"not read by default: {rule.runs_when}"
     choice = eng.hopper_backends.get(kind)
     if choice is None:
         return True, facts
     return choice.reads(ep, env, facts)
+
+
+def reading_note(engine: str, kind: str, params: dict | None = None) -> str | None:
+    """When the engine reads tables of this kind on Hopper, in words (None: no fact recorded);
+    for a fused MoE of an integer precision (`params`), what runs it first: a weight-only MoE
+    runs Marlin by default, and its tables only with the flag its rule names."""
+    from tuner.plan.engine_rules.schema import precision_rule
+    eng = ENGINES[engine]
+    base = eng.reads_on_hopper.get(kind)
+    rule = precision_rule(eng.moe_precisions, params) if params is not None and kind == "fused_moe" else None
+    if rule is None or params is None or params.get("dtype") in ("bf16", "fp8_w8a8"):
+        return base
+    return f"{rule.runs_when}; {base}" if rule.by_default and base else rule.runs_when
 
 
 # The nesting at which an engine's json.load raises RecursionError: Python's default recursion

@@ -154,6 +154,17 @@ class KernelSpec:
     # only where they differ from the default. Keys in bool_keys are JSON true/false there.
     optional_keys: dict = field(default_factory=dict)
     bool_keys: tuple[str, ...] = ()
+    # Optional keys a problem's table holds even at their default, because the engine's launch
+    # passes the row to its kernel as it is (vLLM's group-wise MoE: SPLIT_K, which its kernel
+    # takes as an argument and a row without it fails to launch): (params) -> keys.
+    kept_keys: Callable[[Params], tuple[str, ...]] = lambda params: ()
+    # Which of the kernel's search spaces a problem takes (configs/spaces/<name>.<source>.<variant>.yaml,
+    # tuner/plan/space.py): "" for the default one; an engine kernel that launches another jit
+    # kernel for some problems (the group-wise MoE's) has a space of its own for them.
+    space_variant: Callable[[Params], str] = lambda params: ""
+    # Why this kernel cannot run a problem (a precision it has no launch for), in one line;
+    # None: it can. A plan refuses such a problem before anything is timed.
+    refuses: Callable[[Params], str | None] = lambda params: None
     # For a problem tied to another (SGLang's _down table to its up table): the params of a
     # problem that times a config of it together with `up_config` of the table it is tied
     # to, as the engine runs the two (run(inputs, config) then times both); None: the two
@@ -162,6 +173,10 @@ class KernelSpec:
     # A kernel defined outside kernels/ (a test's kernel): the importable module whose KERNEL
     # it is, so that a measuring child or compile worker builds the same one. "": kernels/.
     module: str = ""
+    # An engine launcher's variant (kernels/engines/<engine>_<variant>_spec.py) for the problems
+    # its `handles` takes (the integer MoE precisions): a code version of its own, so that the
+    # tables of the engine's main launcher keep theirs. "": the main launcher.
+    variant: str = ""
 
     @property
     def source_label(self) -> str:
@@ -172,6 +187,7 @@ class KernelSpec:
     def ref(self) -> dict:
         """What another process needs to build this same spec (tuner.plan.kernel_registry.get_kernel(**ref))."""
         ref = {"name": self.name, "source": self.source, "origin": self.origin}
+        ref = {**ref, "variant": self.variant} if self.variant else ref
         return {**ref, "module": self.module} if self.module else ref
 
 
@@ -268,13 +284,15 @@ def checked_config(spec: KernelSpec, entry, where: str) -> Config:
     return out
 
 
-def table_entry(spec: KernelSpec, config: Config) -> dict:
+def table_entry(spec: KernelSpec, config: Config, params: Params | None = None) -> dict:
     """A config as an engine's table holds it: keys in table order, optional keys only
-    where they differ from the engine's default, booleans as JSON booleans."""
+    where they differ from the engine's default (or the launch needs them in the row for the
+    problem `params`: spec.kept_keys), booleans as JSON booleans."""
     out = {}
+    kept = spec.kept_keys(params) if params is not None else ()
     for k in spec.config_keys:
         v = int(config[k])
-        if k in spec.optional_keys and v == spec.optional_keys[k]:
+        if k in spec.optional_keys and v == spec.optional_keys[k] and k not in kept:
             continue
         out[k] = bool(v) if k in spec.bool_keys else v
     return out

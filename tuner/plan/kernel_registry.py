@@ -61,12 +61,13 @@ def batch_grid(name: str) -> list[int]:
 
 
 def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_code: bool = True,
-               module: str | None = None):
+               module: str | None = None, variant: str = ""):
     """The KernelSpec of kernel `name` from `source`: our file in kernels/ ("ours"), or an
     engine's own kernel ("vllm", "sglang"), read from the installed engine or from
     `origin` (its wheel, or a folder of files extracted from it). load_code=False: an
     engine's kernel without its code (keys, space, defaults), to replay or plan. `module`:
-    a kernel defined outside kernels/ (a test's), the module whose KERNEL it is."""
+    a kernel defined outside kernels/ (a test's), the module whose KERNEL it is. `variant`:
+    an engine launcher's variant (engine_variant)."""
     if module:
         spec = getattr(importlib.import_module(module), "KERNEL", None)
         if not isinstance(spec, KernelSpec) or spec.name != name:
@@ -78,24 +79,49 @@ def get_kernel(name: str, source: str = "ours", origin: str | None = None, load_
         return ours(name)
     if source not in KERNEL_SOURCES:
         raise TunerError(f"unknown kernel source {source!r}; known: {', '.join(KERNEL_SOURCES)}")
-    return engine_kernel(name, source, origin or None, load_code)
+    return engine_kernel(name, source, origin or None, load_code, variant)
 
 
 @functools.lru_cache(maxsize=None)
-def launcher(engine: str):
-    """An engine's launcher as a plan reads it (kernels/engines/<engine>_spec.py: its files,
-    releases, defaults and specs, without the launch code, which loads when a kernel runs)."""
+def launcher(engine: str, variant: str = ""):
+    """An engine's launcher as a plan reads it (kernels/engines/<engine>_spec.py, or a variant's
+    <engine>_<variant>_spec.py: its files, releases, defaults and specs, without the launch code,
+    which loads when a kernel runs)."""
     try:
-        return importlib.import_module(f"kernels.engines.{engine}_spec")
+        return importlib.import_module(f"kernels.engines.{engine}{'_' + variant if variant else ''}_spec")
     except ModuleNotFoundError:
-        raise TunerError(f"no launcher for {engine}'s kernels") from None
+        raise TunerError(f"no launcher for {engine}'s kernels" + (f" ({variant})" if variant else "")) from None
 
 
-def engine_kernel(name: str, engine: str, origin: str | None = None, load_code: bool = True):
-    """The KernelSpec of `engine`'s own kernel `name`. With load_code=False only what needs
-    no engine code (config keys, space, defaults: for replaying a landscape recorded on that
-    kernel, or a plan); running it then fails with one clear line."""
-    return launcher(engine).kernel_spec(name, locate(engine, origin) if load_code else None)
+@functools.lru_cache(maxsize=None)
+def launcher_variants(engine: str) -> tuple[str, ...]:
+    """The variants of an engine's launcher (kernels/engines/<engine>_<variant>_spec.py, each
+    with a VARIANT name and `handles(params)`)."""
+    folder = KERNELS_DIR / "engines"
+    names = sorted(p.stem[len(engine) + 1:-len("_spec")] for p in folder.glob(f"{engine}_*_spec.py"))
+    return tuple(n for n in names if getattr(launcher(engine, n), "VARIANT", None) == n)
+
+
+def engine_variant(name: str, engine: str, params: dict | None) -> str:
+    """The launcher variant that runs `engine`'s kernel `name` for a problem (its params): the
+    first whose `handles` takes it, "" (the main launcher) for none or no params."""
+    if params is None:
+        return ""
+    return next((v for v in launcher_variants(engine)
+                 if name in launcher(engine, v).KERNEL_FUNCTIONS and launcher(engine, v).handles(params)), "")
+
+
+def engine_files(engine: str) -> list[str]:
+    """Every file of the engine its launcher and their variants read (what `tuner engine-source
+    extract` copies)."""
+    return sorted({*launcher(engine).FILES, *(f for v in launcher_variants(engine) for f in launcher(engine, v).FILES)})
+
+
+def engine_kernel(name: str, engine: str, origin: str | None = None, load_code: bool = True, variant: str = ""):
+    """The KernelSpec of `engine`'s own kernel `name` (from its launcher's `variant`). With
+    load_code=False only what needs no engine code (config keys, space, defaults: for replaying
+    a landscape recorded on that kernel, or a plan); running it then fails with one clear line."""
+    return launcher(engine, variant).kernel_spec(name, locate(engine, origin) if load_code else None)
 
 
 def has_engine_kernel(name: str, engine: str) -> bool:
@@ -106,10 +132,12 @@ def has_engine_kernel(name: str, engine: str) -> bool:
         return False
 
 
-def kernel_for(name: str, engine: str, mode: str, origins: list[str] | None = None, load_code: bool = True):
+def kernel_for(name: str, engine: str, mode: str, origins: list[str] | None = None, load_code: bool = True,
+               params: dict | None = None):
     """The kernel that times `engine`'s table of kernel `name`: with mode "engine", the
     engine's own kernel where it has one we can launch (else ours: tables no engine
-    reads, such as MLA decode); with "ours", ours; with an engine's name, that engine's."""
+    reads, such as MLA decode); with "ours", ours; with an engine's name, that engine's (its
+    launcher's variant for a problem's `params`, engine_variant)."""
     source = engine if mode == "engine" else mode
     if source == "ours" or not has_engine_kernel(name, source):
         if mode not in ("engine", "ours"):
@@ -119,7 +147,7 @@ def kernel_for(name: str, engine: str, mode: str, origins: list[str] | None = No
     if origins and origin is None and load_code:
         raise TunerError(f"none of --engine-source {' '.join(origins)} holds {source}'s code "
                          f"(a {source}-<version>-....whl or a folder from `tuner engine-source extract`)")
-    return get_kernel(name, source, origin, load_code=load_code)
+    return get_kernel(name, source, origin, load_code=load_code, variant=engine_variant(name, source, params))
 
 
 def source_mode(kernel_source: str | None, replay: str | None) -> str:
@@ -156,10 +184,11 @@ def as_recorded(kernel, replay: str | None):
 def imported_files_of() -> dict[str, list[str]]:
     """{engine: the files whose jit code its launcher imports}, from the launchers."""
     import kernels.engines as engines_pkg
-    out = {}
+    out: dict[str, list[str]] = {}
     for info in sorted(p.stem.removesuffix("_spec") for p in Path(engines_pkg.__file__ or "").parent.glob("*_spec.py")):
         module = importlib.import_module(f"kernels.engines.{info}_spec")
         functions = getattr(module, "KERNEL_FUNCTIONS", None)
         if isinstance(functions, dict):
-            out[info] = sorted({rel for files in functions.values() for rel in files})
+            engine = getattr(module, "ENGINE", info)          # a launcher's variant: its engine's files
+            out[engine] = sorted(set(out.get(engine, [])) | {rel for files in functions.values() for rel in files})
     return out

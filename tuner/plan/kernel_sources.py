@@ -253,15 +253,16 @@ def _is_jit(node: ast.stmt) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def parse_source(text: str) -> ast.Module:
-    """An engine file's syntax tree, parsed once per process (a plan asks the same files for
-    several functions: the wrappers' hashes, the kernels' signatures and code version)."""
+    """An engine file's syntax tree, parsed once per process (asked for several functions)."""
     return ast.parse(text)
 
 
 def function_source(text: str, name: str) -> str:
-    """The exact source of a top-level function (decorators included)."""
-    tree = parse_source(text)
-    node = _top_level(tree).get(name)
+    """The exact source of a top-level function or method ('Class.method'), with decorators."""
+    owner, _, method = name.rpartition(".")
+    node = _top_level(parse_source(text)).get(owner or name)
+    node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef) and n.name == method),
+                None) if owner else node
     if not isinstance(node, ast.FunctionDef):
         raise KeyError(name)
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])

@@ -347,23 +347,36 @@ def gemm_problems(model: Model, tp: int, ep: int = 1) -> list[Problem]:
 
 
 def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uniform",
-                 engines=ENGINE_NAMES) -> list[Problem]:
+                 engines=ENGINE_NAMES, fuse_shared: bool = True) -> list[Problem]:
     """The fused-MoE problems one GPU runs, per engine: vLLM's whole-layer table, and
-    SGLang's up table plus its `_down` table (tied to the up table's BLOCK_SIZE_M)."""
+    SGLang's up table plus its `_down` table (tied to the up table's BLOCK_SIZE_M). The
+    weights' layout at `dtype` (blocks, K groups, zero points) is the checkpoint's
+    (tuner/plan/precision.py); an engine that runs no Triton MoE of that precision is
+    skipped with a line saying why, and none left is refused. `fuse_shared=False`: as
+    SGLang runs with --disable-shared-experts-fusion."""
+    import logging
+
+    from tuner.plan.precision import MOE_DTYPES, moe_precision, served_group
     check_parallel(model, tp, ep)
     if not model.is_moe:
         raise TunerError(f"{model.name} has no routed experts; `tuner moe` tunes MoE layers")
-    if dtype == "fp8_w8a8":
-        block = list(model.weight_block_size) if model.weight_block_size else None
-    elif dtype == "bf16":
-        block = None
-    else:
-        raise TunerError(f"--dtype {dtype} is not supported by `tuner moe`; choose fp8_w8a8 or bf16")
+    if dtype not in MOE_DTYPES:
+        raise TunerError(f"--dtype {dtype} is not supported by `tuner moe`; choose from {', '.join(MOE_DTYPES)}")
     if model.moe is None:
         raise TunerError(f"{model.name} lacks moe_intermediate_size")
+    precision = moe_precision(model, dtype)
+    block = list(precision.block_shape) if precision.block_shape else None
+    key = (dtype, precision.scheme)
+    refused = {name: ENGINES[name].moe_precisions_refused.get(key, f"{name} runs no {precision.describe()} MoE")
+               for name in engines if key not in ENGINES[name].moe_precisions}
+    if refused and len(refused) == len(engines):
+        raise TunerError(f"{model.name} at {precision.describe()}: " + "; ".join(refused.values()))
+    for name, why in refused.items():
+        logging.getLogger("tuner").warning("%s: no %s tables planned: %s", name, dtype, why)
     inter, experts = model.moe.intermediate, model.moe.experts
+    checkpoint = (str((model.raw.get("quantization_config") or {}).get("quant_method") or "").lower(), dtype)
     out: list[Problem] = []
-    for name in engines:
+    for name in (e for e in engines if e not in refused):
         engine = ENGINES[name]
         if engine.ep_holds_whole_experts:
             # vLLM: tensor parallel splits every expert; expert parallel splits the experts.
@@ -373,16 +386,21 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
             shards, parallel = tp // ep, f"--tp {tp} / --ep {ep}"
         if inter % shards:
             raise TunerError(f"{parallel} does not divide {model.name}'s moe_intermediate_size ({inter})")
-        fused = (engine.fuses_shared_expert(model.architecture, experts, model.n_shared_experts, ep)
+        fused = (fuse_shared and engine.fuses_shared_expert(model.architecture, experts, model.n_shared_experts, ep,
+                                                            checkpoint)
                  and model.shared_intermediate == inter)
         E, N = experts // ep + (1 if fused else 0), inter // shards
         shared = {"shared_experts": 1} if fused else {}
         if block and N % block[0]:
             raise TunerError(f"--tp {tp} leaves {model.name}'s experts {N} wide, not a multiple of the "
                              f"{block[0]}-wide weight blocks (the engines refuse it); try a smaller --tp or --ep")
+        scheme = precision.params()
+        if precision.group_size:
+            scheme["group_size"] = served_group(precision.group_size, N, model.hidden_size,
+                                                f"{model.name} at {parallel}")
         base = {"E": E, "N": N, "K": model.hidden_size, "topk": model.moe.topk,
                 # under expert parallelism one GPU sees every token routed over all experts
-                **({"ep": ep} if ep > 1 else {}), "dtype": dtype, "block_shape": block}
+                **({"ep": ep} if ep > 1 else {}), **scheme}
         if not table_family(name, "fused_moe").has_down:
             # one table for the whole layer (vLLM)
             out.append(Problem("fused_moe", {**base, "part": "op", "routing": routing}, ("experts",), (name,)))

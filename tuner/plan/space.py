@@ -88,6 +88,16 @@ def _split_k_within_k_steps(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     return cfg.get("SPLIT_K", 1) <= math.ceil(ctx.params["K"] / cfg["BLOCK_SIZE_K"])
 
 
+@rule("block_k_divides_k", reads_m=False)
+def _block_k_divides_k(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
+    # The group-wise MoE kernels (fused_moe_kernel_gptq_awq) load weight tiles unmasked along
+    # K: a K tile that does not divide a GEMM's K reads past the weights (vLLM's tuning script
+    # for it keeps only K tiles that divide the hidden and the intermediate size).
+    part = ctx.params.get("part", "op")
+    ks = [ctx.params[k] for k in (("K",) if part == "up" else ("N",) if part == "down" else ("K", "N")) if k in ctx.params]
+    return all(k % cfg["BLOCK_SIZE_K"] == 0 for k in ks)
+
+
 @rule("shared_memory", reads_m=False)
 def _shared_memory(ctx: RuleContext, opts: dict, cfg: Config) -> bool:
     limit = opts.get("limit_bytes", ctx.gpu.max_smem_per_block)
@@ -218,15 +228,29 @@ class SearchSpace:
         return cfg
 
 
-def space_file(kernel: KernelSpec) -> Path:
+def space_file(kernel: KernelSpec, variant: str = "") -> Path:
     """configs/spaces/<kernel>.<source>.yaml for an engine's kernel with keys or limits of
-    its own, else configs/spaces/<kernel>.yaml."""
+    its own, else configs/spaces/<kernel>.yaml; for a problem of another of the kernel's jit
+    kernels (KernelSpec.space_variant), configs/spaces/<kernel>.<source>.<variant>.yaml."""
+    if variant:
+        return SPACES_DIR / f"{kernel.name}.{kernel.source}.{variant}.yaml"
     own = SPACES_DIR / f"{kernel.name}.{kernel.source}.yaml"
     return own if own.is_file() else SPACES_DIR / f"{kernel.name}.yaml"
 
 
-def load_space(kernel: KernelSpec, path: str | Path | None = None) -> SearchSpace:
-    path = Path(path) if path else space_file(kernel)
+def space_variant(kernel: KernelSpec, problems: list) -> str:
+    """The one space variant `problems` (Problem objects or params) take: a run's problems share
+    one space, so problems of several are refused."""
+    variants = {kernel.space_variant(p.params if hasattr(p, "params") else p) for p in problems}
+    if len(variants) > 1:
+        raise TunerError(f"these {kernel.name} problems take different search spaces ({', '.join(sorted(variants))}): "
+                         "tune them in separate runs")
+    return next(iter(variants), "")
+
+
+def load_space(kernel: KernelSpec, path: str | Path | None = None, problems: list | None = None) -> SearchSpace:
+    """The search space: --space's file, else the kernel's (for `problems`' variant)."""
+    path = Path(path) if path else space_file(kernel, space_variant(kernel, problems or []))
     from tuner.reading import read_yaml_file
     data = read_yaml_file(path, "search space ")
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):

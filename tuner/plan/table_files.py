@@ -13,7 +13,7 @@ from tuner.plan.problems import Problem
 
 _GEMM = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=(\w+),block_shape=\[(\d+),( ?)(\d+)\]\.json$")
 _MOE = re.compile(r"^E=(\d+),N=(\d+),device_name=([^,]+?)(?:,dtype=(\w+))?"
-                  r"(?:,block_shape=\[(\d+),( ?)(\d+)\])?(_down)?\.json$")
+                  r"(?:,block_shape=\[(\d+),( ?)(\d+)\])?(,per_channel_quant=True)?(_down)?\.json$")
 
 
 # The largest size a table's name may hold (E, N, K, a block size): a name beyond it is no
@@ -49,6 +49,30 @@ def _engine_of(kind: str, path: Path, block_sep: str | None, down: bool) -> str:
                      lambda f: not f.per_triton):
         fits = [f for f in fits if evidence(f)] or fits
     return fits[0].engine
+
+
+def _moe_precision(engine: str, model, dtype: str | None, block: bool, per_channel: bool, n: int) -> tuple[dict, int]:
+    """(the precision params, the expert width N) a MoE table name stands for under `engine`'s
+    naming rules: the precision whose rule gives this dtype part (a name without one is bf16's,
+    or vLLM's INT8 W8A8 when the model's checkpoint is that), its K groups and zero points from
+    the model's checkpoint, N unpacked where the engine names INT4 tables by the packed width."""
+    from tuner.plan.engines import ENGINES
+    from tuner.plan.precision import checkpoint_dtype, moe_precision
+    own = checkpoint_dtype(model)
+    candidates = [(d, scheme) for (d, scheme), rule in ENGINES[engine].moe_precisions.items()
+                  if rule.table_dtype == (dtype or None) and rule.per_channel_part == per_channel
+                  and (scheme == "block") == block]
+    chosen = next((c for c in candidates if c[0] == own), None) or next((c for c in candidates if c[0] == dtype),
+                                                                         ("bf16", "none") if not dtype else None)
+    if chosen is None:                      # a dtype no precision of this engine's is named by
+        return {"dtype": dtype or "bf16"}, n
+    rule = ENGINES[engine].moe_precisions[chosen]
+    params: dict = {"dtype": chosen[0]}
+    if chosen[1] == "group":
+        prec = moe_precision(model, chosen[0])
+        params = {"dtype": chosen[0], "group_size": prec.group_size or 128, **({"zero_point": True}
+                                                                               if prec.zero_point else {})}
+    return params, n * rule.packed_n
 
 
 def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[TableFile]:
@@ -88,8 +112,9 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
     if m := _MOE.match(name):
         if model is None:
             raise TunerError(f"{name} is a fused-MoE table: give --model so its hidden size and top-k are known")
-        e, n, dev, dtype, bn, space, bk, down = m.groups()
+        e, n, dev, dtype, bn, space, bk, channel, down = m.groups()
         engine = _engine_of("fused_moe", path, "," + space if bn else None, down=bool(down))
+        precision, n = _moe_precision(engine, model, dtype, bool(bn), bool(channel), int(n))
         from tuner.plan.engines import ENGINES, table_family
         arch = model.architecture
         # expert E-1 of SGLang's E = routed + 1 tables is the fused shared expert
@@ -98,8 +123,9 @@ def parse_table_file(path: Path, model=None, routing: str = "uniform") -> list[T
         routed = model.n_routed_experts or 0
         # a table with a share of the model's experts is one GPU's under expert parallelism
         ep = {"ep": routed // int(e)} if 0 < int(e) < routed and routed % int(e) == 0 else {}
-        params = {"E": int(e), "N": int(n), "K": model.hidden_size, "topk": model.num_experts_per_tok, **ep,
-                  "dtype": dtype or "bf16", "block_shape": [int(bn), int(bk)] if bn else None, **shared,
+        params = {"E": int(e), "N": n, "K": model.hidden_size, "topk": model.num_experts_per_tok, **ep,
+                  "dtype": precision.pop("dtype"), "block_shape": [int(bn), int(bk)] if bn else None, **precision,
+                  **shared,
                   "part": "down" if down else ("up" if table_family(engine, "fused_moe").has_down else "op"),
                   "routing": routing}
         return [TableFile(path, engine, dev, Problem("fused_moe", params), table)]

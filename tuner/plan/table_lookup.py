@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.plan.engine_rules.schema import TableFamily
+from tuner.plan.engine_rules.schema import TableFamily, moe_name_args
 from tuner.plan.engines import DEFAULT_BATCH_SIZES
 
 # Batch sizes a nearest key may be from M before the snap counts as far (k > 2M or k < M/2).
@@ -108,8 +108,7 @@ def table_names(family: TableFamily, problem, cuda_name: str) -> tuple[str, str 
     block = params.get("block_shape")
     if problem.kernel != "fused_moe":
         return family.lookup_name(cuda_name, N=params["N"], K=params["K"], block_shape=block), None
-    ask = dict(E=params["E"], N=params["N"], dtype=None if params["dtype"] in ("bf16", "fp16") else params["dtype"],
-               block_shape=block)
+    ask = moe_name_args(family.precisions, params)
     if params.get("part") == "down":
         return family.lookup_name(cuda_name, **ask, down=True), family.lookup_name(cuda_name, **ask)
     return family.lookup_name(cuda_name, **ask), None

@@ -5,9 +5,9 @@ vLLM's FP8 GEMM (64 configs per M after pruning; bench/results/H200-2026-11-27/)
 the optimum by trial 15-18 in every run while `tuner gemm` spent 48, and on CLBlast's 17,956-config Xgemm
 spaces 48 trials reach 1.07-1.11x of the best where 100 reach 1.03-1.04x (bench/results/search/). The
 budget grows with the square root of the pruned space (2 x sqrt(configs): 64 -> 24 with the floor,
-841 -> 58, 4,362 -> 132), between FLOOR and CEILING and never above the space itself; patience is half of
-each study's own budget (with the stopping rule's wait for 3/4 of the budget, tuner/search/stopping.py),
-so a study that converged stops early. Plain numbers: the plan reads it without loading Optuna.
+841 -> 58, 4,362 -> 132), between FLOOR and CEILING and never above the space itself. It is a cap: a study
+stops earlier when its evidence says it converged (tuner/search/stopping.py, issue 48). Plain numbers: the
+plan reads it without loading Optuna.
 """
 
 from __future__ import annotations
@@ -37,14 +37,11 @@ def pruned_sizes(space, problems, batch_sizes, gpu) -> dict[int, int]:
     return {m: max((len(space.configs(p.params, m, gpu)) for p in problems), default=0) for m in batch_sizes}
 
 
-def sized_settings(settings: SearchSettings, sizes: Mapping[int, int], patience_given: bool) -> SearchSettings:
-    """`settings` with a budget per batch size M from the largest pruned space at that M (`sizes`);
-    patience half of each budget unless --patience gave one."""
+def sized_settings(settings: SearchSettings, sizes: Mapping[int, int]) -> SearchSettings:
+    """`settings` with a budget per batch size M from the largest pruned space at that M (`sizes`)."""
     budgets = {str(m): max(1, sized_budget(n)) for m, n in sorted(sizes.items())}
     typical = round(statistics.median(budgets.values())) if budgets else settings.budget
-    return dataclasses.replace(settings, budget=typical, budgets=budgets,
-                               patience=settings.patience if patience_given else max(8, typical // 2),
-                               patience_share=0.0 if patience_given else 0.5, sized=RULE)
+    return dataclasses.replace(settings, budget=typical, budgets=budgets, sized=RULE)
 
 
 def budget_lines(settings: SearchSettings, sizes: Mapping[int, int], width: int = 120) -> list[str]:

@@ -18,6 +18,7 @@ is tuner/search/stopping.py's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 import warnings
@@ -27,7 +28,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from tuner.measure.failures import NUMERICS, RUNTIME, count_by_kind, kind_of, one_line
+from tuner.measure.failures import RUNTIME, kind_of
 from tuner.measure.measurers import Measurement, Measurer, NumericsCheck
 from tuner.measure.provenance import is_cpu_device
 from tuner.plan.gpus import GpuSpec
@@ -37,11 +38,13 @@ from tuner.plan.space import SearchSpace
 from tuner.search import window as _window
 from tuner.search.ahead import CompileAhead
 from tuner.search.choice import choose_row
+from tuner.search.conclusion import failures, first_failure
+from tuner.search.evidence import StopModel, table_gain
 from tuner.search.identity import identity_differences, stored_identity, study_identity  # noqa: F401
-from tuner.search.prior import PRIOR, prior_seeds
+from tuner.search.prior import PRIOR, agreement, earned_seeds, estimates, prior_seeds
 from tuner.search.samplers import make_sampler
 from tuner.search.settings import SearchSettings, StudyResult, default_settings, study_name  # noqa: F401
-from tuner.search.stopping import StoppingRule
+from tuner.search.stopping import StoppingRule, plateau_rule
 from tuner.search.storage import WORKER_ID, claim, close_trial, counts, fail_stale, measuring
 from tuner.search.stored_state import checked_result
 from tuner.search.study_match import check_identity, stored_choices
@@ -51,6 +54,11 @@ from tuner.search.window import BATCH_ATTR, CLOSE_CUT_ATTR, CUT_ATTR, TOOK_ATTR,
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # We drive trials with ask/tell and record heartbeats ourselves (study_storage.Heartbeat).
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+# Trials after the seeds that are the sampler's alone, before the stop's model shares them (tuner/search/
+# evidence.py): on the H200's GEMM landscape at M=16 the best config is one the cost model and M=1 call slow,
+# and the sampler's own model tries it by its third pick
+SAMPLER_FIRST = 4
 
 
 @dataclass
@@ -87,13 +95,16 @@ class StudyRunner:
 
     def tune(self, problem: Problem, M: int, seeds: list[tuple[str, Config]],
              fixed: Config | None = None, default: Config | None = None,
-             incumbents: list[tuple] | None = None) -> StudyResult:
+             incumbents: list[tuple] | None = None,
+             neighbours: dict[int, dict[tuple, float | None]] | None = None) -> StudyResult:
         """The study's result: from the storage when a run already finished it, else
         searched now (continuing what the storage holds). `fixed` pins some config keys
         (e.g. BLOCK_SIZE_M tied to another table); `default` is what the engine runs
-        without this table (the kernel's default config unless given)."""
+        without this table (the kernel's default config unless given); `neighbours`, what the
+        batch sizes of this problem done in this run measured ({M: {config: time}}), evidence
+        for when to stop."""
         self.searched_at = None
-        target = self._target(problem, M, seeds, fixed or {}, default)
+        target = self._target(problem, M, seeds, fixed or {}, default, neighbours)
         if not target.allowed:
             return StudyResult(problem, M, None, None, None, target.default, None, 0, "no config",
                                {"status": "not checked", "detail": "no config survives pruning"})
@@ -108,7 +119,9 @@ class StudyRunner:
         if self.ahead is not None:
             self.ahead.studied(problem, M, [row[1] for row in incumbents or []])
         try:
-            stopped, measured = self._search(study, target)
+            # the row the engine runs today: what a tuned row must beat (tuner/search/choice.py)
+            row = self._key(incumbents[0][1]) if incumbents else self._key(target.default)
+            stopped, measured = self._search(study, target, neighbours or {}, row)
             self.searched_at = _window.now()     # the close begins: its time is the pipeline's to keep (close_s)
             if self.window:       # the finalists timed again and checked: in this window, or the next
                 self.window.before_close(study.get_trials(deepcopy=False), cut_s=study.user_attrs.get(CLOSE_CUT_ATTR))
@@ -124,8 +137,8 @@ class StudyRunner:
                 raise
         finally:
             self._fail_stale(study, target)      # leave no dead worker's (or cut batch's) trial RUNNING behind
-        result.failures = self._failures(study, result)
-        result.first_failure = self._first_failure(study)
+        result.failures = failures(study, result)
+        result.first_failure = first_failure(study)
         seeded = seeds_by_source(label for label, _ in target.seeds)
         result.search = {**self.searched_with(problem, M), **({"seeds": seeded} if seeded else {})}
         study.set_user_attr("result", result.as_dict())
@@ -150,7 +163,7 @@ class StudyRunner:
         return config_tuple(self.kernel, cfg)
 
     def _target(self, problem: Problem, M: int, seeds: list[tuple[str, Config]], fixed: Config,
-                default: Config | None = None) -> _Target:
+                default: Config | None = None, neighbours: dict | None = None) -> _Target:
         """The configs the study may measure: the pruned space with `fixed` applied, plus
         the seeds (measured even where the rules would drop them), within what the measurer
         can time (a landscape's points)."""
@@ -177,10 +190,16 @@ class StudyRunner:
             allowed &= available
         # the cost model's fastest candidates next (tuner/search/prior.py), where the kernel describes its
         # work; not on the CPU device, whose interpreter runs worst the many small programs Hopper likes
-        prior = 0 if is_cpu_device(self.measurer.environment()) else self.settings.prior
-        seed_cfgs += prior_seeds(self.kernel, self.gpu, params, M, sorted(allowed), prior,
+        count = self._prior()
+        if count and neighbours:       # as many as the model earned on the batch sizes done (tuner/search/prior.py)
+            count = earned_seeds(count, agreement(self.kernel, self.gpu, params, neighbours))
+        seed_cfgs += prior_seeds(self.kernel, self.gpu, params, M, sorted(allowed), count,
                                  [self._key(c) for _, c in seed_cfgs])
         return _Target(problem, M, pin(default or self.kernel.default_config(params, M)), allowed, seed_cfgs)
+
+    def _prior(self) -> int:
+        """The cost model's seeds per study: none on the CPU device (its times are the interpreter's)."""
+        return 0 if is_cpu_device(self.measurer.environment()) else self.settings.prior
 
     def _open(self, target: _Target) -> optuna.Study:
         """Create or reopen the study; its stored parameter encoding wins, so that trials
@@ -225,12 +244,18 @@ class StudyRunner:
                                     skip_if_exists=True)
 
     # -- the search loop ----------------------------------------------------------------
-    def _search(self, study: optuna.Study, target: _Target) -> tuple[str, dict[tuple, float | None]]:
+    def _search(self, study: optuna.Study, target: _Target, neighbours: dict[int, dict[tuple, float | None]],
+                row: tuple | None = None) -> tuple[str, dict[tuple, float | None]]:
         """Ask, claim, measure and tell in batches until the stopping rule says why to
-        stop; returns that reason and the configs measured (time, None if failed)."""
+        stop; returns that reason and the configs measured (time, None if failed). `row`: the
+        incumbent config the table's row must beat (the evidence's stop asks what would change it)."""
         s = self.settings
         budget = s.budget_for(target.problem, target.M)
         rule = StoppingRule(budget, s.patience_for(target.problem, target.M), s.min_gain, seeds=len(target.seeds))
+        model = None if rule.patience else self._stop_model(target, neighbours)    # --patience: its own stop
+        if model is not None and model.alone():          # no evidence but its own trials: the plateau
+            rule, model = plateau_rule(budget, s.min_gain, len(target.seeds)), None
+        gain = float(s.row_gain)
         name = study_name(target.problem, target.M, source=self.kernel.source)
         idle = 0
         while True:
@@ -239,7 +264,13 @@ class StudyRunner:
             trials = study.get_trials(deepcopy=False)
             measured, running = self._state(trials)
             outcomes = [tr.value for tr in trials if counts(tr)]
-            stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle)
+            asked: list[float] = []
+
+            def chance(model: StopModel) -> float:
+                asked.append(model.chance(measured, table_gain(measured, row, gain), list(running)))
+                return asked[-1]
+            stopped = rule.reason(len(measured), len(target.allowed), outcomes, idle,
+                                  functools.partial(chance, model) if model is not None else None)
             if stopped:
                 return stopped, measured
             room = budget - len(measured) - len(running)
@@ -249,6 +280,11 @@ class StudyRunner:
             want = min(s.batch, room)
             if self.window:     # no time for another batch: the trials measured so far stay for the next window
                 self.window.before_batch(trials, want)
+            if asked and model is not None and len(measured) >= len(target.seeds) + SAMPLER_FIRST \
+                    and len(measured) % 2 == 0:
+                # not converged, the sampler's own first picks made: every other trial (half a batch) measures
+                # what the evidence says could still change the table, so that the question gets settled
+                self._settle(study, target, model.likeliest, running, max(1, want // 2))
             batch, waiting = claim(study, self._ask(study, target, measured, running, want), budget, self._key)
             if not batch and waiting:         # the last slots are held by other workers' trials
                 self._wait(study, target)
@@ -267,6 +303,21 @@ class StudyRunner:
             times = [v for v in measured.values() if v is not None] + [m.time_us for m in results if m.time_us]
             self.on_trial(problem=target.problem, M=target.M, done=min(len(measured) + len(batch), budget),
                           budget=budget, best=min(times, default=None))
+
+    def _stop_model(self, target: _Target, neighbours: dict[int, dict[tuple, float | None]]) -> StopModel:
+        """The evidence of a study's stop (tuner/search/evidence.py): its candidates, the batch sizes
+        done and, where the kernel describes its work and seeds from it, the cost model's estimates
+        (of the study's candidates at every batch size the model reads, and of what those measured)."""
+        width = len(self.kernel.config_keys)
+        near = {m: {t: v for t, v in d.items() if len(t) == width} for m, d in neighbours.items() if m != target.M}
+        near = {m: near[m] for m in StopModel.nearest(target.M, near)}
+        est: dict[tuple[int, tuple], float] = {}
+        if self._prior() > 0 and self.kernel.work is not None:
+            for m in [target.M, *near]:
+                configs = sorted(target.allowed | set(near.get(m, {})))
+                est.update({(m, t): v for t, v in estimates(self.kernel, self.gpu, target.problem.params, m,
+                                                            configs).items()})
+        return StopModel(self.kernel.config_keys, target.allowed, target.M, near, est, kinds=self.space.key_kinds)
 
     def _ask(self, study: optuna.Study, target: _Target, measured: dict, running: dict,
              want: int) -> list[tuple[optuna.Trial, Config]]:
@@ -304,6 +355,14 @@ class StudyRunner:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue                  # another worker popped and finished it first
         return batch
+
+    def _settle(self, study: optuna.Study, target: _Target, likeliest: list[tuple], running: dict, count: int) -> None:
+        """Queue the `count` candidates the stop model finds likeliest to beat the incumbent."""
+        queued = {tuple(tr.params.get(k) for k in self.kernel.config_keys)
+                  for tr in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+        for t in [t for t in likeliest if t not in running and t not in queued][:count]:
+            study.enqueue_trial(self._encode(target.choices, config_dict(self.kernel, t)),
+                                user_attrs={"seed": "evidence"})
 
     def _fill(self, study: optuna.Study, target: _Target, measured: dict, running: dict, want: int,
               rng: random.Random) -> None:
@@ -361,22 +420,6 @@ class StudyRunner:
             close_trial(study, trial, value=m.time_us, spread=m.spread, **timing)
         else:
             close_trial(study, trial, value=m.time_us, **timing)
-
-    @staticmethod
-    def _failures(study: optuna.Study, result: StudyResult) -> dict[str, int]:
-        """The study's failed configs by kind: measured ones that failed (trials stored
-        before kinds existed are classified from their error text), and finalists the
-        numerics check rejected."""
-        kinds = [tr.user_attrs.get("failure") or kind_of(tr.user_attrs.get("error"))
-                 for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if counts(tr)]
-        return count_by_kind(kinds + [NUMERICS] * len(result.rejected))
-
-    @staticmethod
-    def _first_failure(study: optuna.Study) -> str | None:
-        """The error of the study's first failed measurement, in one line (None: none failed)."""
-        failed = sorted((tr for tr in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-                         if counts(tr) and tr.user_attrs.get("error")), key=lambda tr: tr.number)
-        return one_line(failed[0].user_attrs["error"]) if failed else None
 
     def _state(self, trials) -> tuple[dict[tuple, float | None], dict[tuple, int]]:
         """(configs measured: time or None, configs being measured now: trial number)."""
@@ -439,62 +482,8 @@ class StudyRunner:
                                   storage=self.storage)
         study.set_user_attr("result", result.as_dict())
 
-    # -- concluding a study again (tables tied to each other) -----------------------------
     def measured(self, problem: Problem, M: int) -> dict[tuple, float | None]:
         """What a finished study measured: {config tuple: time, None when it failed}."""
         study = optuna.load_study(study_name=study_name(problem, M, self.prefix, self.kernel.source),
                                   storage=self.storage)
         return self._state(study.get_trials(deepcopy=False))[0]
-
-    def conclude(self, problem: Problem, M: int, ordered: list[Config], default: Config,
-                 tied: dict | None = None, shared: tuple[str, ...] = ()) -> StudyResult:
-        """Make the first of `ordered` that passes the numerics check the study's result, its
-        time and the default's taken again together (the choice was made elsewhere: two
-        tables deciding together). The default wins instead where it was faster in that
-        re-time and agrees with `ordered` on the `shared` keys (those the choice fixed for
-        both tables). Keeps the study's trial count, stop reason and failures."""
-        kernel = self.kernel
-        study = optuna.load_study(study_name=study_name(problem, M, self.prefix, kernel.source),
-                                  storage=self.storage)
-        before = checked_result(study.study_name, study.user_attrs.get("result")) or {}
-        default_t = config_tuple(kernel, default)
-        retime = ordered + ([] if any(config_tuple(kernel, c) == default_t for c in ordered) else [default])
-        again = self.measurer.measure(problem, M, retime)
-        by_cfg = {config_tuple(kernel, c): m for c, m in zip(retime, again)}
-        d = by_cfg[default_t]
-        default_error = None if d.time_us is not None else (d.error or "failed")
-        result = StudyResult(problem, M, None, None, None, default, d.time_us, before.get("trials", 0),
-                             before.get("stopped", "budget"), {"status": "failed",
-                                                               "detail": "every candidate failed the numerics check"},
-                             default_error=default_error, tied=tied or {},
-                             search=before.get("search") or self.searched_with(problem, M))
-
-        def passes(cfg: Config, m: Measurement) -> bool:
-            check: NumericsCheck = self.measurer.check_numerics(problem, M, cfg)
-            if check.failed:
-                result.rejected.append({"config": cfg, "numerics": check.as_dict()})
-                return False
-            result.config, result.time_us, result.spread, result.numerics = cfg, m.time_us, m.spread, check.as_dict()
-            return True
-
-        in_play = (d.time_us is not None and default_t not in {config_tuple(kernel, c) for c in ordered}
-                   and bool(ordered) and all(default.get(k) == ordered[0].get(k) for k in shared))
-        # The first candidate that passes, unless the default was faster than it in this re-time.
-        for cfg, m in zip(ordered, again):
-            if m.time_us is None:
-                continue
-            if in_play and d.time_us is not None and d.time_us < m.time_us:
-                if passes(default, d):
-                    break
-                in_play = False
-            if passes(cfg, m):
-                break
-        else:
-            if in_play:
-                passes(default, d)
-        if result.config is None:
-            result.stopped = "no config"
-        result.failures = self._failures(study, result)
-        result.first_failure = before.get("first_failure") or self._first_failure(study)
-        study.set_user_attr("result", result.as_dict())
-        return result

@@ -15,7 +15,9 @@ JOURNAL = "journal:///"      # a run's storage URL: journal:///FILE (FILE as in 
 @dataclass
 class SearchSettings:
     budget: int = 48                # distinct configs measured per (problem, M)
-    patience: int = 16              # stop after this many measured trials without a gain
+    # --patience: stop after this many measured trials without a gain, instead of on evidence
+    # (0: on evidence, tuner/search/stopping.py)
+    patience: int = 0
     min_gain: float = 0.005         # what counts as a gain (0.5 %)
     top_k: int = 3                  # finalists re-timed before choosing
     batch: int = 1                  # trials asked at once (the configs compiled in parallel on a GPU)
@@ -28,7 +30,8 @@ class SearchSettings:
     row_gain: float = 0.02
     # budgets sized by each M's pruned space (tuner/search/budget.py): the rule, "" when --trials gave one
     sized: str = ""
-    # patience as this share of a study's own budget (0: `patience`, grown for larger budgets)
+    # read from plans stored before issue 48, where it meant the default patience (half of a study's budget),
+    # not one the user gave: such a plan stops on evidence, as one made now
     patience_share: float = 0.0
     # candidates the Hopper cost model ranks fastest, measured first (tuner/search/prior.py; 0: none)
     prior: int = 6
@@ -38,20 +41,21 @@ class SearchSettings:
         return int(self.budgets.get(str(M), self.budget))
 
     def patience_for(self, problem: Problem, M: int) -> int:
-        """Patience grows with a study's share of the budget, so that a batch size given more
-        trials is not stopped as early as one given the average."""
+        """--patience, grown with a study's share of the budget so that a batch size given more
+        trials is not stopped as early as one given the average; 0 where none was given."""
         own = self.budget_for(problem, M)
-        if self.patience_share:
-            return max(8, round(own * self.patience_share))
+        if self.patience_share or not self.patience:
+            return 0
         return self.patience if own <= self.budget else max(self.patience, round(self.patience * own / self.budget))
 
 
 def default_settings(trials: int, *, sampler: str = "gp", seed: int = 0, patience: int | None = None,
                      parallel: int = 1) -> SearchSettings:
-    """The search a tuning command runs: `trials` distinct configs per study, patience
-    (default: half the trials, at least 8; tuner/search/stopping.py waits for 3/4 of the budget), and
-    batches as large as the configs compiled in parallel (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
-    return SearchSettings(budget=trials, patience=patience or max(8, trials // 2), sampler=sampler, seed=seed,
+    """The search a tuning command runs: at most `trials` distinct configs per study, stopped
+    earlier on evidence (tuner/search/stopping.py), or, with `patience` (--patience), after that
+    many trials without a gain instead; batches as large as the configs compiled in parallel
+    (`parallel`: the compile workers; 1 on a replay, capped at 8)."""
+    return SearchSettings(budget=trials, patience=patience or 0, sampler=sampler, seed=seed,
                           batch=max(1, min(8, parallel)))
 
 

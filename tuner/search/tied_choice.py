@@ -37,6 +37,7 @@ def choose_tied(runner: StudyRunner, measurer: Measurer, problem: Problem, up: P
     the tied table's result (None when the studies measured no pair). `up`: the problem it is
     tied to; `top_k`: how many pairs are timed again; `stored`: a study's stored result at M."""
     from tuner.plan.kernel_api import config_dict
+    from tuner.search.conclusion import conclude  # Optuna's: loaded where tables are concluded
     kernel, keys = runner.kernel, problem.tied_keys
     if problem.tied_to is None:
         return None
@@ -77,7 +78,8 @@ def choose_tied(runner: StudyRunner, measurer: Measurer, problem: Problem, up: P
     u_result = stored(up) or {}
     info["up_alone"] = {k: (u_result.get("config") or {}).get(k) for k in keys}    # what the up study chose by itself
     if u_result.get("config") != u_cfg:
-        u_now = runner.conclude(up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M), shared=keys)
+        u_now = conclude(runner, up, M, in_line(u_cfg, ups), kernel.default_config(up.params, M), shared=keys)
         u_cfg = u_now.config or u_cfg
     default = table_default(kernel, problem, M, u_cfg)
-    return runner.conclude(problem, M, in_line(d_cfg, timed(problem)), default, info, shared=keys)
+    return conclude(runner, problem, M, in_line(d_cfg, timed(problem)), default, info, shared=keys)
+

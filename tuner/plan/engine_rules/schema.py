@@ -55,6 +55,47 @@ class BackendChoice:
 
 
 @dataclass(frozen=True)
+class PrecisionRule:
+    """How an engine runs a fused MoE of one precision (a dtype and its scheme: block, group,
+    channel, tensor or none; tuner/plan/precision.py) on its Triton kernel, and how its loader
+    names that table: facts read from the engine's quantization methods and loader."""
+    table_dtype: str | None         # the dtype= part its loader asks for (None: none, as for bf16)
+    kernel: str                     # the engine's jit kernel the layer runs
+    runs_when: str                  # what makes the engine run that kernel for such a checkpoint on Hopper
+    by_default: bool = True         # whether it does so without a server flag
+    per_channel_part: bool = False  # SGLang: the name ends ",per_channel_quant=True"
+    packed_n: int = 1               # N in the name is the packed width of w2 (SGLang's INT4: N // 2)
+    row_needs: tuple[str, ...] = ()  # keys a row must hold: the launch passes the row as the kernel's arguments
+
+
+def moe_scheme(params: dict) -> str:
+    """A fused-MoE problem's weight scheme (tuner/plan/precision.py MoePrecision.scheme)."""
+    if params.get("block_shape"):
+        return "block"
+    if params.get("group_size"):
+        return "group"
+    dtype = params.get("dtype")
+    if dtype in ("int8_w8a8", "int8_w8a16"):
+        return "channel"
+    return "tensor" if dtype == "fp8_w8a8" else "none"
+
+
+def precision_rule(precisions: dict, params: dict) -> PrecisionRule | None:
+    """The engine's rule for a fused-MoE problem's precision (None: it runs none)."""
+    return precisions.get((params.get("dtype"), moe_scheme(params)))
+
+
+def moe_name_args(precisions: dict, params: dict) -> dict:
+    """What an engine's MoE loader names a problem's table by: E, N (the packed width where the
+    engine names it so), the dtype part, the block shape and the per-channel part."""
+    rule = precision_rule(precisions, params)
+    if rule is None:
+        raise ValueError(f"no table of precision {params.get('dtype')} ({moe_scheme(params)})")
+    return {"E": params["E"], "N": params["N"] // rule.packed_n, "dtype": rule.table_dtype,
+            "block_shape": params.get("block_shape"), "per_channel": rule.per_channel_part}
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     block_shape_sep: str            # "," (vLLM) or ", " (SGLang) inside block_shape=[...]
@@ -87,16 +128,24 @@ class Engine:
     hopper_backends: dict = field(default_factory=dict)
     # {table kind: BackendFlag}: the flag that makes the Triton kernel (and so the tables) run
     triton_flags: dict = field(default_factory=dict)
+    # {(dtype, scheme): PrecisionRule}: the MoE precisions its Triton kernels run, and
+    # {(dtype, scheme): why not} for those it runs on none
+    moe_precisions: dict = field(default_factory=dict)
+    moe_precisions_refused: dict = field(default_factory=dict)
 
     def tied_keys(self, kind: str) -> tuple[str, ...]:
         return tuple((self.down_table_tied_keys or {}).get(kind, ()))
 
-    def fuses_shared_expert(self, architecture: str | None, routed: int, shared: int, ep: int) -> bool:
+    def fuses_shared_expert(self, architecture: str | None, routed: int, shared: int, ep: int,
+                            checkpoint: tuple[str, str] | None = None) -> bool:
+        """Whether the engine folds the model's shared expert into its fused MoE; `checkpoint`
+        (quant_method, MoE dtype) when known: some quantized checkpoints keep it apart."""
         rule = self.shared_expert_fusion
         if not rule:
             return False
         return (architecture in rule["architectures"] and routed in rule["routed_experts"]
-                and shared == rule["shared_experts"] and ep <= rule["max_ep"])
+                and shared == rule["shared_experts"] and ep <= rule["max_ep"]
+                and (checkpoint is None or tuple(checkpoint) not in rule.get("not_for", ())))
 
     def device_name(self, cuda_name: str, kind: str = "fused_moe") -> str:
         """The device_name= part of the file name of a `kind` table ("fused_moe", "fp8_gemm")
@@ -119,12 +168,14 @@ class Engine:
         )
 
     def moe_filename(self, E: int, N: int, cuda_name: str, dtype: str | None,
-                     block_shape=None, down: bool = False) -> str:
+                     block_shape=None, down: bool = False, per_channel: bool = False) -> str:
         name = f"E={E},N={N},device_name={self.device_name(cuda_name)}"
         if dtype:
             name += f",dtype={dtype}"
         if block_shape:
             name += f",block_shape={self.block_shape(block_shape)}"
+        if per_channel:
+            name += ",per_channel_quant=True"
         return name + ("_down" if down else "") + ".json"
 
     def moe_subfolder(self, triton_version: str) -> str:
@@ -142,9 +193,9 @@ class Engine:
             name = self.gemm_filename(params["N"], params["K"], cuda_name, params["block_shape"])
             return f"{self.name}/{kind}/{name}"
         if kind == "fused_moe":
-            dtype = None if params.get("dtype") in (None, "bf16", "fp16") else params["dtype"]
             down = down or params.get("part") == "down"
-            name = self.moe_filename(params["E"], params["N"], cuda_name, dtype, params.get("block_shape"), down)
+            a = moe_name_args(self.moe_precisions, params)
+            name = self.moe_filename(a["E"], a["N"], cuda_name, a["dtype"], a["block_shape"], down, a["per_channel"])
             sub = "/".join(p for p in (self.moe_env_subfolder, self.moe_subfolder(triton_version)) if p)
             return f"{self.name}/{kind}/{sub + '/' if sub else ''}{name}"
         raise ValueError(f"no {self.name} table family {kind!r}")
@@ -200,6 +251,8 @@ class TableFamily:
     # call), to quote the engine's own lines from its source.
     loader: str = ""
     log_calls: tuple = ()
+    # fused MoE: {(dtype, scheme): PrecisionRule}, as the engine's Engine.moe_precisions
+    precisions: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -213,7 +266,7 @@ class TableFamily:
         return name
 
     def lookup_name(self, cuda_name: str, *, E: int | None = None, N: int, K: int | None = None,
-                    dtype: str | None = None, block_shape=None, down: bool = False) -> str:
+                    dtype: str | None = None, block_shape=None, down: bool = False, per_channel: bool = False) -> str:
         """The file name this loader asks for (get_config_file_name / get_w8a8_block_fp8_configs)."""
         dev = self.device_file_name(cuda_name)
         block = ""
@@ -221,7 +274,8 @@ class TableFamily:
             block = f",block_shape=[{block_shape[0]}{self.block_sep}{block_shape[1]}]"
         if self.kind == "fp8_gemm":
             return f"N={N},K={K},device_name={dev},dtype=fp8_w8a8{block}.json"
-        return (f"E={E},N={N},device_name={dev}" + (f",dtype={dtype}" if dtype else "") + block
+        channel = ",per_channel_quant=True" if per_channel and self.per_channel_part else ""
+        return (f"E={E},N={N},device_name={dev}" + (f",dtype={dtype}" if dtype else "") + block + channel
                 + ("_down" if down and self.has_down else "") + ".json")
 
     def name_pattern(self) -> re.Pattern:

@@ -5,7 +5,14 @@ functions these rules were read from, per release, are in that file."""
 
 from __future__ import annotations
 
-from tuner.plan.engine_rules.schema import BackendChoice, BackendFlag, Engine, ServingMetrics, TableFamily
+from tuner.plan.engine_rules.schema import (
+    BackendChoice,
+    BackendFlag,
+    Engine,
+    PrecisionRule,
+    ServingMetrics,
+    TableFamily,
+)
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE_CFG = "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
@@ -15,11 +22,41 @@ _FP8 = "sglang/kernels/ops/gemm/fp8_kernel.py"
 _FLAG_FILES = ("sglang/srt/arg_groups/fields/exec_.py", "sglang/srt/server_args.py")
 _DTYPES = (None, "fp8_w8a8", "int8_w8a8", "int4_w4a16", "int8_w8a16", "float32")
 
+# The MoE precisions SGLang 0.5.21-0.5.23 runs on its Triton runner (its quantization methods of
+# 0.5.23; the earlier two alike), keyed (dtype, scheme), and how get_config_dtype_str and
+# get_config_file_name name their tables: per-channel INT8 with ",per_channel_quant=True", and
+# INT4 by w2's packed width (two values a byte: N // 2).
+_MOE_KERNEL, _WNA16_KERNEL = "fused_moe_kernel", "fused_moe_kernel_gptq_awq"
+MOE_PRECISIONS = {
+    ("bf16", "none"): PrecisionRule(None, _MOE_KERNEL, "unquantized experts run the Triton MoE runner"),
+    ("fp8_w8a8", "block"): PrecisionRule("fp8_w8a8", _MOE_KERNEL, "block-FP8 experts run the Triton MoE runner"),
+    ("fp8_w8a8", "tensor"): PrecisionRule("fp8_w8a8", _MOE_KERNEL, "per-tensor FP8 experts run the Triton MoE runner"),
+    ("int8_w8a8", "channel"): PrecisionRule(
+        "int8_w8a8", _MOE_KERNEL, "w8a8_int8 checkpoints (channel weights, dynamic per-token activations) run the "
+        "Triton MoE runner by default", per_channel_part=True),
+    ("int8_w8a8", "block"): PrecisionRule(
+        "int8_w8a8", _MOE_KERNEL, "blockwise_int8 checkpoints run the Triton MoE runner by default"),
+    ("int8_w8a16", "group"): PrecisionRule(
+        "int8_w8a16", _WNA16_KERNEL, "8-bit GPTQ checkpoints run its Triton kernel with --quantization moe_wna16; by "
+        "default GPTQ Marlin runs, which reads no table", by_default=False),
+    ("int4_w4a16", "group"): PrecisionRule(
+        "int4_w4a16", _WNA16_KERNEL, "INT4 AWQ/GPTQ checkpoints run its Triton kernel with --quantization moe_wna16, "
+        "compressed-tensors W4A16 ones (symmetric, groups of 32 or 128) with --moe-runner-backend triton; by default "
+        "Marlin's MoE runs, which reads no table", by_default=False, packed_n=2),
+}
+MOE_REFUSED = {
+    ("int8_w8a16", "channel"): "SGLang 0.5.21-0.5.23 run no per-channel INT8 weight-only MoE (no experts_int8 method; "
+                               "its 8-bit weight-only MoE is moe_wna16's, in K groups)",
+}
+
 ENGINE = Engine(
     name="sglang",
     block_shape_sep=", ",
+    # (not for compressed-tensors W4A16 checkpoints: their routed and shared experts are quantized
+    # apart, deepseek_v2.py shared_experts_fusion_disable_reason)
     shared_expert_fusion={"architectures": ("DeepseekV3ForCausalLM",), "routed_experts": (256,),
-                          "shared_experts": 1, "max_ep": 1},
+                          "shared_experts": 1, "max_ep": 1,
+                          "not_for": (("compressed-tensors", "int4_w4a16"),)},
     gemm_folder="sglang/kernels/ops/gemm/configs",
     moe_folder="sglang/srt/layers/moe/moe_runner/triton_utils/configs",
     moe_folder_per_triton=True,
@@ -43,6 +80,8 @@ ENGINE = Engine(
             turned_on_line="{variables}=0 is set: the Triton GEMM reads these tables"),
         "fused_moe": BackendChoice(True, "read by default ({facts})"),
     },
+    moe_precisions=MOE_PRECISIONS,
+    moe_precisions_refused=MOE_REFUSED,
     triton_flags={
         "fp8_gemm": BackendFlag("--fp8-gemm-backend triton", "DeepGEMM", _FLAG_FILES, 'cli_name="--fp8-gemm-backend"'),
         "fused_moe": BackendFlag("--moe-runner-backend triton", "the Triton MoE runner (auto)", _FLAG_FILES,
@@ -87,7 +126,7 @@ TABLE_FAMILIES = {
         per_triton=True, env_var="SGLANG_MOE_CONFIG_DIR", env_replaces_root=True, fold_h200=False, device_pattern=" ",
         block_sep=", ", dtypes=_DTYPES, dropped_keys=(), has_down=True, per_channel_part=True, clamp_block_k=False,
         raise_block_k=False, accepted_keys=MATMUL_CONFIG_KEYS + ("USE_TMA",), tied_down_keys=("BLOCK_SIZE_M",),
-        loader=f"{_MOE_CFG}:get_moe_configs",
+        loader=f"{_MOE_CFG}:get_moe_configs", precisions=MOE_PRECISIONS,
         log_calls=(("loaded", "info", "config_file_path", 0), ("fell back", "warning", "try_config_file_path", 0),
                    ("not loaded", "warning", "config_file_path", -1))),
     "fp8_gemm": TableFamily(

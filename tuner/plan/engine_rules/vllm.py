@@ -5,12 +5,48 @@ functions these rules were read from, per release, are in that file."""
 
 from __future__ import annotations
 
-from tuner.plan.engine_rules.schema import BackendChoice, BackendFlag, Engine, ServingMetrics, TableFamily
+from tuner.plan.engine_rules.schema import (
+    BackendChoice,
+    BackendFlag,
+    Engine,
+    PrecisionRule,
+    ServingMetrics,
+    TableFamily,
+)
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 _FP8 = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
 _DTYPES = (None, "fp8_w8a8", "fp8_w8a16", "int8_w8a16", "int4_w4a16", "float32")
+
+# The MoE precisions vLLM 0.31-0.33 runs on its Triton kernels (the quantization methods and the
+# experts' oracles of vLLM 0.33.0; 0.31.0 and 0.32.0 alike), keyed (dtype, scheme), and how
+# _get_config_dtype_str names their tables. It has no int8_w8a8 case: INT8 W8A8 experts read
+# the table named as the bf16 one (no dtype part), never its shipped dtype=int8_w8a8 files.
+_MOE_KERNEL, _WNA16_KERNEL = "fused_moe_kernel", "fused_moe_kernel_gptq_awq"
+_WNA16_WHEN = ("{what} checkpoints run its Triton kernel with --quantization moe_wna16 (TritonWNA16Experts); by "
+               "default (awq, gptq, compressed-tensors) Marlin's MoE runs, which reads no table (compressed-tensors "
+               "and GPTQ: --moe-backend triton runs the Triton kernel too)")
+MOE_PRECISIONS = {
+    ("bf16", "none"): PrecisionRule(None, _MOE_KERNEL, "unquantized experts run the Triton fused MoE"),
+    ("fp8_w8a8", "block"): PrecisionRule("fp8_w8a8", _MOE_KERNEL, "block-FP8 experts run the Triton fused MoE"),
+    ("fp8_w8a8", "tensor"): PrecisionRule("fp8_w8a8", _MOE_KERNEL, "per-tensor FP8 experts run the Triton fused MoE"),
+    ("int8_w8a8", "channel"): PrecisionRule(
+        None, _MOE_KERNEL, "compressed-tensors INT8 W8A8 experts (channel weights, dynamic per-token activations) "
+        "run the Triton fused MoE (TritonExperts) by default; its table is named as the bf16 one"),
+    ("int8_w8a16", "channel"): PrecisionRule(
+        "int8_w8a16", _MOE_KERNEL, "--quantization experts_int8 quantizes the experts per channel at load and runs "
+        "the Triton fused MoE"),
+    # invoke_fused_moe_wna16_triton_kernel launches with **config: a row without SPLIT_K fails (TypeError)
+    ("int8_w8a16", "group"): PrecisionRule("int8_w8a16", _WNA16_KERNEL, _WNA16_WHEN.format(what="8-bit GPTQ"),
+                                           by_default=False, row_needs=("SPLIT_K",)),
+    ("int4_w4a16", "group"): PrecisionRule("int4_w4a16", _WNA16_KERNEL, _WNA16_WHEN.format(what="INT4 AWQ/GPTQ"),
+                                           by_default=False, row_needs=("SPLIT_K",)),
+}
+MOE_REFUSED = {
+    ("int8_w8a8", "block"): "vLLM 0.31-0.33 run no block-INT8 MoE (their Triton experts take INT8 W8A8 per channel "
+                            "only; the shipped dtype=int8_w8a8,block_shape files are never asked for)",
+}
 
 ENGINE = Engine(
     name="vllm",
@@ -41,6 +77,8 @@ ENGINE = Engine(
             turned_off_line="{variables}=1 is set: DeepGEMM's MoE runs, not the Triton one ({facts})",
             expert_parallel_line="under expert parallelism not read by default: {facts}"),
     },
+    moe_precisions=MOE_PRECISIONS,
+    moe_precisions_refused=MOE_REFUSED,
     triton_flags={
         "fp8_gemm": BackendFlag("--linear-backend triton", "FlashInfer/DeepGEMM, then CUTLASS",
                                 ("vllm/engine/arg_utils.py",), '"--linear-backend"'),
@@ -81,7 +119,7 @@ TABLE_FAMILIES = {
         block_sep=",", dtypes=_DTYPES, dropped_keys=("triton_version",), has_down=False, clamp_block_k=True,
         raise_block_k=False, forced=(("SPLIT_K", 1),), accepted_keys=MATMUL_CONFIG_KEYS + ("SPLIT_K",),
         other_loaders=(("FlyDSL MoE (ROCm)", r",backend=flydsl\.json$"),),
-        loader=f"{_MOE}:get_moe_configs",
+        loader=f"{_MOE}:get_moe_configs", precisions=MOE_PRECISIONS,
         log_calls=(("loaded", "info", "config_file_path", 0), ("not loaded", "warning", "config_file_paths", -1))),
     "fp8_gemm": TableFamily(
         engine="vllm", kind="fp8_gemm", folder="vllm/model_executor/layers/quantization/utils/configs",

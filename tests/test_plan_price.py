@@ -1,0 +1,77 @@
+"""A plan that prices itself (issue 48, item 2): the dry run prints the GPU time it expects from measured
+costs (tuner/pipeline/price.py: the committed H200 run's start-up and seconds per trial and per study,
+bench/results/H200-2026-11-27/costs.json; the configs a study measures under the stopping rule,
+bench/results/search/stopping.json), and the README and the manual quote what it prints."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+HEADLINE = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--dry-run"]
+TOTAL = re.compile(r"expected for the 2 plans: about (\d+\.\d) min of GPU on NVIDIA H200, (\d+) measured configs")
+
+
+@pytest.fixture(scope="module")
+def headline_plan():
+    import contextlib
+    import io
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.delenv("COLUMNS", raising=False)           # lines whole, as piped (tuner/textwidth.py)
+        assert main(HEADLINE) == 0
+    return out.getvalue()
+
+
+def test_the_headlines_dry_run_prints_its_expected_gpu_time_per_engine_and_in_all(headline_plan):
+    # before: no price at all
+    total = TOTAL.search(headline_plan)
+    assert total, headline_plan[-2000:]
+    per_plan = re.findall(r"expected: about (\d+\.\d) min of GPU on NVIDIA H200, (\d+) measured configs", headline_plan)
+    assert len(per_plan) == 2 and sum(int(n) for _, n in per_plan) == int(total.group(2))
+    assert "bench/results/H200-2026-11-27/costs.json (vllm's start-up" in headline_plan
+    assert "bench/results/H200-2026-11-27/costs.json (sglang's start-up" in headline_plan
+    assert all(len(line) <= 120 for line in headline_plan.splitlines() if "expected" in line or "costs.json" in line)
+
+
+def test_the_readme_and_the_manual_say_what_the_dry_run_prints(headline_plan):
+    # before: the README said "32 measured configs each" and "about 11 minutes", from no output of the tool
+    said = TOTAL.search(headline_plan).group(0)
+    for page in (REPO / "README.md", REPO / "docs" / "tuning.md"):
+        text = " ".join(page.read_text().split())
+        assert said in text, f"{page.name} does not say: {said}"
+        assert "32 measured configs" not in text and "about 11 minutes" not in text
+    budgets = [int(b) for b in re.findall(r"\d+:\d+->(\d+)", headline_plan)]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"at most {min(budgets)} to {max(budgets)} measured configs" in readme
+
+
+def test_the_price_is_the_measured_costs_times_the_configs_a_study_measures(tmp_path, monkeypatch):
+    """Made-up costs in a results folder: each study of the plan costs its expected trials at the seconds per
+    trial of its batch size (between the measured ones, by log M), then the mean close; the run its start-up."""
+    import tuner.pipeline.price as price
+    from tuner.pipeline.planning import plan_runs
+    from tuner.pipeline.request import TuneRequest
+    run = tmp_path / "results" / "H200-2030-01-01"
+    run.mkdir(parents=True)
+    studies = [{"problem": "p", "M": 1, "trials": 10, "trial_s": 10.0, "close_s": 1.0},
+               {"problem": "p", "M": 4, "trials": 10, "trial_s": 30.0, "close_s": 3.0}]
+    (run / "costs.json").write_text(json.dumps({"format": "tuner-costs/1", "gpu": "H200", "sources": {
+        "ours": {"startup_s": 20.0, "close_s": 2.0, "studies": studies}}}))
+    stopping = tmp_path / "stopping.json"
+    stopping.write_text(json.dumps({"headline": {"trials": 35, "studies": [{}] * 5}}))     # 7 a study
+    monkeypatch.setattr(price, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(price, "STOPPING", stopping)
+    req = TuneRequest(command="gemm", model="deepseek-v3", gpu="H200", tp=8, only=["N=7168,K=2048"],
+                      batch_sizes=[1, 2, 4, 8], kernel_source="ours", trials=5, dry_run=True)
+    (opts,) = plan_runs(req, say=lambda _: None)
+    got = price.plan_price(opts)
+    # M=1: 1 s a trial, M=2: 2 s (half-way in log M), M=4 and beyond: 3 s; 5 trials each (the cap, under 7)
+    assert got is not None and got.trials == 20 and got.cap == 20 and not got.pooled
+    assert got.seconds == pytest.approx(20.0 + 5 * (1 + 2 + 3 + 3) + 4 * 2.0)
+    monkeypatch.setattr(price, "STOPPING", tmp_path / "none.json")
+    assert price.plan_price(opts) is None
