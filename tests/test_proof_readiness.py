@@ -325,3 +325,26 @@ def test_bench_readme_states_the_plans_figures(capsys):
         assert f"| {quiet['validate']:.0f} s when nothing changed" in text
         assert f"at least {pp.DEVICE_MINUTES * 60 - sum(quiet.values()):.0f} s when nothing changed" in text
         assert f"({pp.DEVICE_MINUTES * 60 - sum(boxes.values()):.0f} s at this writing)" in text
+
+
+def test_a_window_command_is_not_started_with_less_time_than_the_smoke_took(tmp_path):
+    """A window command given less than this machine's smoke took (start-up and one config) ends
+    having measured nothing, exit 1, and failed the call (the rehearsal's second GEMM command under
+    load: 'the window of 0.1 min is too short'). Now it is not started and the step is out of time;
+    a command with time enough still runs."""
+    import sys
+
+    from tuner.jobs.proof import Proof, StepResult
+    from tuner.jobs.proof_steps import Command
+    proof = Proof(tmp_path / "H200-window", get_gpu("H200"), minutes=9, device="cpu")
+    (tmp_path / "H200-window").mkdir()
+    ran = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(ran)!r}, 'a').write('x')"]
+    window = [Command("first", cmd, "first.txt", window=True), Command("second", cmd, "second.txt", window=True)]
+    proof.results = [StepResult("smoke", "ok", 40.0, [])]
+    result = proof.run(window, 50.0)                  # 50 s less the 15 s close margin: under the smoke's 40
+    assert not ran.exists() and result.status == "out of time"
+    assert all("not started" in d for d in result.detail), result.detail
+    proof.results = [StepResult("smoke", "ok", 2.0, [])]
+    result = proof.run(window, 60.0)
+    assert ran.read_text() == "xx" and result.status == "ok", result.detail

@@ -85,6 +85,14 @@ class Proof(ProofSteps):
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
                 [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
             argv = c.argv
+            floor = self.progress_floor_s() if c.window else 0.0
+            if left - WINDOW_CLOSE_S < floor:
+                # a tuning command given less than one command takes here to time its first config
+                # (the smoke) ends having measured nothing, and says so with exit 1: not started
+                detail.append(f"{c.label}: not started, {left:.0f}s left, less than a command takes here "
+                              f"to time its first config and close ({floor + WINDOW_CLOSE_S:.0f}s)")
+                status = "out of time"
+                continue
             if c.window:
                 # the tuning command stops itself on time (writing every table it has rows for)
                 # before the box's SIGTERM; a margin for its closing writes
@@ -120,6 +128,13 @@ class Proof(ProofSteps):
             else:
                 detail.append(f"{c.label}: ok in {took:.0f}s")
         return StepResult("", status, time.monotonic() - t0, detail)
+
+    def progress_floor_s(self) -> float:
+        """What a window command needs before its first config is timed, on this machine: the
+        smoke's seconds (its start-up and one config through the measuring path) when this proof
+        ran it, in this call or an earlier one into the same folder; 0 when it did not."""
+        smoke = [r for r in self.results if r.name == "smoke" and r.status == "ok"]
+        return smoke[-1].seconds if smoke else 0.0
 
     def _wait(self, proc: subprocess.Popen, deadline: float) -> int | None:
         """The command's exit status, or None when it ran out of time (then stopped: SIGTERM,
