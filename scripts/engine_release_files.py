@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,10 +32,14 @@ def release_files(wheels: Path) -> dict:
         found = sorted(wheels.glob(f"{engine}-*.whl"), key=lambda w: version_key(_wheel_version(w, engine) or ""))
         for wheel in found:
             code = _from_wheel(wheel, engine)
+            with zipfile.ZipFile(wheel) as z:
+                present = set(z.namelist())
             if code.version not in launcher.SUPPORTED:
                 continue
+            # a file the release lacks (SGLang 0.5.19-0.5.20 keep no gemm/fp8_kernel.py: the data refuses
+            # that kernel there) has no digest: nothing of it is imported
             out.setdefault(engine, {})[code.version] = {rel: file_digest(code.read(rel))
-                                                        for rel in imported_files_of()[engine]}
+                                                        for rel in imported_files_of()[engine] if rel in present}
     return out
 
 

@@ -180,6 +180,7 @@ def vllm_wrappers(folder: Path, version: str, kernels: dict, config: dict) -> di
         ops=SimpleNamespace(moe_align_block_size=vllm_moe_align_op,
                             moe_sum=lambda inp, out: torch.sum(inp, dim=1, out=out)),
         current_platform=SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn, is_rocm=lambda: False,
+                                         is_xpu=lambda: False,      # 0.29.0 asks it too
                                          is_device_capability=lambda cap: cap == 90),
         warn_if_moe_use_td_ineffective=lambda *a, **k: None, resolve_moe_use_td=lambda: False,
         set_triton_allocator=lambda *a: None, round_up=lambda x, m: -(-x // m) * m,
@@ -213,6 +214,7 @@ def sglang_wrappers(folder: Path, version: str, kernels: dict, config: dict, dow
         is_sm90_supported=lambda: True, get_platform=lambda: SimpleNamespace(is_sm90=True),
         get_exec=lambda: SimpleNamespace(moe=SimpleNamespace(enable_fused_moe_sum_all_reduce=False)),
         get_parallel=lambda: SimpleNamespace(tp_group=None),
+        get_tp_group=lambda: None,             # 0.5.19-0.5.20: the TP group, before get_parallel()
         use_symmetric_memory=lambda *a, **k: contextlib.nullcontext(), is_allocation_symmetric=lambda: False,
         silu_and_mul=_silu_into, per_token_group_quant=_group_quant,
         sglang_per_token_group_quant_fp8=lambda A, k: per_token_group_quant_fp8(A, k),
@@ -232,8 +234,9 @@ def sglang_wrappers(folder: Path, version: str, kernels: dict, config: dict, dow
         take_functions(zf, f"{SGL_RUNNER}/moe_align_block_size.py", ["moe_align_block_size"], ns)
         take_functions(zf, SGL_KERNELS, ["invoke_fused_moe_kernel", "should_enable_swap_ab",
                                          "_get_b_tma_desc_cached", "_set_triton_tma_allocator"], ns)
-        take_functions(zf, SGL_GEMM, ["w8a8_block_fp8_matmul_triton", "select_w8a8_block_fp8_matmul_kernel",
-                                      "prepare_block_fp8_matmul_inputs"], ns)
+        if SGL_GEMM in zf.namelist():       # 0.5.19-0.5.20 keep their GEMM elsewhere (tuner refuses it there)
+            take_functions(zf, SGL_GEMM, ["w8a8_block_fp8_matmul_triton", "select_w8a8_block_fp8_matmul_kernel",
+                                          "prepare_block_fp8_matmul_inputs"], ns)
     return ns
 
 

@@ -58,6 +58,14 @@ def test_a_release_added_by_data_alone_is_planned_tuned_audited_and_installed(tm
     assert "0.33.0, 0.34.0" in " ".join(sub["install"].format_help().split())
     assert supported_releases("vllm")[-1] == "0.34.0"
     assert LOADER_FUNCTIONS["vllm"]["0.34.0"] == LOADER_FUNCTIONS["vllm"]["0.33.0"]
+    # the launchers launch it (as 0.33.0: the data says nothing differs), the integer-precision
+    # variant too, and the plan says so
+    from kernels.engines import vllm_quant_spec, vllm_spec
+    assert vllm_spec.supported()[-1] == vllm_quant_spec.supported()[-1] == "0.34.0"
+    assert vllm_spec.releases("fused_moe")[-1].launch == vllm_spec.releases("fused_moe")[-2].launch
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--engines", "vllm",
+                 "--dry-run"]) == 0
+    assert "0.33.0, 0.34.0" in " ".join(capsys.readouterr().out.split())
 
     out = tmp_path / "run"
     assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic",
@@ -94,6 +102,10 @@ BAD = [
      "which the release it is like has not"),
     ({"version": "0.34.0", "like": "0.33.0", "loader": {"sglang/x.py:f": "0123456789abcdef"}},
      "not a function as 'vllm/....py:name'"),
+    ({"version": "0.34.0", "like": "0.33.0", "kernels": {"fused_moe.quant": {"launch": {}}}},
+     "a launcher variant launches as its kernel's entry says"),
+    ({"version": "0.34.0", "like": "0.33.0", "kernels": {"fused_moe": {"refused": "not launched"}}},
+     "fused_moe.quant adds to fused_moe, which this release's data does not launch"),
 ]
 
 
@@ -123,3 +135,20 @@ def test_a_folder_without_release_files_adds_nothing(tmp_path, monkeypatch):
     before = supported_releases("sglang")
     monkeypatch.setenv("TUNER_CONFIG_DIRS", str(tmp_path))
     assert supported_releases("sglang") == before
+
+
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.20"])
+def test_a_release_laid_out_otherwise_is_refused_for_that_kernel_in_one_line(tmp_path, version):
+    """A kernel the data says tuner does not launch for a release (SGLang 0.5.19-0.5.20's
+    block-FP8 GEMM): its reason, naming the release, before any of the engine's files is read
+    (the folder here holds none)."""
+    from kernels.engines import sglang_spec
+    from tuner.errors import TunerError
+    from tuner.plan.kernel_sources import EngineCode
+    code = EngineCode("sglang", version, str(tmp_path), "folder", _root=tmp_path)
+    with pytest.raises(TunerError) as e:
+        sglang_spec.kernel_spec("fp8_gemm", code)
+    line = str(e.value)
+    assert "\n" not in line and f"sglang {version}" in line and "sglang/kernels/ops/quantization" in line
+    assert "--kernel-source ours" in line
+    assert version in sglang_spec.supported() and version not in [r.version for r in sglang_spec.releases("fp8_gemm")]

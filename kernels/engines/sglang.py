@@ -1,6 +1,7 @@
-"""SGLang's own Triton kernels (fused MoE, block-FP8 GEMM), launched as SGLang 0.5.21, 0.5.22
-and 0.5.23 launch them (RELEASES: each version's wrapper hashes, kernel signatures and launch
-differences; any other code is refused when it is loaded).
+"""SGLang's own Triton kernels (fused MoE, block-FP8 GEMM), launched as the SGLang releases
+of configs/engines/sglang.yaml launch them (RELEASES, read from that data: each version's wrapper
+hashes, kernel signatures and launch differences, or why a kernel is not launched there; any
+other code is refused when it is loaded).
 
 Mirrored from SGLang's wrappers (all in this file, checked against RELEASES' hashes):
 - fused MoE (`_prepare_fused_moe_run`, `_fused_moe_kernel_sequence`, `invoke_fused_moe_kernel`,
@@ -51,20 +52,18 @@ from kernels.engines.base import (
 )
 from kernels.engines.sglang_spec import (  # noqa: F401 - the launcher's facts, imported from here too
     ENGINE,
-    FILES,
     GEMM_FILE,
     GEMM_KEYS,
     KERNEL_FUNCTIONS,
     MOE_FILE,
     MOE_KEYS,
-    NEWEST,
-    RELEASES,
     RUNNER,
-    SUPPORTED,
+    __getattr__,  # RELEASES, SUPPORTED, FILES: read from the data when asked, as the spec does
     gemm_default_config,
     kernel_spec,
     moe_default_config,
     moe_note,
+    releases,
 )
 from kernels.fp8_gemm import per_token_group_quant_fp8
 from kernels.fused_moe import (
@@ -92,9 +91,10 @@ def use_pdl() -> bool:
     return on_cuda_device() and target_capability()[0] >= 9
 
 
-def sorted_rows(numel: int, E: int, block_m: int, launch: dict = NEWEST) -> int:
+def sorted_rows(numel: int, E: int, block_m: int, launch: dict | None = None) -> int:
     """moe_align_block_size's buffer length (E + 1 buckets; a multiple of 4 where the
-    version pads it for int4 stores)."""
+    version pads it for int4 stores; `launch`: the release's, by default the newest's)."""
+    launch = launch if launch is not None else releases("fused_moe")[-1].launch
     rows = numel * block_m if numel < E + 1 else numel + (E + 1) * (block_m - 1)
     step = launch["sorted_rows_multiple"]
     return (rows + step - 1) // step * step

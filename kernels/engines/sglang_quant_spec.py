@@ -17,7 +17,8 @@ from pathlib import Path
 
 from kernels import fused_moe_spec
 from kernels.engines import sglang_spec
-from kernels.engines.base import Release, engine_spec, files_read
+from kernels.engines.base import engine_spec, files_read
+from tuner.plan.engine_releases import Release, kernel_releases
 from tuner.plan.kernel_api import KernelSpec, Params, from_factory
 
 VARIANT = "quant"
@@ -29,13 +30,28 @@ MOE_FILE = sglang_spec.MOE_FILE
 WNA16_KERNEL = "fused_moe_kernel_gptq_awq"
 KERNEL_FUNCTIONS = {"fused_moe": {MOE_FILE: ["fused_moe_kernel", WNA16_KERNEL]}}
 DTYPES = ("int8_w8a8", "int8_w8a16", "int4_w4a16")
-# the group-wise kernel's parameter list: 0.5.21 and 0.5.22 take filter_expert, 0.5.23 does not
-_WNA16_SIGNATURE = {"0.5.21": "785246296ebd8ad2", "0.5.22": "785246296ebd8ad2", "0.5.23": "1003f8ae0328eee9"}
-RELEASES = {"fused_moe": [Release(r.version, r.mirrored,
-                                  {**r.signatures, f"{MOE_FILE}:{WNA16_KERNEL}": _WNA16_SIGNATURE[r.version]},
-                                  r.launch) for r in sglang_spec.RELEASES["fused_moe"]]}
-SUPPORTED = sglang_spec.SUPPORTED
-FILES = files_read(KERNEL_FUNCTIONS, RELEASES)
+
+
+# the group-wise kernel's parameter list, per release: data (configs/engines/sglang.yaml, 'fused_moe.quant')
+def releases(kernel: str) -> list[Release]:
+    """The releases whose data gives this variant's additions to `kernel` ('<kernel>.quant' in
+    configs/engines/sglang.yaml), as the engine's launcher launches them, oldest first."""
+    return kernel_releases(ENGINE, f"{kernel}.{VARIANT}", sglang_spec.LAUNCH_VALUES[kernel])
+
+
+def supported() -> tuple[str, ...]:
+    return tuple(r.version for r in releases("fused_moe"))
+
+
+def __getattr__(name: str):
+    """RELEASES, SUPPORTED and FILES, read from the data when asked (sglang_spec.__getattr__)."""
+    if name == "RELEASES":
+        return {k: releases(k) for k in KERNEL_FUNCTIONS}
+    if name == "SUPPORTED":
+        return supported()
+    if name == "FILES":
+        return files_read(KERNEL_FUNCTIONS, {k: releases(k) for k in KERNEL_FUNCTIONS})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def handles(params: Params) -> bool:
@@ -66,7 +82,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
     if name != "fused_moe":
         raise TunerError(f"SGLang's integer precisions are fused-MoE ones: no {name} launch of them")
     return engine_spec(
-        fused_moe_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
+        fused_moe_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], releases(name), LAUNCHER_FILES,
         lambda release: dict(run=from_factory(CODE, "moe_run", code, release.launch),
                              compile_only=from_factory(CODE, "moe_compile_only", code, release.launch)),
         variant=VARIANT, config_keys=sglang_spec.MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),

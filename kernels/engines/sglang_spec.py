@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernels import fp8_gemm_spec, fused_moe_spec
-from kernels.engines.base import Release, engine_spec, files_read
+from kernels.engines.base import engine_spec, files_read
+from tuner.plan.engine_releases import Release, kernel_releases, supported_versions
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_factory
 
 CODE = "kernels.engines.sglang"
@@ -27,46 +28,42 @@ KERNEL_FUNCTIONS = {
 }
 
 
-def _moe_release(version: str, invoke: str, sequence: str, align: str, kernel: str, **launch) -> Release:
-    return Release(version, {
-        f"{MOE_FILE}:invoke_fused_moe_kernel": invoke,
-        f"{MOE_FILE}:should_enable_swap_ab": "fd7a63e1007b9d4d",
-        f"{RUNNER}/fused_moe.py:_prepare_fused_moe_run": "d49eb4b8975a0dfd",
-        f"{RUNNER}/fused_moe.py:_fused_moe_kernel_sequence": sequence,
-        f"{RUNNER}/moe_align_block_size.py:moe_align_block_size": align,
-        f"{RUNNER}/fused_moe_triton_config.py:get_default_config": "e57a4a24e1a9c63a",
-        f"{RUNNER}/fused_moe_triton_config.py:try_get_optimal_moe_config": "e1ab1aa5876dd06b",
-    }, {f"{MOE_FILE}:fused_moe_kernel": kernel}, launch)
-
-
-def _gemm_release(version: str) -> Release:
-    return Release(version, {f"{GEMM_FILE}:w8a8_block_fp8_matmul_triton": "cfee408d7549735e",
-                             f"{GEMM_FILE}:get_w8a8_block_fp8_configs": "a4b4f552d119b1b2"},
-                   {f"{GEMM_FILE}:_w8a8_block_fp8_matmul": "14adf0b64ce7eb69",
-                    f"{GEMM_FILE}:_w8a8_block_fp8_matmul_hopper": "2e4f83218dc2b7e3",
-                    f"{GEMM_FILE}:_reduce_block_fp8_split_k": "1f2ab96cd79572e4"})
-
-
-# The released versions the launchers launch: the hash of every wrapper function they mirror
-# (tuner.plan.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
-# differs in the launch (read by the one launcher below). A test runs each version's own
-# wrapper from its wheel beside ours.
-RELEASES = {
-    "fused_moe": [
-        _moe_release("0.5.21", "b3b0bef33baaa639", "ccd1ae8f899ce24b", "6ae4086d05bb8f32", "e726f7cf80332b30",
-                     sorted_rows_multiple=1, kernel_flags="filter_expert", quantize_rows_read=False),
-        _moe_release("0.5.22", "b3b0bef33baaa639", "98713eb442f67ce0", "a3868290dc96f66d", "e726f7cf80332b30",
-                     sorted_rows_multiple=4, kernel_flags="filter_expert", quantize_rows_read=True),
-        _moe_release("0.5.23", "f68ce34e7a465e1c", "1033ffaa70a23e3c", "6f09229ee755071a", "cbe61027b1c9d4fb",
-                     sorted_rows_multiple=4, kernel_flags="output_slices", quantize_rows_read=True),
-    ],
-    "fp8_gemm": [_gemm_release(v) for v in ("0.5.21", "0.5.22", "0.5.23")],
+# The released versions the launchers launch are data (configs/engines/sglang.yaml, read and
+# checked by tuner/plan/engine_releases.py): the hash of every wrapper function they mirror, of
+# each kernel's parameter list, and what differs in the launch: here, the values the one launcher
+# below reads. A test runs each version's own wrapper from its wheel beside ours
+# (tests/test_engine_versions.py).
+LAUNCH_VALUES: dict[str, dict[str, tuple]] = {
+    "fused_moe": {"sorted_rows_multiple": (1, 4), "kernel_flags": ("filter_expert", "output_slices"),
+                  "quantize_rows_read": (False, True)},
+    "fp8_gemm": {},
 }
-SUPPORTED = ("0.5.21", "0.5.22", "0.5.23")
-FILES = files_read(KERNEL_FUNCTIONS, RELEASES)
 MOE_KEYS = MATMUL_CONFIG_KEYS + ("USE_TMA",)
 GEMM_KEYS = MATMUL_CONFIG_KEYS + ("SWAP_AB", "SPLIT_K")
-NEWEST = RELEASES["fused_moe"][-1].launch
+
+
+def releases(kernel: str) -> list[Release]:
+    """The releases whose `kernel` this launcher launches, oldest first (the data's, checked)."""
+    return kernel_releases(ENGINE, kernel, LAUNCH_VALUES[kernel])
+
+
+def supported() -> tuple[str, ...]:
+    return tuple(supported_versions(ENGINE))
+
+
+def __getattr__(name: str):
+    """RELEASES, SUPPORTED, FILES and NEWEST (the newest release's MoE launch), read from the
+    data when asked (not at import: a plan that never launches reads no release file, and a bad
+    one is a line where it is used)."""
+    if name == "RELEASES":
+        return {k: releases(k) for k in KERNEL_FUNCTIONS}
+    if name == "SUPPORTED":
+        return supported()
+    if name == "FILES":
+        return files_read(KERNEL_FUNCTIONS, {k: releases(k) for k in KERNEL_FUNCTIONS})
+    if name == "NEWEST":
+        return releases("fused_moe")[-1].launch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- fused MoE -----------------------------------------------------------------------------
@@ -119,7 +116,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
     from tuner.errors import TunerError
     if name == "fused_moe":
         return engine_spec(
-            fused_moe_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
+            fused_moe_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], releases(name), LAUNCHER_FILES,
             lambda release: dict(run=from_factory(CODE, "moe_run", code, release.launch),
                                  compile_only=from_factory(CODE, "moe_compile_only", code, release.launch)),
             config_keys=MOE_KEYS, optional_keys={"USE_TMA": 0}, bool_keys=("USE_TMA",),
@@ -128,7 +125,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
             description="SGLang's fused MoE (up and _down tables; USE_TMA, swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
-            fp8_gemm_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
+            fp8_gemm_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], releases(name), LAUNCHER_FILES,
             lambda release: dict(run=from_factory(CODE, "gemm_run", code),
                                  compile_only=from_factory(CODE, "gemm_compile_only", code)),
             config_keys=GEMM_KEYS, optional_keys={"SWAP_AB": 0, "SPLIT_K": 1}, bool_keys=("SWAP_AB",),

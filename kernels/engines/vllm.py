@@ -1,6 +1,6 @@
-"""vLLM's own Triton kernels (fused MoE, block-FP8 GEMM), launched as vLLM 0.31.0, 0.32.0 and
-0.33.0 launch them (RELEASES: each version's wrapper hashes, kernel signatures and launch
-differences; any other code is refused when it is loaded).
+"""vLLM's own Triton kernels (fused MoE, block-FP8 GEMM), launched as the vLLM releases of
+configs/engines/vllm.yaml launch them (RELEASES, read from that data: each version's wrapper
+hashes, kernel signatures and launch differences; any other code is refused when it is loaded).
 
 Mirrored from vLLM's wrappers (all in this file, checked against RELEASES' hashes):
 - fused MoE (`fused_experts_impl`, `_prepare_expert_assignment`,
@@ -17,9 +17,8 @@ Mirrored from vLLM's wrappers (all in this file, checked against RELEASES' hashe
     never on the small-batch path, and the second GEMM's output is zeroed first;
   * the weight-scale strides: 0.33.0 passes stride 0 along N when the weight has a single
     128-row scale block (`B_scale.size(1) == 1`) and the expert stride of a per-tensor
-    scale; 0.31.0 and 0.32.0 pass stride(1) always and 0 for a 1-D scale.
-  What differs between the versions is said in RELEASES; 0.31.0 and 0.32.0 launch alike
-  (0.32.0 only added a batch-invariant switch to the GEMM wrapper).
+    scale; 0.29.0-0.32.0 pass stride(1) always and 0 for a 1-D scale.
+  What differs between the versions is said in the data; 0.29.0-0.32.0 launch alike.
   What is ours, not vLLM's (same math, other code): the activation quantization, the
   alignment sort, silu-and-mul and the top-k sum (vLLM runs CUDA ops there).
 - block-FP8 GEMM (`w8a8_triton_block_scaled_mm`): the kernel as launched, with vLLM's
@@ -35,13 +34,11 @@ from kernels.engines.base import gemm_phantoms, jit_functions, phantom, target_c
 from kernels.engines.vllm_spec import (  # noqa: F401 - the launcher's facts, imported from here too
     ALIGN_FILE,
     ENGINE,
-    FILES,
     GEMM_FILE,
     KERNEL_FUNCTIONS,
     MOE_FILE,
-    RELEASES,
-    SUPPORTED,
     UTILS_FILE,
+    __getattr__,  # RELEASES, SUPPORTED, FILES: read from the data when asked, as the spec does
     base_moe,
     gemm_default_config,
     kernel_spec,
@@ -49,6 +46,7 @@ from kernels.engines.vllm_spec import (  # noqa: F401 - the launcher's facts, im
     moe_m_tiles,
     moe_note,
     naive_block_assignment,
+    releases,
 )
 from kernels.fused_moe import (
     QUANT_BLOCK,

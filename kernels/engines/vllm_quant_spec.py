@@ -6,7 +6,7 @@ when something runs them.
 
 Why a variant of its own: a kernel's code version (the hash every stored study, manifest and
 validation record keys on) covers its launcher's files; the FP8 and bf16 tables keep theirs
-(kernels/engines/vllm.py, vllm_spec.py, unchanged), so that studies tuned before continue.
+(kernels/engines/vllm.py, vllm_spec.py), so that studies tuned before continue.
 What runs: INT8 W8A8 per channel (compressed-tensors: TritonExperts, fused_moe_kernel with
 use_int8_w8a8 and per_channel_quant) and INT8 W8A16 per channel (--quantization experts_int8:
 use_int8_w8a16), launched as fused_experts_impl does; the weight-only precisions in K groups
@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernels.engines import vllm_spec
-from kernels.engines.base import Release, engine_spec, files_read
+from kernels.engines.base import engine_spec, files_read
+from tuner.plan.engine_releases import Release, kernel_releases
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS, Config, KernelSpec, Params, from_factory
 
 VARIANT = "quant"
@@ -31,18 +32,28 @@ EXPERTS_FILE = "vllm/model_executor/layers/fused_moe/experts/triton_moe.py"
 WNA16_KERNEL = "fused_moe_kernel_gptq_awq"
 KERNEL_FUNCTIONS = {"fused_moe": {MOE_FILE: ["fused_moe_kernel", WNA16_KERNEL]}}
 DTYPES = ("int8_w8a8", "int8_w8a16", "int4_w4a16")
-# the group-wise layer's wrappers, alike in 0.31.0-0.33.0
-_WNA16_MIRRORED = {
-    f"{MOE_FILE}:invoke_fused_moe_wna16_triton_kernel": "678e4991b5168d30",
-    f"{MOE_FILE}:get_moe_wna16_block_config": "5cc2dc3759cd884f",
-    f"{MOE_FILE}:should_moe_wna16_use_cuda": "6f1986776ce9cf85",
-    f"{EXPERTS_FILE}:TritonWNA16Experts.apply": "0f05ba0fd392aee8",
-}
-RELEASES = {"fused_moe": [Release(r.version, {**r.mirrored, **_WNA16_MIRRORED},
-                                  {**r.signatures, f"{MOE_FILE}:{WNA16_KERNEL}": "ac7addec7e59aee4"}, r.launch)
-                          for r in vllm_spec.RELEASES["fused_moe"]]}
-SUPPORTED = vllm_spec.SUPPORTED
-FILES = files_read(KERNEL_FUNCTIONS, RELEASES)
+
+
+# the group-wise layer's wrappers and kernel, per release: data (configs/engines/vllm.yaml, 'fused_moe.quant')
+def releases(kernel: str) -> list[Release]:
+    """The releases whose data gives this variant's additions to `kernel` ('<kernel>.quant' in
+    configs/engines/vllm.yaml), as the engine's launcher launches them, oldest first."""
+    return kernel_releases(ENGINE, f"{kernel}.{VARIANT}", vllm_spec.LAUNCH_VALUES[kernel])
+
+
+def supported() -> tuple[str, ...]:
+    return tuple(r.version for r in releases("fused_moe"))
+
+
+def __getattr__(name: str):
+    """RELEASES, SUPPORTED and FILES, read from the data when asked (vllm_spec.__getattr__)."""
+    if name == "RELEASES":
+        return {k: releases(k) for k in KERNEL_FUNCTIONS}
+    if name == "SUPPORTED":
+        return supported()
+    if name == "FILES":
+        return files_read(KERNEL_FUNCTIONS, {k: releases(k) for k in KERNEL_FUNCTIONS})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def handles(params: Params) -> bool:
@@ -108,7 +119,7 @@ def kernel_spec(name: str, code) -> KernelSpec:
     if name != "fused_moe":
         raise TunerError(f"vLLM's integer precisions are fused-MoE ones: no {name} launch of them")
     return engine_spec(
-        vllm_spec.base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
+        vllm_spec.base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], releases(name), LAUNCHER_FILES,
         lambda release: dict(run=from_factory(CODE, "moe_run", code, release.launch),
                              compile_only=from_factory(CODE, "moe_compile_only", code, release.launch)),
         variant=VARIANT, config_keys=MATMUL_CONFIG_KEYS + ("SPLIT_K",), optional_keys={"SPLIT_K": 1},

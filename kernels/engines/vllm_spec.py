@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernels import fp8_gemm_spec, fused_moe_spec
-from kernels.engines.base import Release, engine_spec, files_read
+from kernels.engines.base import engine_spec, files_read
+from tuner.plan.engine_releases import Release, kernel_releases, supported_versions
 from tuner.plan.kernel_api import Config, KernelSpec, Params, from_factory
 
 CODE = "kernels.engines.vllm"
@@ -27,39 +28,32 @@ KERNEL_FUNCTIONS = {
 }
 
 
-def _moe_release(version: str, invoke: str, assign: str, impl: str, b_scale_strides: str) -> Release:
-    return Release(version, {
-        f"{MOE_FILE}:invoke_fused_moe_triton_kernel": invoke,
-        f"{MOE_FILE}:_prepare_expert_assignment": assign,
-        f"{MOE_FILE}:fused_experts_impl": impl,
-        f"{MOE_FILE}:get_default_config": "b20a248171029381",
-        f"{UTILS_FILE}:enable_swap_ab": "aa95821acc13f6b4",
-        f"{ALIGN_FILE}:moe_align_block_size": "6584999e6bee4352",
-    }, {f"{MOE_FILE}:fused_moe_kernel": "9f462d5d8650b5bc"}, {"b_scale_strides": b_scale_strides})
+# The released versions the launchers launch are data (configs/engines/vllm.yaml, read and checked
+# by tuner/plan/engine_releases.py): the hash of every wrapper function they mirror, of each
+# kernel's parameter list, and what differs in the launch: here, the values this launcher reads.
+# A test runs each version's own wrapper from its wheel beside ours (tests/test_engine_versions.py).
+LAUNCH_VALUES: dict[str, dict[str, tuple]] = {"fused_moe": {"b_scale_strides": ("ndim", "size")}, "fp8_gemm": {}}
 
 
-def _gemm_release(version: str, wrapper: str) -> Release:
-    return Release(version, {f"{GEMM_FILE}:w8a8_triton_block_scaled_mm": wrapper},
-                   {f"{GEMM_FILE}:_w8a8_triton_block_scaled_mm": "0e414ab244d3712f"})
+def releases(kernel: str) -> list[Release]:
+    """The releases whose `kernel` this launcher launches, oldest first (the data's, checked)."""
+    return kernel_releases(ENGINE, kernel, LAUNCH_VALUES[kernel])
 
 
-# The released versions the launchers launch: the hash of every wrapper function they mirror
-# (tuner.plan.kernel_sources.source_hash of its text), of each kernel's parameter list, and what
-# differs in the launch. A test runs each version's own wrapper from its wheel beside ours.
-RELEASES = {
-    "fused_moe": [
-        _moe_release("0.31.0", "e6042ec3ea54c064", "c06074d11c5750ab", "86e47c84d0726035", "ndim"),
-        _moe_release("0.32.0", "e6042ec3ea54c064", "c06074d11c5750ab", "86e47c84d0726035", "ndim"),
-        _moe_release("0.33.0", "3b6d8285a010b8eb", "7876dff758589184", "9bafa096d6a2b3b1", "size"),
-    ],
-    "fp8_gemm": [
-        _gemm_release("0.31.0", "626102ae0a9264da"),
-        _gemm_release("0.32.0", "0094934606cd2df9"),
-        _gemm_release("0.33.0", "0094934606cd2df9"),
-    ],
-}
-SUPPORTED = ("0.31.0", "0.32.0", "0.33.0")
-FILES = files_read(KERNEL_FUNCTIONS, RELEASES)
+def supported() -> tuple[str, ...]:
+    return tuple(supported_versions(ENGINE))
+
+
+def __getattr__(name: str):
+    """RELEASES, SUPPORTED and FILES, read from the data when asked (not at import: a plan that
+    never launches reads no release file, and a bad one is a line where it is used)."""
+    if name == "RELEASES":
+        return {k: releases(k) for k in KERNEL_FUNCTIONS}
+    if name == "SUPPORTED":
+        return supported()
+    if name == "FILES":
+        return files_read(KERNEL_FUNCTIONS, {k: releases(k) for k in KERNEL_FUNCTIONS})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- fused MoE ---------------------------------------------------------------------------
@@ -120,14 +114,14 @@ def kernel_spec(name: str, code) -> KernelSpec:
     from tuner.errors import TunerError
     if name == "fused_moe":
         return engine_spec(
-            base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
+            base_moe(), code, ENGINE, KERNEL_FUNCTIONS[name], releases(name), LAUNCHER_FILES,
             lambda release: dict(run=from_factory(CODE, "moe_run", code, release.launch),
                                  compile_only=from_factory(CODE, "moe_compile_only", code, release.launch)),
             default_config=moe_default_config, m_tiles=moe_m_tiles, extra_seeds=lambda params, M: [], measurement_note=moe_note,
             description="vLLM's fused MoE (whole layer, one config; swap-AB on sm_90)")
     if name == "fp8_gemm":
         return engine_spec(
-            fp8_gemm_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], RELEASES[name], LAUNCHER_FILES,
+            fp8_gemm_spec.SPEC, code, ENGINE, KERNEL_FUNCTIONS[name], releases(name), LAUNCHER_FILES,
             lambda release: dict(run=from_factory(CODE, "gemm_run", code),
                                  compile_only=from_factory(CODE, "gemm_compile_only", code)),
             default_config=gemm_default_config, extra_seeds=lambda params, M: [],

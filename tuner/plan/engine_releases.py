@@ -23,6 +23,9 @@ from tuner.paths import config_dirs
 ENGINES_FOLDER = "engines"
 _RELEASE_FIELDS = ("version", "like", "kernels", "loader")
 _KERNEL_FIELDS = ("mirrored", "signatures", "launch", "refused")
+# a kernel, or a launcher variant of it ("fused_moe.quant": what that variant mirrors and launches
+# beyond the kernel's own launcher, read with the kernel's entry)
+_KERNEL_KEY = re.compile(r"[a-z0-9_]{1,40}(\.[a-z0-9_]{1,40})?")
 _HASH = re.compile(r"[0-9a-f]{16}")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+){1,3}")
 _FUNCTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,200}\.py:[A-Za-z_][A-Za-z0-9_]{0,100}(\.[A-Za-z_][A-Za-z0-9_]{0,100})?")
@@ -154,8 +157,11 @@ def _release(entry, where: str, engine: str, kernels: set[str], known: dict[str,
                                for k, r in (base.kernels.items() if base else ())}
     refused = dict(base.refused) if base else {}
     for name, value in given.items():
-        if name not in kernels:
-            raise TunerError(f"{where}: no kernel {_shown(name)} ({engine}'s: {', '.join(sorted(kernels))})")
+        if not isinstance(name, str) or not _KERNEL_KEY.fullmatch(name) or name.partition(".")[0] not in kernels:
+            raise TunerError(f"{where}: no kernel {_shown(name)} ({engine}'s: {', '.join(sorted(kernels))}, or "
+                             "<kernel>.<variant> for a launcher variant's additions)")
+        if "." in name and isinstance(value, dict) and "launch" in value:
+            raise TunerError(f"{where}, {name}: a launcher variant launches as its kernel's entry says (no launch)")
         got = _kernel(value, f"{where}, {name}", engine, version, out.get(name))
         if isinstance(got, str):
             out.pop(name, None)
@@ -165,8 +171,12 @@ def _release(entry, where: str, engine: str, kernels: set[str], known: dict[str,
             out[name] = got
     loader = _functions(entry.get("loader", {}), f"{where}, loader", "loader", engine,
                         base.loader if base else None, True)
-    if not out:
+    if not any("." not in k for k in out):
         raise TunerError(f"{where}: tuner launches none of its kernels: give one")
+    orphan = sorted(k for k in out if "." in k and k.partition(".")[0] not in out)
+    if orphan:
+        raise TunerError(f"{where}: {orphan[0]} adds to {orphan[0].partition('.')[0]}, which this release's data "
+                         "does not launch")
     return EngineRelease(engine, version, out, refused, loader, path)
 
 
@@ -216,12 +226,14 @@ def supported_versions(engine: str) -> list[str]:
 def kernel_releases(engine: str, kernel: str, launch_values: Mapping[str, tuple] | None = None) -> list[Release]:
     """The releases whose `kernel` tuner launches, oldest first. `launch_values`: the launch
     data the engine's launcher reads ({name: the values it knows}); every release must give
-    each, with one of those values (one line otherwise)."""
+    each, with one of those values (one line otherwise). A launcher variant's ('<kernel>.<variant>')
+    are the releases whose data has both: the kernel's entry with the variant's additions."""
+    family = kernel.partition(".")[0]
     found = []
     for r in releases(engine):
-        if kernel not in r.kernels:
+        if family not in r.kernels or kernel not in r.kernels:
             continue
-        release = r.kernels[kernel]
+        release = r.kernels[family]
         if launch_values is not None:
             where = f"the engine release file {r.path} ({engine} {r.version}), {kernel}"
             unknown = sorted(set(release.launch) - set(launch_values))
@@ -235,6 +247,10 @@ def kernel_releases(engine: str, kernel: str, launch_values: Mapping[str, tuple]
                 if value not in values or type(value) is not type(values[0]):
                     raise TunerError(f"{where}: launch {name} must be one of {', '.join(map(str, values))}, "
                                      f"not {_shown(value)}")
+        if kernel != family:
+            extra = r.kernels[kernel]
+            release = Release(release.version, {**release.mirrored, **extra.mirrored},
+                              {**release.signatures, **extra.signatures}, release.launch)
         found.append(release)
     return found
 
