@@ -100,9 +100,10 @@ def test_the_cycle_finder_finds_one():
 
 # What kernels/ may use from tuner/: the contract (KernelSpec and its types, the space's rule
 # decorator, the one exception) and, for the engines' launchers, how engine code is read and
-# which target a compile worker compiles for. Never the registry, the search, or anything above.
+# which target a compile worker compiles for, and the releases they launch (data read by
+# tuner/plan/engine_releases.py). Never the registry, the search, or anything above.
 KERNEL_CONTRACT = {"tuner.errors", "tuner.plan.kernel_api", "tuner.plan.space", "tuner.plan.kernel_sources",
-                   "tuner.measure.device"}
+                   "tuner.measure.device", "tuner.plan.engine_releases"}
 
 
 def test_kernels_import_only_the_contract_from_tuner():

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.plan.engine_releases import Release, refused_kernel
 from tuner.plan.kernel_api import COMPILE_DEVICE, KernelSpec
 from tuner.plan.kernel_sources import version_key
 
@@ -75,19 +75,7 @@ def changed_wrappers(code, mirrored: dict[str, str]) -> list[str]:
     return sorted(k for k, h in mirrored.items() if now.get(k) != h)
 
 
-# -- the engine versions a launcher supports --------------------------------------------
-@dataclass(frozen=True)
-class Release:
-    """One released engine version, as a launcher launches its kernel: the hashes of the
-    wrapper functions the launcher mirrors, the hash of each jit kernel's parameter list
-    (`signature_hash`), and the few launch differences of that version (small data,
-    keyed by name, read by the one launcher of the engine)."""
-    version: str
-    mirrored: dict[str, str]
-    signatures: dict[str, str]
-    launch: dict = field(default_factory=dict)
-
-
+# -- the engine versions a launcher supports (data: configs/engines/, tuner/plan/engine_releases.py)
 def files_read(kernel_functions: dict[str, dict[str, list[str]]], releases: dict[str, list[Release]]) -> list[str]:
     """Every file of the engine a launcher reads: its kernels' and its mirrored wrappers' (what
     `tuner engine-source extract` copies)."""
@@ -124,8 +112,13 @@ def resolve_release(code, engine: str, kernel: str, releases: list[Release],
                     kernel_files: dict[str, list[str]]) -> Release:
     """The supported release whose wrappers and kernel signatures this engine code has (the
     one of its own version number when several match); anything else is refused in one
-    line that says which versions work and what to do."""
+    line that says which versions work and what to do (the data's reason where it says the
+    release's kernel is not launched, before any of its files is read)."""
     from tuner.plan.kernel_sources import mirrored_hashes
+    why = refused_kernel(engine, kernel, code.version)
+    if why:
+        raise TunerError(f"{engine} {code.version} ({code.where}) cannot be launched for {kernel}: {why}; time our "
+                         "kernels with --kernel-source ours")
     keys = sorted({k for r in releases for k in r.mirrored})
     by_file: dict[str, list[str]] = {}
     for key in keys:

@@ -10,6 +10,7 @@ from tuner.commands.options import batch, parallel_options, seed
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
 from tuner.pipeline.command_problems import resolve_tp
+from tuner.plan.engine_releases import versions_text
 from tuner.plan.engines import ENGINE_NAMES
 from tuner.plan.gpus import gpu_keys_text
 from tuner.plan.precision import MOE_DTYPES
@@ -38,7 +39,8 @@ def add_parser(sub, common) -> None:
                      help="SGLang's flag of that name: the shared expert is not folded into the fused MoE (E counts "
                           "the routed experts only)")
     aud.add_argument("--engine-version", default=None, metavar="V",
-                     help="the engine's version (checked against the package's; alone: audit override folders only)")
+                     help="the engine's version (checked against the package's; alone: audit override folders only); "
+                     f"the releases tuner knows: {versions_text()}")
     aud.add_argument("--triton", default=None, metavar="V",
                      help="the Triton version the engine runs (default: the site-packages', else this Python's)")
     aud.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engine")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tuner.commands.options import fraction
 from tuner.errors import TunerError
+from tuner.plan.engine_releases import versions_text
 from tuner.plan.engines import ENGINE_NAMES
 
 
@@ -22,7 +23,7 @@ def add_parser(sub, common) -> None:
     inst.add_argument("--engine-version", default=None, metavar="V",
                       help="the engine's version; needed where the engine is not installed (a container built "
                       "elsewhere): with --moe-config-dir, writes that version's config folder; with --dry-run, says "
-                      "what an install would write")
+                      f"what an install would write (the releases tuner knows: {versions_text()})")
     inst.add_argument("--gpu", default=None, help="the GPU the engine runs on (default: this machine's, if any)")
     inst.add_argument("--model", default=None,
                       help="the model the engine serves (name in configs/models/ or a config.json): a MoE table tuned "

@@ -45,6 +45,7 @@ from tuner.plan.engines import (
     backend_reads_table,
     load_table,
     loader_release,
+    release_reads,
     table_family,
 )
 from tuner.plan.problems import Problem
@@ -270,6 +271,11 @@ def audit_deployment(inst: Installation, model, gpu, tp: int, ep: int, dtype: st
     loader, release = _loader_findings(inst, families) if detail else ([], loader_release(engine, inst.version))
     report.header["rules_of"] = f"{engine} {release}"
     report.findings += loader
+    unknown = sorted({p.kernel for p in problems if not release_reads(engine, release, p.kernel)})
+    if unknown:
+        report.header["notes"].append(f"{', '.join(unknown)} tables not audited: the loader rules of {engine} {release} "
+                                      "know no loader for them (configs/engines/)")
+        problems = [p for p in problems if p.kernel not in unknown]
     if override_dir is not None:
         fam = table_family(engine, "fused_moe")
         report.header["override"] = f"{fam.env_var}={override_dir}"

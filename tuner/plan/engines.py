@@ -1,11 +1,14 @@
 """How each serving engine names, places and reads its config tables: the engines' rules
-(one module each in tuner/plan/engine_rules/, facts from vLLM 0.31-0.33 and SGLang
-0.5.21-0.5.23, see ../shared/ENGINES.md) gathered in one place, and the rules every engine
-shares, so that the rest of the tool never branches on an engine.
+(one module each in tuner/plan/engine_rules/, facts read from the source of the releases
+configs/engines/ lists, see ../shared/ENGINES.md) gathered in one place, and the rules every
+engine shares, so that the rest of the tool never branches on an engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
+from tuner.plan import engine_releases
 from tuner.plan.engine_rules import RULES
 from tuner.plan.engine_rules.schema import Engine, ServingMetrics, TableFamily
 
@@ -19,11 +22,27 @@ ENGINES: dict[str, Engine] = {r.ENGINE.name: r.ENGINE for r in RULES}
 # What each engine's /metrics says of the batches it runs (tuner/plan/traffic.py reads these).
 SERVING_METRICS: dict[str, ServingMetrics] = {r.ENGINE.name: r.SERVING_METRICS for r in RULES}
 
-# Per release, the hash of every engine function the loader rules were read from
-# (tuner.plan.kernel_sources.source_hash of its source); tests/test_engine_loaders.py fails
-# when a wheel's functions differ from them, and `tuner audit` warns when the engine it audits
-# has other ones.
-LOADER_FUNCTIONS: dict[str, dict[str, dict[str, str]]] = {r.ENGINE.name: r.LOADER_FUNCTIONS for r in RULES}
+
+class _LoaderFunctions(Mapping):
+    """{engine: {release: {'file:function': hash}}}: per release, the hash of every engine
+    function the loader rules were read from (tuner.plan.kernel_sources.source_hash of its
+    source), read from configs/engines/ when first asked for; tests/test_loader_rules.py fails
+    when a wheel's functions differ from them, and `tuner audit` warns when the engine it
+    audits has other ones."""
+
+    def __getitem__(self, engine: str) -> dict[str, dict[str, str]]:
+        if engine not in ENGINES:
+            raise KeyError(engine)
+        return engine_releases.loader_functions(engine)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ENGINES)
+
+    def __len__(self) -> int:
+        return len(ENGINES)
+
+
+LOADER_FUNCTIONS: Mapping[str, dict[str, dict[str, str]]] = _LoaderFunctions()
 
 # Each engine's table families, as its loaders read them.
 TABLE_FAMILIES: dict[tuple[str, str], TableFamily] = {
@@ -56,11 +75,18 @@ def loader_release(engine: str, version: str | None) -> str:
     known = LOADER_FUNCTIONS[engine]
     if version and version.split("+")[0] in known:
         return version.split("+")[0]
-    return max(known, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return max(known, key=engine_releases.version_key)
+
+
+def release_reads(engine: str, version: str, kind: str) -> bool:
+    """Whether the loader rules cover `kind` tables of this release: its data records the
+    family's loader function (a release laid out otherwise has none recorded for it)."""
+    return table_family(engine, kind).loader in LOADER_FUNCTIONS[engine][loader_release(engine, version)]
 
 
 def supported_releases(engine: str) -> list[str]:
-    return sorted(LOADER_FUNCTIONS[engine], key=lambda v: tuple(int(x) for x in v.split(".")))
+    """The releases of `engine` the data holds (configs/engines/), oldest first."""
+    return engine_releases.supported_versions(engine)
 
 
 def parse_table_keys(raw, family: TableFamily) -> dict[int, object]:

@@ -13,20 +13,14 @@ def _underscored(cuda_name: str) -> str:
     return cuda_name.replace(" ", "_")
 
 
-def per_release(common: dict[str, str], releases: tuple[str, ...], **changed: dict[str, str]) -> dict:
-    """{release: {"file:function": hash}}: `common` for every release, with per-release
-    replacements (`changed` keyed by release with dots as underscores)."""
-    return {r: {**common, **changed.get("v" + r.replace(".", "_"), {})} for r in releases}
-
-
 @dataclass(frozen=True)
 class BackendFlag:
     """The server flag that makes an engine run its Triton kernel for one table family (so its
     tables are read) on Hopper, what runs without it, and where the engine's source defines the
-    flag (tests/test_verdict.py reads `source_text` in `source_file` of every wheel)."""
+    flag (tests/test_verdict.py finds `source_text` in one of `source_files` of every wheel)."""
     flag: str                   # "--linear-backend triton"
     default: str                # what runs without it, in words
-    source_file: str            # the file of the engine's package that defines the flag
+    source_files: tuple[str, ...]   # the files of the engine's package that define the flag (one per release)
     source_text: str            # text that file holds where it defines it
 
 

@@ -1,6 +1,7 @@
-"""SGLang's rules as data (facts read from SGLang 0.5.21-0.5.23's source, their released
-wheels): how it names, places and reads its tables, which backend reads them on Hopper, what
-its /metrics says of the batches it runs, and the loader functions these rules were read from."""
+"""SGLang's rules as data (facts read from the source of the releases configs/engines/sglang.yaml
+lists, their released wheels): how it names, places and reads its tables, which backend reads
+them on Hopper and what its /metrics says of the batches it runs. The hashes of the loader
+functions these rules were read from, per release, are in that file."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from tuner.plan.engine_rules.schema import (
     PrecisionRule,
     ServingMetrics,
     TableFamily,
-    per_release,
 )
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
 _MOE_CFG = "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
 _MOE_KERNELS = "sglang/kernels/ops/moe/fused_moe_triton_kernels.py"
 _FP8 = "sglang/kernels/ops/gemm/fp8_kernel.py"
+# where its server flags are defined (0.5.20 on; 0.5.19: server_args.py)
+_FLAG_FILES = ("sglang/srt/arg_groups/fields/exec_.py", "sglang/srt/server_args.py")
 _DTYPES = (None, "fp8_w8a8", "int8_w8a8", "int4_w4a16", "int8_w8a16", "float32")
 
 # The MoE precisions SGLang 0.5.21-0.5.23 runs on its Triton runner (its quantization methods of
@@ -81,10 +83,9 @@ ENGINE = Engine(
     moe_precisions=MOE_PRECISIONS,
     moe_precisions_refused=MOE_REFUSED,
     triton_flags={
-        "fp8_gemm": BackendFlag("--fp8-gemm-backend triton", "DeepGEMM", "sglang/srt/arg_groups/fields/exec_.py",
-                                'cli_name="--fp8-gemm-backend"'),
-        "fused_moe": BackendFlag("--moe-runner-backend triton", "the Triton MoE runner (auto)",
-                                 "sglang/srt/arg_groups/fields/exec_.py", "moe_runner_backend:"),
+        "fp8_gemm": BackendFlag("--fp8-gemm-backend triton", "DeepGEMM", _FLAG_FILES, 'cli_name="--fp8-gemm-backend"'),
+        "fused_moe": BackendFlag("--moe-runner-backend triton", "the Triton MoE runner (auto)", _FLAG_FILES,
+                                 "moe_runner_backend:"),
     },
 )
 
@@ -118,21 +119,6 @@ SERVING_METRICS = ServingMetrics(
     graph_sizes=_graph_sizes, pads_every_pass=False,
     padding_note="SGLang 0.5.23 pads a decode batch to its CUDA-graph batch sizes (1 2 4 8 12, 16 to 256 by 8, "
                  "272 to 496 by 16, 512; up to 256 at TP < 4); prefill chunks are taken unpadded")
-
-LOADER_FUNCTIONS = per_release(
-    {f"{_MOE_CFG}:get_config_file_name": "4b8c15a8e622f355",
-     f"{_MOE_CFG}:get_moe_configs": "2fb82c3e8fa9387d",
-     f"{_MOE_CFG}:try_get_optimal_moe_config": "e1ab1aa5876dd06b",
-     f"{_MOE_CFG}:get_config_dtype_str": "d3e7d1f3773c0f1e",
-     f"{_MOE_KERNELS}:invoke_fused_moe_kernel": "f68ce34e7a465e1c",     # no K clamp
-     "sglang/srt/utils/common.py:get_device_name": "49aaaa1a9d07418c",
-     f"{_FP8}:get_w8a8_block_fp8_configs": "a4b4f552d119b1b2",
-     f"{_FP8}:w8a8_block_fp8_matmul_triton": "cfee408d7549735e"},
-    ("0.5.21", "0.5.22", "0.5.23"),
-    v0_5_21={"sglang/srt/utils/common.py:get_device_name": "a20d297af6963951",
-             f"{_MOE_KERNELS}:invoke_fused_moe_kernel": "b3b0bef33baaa639"},
-    v0_5_22={f"{_MOE_KERNELS}:invoke_fused_moe_kernel": "b3b0bef33baaa639"},
-)
 
 TABLE_FAMILIES = {
     "fused_moe": TableFamily(

@@ -1,6 +1,7 @@
-"""vLLM's rules as data (facts read from vLLM 0.31.0-0.33.0's source, their released wheels):
-how it names, places and reads its tables, which backend reads them on Hopper, what its
-/metrics says of the batches it runs, and the loader functions these rules were read from."""
+"""vLLM's rules as data (facts read from the source of the releases configs/engines/vllm.yaml
+lists, their released wheels): how it names, places and reads its tables, which backend reads
+them on Hopper and what its /metrics says of the batches it runs. The hashes of the loader
+functions these rules were read from, per release, are in that file."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from tuner.plan.engine_rules.schema import (
     PrecisionRule,
     ServingMetrics,
     TableFamily,
-    per_release,
 )
 from tuner.plan.kernel_api import MATMUL_CONFIG_KEYS
 
@@ -81,9 +81,9 @@ ENGINE = Engine(
     moe_precisions_refused=MOE_REFUSED,
     triton_flags={
         "fp8_gemm": BackendFlag("--linear-backend triton", "FlashInfer/DeepGEMM, then CUTLASS",
-                                "vllm/engine/arg_utils.py", '"--linear-backend"'),
+                                ("vllm/engine/arg_utils.py",), '"--linear-backend"'),
         "fused_moe": BackendFlag("--moe-backend triton", "the Triton fused MoE under tensor parallelism",
-                                 "vllm/engine/arg_utils.py", '"--moe-backend"'),
+                                 ("vllm/engine/arg_utils.py",), '"--moe-backend"'),
     },
 )
 
@@ -111,20 +111,6 @@ SERVING_METRICS = ServingMetrics(
     padding_note="vLLM 0.33.0 pads a step of up to 512 tokens to its CUDA-graph sizes (1 2 4, 8 to 248 by 8, "
                  "256 to 512 by 16: the OpenAI server's defaults on an H100/H200), prefill chunks included; "
                  "larger steps run unpadded")
-
-LOADER_FUNCTIONS = per_release(
-    {f"{_MOE}:get_config_file_name": "7c22e53cef9793ef",
-     f"{_MOE}:get_moe_configs": "db4364dfa29a27ba",
-     f"{_MOE}:try_get_optimal_moe_config": "5ada28f58e2e4303",
-     f"{_MOE}:invoke_fused_moe_triton_kernel": "e6042ec3ea54c064",     # the K clamp, SPLIT_K=1
-     "vllm/model_executor/layers/fused_moe/config.py:_get_config_dtype_str": "e16da2ace1358a47",
-     "vllm/utils/platform_utils.py:get_device_name_as_file_name": "9dbab90a12b77570",
-     f"{_FP8}:get_w8a8_block_fp8_configs": "4ab9c3e3c3d68d97",
-     f"{_FP8}:w8a8_triton_block_scaled_mm": "0094934606cd2df9"},
-    ("0.31.0", "0.32.0", "0.33.0"),
-    v0_31_0={f"{_FP8}:w8a8_triton_block_scaled_mm": "626102ae0a9264da"},   # no batch-invariant switch yet
-    v0_33_0={f"{_MOE}:invoke_fused_moe_triton_kernel": "3b6d8285a010b8eb"},  # other scale strides
-)
 
 TABLE_FAMILIES = {
     "fused_moe": TableFamily(
