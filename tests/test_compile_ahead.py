@@ -85,7 +85,7 @@ def test_the_runner_hands_the_jobs_to_a_measurer_that_builds_ahead(tmp_path):
             pass
 
     m = Measurer()
-    settings = default_settings(12, parallel=4)
+    settings = default_settings(12, parallel=4, patience=12)   # the whole budget: batches, not the stop, are tested
     runner = StudyRunner(kernel, load_space(kernel), GPU, m, open_journal(tmp_path / "s.journal"), settings)
     runner.tune(problem, 16, [("default", kernel.default_config(problem.params, 16))])
     search = m.asked[:len(m.told)]

@@ -36,6 +36,7 @@ def test_the_same_seed_gives_the_same_search_in_another_process(tmp_path, sample
         subprocess.run([sys.executable, "-m", "tuner", "gemm", "--model", "deepseek-v3", "--tp", "8", "--only",
                         "N=7168,K=2048", "--batch-sizes", "16", "--gpu", "H200", "--replay", str(land),
                         "--trials", "24", "--sampler", sampler, "--seed", "7", "--kernel-source", "ours",
-                        "--out", str(tmp_path / run), "--quiet"], check=True, capture_output=True)
+                        # the whole budget (not the evidence stop): enough trials to compare the two orders
+                        "--patience", "24", "--out", str(tmp_path / run), "--quiet"], check=True, capture_output=True)
         orders.append(measured_order(tmp_path / run))
     assert len(orders[0]) >= 12 and orders[0] == orders[1]

@@ -29,7 +29,7 @@ def landscape(tmp_path_factory):
 def args(landscape, out, minutes):
     return ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(landscape),
             "--only", "N=7168,K=2048", "--batch-sizes", "16", "--trials", "24", "--out", str(out),
-            "--minutes", str(minutes)]
+            "--minutes", str(minutes), "--patience", "24"]   # the whole budget: the resumed study measures to it
 
 
 def the_study(out):

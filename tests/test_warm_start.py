@@ -104,9 +104,12 @@ def test_a_run_seeded_with_another_gpus_results_reaches_near_best_where_a_cold_r
     # (--per-rank: DeepSeek-V3 at TP8 does not leave an H20 room for its KV cache; one rank's shapes on purpose)
     args = ["gemm", "--model", "deepseek-v3", "--tp", "8", "--per-rank", "--only", "N=7168,K=2048", "--batch-sizes",
             *map(str, ms), "--kernel-source", "ours", "--quiet", "--no-warm-start"]
-    assert main([*args, "--gpu", "H20", "--replay", str(source), "--trials", "48", "--out", str(tmp_path / "h20")]) == 0
+    # the source measures its whole budget (--patience 48): the warm start reads all it measured, not its winners
+    assert main([*args, "--gpu", "H20", "--replay", str(source), "--trials", "48", "--patience", "48",
+                 "--out", str(tmp_path / "h20")]) == 0
     land = read_landscape(target, KERNEL)
-    budget = ["--gpu", "H200", "--replay", str(target), "--trials", "8"]
+    # both measure their 8 (--patience 8): the two are compared at equal trials, not at where each stopped
+    budget = ["--gpu", "H200", "--replay", str(target), "--trials", "8", "--patience", "8"]
     assert main([*args, *budget, "--out", str(tmp_path / "cold")]) == 0
     assert main([*args, *budget, "--out", str(tmp_path / "warm"), "--warm-start", str(tmp_path / "h20")]) == 0
     cold, warm = _ratio(tmp_path / "cold", land, ms), _ratio(tmp_path / "warm", land, ms)

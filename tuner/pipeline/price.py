@@ -17,11 +17,12 @@ kernel's run adds its start-up. Light: JSON only, no Optuna, so the dry run prin
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
+from tuner.errors import TunerError
 from tuner.paths import REPO_ROOT
+from tuner.reading import read_json_file
 
 RESULTS = REPO_ROOT / "bench" / "results"
 STOPPING = RESULTS / "search" / "stopping.json"
@@ -45,8 +46,8 @@ def measured_costs(gpu_key: str):
     found = []
     for path in sorted(RESULTS.glob("*/costs.json")):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = read_json_file(path, "measured costs ")
+        except TunerError:
             continue
         if isinstance(data, dict) and data.get("format") == "tuner-costs/1" and data.get("gpu") == gpu_key:
             found.append((path.parent.name, data, path))
@@ -59,9 +60,9 @@ def measured_costs(gpu_key: str):
 def stop_trials() -> float | None:
     """The mean measured configs of a study under the stopping rule (the synthetic headline's, replayed)."""
     try:
-        data = json.loads(STOPPING.read_text())
+        data = read_json_file(STOPPING, "the stopping rule's replay ")
         trials = float(data["headline"]["trials"]) / len(data["headline"]["studies"])
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    except (TunerError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
     return trials if trials >= 1 else None
 
