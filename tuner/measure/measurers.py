@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 from tuner.errors import TunerError
 from tuner.measure.failures import INVALID, RUNTIME, kind_of
 from tuner.measure.landscape import Landscape, LandscapeWriter, Point
+from tuner.plan.code_carry import same_code
 from tuner.plan.kernel_api import Config, KernelSpec, config_tuple
 from tuner.plan.problems import Problem
 
@@ -97,7 +98,8 @@ class ReplayMeasurer:
             raise TunerError(f"landscape {path} was recorded on {recorded}'s {kernel.name} kernel, "
                              f"not {kernel.source_label}'s")
         recorded_code = land.header.get("code_version")
-        if recorded_code and kernel.code_version and recorded_code != kernel.code_version and not land.header.get("synthetic"):
+        if (recorded_code and kernel.code_version and not same_code(recorded_code, kernel.code_version)
+                and not land.header.get("synthetic")):
             raise TunerError(f"landscape {path} was recorded on other code of {kernel.source_label}'s {kernel.name} "
                              f"(code {recorded_code}, this is {kernel.code_version}): its timings are not of this "
                              "kernel; record it again")

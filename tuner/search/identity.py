@@ -68,8 +68,10 @@ def stored_identity(user_attrs: dict) -> dict | None:
 def identity_differences(stored: dict, mine: dict) -> str:
     """'device A (now B), ...' over the keys both identities name that differ; '' when
     none do (a key one side does not know, e.g. an old landscape's code, is no difference)."""
+    from tuner.plan.code_carry import same_code
     return ", ".join(f"{_name(k)} {stored[k]} (now {mine[k]})" for k in mine
-                     if stored.get(k) and mine[k] and stored[k] != mine[k])
+                     if stored.get(k) and mine[k] and stored[k] != mine[k]
+                     and not (k == "code_version" and same_code(stored[k], mine[k])))
 
 
 def _name(key: str) -> str:
