@@ -151,6 +151,8 @@ def vllm_wheel(root: Path, kernel_file: bytes) -> Path:
     import zipfile
     path = root / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        # the integer launcher's file, read first (sorted), as plain Python: the fault is the kernel file's
+        z.writestr("vllm/model_executor/layers/fused_moe/experts/triton_moe.py", b"x = 1\n")
         z.writestr("vllm/model_executor/layers/fused_moe/fused_moe.py", kernel_file)
     return path
 
@@ -161,6 +163,8 @@ def linked_engine_folder(root: Path) -> Path:
     kernel_file = folder / "vllm/model_executor/layers/fused_moe/fused_moe.py"
     kernel_file.parent.mkdir(parents=True)
     kernel_file.symlink_to(root / "victim.json")
+    (folder / "vllm/model_executor/layers/fused_moe/experts").mkdir()
+    (folder / "vllm/model_executor/layers/fused_moe/experts/triton_moe.py").write_text("x = 1\n")
     (folder / "tuner-engine-source.json").write_text(json.dumps({"engine": "vllm", "version": "0.33.0"}))
     return folder
 

@@ -332,6 +332,7 @@ def test_the_validation_list_runs_each_precision_case_on_the_launcher_that_runs_
     assert found and all(v == {"quant"} for v in found.values()), found
 
 
+@needs_wheels
 def test_re_timing_tables_of_two_precisions_builds_a_measurer_for_each_launcher(monkeypatch):
     """`tuner drift` and the nightly keep one measurer per kernel: an INT8 table and an FP8 one of
     the same engine are two kernels (its integer launcher and its main one), not one."""

@@ -86,7 +86,7 @@ class Proof(ProofSteps):
                 [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
             argv = c.argv
             floor = self.progress_floor_s() if c.window else 0.0
-            if left - WINDOW_CLOSE_S < floor:
+            if c.window and left - WINDOW_CLOSE_S < floor:
                 # a tuning command given less than one command takes here to time its first config
                 # (the smoke) ends having measured nothing, and says so with exit 1: not started
                 detail.append(f"{c.label}: not started, {left:.0f}s left, less than a command takes here "
