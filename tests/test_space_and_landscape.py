@@ -190,3 +190,30 @@ def test_pruning_once_per_problem_keeps_every_batch_sizes_answer():
             for M in (1, 16, 64, 1024):
                 every = [c for c in space.all_configs() if space.rejected_by(params, M, gpu, c) is None]
                 assert space.configs(params, M, gpu) == every, (kernel.source_label, params, M)
+
+
+def test_a_problem_and_batch_size_asked_again_is_not_pruned_again(monkeypatch):
+    """A plan's text, its budget and the run ask configs() for the same (problem, M): the rules
+    run once per (problem, M) (a dry run of DeepSeek-V3's GEMMs at 18 batch sizes asked each
+    three times: 13.5 s of CPU, 6.1 s since), and what is asked again is the same answer, a list
+    of its own."""
+    from tuner.plan import space as space_module
+    from tuner.plan.models import gemm_problems, load_model
+    gpu, kernel = get_gpu("H200"), get_kernel("fp8_gemm", "sglang", load_code=False)
+    space = load_space(kernel)
+    params = gemm_problems(load_model("deepseek-v3"), 8)[0].params
+    calls = {"n": 0}
+    for name, fn in list(space_module.RULES.items()):
+        def counted(ctx, opts, cfg, fn=fn):
+            calls["n"] += 1
+            return fn(ctx, opts, cfg)
+        monkeypatch.setitem(space_module.RULES, name, counted)
+    first = space.configs(params, 16, gpu)
+    after_first = calls["n"]
+    again = space.configs(params, 16, gpu)
+    assert after_first > 0 and calls["n"] == after_first
+    assert again == first and again is not first
+    again.clear()                                   # a caller's list is its own
+    assert space.configs(params, 16, gpu) == first
+    other = space.configs(params, 64, gpu)           # another M is pruned by its own rules
+    assert calls["n"] > after_first and other != first

@@ -37,6 +37,7 @@ RULES: dict[str, Rule] = {}
 # once per problem, not once per M (a plan counts the pruned configs of 18 batch sizes). A rule
 # registered without saying so is taken to read M.
 M_FREE: set[str] = set()
+KEPT_MEMO = 1024            # (problem, M) answers a space keeps (each a list of the configs it holds already)
 
 
 def rule(name: str, reads_m: bool = True):
@@ -168,6 +169,9 @@ class SearchSpace:
     kinds: dict[str, str] = field(default_factory=dict)
     # (problem, GPU) -> the configs that pass the rules that do not read M (see M_FREE)
     _m_free: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (problem, GPU, M) -> the configs kept: a plan's text, its budget and the run each ask for the
+    # same (problem, M) (a dry run of 18 batch sizes asked 3 times each); at most KEPT_MEMO kept
+    _kept: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -211,11 +215,18 @@ class SearchSpace:
         then the rules that do."""
         ctx = self._ctx(params, M, gpu)
         key = (json.dumps(params, sort_keys=True, default=str), gpu.key)
+        memo = key + (M,)
+        if memo in self._kept:
+            return list(self._kept[memo])
         if key not in self._m_free:
             free = [(n, o) for n, o in self.constraints.items() if n in M_FREE]
             self._m_free[key] = [c for c in self.all_configs() if all(RULES[n](ctx, o, c) for n, o in free)]
         per_m = [(n, o) for n, o in self.constraints.items() if n not in M_FREE]
-        return [c for c in self._m_free[key] if all(RULES[n](ctx, o, c) for n, o in per_m)]
+        kept = [c for c in self._m_free[key] if all(RULES[n](ctx, o, c) for n, o in per_m)]
+        if len(self._kept) >= KEPT_MEMO:
+            self._kept.clear()
+        self._kept[memo] = kept
+        return list(kept)
 
     def canonical(self, params: Params, M: int, gpu: GpuSpec, cfg: Config) -> Config:
         """An equivalent config in the space's canonical form (e.g. GROUP_SIZE_M folded),
