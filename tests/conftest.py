@@ -55,9 +55,12 @@ def _backups_in_tmp(tmp_path, monkeypatch):
 #   -m ci_variables  (Triton 3.6, the variables set): the tests whose outcome depends on what
 #                    .ci/run provides (engine wheels, the real landscapes' sdist, PostgreSQL,
 #                    ../shared beside the checkout): they skip, or take another path, without it;
-#   -m triton        (the newest Triton, the variables set): the tests whose outcome depends on
-#                    Triton's version (they run a Triton kernel, ours or an engine's, in Triton's
-#                    interpreter here or in a child process, compile one, or read the version).
+#   -m "triton and not triton_incidental"  (the newest Triton, the variables set): the tests whose
+#                    outcome depends on Triton's version (they run a Triton kernel, ours or an
+#                    engine's, in Triton's interpreter here or in a child process, compile one, or
+#                    read the version), but those that run kernels only on the way to what they
+#                    check (a process, a clock, a signal, the proof's rehearsal: triton_incidental),
+#                    whose kernels the others check.
 # Two guards keep the markers honest in every run, the plain one included: a test that skips
 # for want of what .ci/run provides must be marked ci_variables, and a test that launches a
 # Triton kernel in this process must be marked triton; either fails otherwise, saying so.
@@ -118,6 +121,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:       # ../shared is beside CI's checkout, never beside the plain clone
         if "shared_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ci_variables)
+    # triton_incidental narrows triton: without it, the newest Triton's run would drop nothing, and
+    # the plain run would not know the test runs kernels
+    loose = [item.nodeid for item in items
+             if item.get_closest_marker("triton_incidental") and not item.get_closest_marker("triton")]
+    if loose:
+        raise pytest.UsageError(f"marked triton_incidental but not triton: {', '.join(loose)} (tests/conftest.py)")
     if getattr(config.option, "numprocesses", None):
         rank = {name: i for i, name in enumerate(SLOW_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))

@@ -133,7 +133,10 @@ def test_a_studys_sure_configs_are_what_it_times_first(tmp_path):
     assert set(sure) <= set(m.asked[0])                             # the first batch, whole
 
 
+# triton_incidental: which worker builds what, and when; compiling for sm_90 under the newest Triton is
+# test_compile_workers' and test_moe_precisions_cpu's
 @pytest.mark.triton
+@pytest.mark.triton_incidental
 def test_the_measuring_child_builds_ahead_with_its_idle_workers_and_waits_for_them_when_asked():
     """On the CPU device, through the isolated child and its compile workers (compiling for
     sm_90): 3 workers, batches of one config; the config handed out ahead is built by an idle

@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 # the variables rehearses it). Ours alone would rehearse less than the GPU call runs, for the
 # three minutes that are most of a plain clone's run. Every step's kernels run in Triton's
 # interpreter (triton).
-# .ci/run leaves the rehearsal out of its newest-Triton run (proof_rehearsal): the proof runs on
+# .ci/run leaves the rehearsal out of its newest-Triton run (triton_incidental): the proof runs on
 # the GPU machines, whose Triton is 3.6.0, and the kernels it runs are checked under the newest
 # Triton by their own tests (test_engine_kernels.py, test_capture_kernels.py, ...).
-pytestmark = [pytest.mark.triton, pytest.mark.proof_rehearsal]
+pytestmark = [pytest.mark.triton, pytest.mark.triton_incidental]
 NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 
 

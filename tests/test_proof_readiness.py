@@ -188,6 +188,7 @@ def test_the_plan_gives_validation_a_minute_when_nothing_changed(tmp_path):
 
 
 @pytest.mark.triton
+@pytest.mark.triton_incidental     # the ledger's choice of what runs; the kernels' numerics have their own tests
 def test_validate_kernels_skips_a_recorded_case_and_runs_the_canary(tmp_path):
     """On the CPU device, the script's own path: two cases of our GEMM, both recorded; the first
     (the canary) runs, the second is written as recorded, not run."""

@@ -299,6 +299,7 @@ def first_window_minutes(whole: Path, printed: str) -> float:
 
 
 @pytest.mark.triton
+@pytest.mark.triton_incidental     # the windows' clock and what they leave, not the kernel they time
 def test_windows_on_the_cpu_device_end_on_time_and_add_up(tmp_path):
     """The GPU's code path (measuring child, compile worker) on the CPU device, on the real clock: a
     window too short for the work ends within its minutes plus 20 s (the start-up before the
