@@ -13,6 +13,7 @@ import optuna
 import pytest
 import yaml
 from synthetic import block_fp8_model, scaled_landscape, write_synthetic_landscape
+from test_nightly import script_turn
 
 from tuner.cli import main
 from tuner.plan.gpus import get_gpu
@@ -145,8 +146,9 @@ def test_the_script_takes_the_slot(world, tmp_path):
     cfg = night_config(tmp_path, model, {"a": base})
     env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_NIGHT": "slot-test"}
     script = REPO / "scripts" / "nightly_retune.sh"
-    done = subprocess.run(["bash", str(script), "--python", sys.executable, "--minutes", "10", str(cfg)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    with script_turn():             # the script's lock is the checkout's: test_nightly.py's start it too
+        done = subprocess.run(["bash", str(script), "--python", sys.executable, "--minutes", "10", str(cfg)],
+                              env=env, capture_output=True, text=True, timeout=600)
     log = REPO / "logs" / "nightly-slot-test.log"
     try:
         assert done.returncode == 0, done.stderr

@@ -1,6 +1,7 @@
 """`tuner nightly` and scripts/nightly_retune.sh over SYNTHETIC landscapes: night 2 changes
 Triton and makes one job's GPU faster and the other's slower."""
 
+import contextlib
 import fcntl
 import json
 import os
@@ -21,6 +22,17 @@ from tuner.plan.problems import Problem
 from tuner.plan.space import load_space
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def script_turn():
+    """The script's lock (logs/.nightly.lock) is the checkout's: the tests that start it take turns.
+    With xdist, this file and test_night_slots.py run at once on two workers, and the second start
+    exited 75 ("another night is still running")."""
+    (REPO / "logs").mkdir(exist_ok=True)
+    with open(REPO / "logs" / ".tests-nightly-script.lock", "w") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        yield
 KERNEL = get_kernel("fp8_gemm")
 MS = [1, 16]
 
@@ -93,14 +105,14 @@ def test_script_lock_log_and_exit_status(world, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_NIGHT": "s1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     script = REPO / "scripts" / "nightly_retune.sh"
-    (REPO / "logs").mkdir(exist_ok=True)
-    with open(REPO / "logs" / ".nightly.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # another night holds the lock
-        busy = subprocess.run(["bash", str(script), str(cfg)], env=env, capture_output=True, text=True)
-        fcntl.flock(lock, fcntl.LOCK_UN)
-    assert busy.returncode == 75 and "another night" in busy.stderr
-    done = subprocess.run(["bash", str(script), "--python", sys.executable, str(cfg)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    with script_turn():
+        with open(REPO / "logs" / ".nightly.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)          # another night holds the lock
+            busy = subprocess.run(["bash", str(script), str(cfg)], env=env, capture_output=True, text=True)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        assert busy.returncode == 75 and "another night" in busy.stderr
+        done = subprocess.run(["bash", str(script), "--python", sys.executable, str(cfg)], env=env,
+                              capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     log = (REPO / "logs" / "nightly-s1.log").read_text()
     assert "exit 0" in log and "a fresh" in log
@@ -126,12 +138,13 @@ def test_script_runs_from_a_bare_cron_environment(world, tmp_path):
     cron = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHELL": "/bin/sh", "TUNER_NIGHT": "cron1"}
     log = REPO / "logs" / "nightly-cron1.log"
     try:
-        none = subprocess.run([str(script), "--python", "/bin/false", str(cfg)], env=cron, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+        with script_turn():
+            none = subprocess.run([str(script), "--python", "/bin/false", str(cfg)], env=cron, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=60)
+            ran = subprocess.run([str(script), "--python", sys.executable, str(cfg)], env=cron, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=300)
         assert none.returncode == 1 and "/bin/false cannot import tuner" in none.stderr
         assert len(none.stderr.strip().splitlines()) == 1 and "cannot import tuner" in log.read_text()
-        ran = subprocess.run([str(script), "--python", sys.executable, str(cfg)], env=cron, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
         assert ran.returncode == 0, ran.stderr + log.read_text()
         assert "exit 0" in log.read_text() and (tmp_path / "runs" / "cron1" / "report.md").is_file()
     finally:
