@@ -112,9 +112,13 @@ def pytest_runtest_makereport(item, call):
 
 # The test files that take longest (a module-wide set-up, such as the proof's rehearsal): with
 # pytest-xdist (`-n auto --dist loadfile`, pyproject.toml) each file goes whole to one worker, in
-# the order collected, so these go first and the workers end together.
-SLOW_FIRST = ("test_proof.py", "test_workers.py", "test_cpu_device.py", "test_readme.py", "test_bad_input_faults.py",
-              "test_engine_versions.py", "test_interruptions.py", "test_capture_kernels.py")
+# the order collected, so these go first and the workers end together. Longest first, by their CPU
+# seconds in .ci/run's runs (2026-12-02): test_readme 360 in a plain clone (docs/nightly.md's night
+# 300), test_proof 375 with the variables, then 150 to 45.
+SLOW_FIRST = ("test_readme.py", "test_proof.py", "test_coverage.py", "test_moe_precisions_cpu.py",
+              "test_engine_versions.py", "test_cpu_device.py", "test_windows.py", "test_capture_kernels.py",
+              "test_moe_precision_kernels.py", "test_bad_input_faults.py", "test_workers.py", "test_engine_kernels.py",
+              "test_routing.py", "test_output_width.py", "test_interruptions.py")
 
 
 def pytest_collection_modifyitems(config, items):
