@@ -32,6 +32,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_json, atomic_write_text
@@ -409,8 +410,10 @@ def mirrored_hashes(code: EngineCode, mirrored: dict[str, list[str]]) -> dict[st
     return out
 
 
-def extract(engine: str, source: str, out: Path, launcher_files: list[str], tables: dict[str, str] | None = None) -> Path:
-    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) and
+def extract(engine: str, source: str, out: Path, launcher_files: list[str] | Callable[[str], list[str]],
+            tables: dict[str, str] | None = None) -> Path:
+    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES, or a
+    function of the version found giving them) and
     `tables` ({path: text}: its config tables and loader files, read by the caller from the same
     source, so that it serves `tuner audit` too) out of `source` (wheel or installed engine)
     into `out`, with a manifest: a small folder to carry where there is no wheel.
@@ -438,7 +441,8 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str], tabl
                 what = f"{was.get('engine')}'s extracted source" if isinstance(was, dict) else "an extraction"
                 raise TunerError(f"--out {out} holds {what}, not {engine}'s: give another folder (or remove it)")
     code = locate(engine, source)
-    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
+    wanted = launcher_files(code.version) if callable(launcher_files) else launcher_files
+    texts = {rel: code.read(rel) for rel in sorted(set(wanted))}
     make_folder(out.parent)
     remove_dead_temporary_folders(out.parent, f".{out.name[:200]}.")     # what a killed extract left
     try:
