@@ -90,6 +90,18 @@ def test_report_and_diff_name_the_down_table_not_written(tours, capsys):
         assert "  not written: the same configs as sglang E=257,N=256 at every M" in out
 
 
+def test_a_tied_tables_row_says_its_gain_is_the_pairs(runs):
+    """SGLang's up and _down tables are kept or replaced together: the row column's gain is the pair's (both
+    tables), marked so, where before a _down row at 1.00x showed the up table's "tuned +44.1%" unexplained."""
+    _, _, said = runs
+    rows = [line for line in said.splitlines() if line.startswith("sglang E=257,N=256")]
+    gains = [row for row in rows if re.search(r"\s(tuned|default|installed) [+-]\d+\.\d%", row)]
+    assert gains and all(row.endswith("% pair") for row in gains), rows
+    vllm = [line for line in said.splitlines() if re.match(r"vllm E=256,N=256 .*\s(tuned|default) [+-]", line)]
+    assert vllm and not any(row.endswith(" pair") for row in vllm), vllm      # a table tied to none: its own gain
+    assert "row ... pair: tables tied together (one BLOCK_SIZE_M) are kept or replaced together" in said
+
+
 def test_a_down_row_kept_as_the_pair_says_why_its_speedup_is_not_one(runs):
     _, _, said = runs
     rows = [line for line in said.splitlines() if line.startswith("sglang E=257,N=256 _down ")]
