@@ -149,3 +149,16 @@ def test_one_width_rule_for_every_command(runs, tmp_path, capsys, monkeypatch):
         assert any(len(line) > 120 for line in piped), name        # nothing cut to 120 when piped
         narrow = _lines(argv, capsys, 80, monkeypatch)
         assert narrow and all(len(line) <= 80 for line in narrow), (name, [x for x in narrow if len(x) > 80])
+
+
+def test_a_replayed_synthetic_landscape_says_no_kernel_ran(tmp_path, capsys, monkeypatch):
+    """Its times are the cost model's, as --synthetic's: the closing table says so, not "[ours]" (before)."""
+    _piped(monkeypatch, tmp_path)
+    land = tmp_path / "s.jsonl.gz"
+    assert main(["landscape", "synth", "--kernel", "moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                 "--batch-sizes", "1", "--out", str(land)]) == 0
+    capsys.readouterr()
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(land), "--trials", "3",
+                 "--out", str(tmp_path / "r")]) == 0
+    heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fused MoE")]
+    assert heads == ["fused MoE (sorted tokens, grouped GEMMs) [SYNTHETIC: no kernel ran]"], heads

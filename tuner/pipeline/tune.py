@@ -164,8 +164,10 @@ def closing_lines(opts, results: dict) -> list[str]:
     if results:
         from tuner.emit.run_table import run_source, run_table_lines, unwritten_files, written_files
         lines.append(run_source(opts.out_dir))
-        # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
-        whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
+        # a --synthetic run's times are a cost model's, as are a replayed SYNTHETIC landscape's: no kernel, ours or an
+        # engine's, ran
+        from tuner.search.identity import SYNTHETIC
+        whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic or opts.times == SYNTHETIC else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
         lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain,
