@@ -269,6 +269,25 @@ def test_the_deployments_of_a_model_that_fills_a_node():
     assert [s.label for s in served] == ["TP8 EP8"] and any("no TP8: --tp 8 leaves" in n for n in notes)
 
 
+def test_asking_which_deployments_plan_says_nothing_of_what_an_engine_runs_none_of(caplog):
+    """served_deployments plans each deployment only to learn whether it can be planned: the line that an
+    engine runs no MoE of the precision is the tuning plan's (and coverage's note), not said per deployment
+    (before: `tuner coverage` printed vLLM's "no int8_w8a8 tables planned" 3-5 times)."""
+    import logging
+
+    from tuner.plan.deployment import served_deployments
+    from tuner.plan.gpus import get_gpu
+    from tuner.plan.models import load_model, moe_problems
+    int8 = load_model("deepseek-v3-int8")
+    with caplog.at_level(logging.WARNING, logger="tuner"):
+        served, _ = served_deployments(int8, get_gpu("H200"), "int8_w8a8")
+    assert [s.label for s in served] == ["TP8", "TP16", "TP8 EP8"]
+    assert not [r for r in caplog.records if "tables planned" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="tuner"):       # the plan that tunes it still says it, once
+        moe_problems(int8, 8, 1, "int8_w8a8")
+    assert len([r for r in caplog.records if "vllm: no int8_w8a8 tables planned" in r.getMessage()]) == 1
+
+
 def test_the_precisions_a_checkpoint_is_served_at():
     from tuner.plan.models import load_model
     from tuner.plan.precision import served_dtypes

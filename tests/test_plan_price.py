@@ -75,3 +75,59 @@ def test_the_price_is_the_measured_costs_times_the_configs_a_study_measures(tmp_
     assert got.seconds == pytest.approx(20.0 + 5 * (1 + 2 + 3 + 3) + 4 * 2.0)
     monkeypatch.setattr(price, "STOPPING", tmp_path / "none.json")
     assert price.plan_price(opts) is None
+
+
+H200_GEMM = REPO / "landscapes" / "NVIDIA_H200" / "fp8_gemm.vllm-deepseek-v3-tp8.jsonl.gz"
+
+
+def test_a_replays_dry_run_plans_and_prices_what_its_landscape_times_each_study_once(monkeypatch, capsys):
+    """`--replay LAND --dry-run` plans what the run will tune: the problems and batch sizes the landscape times
+    (the H200 GEMM landscape: N=7168,K=2048 at M=1 and 16 of DeepSeek-V3's eight TP8 GEMMs), each (problem,
+    M) once though two engines' tables share it. Before: all 8 problems x 18 batch sizes listed and priced,
+    the shared problem twice (252 studies, 78.6 min), where the run tunes 2 studies."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(H200_GEMM),
+                 "--minutes", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    problems = re.findall(r"^problem (\S+)", out, re.M)
+    assert set(problems) == {"N=7168,K=2048,block_shape=[128,128]"}, problems
+    assert re.findall(r"configs after pruning, per M: (.*)", out) == ["1:32 16:32"] * len(problems)
+    assert "1 problems, 2 studies (the batch sizes the landscape times" in out
+    planned = re.search(r"expected: about \d+\.\d min of GPU on NVIDIA H200, (\d+) measured configs \(at most (\d+)\)",
+                        out)
+    assert planned and int(planned.group(2)) == 2 * 24, out[-1500:]    # two studies' caps, not four
+    assert "fp8_gemm: 0 of 2 studies finished; left 2" in out
+    first = re.search(r"first: (.*)", out).group(1).split("; ")
+    assert first == ["N=7168,K=2048,block_shape=[128,128] M=1", "N=7168,K=2048,block_shape=[128,128] M=16"]
+    skips = re.findall(r"^note: skip (\S+): the landscape has no timings for it", out, re.M)
+    assert len(skips) == len(set(skips)) == 7, skips                  # each problem said once
+
+
+def test_a_landscape_recorded_on_one_engines_kernel_writes_that_engines_tables_only(tmp_path, monkeypatch, capsys):
+    """The H200 GEMM landscape was recorded on vLLM's kernel: replayed, it times vLLM's table, and SGLang's (whose
+    kernel differs: SWAP_AB, SPLIT_K) is not written from it, as --kernel-source vllm says ("that engine's kernel,
+    its tables only"). Before: the run wrote sglang/fp8_gemm/N=7168,K=2048,...json timed on vLLM's kernel, counted
+    its progress to [4/2] and left vLLM's rows out of the closing table."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)      # the landscape alone (no shipped tables' seeds)
+    out = tmp_path / "run"
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(H200_GEMM),
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    text = printed.out + printed.err
+    assert "was recorded on vllm's kernel: it times vllm's tables only; sglang's are not written" in text
+    written = sorted(p.relative_to(out).parts[0] for p in out.rglob("*.json") if p.name != "manifest.json")
+    assert written == ["vllm"], written
+    tables = json.loads((out / "manifest.json").read_text())["tables"]
+    assert [sorted(t["files"]) for t in tables] == [["vllm"]]
+    progress = re.findall(r"^\[(\d+)/(\d+)\]", text, re.M)
+    assert progress == [("1", "2"), ("2", "2")], progress
+    rows = re.findall(r"^(\w+) N=7168,K=2048 +(\d+) ", printed.out, re.M)
+    assert rows == [("vllm", "1"), ("vllm", "16")], printed.out[-1500:]
+    # the batch sizes were the landscape's, not the command's: the advice says so
+    assert "the landscape replayed times no others" in text and "leave --batch-sizes out" not in text
+    # asked for SGLang's tables alone, the landscape times none: one line
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(H200_GEMM),
+                 "--engines", "sglang", "--out", str(tmp_path / "sg")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was recorded on vllm's kernel, which times none of the tables asked for" in err[0], err

@@ -113,7 +113,7 @@ def test_the_readme_and_the_manual_have_commands_and_tags():
 
 
 def _scratch(tmp_path: Path) -> Path:
-    for name in ("configs", "scripts"):
+    for name in ("configs", "scripts", "landscapes"):
         (tmp_path / name).symlink_to(REPO / name)
     return tmp_path
 
@@ -165,7 +165,11 @@ def test_commands_run_as_written(file, tmp_path, monkeypatch, capsys):
         assert not wide, f"{where}\nlines over 120 columns:\n" + "\n".join(wide[:10])
         shows_times = ("--replay" in command.argv or "--synthetic" in command.argv
                        or command.argv[1:2] in (["report"], ["diff"], ["landscape"]))
-        if shows_times:               # every landscape in the README and docs/ is synthetic, and says so
+        recorded = any(a.startswith("landscapes/") for a in command.argv)     # the ones we ship: a GPU's
+        if shows_times and recorded:  # a landscape recorded on a GPU says whose times it replays
+            assert re.search(r"^times: landscape recorded on NVIDIA H\d+ \(\d{4}-\d\d-\d\d\), replayed$", out, re.M), where
+            assert "SYNTHETIC" not in out, where
+        elif shows_times:             # every other landscape in the README and docs/ is synthetic, and says so
             assert "SYNTHETIC" in out, where
         if "--device" in command.argv:   # the CPU device's times say so
             assert "*** CPU DEVICE" in out, where

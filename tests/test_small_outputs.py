@@ -90,6 +90,18 @@ def test_report_and_diff_name_the_down_table_not_written(tours, capsys):
         assert "  not written: the same configs as sglang E=257,N=256 at every M" in out
 
 
+def test_a_tied_tables_row_says_its_gain_is_the_pairs(runs):
+    """SGLang's up and _down tables are kept or replaced together: the row column's gain is the pair's (both
+    tables), marked so, where before a _down row at 1.00x showed the up table's "tuned +44.1%" unexplained."""
+    _, _, said = runs
+    rows = [line for line in said.splitlines() if line.startswith("sglang E=257,N=256")]
+    gains = [row for row in rows if re.search(r"\s(tuned|default|installed) [+-]\d+\.\d%", row)]
+    assert gains and all(row.endswith("% pair") for row in gains), rows
+    vllm = [line for line in said.splitlines() if re.match(r"vllm E=256,N=256 .*\s(tuned|default) [+-]", line)]
+    assert vllm and not any(row.endswith(" pair") for row in vllm), vllm      # a table tied to none: its own gain
+    assert "row ... pair: tables tied together (one BLOCK_SIZE_M) are kept or replaced together" in said
+
+
 def test_a_down_row_kept_as_the_pair_says_why_its_speedup_is_not_one(runs):
     _, _, said = runs
     rows = [line for line in said.splitlines() if line.startswith("sglang E=257,N=256 _down ")]
@@ -137,3 +149,16 @@ def test_one_width_rule_for_every_command(runs, tmp_path, capsys, monkeypatch):
         assert any(len(line) > 120 for line in piped), name        # nothing cut to 120 when piped
         narrow = _lines(argv, capsys, 80, monkeypatch)
         assert narrow and all(len(line) <= 80 for line in narrow), (name, [x for x in narrow if len(x) > 80])
+
+
+def test_a_replayed_synthetic_landscape_says_no_kernel_ran(tmp_path, capsys, monkeypatch):
+    """Its times are the cost model's, as --synthetic's: the closing table says so, not "[ours]" (before)."""
+    _piped(monkeypatch, tmp_path)
+    land = tmp_path / "s.jsonl.gz"
+    assert main(["landscape", "synth", "--kernel", "moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8",
+                 "--batch-sizes", "1", "--out", str(land)]) == 0
+    capsys.readouterr()
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--replay", str(land), "--trials", "3",
+                 "--out", str(tmp_path / "r")]) == 0
+    heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fused MoE")]
+    assert heads == ["fused MoE (sorted tokens, grouped GEMMs) [SYNTHETIC: no kernel ran]"], heads

@@ -9,6 +9,9 @@ from tuner.cli import main
 
 def test_the_missions_command_runs_end_to_end_on_a_synthetic_landscape(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    # the tool as a new user has it: no engine wheel at hand, whose shipped tables would be the incumbents
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
     argv = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic",
             "--batch-sizes", "1", "64", "--trials", "6"]
     assert main(argv) == 0

@@ -54,17 +54,24 @@ def run(args) -> int:
     if args.action != "extract":
         raise TunerError("say what to do: `tuner engine-source fetch vllm==0.33.0` or "
                          "`tuner engine-source extract --engine vllm --out DIR`")
-    from tuner.plan.kernel_registry import engine_files
+    from tuner.plan.kernel_registry import engine_files, refused_kernels
     from tuner.plan.kernel_sources import extract
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"--out {out} is a file")
     tables = engine_tables(args.engine, args.source)
-    folder = extract(args.engine, args.source, out, engine_files(args.engine), tables)
-    files = sorted(p for p in folder.rglob("*.py"))
-    size = sum(p.stat().st_size for p in files)
-    print(f"{len(files)} {args.engine} files ({size / 1024:.0f} KiB) and {len(tables)} config tables in {folder}/; "
-          f"use it as --engine-source {folder}")
+    version: list[str] = []
+
+    def files(found: str) -> list[str]:      # the release's own: a kernel not launched at it is not copied
+        version.append(found)
+        return engine_files(args.engine, found)
+    folder = extract(args.engine, args.source, out, files, tables)
+    for kernel, why in refused_kernels(args.engine, version[0]).items():
+        print(f"not extracted: {args.engine} {version[0]}'s {kernel}, which tuner does not launch: {why}")
+    files_copied = sorted(p for p in folder.rglob("*.py"))
+    size = sum(p.stat().st_size for p in files_copied)
+    print(f"{len(files_copied)} {args.engine} files ({size / 1024:.0f} KiB) and {len(tables)} config tables in "
+          f"{folder}/; use it as --engine-source {folder}")
     return 0
 
 

@@ -21,6 +21,8 @@ BY_THE_BATCH_SIZES = ("truncated", "far_keys")
 class RunFindings:
     """The findings of a run's tables, gathered as they are written, said at the end."""
     tuned: set[int]                                  # the batch sizes the run tuned
+    # how to tune the batch sizes a server runs: a replay narrowed to its landscape's needs another landscape
+    advice: str = "leave --batch-sizes out to tune the engines' grid, the batch sizes a server runs"
     found: list[tuple[str, Any, list[int]]] = field(default_factory=list)   # (table, Finding, its keys)
 
     def add(self, table: str, finding, keys) -> None:
@@ -34,7 +36,7 @@ class RunFindings:
             far = next((f.reason for _, f in chosen if f.kind == "far_keys"), "")
             out.append(f"the {len(tables)} table(s) hold only the batch sizes tuned (M={','.join(map(str, sorted(self.tuned)))})"
                        + (f": {far}" if far else "")
-                       + "; leave --batch-sizes out to tune the engines' grid, the batch sizes a server runs")
+                       + f"; {self.advice}")
         grouped: dict[tuple[str, str, str], list[str]] = {}
         for t, f, keys in self.found:
             if f.kind in BY_THE_BATCH_SIZES and set(keys) <= self.tuned:

@@ -121,6 +121,9 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
         where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above")
         where.append("     " + (threshold_text(threshold if threshold is not None else min_gain) if min_gain is not None
                                 else "--min-gain"))
+        if any(choice_short(r.choice).endswith(" pair") for rs in results.values() for r in rs):
+            where.append("row ... pair: tables tied together (one BLOCK_SIZE_M) are kept or replaced together, "
+                         "by the pair's gain")
         if any(choice_short(r.choice).endswith(" (same)") for rs in results.values() for r in rs):
             where.append("row (same): the search's best is the incumbent's config itself: no pair to time")
     if noise is not None and any(within(r.speedup, noise) for rs in results.values() for r in rs):

@@ -69,7 +69,12 @@ def collect(opts: RunPlan, storage: BaseStorage, quiet: bool = False, wait: bool
     else:
         from tuner.emit.run_findings import RunFindings
         keys = by_key(opts)
-        findings = None if quiet else RunFindings({m for p in opts.problems for m in opts.ms_for(p)})
+        planned = {m for p in opts.problems for m in opts.ms_for(p)}
+        findings = None if quiet else RunFindings(planned)
+        if findings is not None and opts.replay and set(opts.batch_sizes) - planned:
+            # the batch sizes were the landscape's, not the command's (tuner/pipeline/replay_coverage.py)
+            findings.advice = ("the landscape replayed times no others: the engines' grid needs a landscape "
+                               "recorded at its batch sizes (--record on a GPU)")
         entries: list[dict] = []
         try:
             for problem in done:

@@ -54,14 +54,20 @@ def plan_text(opts: RunPlan) -> str:
                      + (f"  [{k.measurement_note(p.params)}]" if k.measurement_note(p.params) else ""))
         for name, path in planned_files(opts, p, triton_version):
             lines.append(f"  {name:7s} {path}")
-        sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.batch_sizes]
+        sizes = [f"{m}:{len(opts.space.configs(p.params, m, gpu))}" for m in opts.ms_for(p)]
         lines.append("  configs after pruning, per M: " + " ".join(sizes))
-        floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.batch_sizes]
+        floor = [f"{m}:{roof.floor_us(k.bytes_moved(p.params, m), k.flops(p.params, m)):.1f}" for m in opts.ms_for(p)]
         lines.append("  roofline floor, us per M: " + " ".join(floor))
-    total = len(opts.problems) * len(opts.batch_sizes)
-    most = sum(opts.settings.budget_for(p, m) for p in opts.problems for m in opts.batch_sizes)
-    lines.append(f"{len(opts.problems)} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
-                 f"at most {most} measured configs")
+    # one study per (problem, M), however many engines' tables it writes (a GEMM's both engines')
+    studies = {(p.key, m): (p, m) for p in opts.problems for m in opts.ms_for(p)}
+    total = len(studies)
+    most = sum(opts.settings.budget_for(p, m) for p, m in studies.values())
+    if all(opts.ms_for(p) == list(opts.batch_sizes) for p in opts.problems):
+        lines.append(f"{len({p.key for p in opts.problems})} problems x {len(opts.batch_sizes)} batch sizes = {total} studies, "
+                     f"at most {most} measured configs")
+    else:       # a replay's: the batch sizes its landscape times, per problem (above)
+        lines.append(f"{len({p.key for p in opts.problems})} problems, {total} studies (the batch sizes the landscape times, per "
+                     f"problem above), at most {most} measured configs")
     lines.append(expected_text(opts))
     lines += engine_reading_notes(k.table_kind, {e for p in opts.problems for e in p.engines},
                                   opts.problems[0].params if opts.problems else None)

@@ -137,6 +137,8 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         opts.made = made
     if parallel.line and plans:
         plans[0].notes.append(parallel.line)    # a run says it with its progress, once past its checks
+    if not req.dry_run and plans:
+        plans[0].notes += list(dict.fromkeys(notes))     # the tables a replay's kernel does not time
     if req.dry_run:
         for line in dict.fromkeys(notes):
             say(f"note: {line}")
@@ -282,8 +284,15 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
 
     mode = source_mode(req.kernel_source, req.replay)
     runs: dict = {}
+    left_out: set[str] = set()
     for p in problems:
         engines = [e for e in p.engines if e in req.engines] or list(p.engines)
+        if mode in ENGINE_NAMES:
+            # one engine's kernel (a landscape recorded on it): its tables only, never another engine's
+            # rows timed on it (as --kernel-source ENGINE says), and only where --engines asks for them
+            asked = [e for e in p.engines if e in req.engines]
+            left_out |= {e for e in asked if e != mode}
+            engines = [e for e in asked if e == mode]
         for engine in engines:
             try:
                 kernel = kernel_for(kernel_name, engine, mode, req.engine_source, load_code=not req.replay,
@@ -308,6 +317,9 @@ def kernel_runs(req, kernel_name: str, problems: list, notes: list) -> list:
     if req.replay and mode != "ours" and not runs:
         raise TunerError(f"landscape {req.replay} was recorded on {mode}'s kernel, which times none of "
                          f"the tables asked for (--engines {' '.join(req.engines)})")
+    if req.replay and left_out and runs:
+        notes.append(f"landscape {req.replay} was recorded on {mode}'s kernel: it times {mode}'s tables only; "
+                     f"{' and '.join(sorted(left_out))}'s are not written (each engine's on its own kernel)")
     return list(runs.values())
 
 

@@ -107,12 +107,12 @@ def plan_price(opts) -> Price | None:
     seconds = sum(startups) / len(startups) if startups else 0.0
     close = sum(closes) / len(closes) if closes else 0.0
     trials = cap = 0
-    for p in opts.problems:
-        for m in opts.ms_for(p):
-            budget = opts.settings.budget_for(p, m)
-            expect = min(budget, max(1, round(per_study)))
-            trials, cap = trials + expect, cap + budget
-            seconds += expect * per_trial_s(studies, m) + close
+    # one study per (problem, M), however many engines' tables it writes (a GEMM's both engines')
+    for p, m in {(p.key, m): (p, m) for p in opts.problems for m in opts.ms_for(p)}.values():
+        budget = opts.settings.budget_for(p, m)
+        expect = min(budget, max(1, round(per_study)))
+        trials, cap = trials + expect, cap + budget
+        seconds += expect * per_trial_s(studies, m) + close
     return Price(seconds, trials, cap, _rel(path), pooled)
 
 

@@ -21,10 +21,10 @@ from tuner.measure.policy import check_replay_policy, replay_policy
 from tuner.paths import remove_stale_temporaries
 from tuner.pipeline.baselines import check_baselines
 from tuner.pipeline.emission import collect
+from tuner.pipeline.replay_coverage import replay_coverage
 from tuner.pipeline.run_plan import RunPlan, run_storage
 from tuner.pipeline.stored_plans import check_plan, open_run_storage, save_plan, storage_exists
 from tuner.pipeline.studies import time_unit, tune_all
-from tuner.plan.kernel_api import config_tuple
 from tuner.progress import Progress
 from tuner.search.settings import StudyResult
 from tuner.search.storage_urls import shown
@@ -84,7 +84,7 @@ def _tune_here(opts: RunPlan, storage: BaseStorage | None, measurer: Measurer, p
     opts.times = times_of(measurer)
     try:
         if isinstance(measurer, ReplayMeasurer):
-            opts.problems, opts.plan_ms = _replay_coverage(opts, measurer, progress)
+            opts.problems, opts.plan_ms = replay_coverage(opts, measurer, progress.note)
             progress.total = max(1, sum(len(v) for v in opts.plan_ms.values()))
         storage = storage or open_run_storage(opts)
         save_plan(storage, opts)
@@ -161,52 +161,3 @@ def run_gpu_workers(opts: RunPlan, progress: Progress) -> None:
     if failed:
         progress.note(f"{len(failed)} of {len(procs)} workers failed; the studies they left are finished by the rest "
                       "or by running the command again")
-
-
-def _replay_coverage(opts: RunPlan, measurer: ReplayMeasurer, progress: Progress):
-    covered, plan_ms = [], {}
-    serving = _traffic_shares(opts)
-    for p in opts.problems:
-        ms = [m for m in opts.batch_sizes if measurer.covers(p, m)]
-        missing = [m for m in opts.batch_sizes if m not in ms]
-        lost = [m for m in missing if serving.get(m, 0.0) > 0]
-        if lost and ms:
-            # the profile's keys where the traffic is: tuning without them keys the table far away
-            share = sum(serving[m] for m in lost)
-            raise TunerError(f"landscape {opts.replay} lacks M={','.join(map(str, lost))} of {p.key}, the keys that "
-                             f"serve {share:.1%} of the traffic profile's passes: record them (--record), or give "
-                             f"--batch-sizes the landscape holds (M={','.join(map(str, ms))})")
-        if not ms:
-            progress.note(f"skip {p.key}: the landscape has no timings for it")
-            continue
-        if missing:
-            progress.note(f"{p.key}: the landscape lacks M={','.join(map(str, missing))}; tuning M={','.join(map(str, ms))}")
-        covered.append(p)
-        plan_ms[p.key] = ms
-    if not covered:
-        raise TunerError(f"landscape {opts.replay} covers none of the planned problems and batch sizes")
-    # Its points must be configs of the search space (or the seeds), or nothing can be chosen.
-    usable = False
-    for p in covered:
-        for m in plan_ms[p.key]:
-            points = measurer.candidates(p, m) or set()
-            space = {config_tuple(opts.kernel, c) for c in opts.space.configs(p.params, m, opts.gpu)}
-            seeds = {config_tuple(opts.kernel, opts.space.canonical(p.params, m, opts.gpu, c)) for c in
-                     [opts.kernel.default_config(p.params, m), *opts.kernel.extra_seeds(p.params, m)]}
-            if points & (space | seeds):
-                usable = True
-                break
-        if usable:
-            break
-    if not usable:
-        raise TunerError(f"landscape {opts.replay} holds no config of the search space "
-                         f"({opts.space.source}) nor the default: recorded with another space or kernel?")
-    return covered, plan_ms
-
-
-def _traffic_shares(opts: RunPlan) -> dict[int, float]:
-    """{key: its share of the traffic's passes} of the run's batch sizes ({} without --traffic)."""
-    if opts.traffic is None:
-        return {}
-    from tuner.plan.traffic import key_coverage
-    return {c.key: c.share for c in key_coverage(sorted(opts.batch_sizes), opts.traffic)}

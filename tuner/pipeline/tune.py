@@ -50,6 +50,11 @@ def _tune(request: TuneRequest, say: Callable[[str], None], left: dict | None = 
     for opts in plans:
         opts.started = started          # a run's "done in" is the command's time, its planning included
     if req.dry_run:
+        if req.replay and not req.synthetic:
+            # planned and priced as the run will tune: what the landscape times (a SYNTHETIC one times all)
+            from tuner.pipeline.replay_coverage import narrow_to_landscape
+            for opts in plans:
+                narrow_to_landscape(opts, lambda line: say(f"note: {line}"))
         say("\n\n".join(plan_text(opts) for opts in plans))
         from tuner.pipeline.price import plan_price, total_line
         total = total_line([plan_price(opts) for opts in plans], plans[0].gpu.cuda_name) if plans else None
@@ -95,7 +100,9 @@ def window_order_lines(plans: list, minutes: float) -> list[str]:
     lines = [f"a window of {window_length(minutes)} takes the studies by value per GPU second (docs/tuning.md):"]
     for opts in plans:
         states = study_states(opts, open_run_storage(opts) if storage_exists(opts) else None)
-        order = [f"{p.key} M={m}" for p, m in study_order(opts, states) if not states[(p.key, m)].finished]
+        # one study per (problem, M), however many engines' tables it writes
+        order = list(dict.fromkeys(f"{p.key} M={m}" for p, m in study_order(opts, states)
+                                   if not states[(p.key, m)].finished))
         lines += left_lines(opts, states, minutes)[:1]
         if order:
             lines.append(wrap("  first: " + "; ".join(order[:6]) + ("; ..." if len(order) > 6 else "")))
@@ -157,8 +164,10 @@ def closing_lines(opts, results: dict) -> list[str]:
     if results:
         from tuner.emit.run_table import run_source, run_table_lines, unwritten_files, written_files
         lines.append(run_source(opts.out_dir))
-        # a --synthetic run's times are a cost model's: no kernel, ours or an engine's, ran
-        whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic else kernel.source_label
+        # a --synthetic run's times are a cost model's, as are a replayed SYNTHETIC landscape's: no kernel, ours or an
+        # engine's, ran
+        from tuner.search.identity import SYNTHETIC
+        whose = "SYNTHETIC: no kernel ran" if opts.request.synthetic or opts.times == SYNTHETIC else kernel.source_label
         lines.append(f"{kernel.description} [{whose}]")
         lines.append("config = " + " ".join(kernel.config_keys))       # its own line: within 120 columns
         lines += run_table_lines(results, kernel.config_keys, written_files(opts), opts.out_dir, opts.settings.row_gain,

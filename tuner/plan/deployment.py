@@ -204,7 +204,8 @@ def served_deployments(model, gpu, dtype: str | None) -> tuple[list[Served], lis
         try:
             if model.is_moe:
                 from tuner.plan.models import moe_problems
-                moe_problems(model, served.tp, served.ep, dtype or "bf16")
+                # only whether it plans: the plan that tunes it says what an engine runs none of
+                moe_problems(model, served.tp, served.ep, dtype or "bf16", quiet=True)
             kept.append(served)
         except TunerError as e:
             notes.append(f"no {served.label}: {e}")

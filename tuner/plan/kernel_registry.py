@@ -111,10 +111,26 @@ def engine_variant(name: str, engine: str, params: dict | None) -> str:
                  if name in launcher(engine, v).KERNEL_FUNCTIONS and launcher(engine, v).handles(params)), "")
 
 
-def engine_files(engine: str) -> list[str]:
+def engine_files(engine: str, version: str | None = None) -> list[str]:
     """Every file of the engine its launcher and their variants read (what `tuner engine-source
-    extract` copies)."""
-    return sorted({*launcher(engine).FILES, *(f for v in launcher_variants(engine) for f in launcher(engine, v).FILES)})
+    extract` copies); at `version`, without the files only kernels tuner does not launch at that
+    release read (configs/engines/: SGLang 0.5.19 and 0.5.20 have no sm_90 GEMM file to copy)."""
+    from tuner.plan.engine_releases import refused_kernel
+    mods = [launcher(engine), *(launcher(engine, v) for v in launcher_variants(engine))]
+    files = {f for m in mods for f in m.FILES}
+    if version is None:
+        return sorted(files)
+    refused = {k for m in mods for k in m.KERNEL_FUNCTIONS if refused_kernel(engine, k, version)}
+    launched = {f for m in mods for k, fns in m.KERNEL_FUNCTIONS.items() if k not in refused for f in fns}
+    return sorted(files - ({f for m in mods for k in refused for f in m.KERNEL_FUNCTIONS.get(k, {})} - launched))
+
+
+def refused_kernels(engine: str, version: str) -> dict[str, str]:
+    """{kernel: why} of the kernels of `engine`'s launchers tuner does not launch at `version`."""
+    from tuner.plan.engine_releases import refused_kernel
+    kernels = {k for m in [launcher(engine), *(launcher(engine, v) for v in launcher_variants(engine))]
+               for k in m.KERNEL_FUNCTIONS}
+    return {k: why for k in sorted(kernels) if (why := refused_kernel(engine, k, version))}
 
 
 def engine_kernel(name: str, engine: str, origin: str | None = None, load_code: bool = True, variant: str = ""):

@@ -5,17 +5,16 @@ The code is read at run time, never copied into this repository, from (first mat
   1. `--engine-source PATH`: the engine's released wheel, a folder holding such wheels, or a
      folder of files extracted from one (`tuner engine-source extract`, small enough to
      carry to a GPU machine that has no network);
-  2. the engine installed in this Python (its files are read; the package is not imported,
-     so no CUDA extension has to load);
+  2. the engine installed in this Python (its files are read, the package not imported);
   3. `$TUNER_ENGINE_WHEELS`: a folder of wheels or extracted folders;
   4. the wheels `tuner engine-source fetch` downloaded (~/.cache/tuner/engine-wheels).
 Nothing here knows a particular engine: what to read, and how to launch it, is declared
 by each engine's launcher module (kernels/engines/<engine>.py).
 
 Loading: the `@triton.jit` functions a launcher needs are cut out of the engine's file with
-`ast` (each with the module-level jit functions and constants it refers to, verbatim) and
-written to a module in the cache (~/.cache/tuner/engine-kernels, `$TUNER_CACHE_DIR`):
-Triton reads a kernel's source from its file, so the code must live in one.
+`ast` (with the module-level jit functions and constants they refer to, verbatim) and written
+to a module in the cache (~/.cache/tuner/engine-kernels, `$TUNER_CACHE_DIR`): Triton reads a
+kernel's source from its file.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tuner.errors import TunerError
 from tuner.paths import atomic_write_json, atomic_write_text
@@ -409,15 +409,14 @@ def mirrored_hashes(code: EngineCode, mirrored: dict[str, list[str]]) -> dict[st
     return out
 
 
-def extract(engine: str, source: str, out: Path, launcher_files: list[str], tables: dict[str, str] | None = None) -> Path:
-    """Copy the engine files its launcher needs (`launcher_files`, the launcher's FILES) and
-    `tables` ({path: text}: its config tables and loader files, read by the caller from the same
-    source, so that it serves `tuner audit` too) out of `source` (wheel or installed engine)
-    into `out`, with a manifest: a small folder to carry where there is no wheel.
-
-    All or nothing: every file is read (and checked) first, then written into a temporary
-    folder beside `out` that is renamed into place, so a source lacking a file, a full disk
-    or a kill leaves no half-made folder (an earlier extract at `out` is replaced whole)."""
+def extract(engine: str, source: str, out: Path, launcher_files: list[str] | Callable[[str], list[str]],
+            tables: dict[str, str] | None = None) -> Path:
+    """Copy the engine files its launcher needs (`launcher_files`, or a function of the version
+    found giving them) and `tables` ({path: text}: its config tables and loader files, from the
+    same source, so that it serves `tuner audit` too) out of `source` (wheel or installed engine)
+    into `out`, with a manifest: a folder to carry where there is no wheel. All or nothing: every
+    file is read and checked, then written into a temporary folder renamed into place at `out`
+    (an earlier extract there replaced whole): a missing file, a full disk or a kill leaves none."""
     import shutil
 
     from tuner.paths import make_folder, new_temporary_folder, release_temporary_folder, remove_dead_temporary_folders
@@ -438,7 +437,8 @@ def extract(engine: str, source: str, out: Path, launcher_files: list[str], tabl
                 what = f"{was.get('engine')}'s extracted source" if isinstance(was, dict) else "an extraction"
                 raise TunerError(f"--out {out} holds {what}, not {engine}'s: give another folder (or remove it)")
     code = locate(engine, source)
-    texts = {rel: code.read(rel) for rel in sorted(set(launcher_files))}
+    wanted = set(launcher_files(code.version) if callable(launcher_files) else launcher_files)
+    texts = {rel: code.read(rel) for rel in sorted(wanted)}
     make_folder(out.parent)
     remove_dead_temporary_folders(out.parent, f".{out.name[:200]}.")     # what a killed extract left
     try:

@@ -347,13 +347,14 @@ def gemm_problems(model: Model, tp: int, ep: int = 1) -> list[Problem]:
 
 
 def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uniform",
-                 engines=ENGINE_NAMES, fuse_shared: bool = True) -> list[Problem]:
+                 engines=ENGINE_NAMES, fuse_shared: bool = True, quiet: bool = False) -> list[Problem]:
     """The fused-MoE problems one GPU runs, per engine: vLLM's whole-layer table, and
     SGLang's up table plus its `_down` table (tied to the up table's BLOCK_SIZE_M). The
     weights' layout at `dtype` (blocks, K groups, zero points) is the checkpoint's
     (tuner/plan/precision.py); an engine that runs no Triton MoE of that precision is
-    skipped with a line saying why, and none left is refused. `fuse_shared=False`: as
-    SGLang runs with --disable-shared-experts-fusion."""
+    skipped with a line saying why (none with `quiet`: a caller that only asks whether the
+    deployment can be planned), and none left is refused. `fuse_shared=False`: as SGLang runs
+    with --disable-shared-experts-fusion."""
     import logging
 
     from tuner.plan.precision import MOE_DTYPES, moe_precision, served_group
@@ -371,7 +372,7 @@ def moe_problems(model: Model, tp: int, ep: int, dtype: str, routing: str = "uni
                for name in engines if key not in ENGINES[name].moe_precisions}
     if refused and len(refused) == len(engines):
         raise TunerError(f"{model.name} at {precision.describe()}: " + "; ".join(refused.values()))
-    for name, why in refused.items():
+    for name, why in refused.items() if not quiet else ():
         logging.getLogger("tuner").warning("%s: no %s tables planned: %s", name, dtype, why)
     inter, experts = model.moe.intermediate, model.moe.experts
     checkpoint = (str((model.raw.get("quantization_config") or {}).get("quant_method") or "").lower(), dtype)

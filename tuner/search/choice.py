@@ -148,6 +148,7 @@ def choice_short(choice: dict | None) -> str:
         return "tuned"
     gain, kept = choice.get("gain"), choice.get("kept", "tuned")
     if isinstance(gain, (int, float)):
-        return f"{kept} {gain:+.1%}"
+        # a table tied to another (SGLang's up and _down): the gain is the pair's, both tables together
+        return f"{kept} {gain:+.1%}" + (" pair" if choice.get("tied_with") else "")
     # no pair timed: the search's best was the incumbent itself (nothing to gain), or none could be timed
     return f"{kept} (same)" if choice.get("incumbent") == kept else kept
