@@ -396,3 +396,24 @@ def test_a_folder_extracted_for_the_gpu_machine_maps_as_its_wheel(tmp_path, caps
     wheels = [r for r in coverage_json(capsys, *common)["rows"] if r["engine_version"] in ("0.33.0", "0.5.23")]
     keep = ("engine", "engine_version", "tp", "ep", "dtype", "part", "file", "read", "status", "why")
     assert [{k: r[k] for k in keep} for r in extracted["rows"]] == [{k: r[k] for k in keep} for r in wheels]
+
+
+def test_each_wheel_is_read_once_when_audits_go_through_every_release(tmp_path):
+    """`tuner coverage` and its rows' audit commands (run in one process by
+    test_every_row_agrees_with_tuner_audit) go through the wheels of every release tuner knows,
+    in turn: each wheel's zip directory is read once, not again for every audit. Before, the
+    cache held 8 wheels for 10 releases, so going round them read every one again each time
+    (that test: 68 s, then 16 s)."""
+    import zipfile
+
+    from tuner.emit.engine_tables import WheelFiles
+    from tuner.plan.engines import supported_releases
+    wheels = []
+    for engine in ("vllm", "sglang"):
+        for version in supported_releases(engine):
+            wheels.append(tmp_path / f"{engine}-{version}-py3-none-any.whl")
+            with zipfile.ZipFile(wheels[-1], "w") as z:
+                z.writestr(f"{engine}/__init__.py", "")
+    assert len(wheels) >= 10
+    first = [WheelFiles.of(w) for w in wheels]
+    assert all(WheelFiles.of(w) is files for w, files in zip(wheels, first))     # the second round reads none

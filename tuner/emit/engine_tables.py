@@ -136,7 +136,9 @@ class WheelFiles(TableFiles):
         return sorted(n for n in self._names if n.startswith(prefix) and not n.endswith("/"))
 
 
-@functools.lru_cache(maxsize=8)
+# room for every release of both engines (10 today): `tuner coverage` and its rows' audits go through
+# them in turn, and with fewer (8) each wheel's directory was read again on every audit
+@functools.lru_cache(maxsize=32)
 def _wheel_files(wheel: str, size: int, mtime_ns: int) -> WheelFiles:
     return WheelFiles(Path(wheel))
 
