@@ -21,6 +21,9 @@ def run_main(capsys, tmp_path, *argv):
 
 @pytest.mark.parametrize("argv,needle", [
     (["gemm", "--model", "nope", "--gpu", "H200"], "unknown model 'nope'"),
+    (["gemm", "--model", "deepseek-v33", "--gpu", "H200"], "unknown model 'deepseek-v33'; did you mean deepseek-v3? known:"),
+    (["gemm", "--model", "DeepSeek_V3", "--gpu", "H200"], "did you mean deepseek-v3?"),
+    (["moe", "--model", "qwen3-30b", "--gpu", "H200"], "did you mean qwen3-30b-a3b-gptq-int4?"),
     (["gemm", "--model", "deepseek-v3", "--gpu", "B200"], "unknown GPU 'B200'"),
     (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "3"], "--tp 3 does not divide"),
     (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "0"], "--tp: must be from 1 to 1024"),

@@ -213,6 +213,7 @@ def test_the_table_fits_120_columns_and_names_every_deployment(capsys, tmp_path)
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert max(map(len, lines)) <= 120
+    assert lines[0].startswith("tuner coverage: 1 model x 1 GPU; "), lines[0]     # not "1 models x 1 GPUs"
     for deployment in ("TP8 ", "TP16 ", "TP8 EP8 "):
         assert any(ln.startswith(f"  {deployment}") for ln in lines), deployment
     assert re.search(r"^  TP16 +fp8 +vllm 0\.29\.0-0\.33\.0 +op E=256,N=128 +yes +default +no table", out, re.M)

@@ -96,6 +96,7 @@ def test_a_replays_dry_run_plans_and_prices_what_its_landscape_times_each_study_
     planned = re.search(r"expected: about \d+\.\d min of GPU on NVIDIA H200, (\d+) measured configs \(at most (\d+)\)",
                         out)
     assert planned and int(planned.group(2)) == 2 * 24, out[-1500:]    # two studies' caps, not four
+    assert "a replay measures nothing and spends no GPU time: that is what measuring" in out   # the price is a GPU run's
     assert "fp8_gemm: 0 of 2 studies finished; left 2" in out
     first = re.search(r"first: (.*)", out).group(1).split("; ")
     assert first == ["N=7168,K=2048,block_shape=[128,128] M=1", "N=7168,K=2048,block_shape=[128,128] M=16"]

@@ -203,3 +203,24 @@ def test_a_close_the_alarm_cut_is_taken_as_at_least_that_long(landscape, tmp_pat
     assert rc == 1 and "a study's close (finalists timed again, checked) ran more than 20 s before a window cut it" in said
     rc, said, err = window(landscape, out, 1, clock, capsys)
     assert rc == 0 and "too short" not in said
+
+
+def test_a_window_that_closed_on_the_workers_start_asks_for_the_start_and_a_first_batch():
+    """A window whose measuring worker was still starting when it closed measured nothing, and its start-up
+    was longer than the window: the length it advises counts the start-up and a first batch as long again.
+    Before, the next step counted 0 s: a 0.5 min window that closed on the start advised --minutes 0.8,
+    which closed on the start again (found by a new-user pass)."""
+    import re
+
+    from tuner.search.window import Window, WindowClosed
+    t = [0.0]
+    w = Window(0.5, clock=lambda: t[0])
+    with pytest.raises(WindowClosed):
+        with w.measuring(starting=True):
+            t[0] = 30.0                  # the deadline's alarm rings while the worker starts
+            w.closed = True
+            raise WindowClosed()
+    said = w.stalled()
+    assert said and "still starting" in said, said
+    advised = float(re.search(r"give --minutes ([\d.]+)", said).group(1))
+    assert advised * 60 >= 2 * 30 * 1.25, said       # the start-up twice over, with the usual room

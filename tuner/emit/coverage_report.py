@@ -156,8 +156,12 @@ def head_lines(cmap: CoverageMap, models: int, gpus: int) -> list[str]:
         i.origin.startswith("wheel ") for i in cmap.installations) else "; ".join(
         f"{i.label}: {i.origin}" for i in cmap.installations)
     tri = cmap.installations[0]
-    return [f"tuner coverage: {models} models x {gpus} GPUs; {', '.join(parts)} ({where}); Triton {tri.triton} "
+    return [f"tuner coverage: {_counted(models, 'model')} x {_counted(gpus, 'GPU')}; {', '.join(parts)} ({where}); Triton {tri.triton} "
             f"({tri.triton_origin})", LEGEND]
+
+
+def _counted(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _versions_of(insts: list) -> str:

@@ -91,7 +91,11 @@ def expected_text(opts: RunPlan) -> str:
     if price is None:
         return (f"  expected: not priced (no measured costs of a GPU run on {opts.gpu.key} under "
                 f"{RESULTS.relative_to(RESULTS.parents[1])}/*/costs.json)")
-    return price_line(price, opts)
+    line = price_line(price, opts)
+    if opts.request.replay or getattr(opts.request, "synthetic", False):
+        # the price says what the plan would cost measured on its GPU; a replay spends none (found by a new-user pass)
+        line += "\n    a replay measures nothing and spends no GPU time: that is what measuring this plan would take"
+    return line
 
 
 def traffic_plan_lines(opts: RunPlan) -> list[str]:

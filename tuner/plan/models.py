@@ -135,7 +135,13 @@ def load_model(name_or_path: str) -> Model:
         elif path.suffix in (".json", ".yaml", ".yml") or "/" in name_or_path:
             raise TunerError(f"model file {name_or_path} not found")
         else:
-            raise TunerError(f"unknown model {name_or_path!r}; known: {', '.join(known_models())}, "
+            import difflib
+            # a misspelling, or the start of one name only (qwen3-30b: qwen3-30b-a3b-gptq-int4)
+            starts = [m for m in by_name if m.startswith(name_or_path.lower())]
+            close = difflib.get_close_matches(name_or_path.lower(), list(by_name), n=1, cutoff=0.75) or \
+                (starts if len(starts) == 1 else [])
+            hint = f"did you mean {by_name[close[0]]}? " if close else ""
+            raise TunerError(f"unknown model {name_or_path!r}; {hint}known: {', '.join(known_models())}, "
                              "or give a path to a config.json or to a folder holding one")
     raw = _read_file(path)
     # Some HF configs nest the language model's fields (multimodal wrappers).

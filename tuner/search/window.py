@@ -178,7 +178,11 @@ class Window:
         if self.needed is not None:
             known, step = self.needed
         elif self.cut is not None and self.cut[0] == STARTING:
-            known, step = "the measuring worker was still starting when it closed", 0.0
+            # its start-up was not over, nor any batch begun: both are longer than the window saw, so
+            # the start-up and a first batch are counted as long again (a 0 s next step advised a
+            # window that closed on the worker's start again)
+            known = "the measuring worker was still starting when it closed (counted as long again with a first batch)"
+            step = max(self.longest_s, self.cut[1], startup)
         elif self.cut is not None:
             known, step = f"{self.cut[0]} ran {self.cut[1]:.0f} s before the window cut it", self.cut[1]
         else:
