@@ -3,6 +3,13 @@ import re
 import sys
 from pathlib import Path
 
+# One thread for torch's and numpy's own pools (OpenMP, OpenBLAS) in the test processes and the
+# processes they start, unless set: pytest-xdist already runs a worker per core, and the tensors
+# here are small, so a second thread per process only waited on the other workers' (on 2 cores,
+# the kernels' numerics files took 10-12% less CPU: test_engine_versions, test_moe_precision_kernels
+# and test_fused_moe 85 s -> 75 s, -n 2, with the variables). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Without a GPU, Triton kernels run in Triton's interpreter (NumPy on the CPU).
 try:
     import torch
