@@ -560,10 +560,10 @@ CASES = [
         str(t / "c")], "another program's database"),
     ("--out holding another GPU's plan", lambda t: [
         *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--trials", "4", "--out", str(run_of_another_gpu(t))],
-     "already holds a plan"),
+     "holds tables for H100"),          # its manifest's, before its storage's plan (test_study_identity)
     ("--out holding another GPU's plan, recording", lambda t: [
         *GEMM_ARGS, "--device", "cpu", "--record", str(t / "rec.jsonl"), "--trials", "4", "--out",
-        str(run_of_another_gpu(t))], "already holds a plan"),
+        str(run_of_another_gpu(t))], "holds tables for H100"),
     ("proof --bundle where no folder can be", lambda t: [
         "proof", "--device", "cpu", "--gpu", "H200", "--out", str(t / "p"), "--bundle",
         str((t / "f").write_text("x") and t / "f" / "b"), "--steps", "environment"], "--bundle"),

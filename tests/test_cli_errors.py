@@ -135,3 +135,43 @@ def test_drift_help_explains_every_option(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--noise NOISE a difference smaller than this fraction" in text
     assert "--routing {uniform,zipf} fused MoE: how tokens are routed" in text
+
+
+def _files(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--synthetic", "--batch-sizes", "1", "--trials", "4"],
+     "holds tables measured on a GPU ({manifest}); this run's times are SYNTHETIC"),
+    (["--synthetic", "--batch-sizes", "1", "--trials", "4", "--dry-run"], "this run's times are SYNTHETIC"),
+    (["--device", "cpu", "--dry-run"], "this run's times are the CPU device's"),
+    (["--gpu", "H100", "--tp", "16", "--dry-run"], "holds tables for H200 ({manifest}); this run is for H100"),
+])
+def test_a_run_never_writes_into_a_folder_of_other_times(capsys, tmp_path, argv, needle):
+    """--out holding a GPU run's tables (a copy of tuned/NVIDIA_H200) takes no SYNTHETIC or CPU-device tables and
+    no other GPU's: one line, the folder unchanged. Before, --synthetic into it replaced the measured rows of
+    vLLM's table with SYNTHETIC ones, deleted SGLang's _down table and listed each file twice in the manifest,
+    whose report then said nothing of SYNTHETIC (found by a new-user pass)."""
+    import shutil
+    out = tmp_path / "gpu-run"
+    shutil.copytree(REPO / "tuned" / "NVIDIA_H200", out)
+    before = _files(out)
+    base = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8"]
+    gpu = argv.index("--gpu") if "--gpu" in argv else None
+    if gpu is not None:
+        base[base.index("--gpu") + 1] = argv[gpu + 1]
+        argv = argv[:gpu] + argv[gpu + 2:]
+    assert main([*base, *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"tuner: error: --out {out} " + err.split(f"--out {out} ", 1)[1]], err
+    assert needle.format(manifest=out / "manifest.json") in err, err
+    assert _files(out) == before
+
+
+def test_a_synthetic_run_goes_on_in_its_own_folder(capsys, tmp_path):
+    """The same check lets a run continue its own folder: a --synthetic run twice into one --out."""
+    argv = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic", "--batch-sizes",
+            "1", "--trials", "4", "--quiet", "--out", str(tmp_path / "syn")]
+    assert main(argv) == 0
+    assert main(argv) == 0, capsys.readouterr().err
