@@ -175,3 +175,33 @@ def test_a_synthetic_run_goes_on_in_its_own_folder(capsys, tmp_path):
             "1", "--trials", "4", "--quiet", "--out", str(tmp_path / "syn")]
     assert main(argv) == 0
     assert main(argv) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["loading the commands", "building the parser"])
+def test_a_ctrl_c_before_the_command_begins_is_one_line(tmp_path, where):
+    """A Ctrl-C in the first fraction of a second (the commands loading, the parser built: before main's own
+    handler) is one line and exit 130, as later. Before, a new user's `timeout -s INT 0.2 tuner moe ...` got a
+    KeyboardInterrupt traceback in several of 24 tries. The interrupt is raised where it lands, deterministically."""
+    if where == "loading the commands":
+        land = ("import builtins\nreal = builtins.__import__\n"
+                "def imp(name, *a, **k):\n"
+                "    if name == 'tuner.commands' or name.startswith('tuner.commands.'):\n"
+                "        raise KeyboardInterrupt\n"
+                "    return real(name, *a, **k)\n"
+                "builtins.__import__ = imp\n")
+    else:
+        land = ("import tuner.cli\n"
+                "def interrupted():\n    raise KeyboardInterrupt\n"
+                "tuner.cli.build_parser = interrupted\n")
+    code = land + "import sys\nsys.argv = ['tuner', 'moe', '--model', 'deepseek-v3', '--gpu', 'H200', '--dry-run']\n" \
+                  "from tuner.__main__ import run\nraise SystemExit(run())\n"
+    got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert got.returncode == 130, got.stderr
+    assert got.stderr.strip() == "tuner: interrupted before the command began; nothing was done", got.stderr
+
+
+def test_the_tuner_command_is_that_entry():
+    """pyproject.toml's `tuner` script is the entry that handles an early Ctrl-C (python -m tuner's too)."""
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'tuner = "tuner.__main__:run"' in text
