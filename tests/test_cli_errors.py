@@ -146,9 +146,9 @@ def _files(folder: Path) -> dict:
 
 @pytest.mark.parametrize("argv,needle", [
     (["--synthetic", "--batch-sizes", "1", "--trials", "4"],
-     "holds tables measured on a GPU ({manifest}); this run's times are SYNTHETIC"),
-    (["--synthetic", "--batch-sizes", "1", "--trials", "4", "--dry-run"], "this run's times are SYNTHETIC"),
-    (["--device", "cpu", "--dry-run"], "this run's times are the CPU device's"),
+     "holds tables measured on a GPU ({manifest}); this run's would be of SYNTHETIC times"),
+    (["--synthetic", "--batch-sizes", "1", "--trials", "4", "--dry-run"], "this run's would be of SYNTHETIC times"),
+    (["--device", "cpu", "--dry-run"], "this run's would be timed on the CPU device"),
     (["--gpu", "H100", "--tp", "16", "--dry-run"], "holds tables for H200 ({manifest}); this run is for H100"),
 ])
 def test_a_run_never_writes_into_a_folder_of_other_times(capsys, tmp_path, argv, needle):

@@ -379,7 +379,7 @@ def check_out_dir(out: Path, req: TuneRequest | None = None, gpu_key: str | None
             _check_same_times(out, read_json_file(manifest), not_a_gpu_suffix(req), gpu_key)
 
 
-_KINDS = {"": "measured on a GPU", "-synthetic": "SYNTHETIC", "-cpu-device": "the CPU device's"}
+_KINDS = {"": "measured on a GPU", "-synthetic": "of SYNTHETIC times", "-cpu-device": "timed on the CPU device"}
 
 
 def _check_same_times(out: Path, manifest: dict, kind: str, gpu_key: str | None) -> None:
@@ -397,8 +397,8 @@ def _check_same_times(out: Path, manifest: dict, kind: str, gpu_key: str | None)
                          f"{gpu_key}: give another --out")
     other = sorted(held - {kind})
     if other:
-        raise TunerError(f"--out {out} holds tables {_KINDS[other[0]]} ({out / 'manifest.json'}); this run's "
-                         f"times are {_KINDS[kind]}: its tables would replace theirs, so give another --out")
+        raise TunerError(f"--out {out} holds tables {_KINDS[other[0]]} ({out / 'manifest.json'}); this run's would "
+                         f"be {_KINDS[kind]} and replace theirs: give another --out")
 
 
 def only_problems(problems: list, only: list[str] | None) -> list:
