@@ -245,6 +245,15 @@ def test_an_engine_version_without_rules_or_package_is_refused_as_install_refuse
     assert "loader rules of vllm 0.33.0" in said.splitlines()[0] and "with the loader rules of vllm 0.33.0" in said
 
 
+def test_a_far_keys_ratio_is_never_printed_as_2x_or_less():
+    """Far keys are more than 2x away: M=9-10 on the entry for 4 is 2.5x, printed '2x' ({:.0f})."""
+    from tuner.emit.audit_rules import Batches, key_findings
+    [far] = [f.reason for f in key_findings([1, 4, 16], "t", Batches(10)) if f.kind == "far_keys"]
+    assert far == "M=9-10 run the entry for 4 (up to 2.5x away)", far
+    [far] = [f.reason for f in key_findings([16], "t", Batches(40, (7, 33, 40))) if f.kind == "far_keys"]
+    assert far == "M=7-40 run the entry for 16 (up to 2.5x away)", far
+
+
 def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole)
     out = tmp_path / "audit-out"
