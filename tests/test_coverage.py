@@ -418,3 +418,10 @@ def test_each_wheel_is_read_once_when_audits_go_through_every_release(tmp_path):
     assert len(wheels) >= 10
     first = [WheelFiles.of(w) for w in wheels]
     assert all(WheelFiles.of(w) is files for w, files in zip(wheels, first))     # the second round reads none
+
+
+def test_coverage_refuses_a_triton_that_is_not_a_version(capsys):
+    assert main(["coverage", "--triton", "banana"]) == 2
+    said, err = capsys.readouterr()
+    assert err.splitlines() == ["tuner: error: argument --triton: not a Triton version: 'banana' (give X.Y.Z as "
+                                "triton.__version__ says it, e.g. 3.6.0) (see `tuner coverage --help`)"] and not said

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tuner.commands.options import triton_version
 from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
 
@@ -36,7 +37,7 @@ def add_parser(sub, common) -> None:
                      help="the engines' wheels, or folders holding them (default: the installed engine, then "
                           "$TUNER_ENGINE_WHEELS)")
     cov.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engines")
-    cov.add_argument("--triton", default=None, metavar="V",
+    cov.add_argument("--triton", type=triton_version, default=None, metavar="V",
                      help="the Triton version the engines run (default: the site-packages', else this Python's)")
     cov.add_argument("--json", action="store_true", help="print the map as JSON, one object per row")
     cov.add_argument("--plot", default=None, metavar="FILE.png",

@@ -156,8 +156,8 @@ def head_lines(cmap: CoverageMap, models: int, gpus: int) -> list[str]:
         i.origin.startswith("wheel ") for i in cmap.installations) else "; ".join(
         f"{i.label}: {i.origin}" for i in cmap.installations)
     tri = cmap.installations[0]
-    return [f"tuner coverage: {_counted(models, 'model')} x {_counted(gpus, 'GPU')}; {', '.join(parts)} ({where}); Triton {tri.triton} "
-            f"({tri.triton_origin})", LEGEND]
+    return [f"tuner coverage: {_counted(models, 'model')} x {_counted(gpus, 'GPU')}; {', '.join(parts)} ({where}); "
+            f"Triton {tri.triton} ({tri.triton_origin})", LEGEND]
 
 
 def _counted(n: int, what: str) -> str:
