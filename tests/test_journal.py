@@ -222,11 +222,14 @@ def test_a_torn_first_write_is_a_journal_started_again(tmp_path, capsys):
     assert len(complete_trials(path)) >= 2 and b"study_na" not in path.read_bytes().split(b"\n")[0][:40]
 
 
-@pytest.mark.parametrize("tail", [b"2026-01-01 a log line appended by hand", b"\x00" * 100, b"x" * (2 << 20)],
-                         ids=["a log line", "zeros", "2 MiB of x"])
+@pytest.mark.parametrize("tail", [b"2026-01-01 a log line appended by hand", b"\x00" * 100, b"x" * (2 << 20),
+                                  b"xx not json\n", b'{"op_code": "no"}\n'],
+                         ids=["a log line", "zeros", "2 MiB of x", "a whole line", "a whole line of JSON"])
 def test_a_tail_that_no_tuner_wrote_is_refused_and_left_alone(tmp_path, capsys, tail):
     """A journal followed by something no writer of ours leaves (no beginning of an
-    operation): one line, exit 2, the file as it was."""
+    operation, or a whole line that is none): one line, exit 2, the file as it was. Before, a whole
+    line was read past and the run appended after it, so that `tuner repair-journal` then moved the
+    run's new operations aside with it (found by a new-user pass)."""
     args, path = torn_run(tmp_path)
     with open(path, "ab") as f:
         f.write(b"\n" + tail if tail.startswith(b"\x00") else tail)

@@ -162,3 +162,19 @@ def test_a_replayed_synthetic_landscape_says_no_kernel_ran(tmp_path, capsys, mon
                  "--out", str(tmp_path / "r")]) == 0
     heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fused MoE")]
     assert heads == ["fused MoE (sorted tokens, grouped GEMMs) [SYNTHETIC: no kernel ran]"], heads
+
+
+def test_the_mla_closing_table_fits_120_columns_unwrapped(tmp_path, capsys, monkeypatch):
+    """MLA decode's rows go to one table whose shape runs 59 columns: said once above the table, each row keeps the
+    engine and its context. Before, its rows ran 129 columns (155 with two contexts), wrapped mid-row on a
+    120-column terminal ('not' / 'checked'; found by a new-user pass)."""
+    _piped(monkeypatch, tmp_path)
+    assert main(["mla", "--model", "deepseek-v3", "--gpu", "H200", "--synthetic", "--batch-sizes", "1", "8",
+                 "--contexts", "1024", "4096", "--trials", "6", "--out", str(tmp_path / "m")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("file ") and " M " in ln)
+    rows = [ln for ln in lines[head + 1:] if re.match(r"tuner ", ln)]
+    assert [re.match(r"(tuner context=\d+) +(\d+) ", r).groups() for r in rows] == [
+        ("tuner context=1024", "1"), ("tuner context=1024", "8"), ("tuner context=4096", "1"), ("tuner context=4096", "8")]
+    assert all(len(ln) <= 120 and ln.endswith("not checked") for ln in rows), rows
+    assert "      <shape>: heads=16,kv_lora_rank=512,qk_rope_dim=64,page_size=64" in lines[:head]

@@ -96,6 +96,7 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     unwritten = {k: v for k, v in (unwritten or {}).items() if k in results and not files.get(k)}
     labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or (
         short_file(unwritten[pkey][0]) + "*" if pkey in unwritten else "(not written)") for pkey in results})
+    labels, shape = _one_long_shape(labels, {short_file(files.get(pkey) or {}) for pkey in results})
     for pkey, rs in results.items():
         label = labels[pkey]
         for r in sorted(rs, key=lambda r: r.M):
@@ -112,6 +113,8 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     where = where_lines(out_dir, written)
     if legend:
         where.append(f"      named {legend}")
+    if shape:
+        where.append(f"      <shape>: {shape}")
     for why in sorted({why for _, why in unwritten.values()}):
         where.append(f"*: not written: {why}")
     if chosen:
@@ -150,6 +153,20 @@ def _pair_lines(results: dict, labels: dict[str, str]) -> list[str]:
     return [f"{label} at M={','.join(map(str, sorted(ms)))}: the row is the incumbent pair's, kept with the table it "
             "is tied to; its default_us times this table's own default, which follows that table's tuned config, "
             "not the pair kept: hence a speedup other than 1.00x" for label, ms in by_label.items()]
+
+
+LONG_SHAPE = 32      # a file column wider than this, one shape for every row: said once above the table
+
+
+def _one_long_shape(labels: dict[str, str], bases: set[str]) -> tuple[dict[str, str], str]:
+    """Where every row goes to one table whose shape is long (MLA decode's heads=16,kv_lora_rank=512,
+    qk_rope_dim=64,page_size=64: rows of 129 columns, 155 with a context, wrapped on a 120-column
+    terminal), its rows keep the engine and what tells them apart, and the shape is said once."""
+    base = next(iter(bases)) if len(bases) == 1 else ""
+    engine, _, shape = base.partition(" ")
+    if len(base) <= LONG_SHAPE or not shape or not all(v.startswith(base) for v in labels.values()):
+        return labels, ""
+    return {k: engine + v[len(base):] for k, v in labels.items()}, shape
 
 
 def distinct_labels(labels: dict[str, str]) -> dict[str, str]:

@@ -189,7 +189,11 @@ class TuneRequest:
                 raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
                                  f"not --engines {' '.join(engines)}")
             changes["engines"] = [self.kernel_source]
-        if self.synthetic and self.kernel_source in (None, "engine"):
+        if self.synthetic and self.kernel_source == "engine":
+            # said, not overridden in silence (found by a new-user pass): --synthetic makes one landscape
+            raise TunerError("--synthetic times one kernel's configs: ours (kernels/, the default) or one engine's "
+                             "(--kernel-source vllm or sglang, with its keys); not --kernel-source engine")
+        if self.synthetic and self.kernel_source is None:
             changes["kernel_source"] = "ours"          # the cost model's landscape of our kernels' configs
         for name, most in (("ep", MAX_PARALLEL), ("measure_timeout", MAX_COUNT), ("recycle_after", MAX_COUNT),
                            ("page_size", MAX_PAGE)):
