@@ -141,8 +141,7 @@ def test_one_width_rule_for_every_command(runs, tmp_path, capsys, monkeypatch):
                      "shared_experts=1,part=down,routing=uniform",
              "audit": "far_keys: M=3-4 run the entry for 1 (up to 4x away)",
              "install": "*** SYNTHETIC: 2 of these 2 tables were chosen on times that never came from a GPU",
-             "moe": "at M=32: the row is the incumbent pair's, kept with the table it is tied to; its default_us "
-                    "times this table's own default"}
+             "moe": "the 3 table(s) hold only the batch sizes tuned (M=1,8,32,128): M=3-4 run the entry for 1"}
     for name, argv in commands.items():
         piped = _lines(argv, capsys, monkeypatch=monkeypatch)
         assert any(whole[name] in line for line in piped), (name, piped)
@@ -178,3 +177,17 @@ def test_the_mla_closing_table_fits_120_columns_unwrapped(tmp_path, capsys, monk
         ("tuner context=1024", "1"), ("tuner context=1024", "8"), ("tuner context=4096", "1"), ("tuner context=4096", "8")]
     assert all(len(ln) <= 120 and ln.endswith("not checked") for ln in rows), rows
     assert "      <shape>: heads=16,kv_lora_rank=512,qk_rope_dim=64,page_size=64" in lines[:head]
+
+
+def test_no_row_showing_one_is_said_to_show_another_speedup(runs, tmp_path, capsys, monkeypatch):
+    """The pair's note ('hence a speedup other than 1.00x') names only the rows whose speedup column is not 1.00x:
+    a new user found it beside a row showing 1.00x. Run again into its folder, the first run's tables are shown
+    stored, and each row named by the note shows another speedup."""
+    a, _, _ = runs
+    lines = _lines([*RUN, "--out", str(a)], capsys, monkeypatch=monkeypatch)
+    rows = {(ln.split()[0] + " " + ln.split()[1] + (" _down" if " _down " in ln else ""), m.group(1)): m.group(2)
+            for ln in lines if (m := re.match(r"sglang E=\S+(?: _down)? +(\d+) .* (~?\d+\.\d+x) ", ln))}
+    for ln in lines:
+        if (m := re.match(r"(sglang \S+(?: _down)?) at M=([\d,]+): the row is the incumbent pair's", ln)):
+            for M in m.group(2).split(","):
+                assert rows[(m.group(1), M)] not in ("1.00x", "~1.00x"), (ln, rows)

@@ -122,8 +122,9 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                          if r.choice and r.choice.get("min_gain") is not None), None)
         # two lines: the noise's wording alone runs 70 columns
         where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above")
-        where.append("     " + (threshold_text(threshold if threshold is not None else min_gain) if min_gain is not None
-                                else "--min-gain"))
+        # every row "(same)" records no min_gain: the run's own threshold still says it (it said "--min-gain" bare)
+        shown = threshold if threshold is not None else min_gain
+        where.append("     " + (threshold_text(shown) if shown is not None else "--min-gain"))
         if any(choice_short(r.choice).endswith(" pair") for rs in results.values() for r in rs):
             where.append("row ... pair: tables tied together (one BLOCK_SIZE_M) are kept or replaced together, "
                          "by the pair's gain")
@@ -142,12 +143,14 @@ def _pair_lines(results: dict, labels: dict[str, str]) -> list[str]:
     """Why a tied table's row kept with its partner as the incumbent pair shows a speedup other
     than 1.00x: its default_us is its own study's default (which follows the partner's tuned
     config), not the config of the pair kept."""
+    from tuner.textwidth import factor
     by_label: dict[str, list[int]] = {}
     for pkey, rs in results.items():
         for r in rs:
             c = r.choice or {}
+            # a row whose speedup shows as 1.00x needs no word of why it is not (found by a new-user pass)
             if c.get("tied_with") and c.get("kept", "tuned") != "tuned" and r.config != r.default_config \
-                    and r.time_us and r.default_time_us:
+                    and r.time_us and r.default_time_us and r.speedup and factor(r.speedup) != "1.00x":
                 by_label.setdefault(labels[pkey], []).append(r.M)
     # one line each: a terminal fits it (tuner/textwidth.py), a pipe keeps it whole
     return [f"{label} at M={','.join(map(str, sorted(ms)))}: the row is the incumbent pair's, kept with the table it "
