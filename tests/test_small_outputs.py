@@ -191,3 +191,18 @@ def test_no_row_showing_one_is_said_to_show_another_speedup(runs, tmp_path, caps
         if (m := re.match(r"(sglang \S+(?: _down)?) at M=([\d,]+): the row is the incumbent pair's", ln)):
             for M in m.group(2).split(","):
                 assert rows[(m.group(1), M)] not in ("1.00x", "~1.00x"), (ln, rows)
+
+
+def test_a_table_of_same_rows_says_its_threshold(tmp_path):
+    """Where every row is '(same)' (the search's best is the incumbent itself: no pair timed, no min_gain recorded),
+    the row legend still says the run's threshold; it ended in a bare '--min-gain' (found by a new-user pass)."""
+    from types import SimpleNamespace
+
+    from tuner.emit.run_table import run_table_lines
+    row = SimpleNamespace(M=1, config={"BLOCK_SIZE_M": 16}, time_us=5.0, default_time_us=5.0, default_error=None,
+                          speedup=1.0, trials=4, numerics={"status": "passed"}, kept_default=None,
+                          choice={"kept": "default", "incumbent": "default"})
+    lines = run_table_lines({"p": [row]}, ("BLOCK_SIZE_M",), {"p": {"vllm": "vllm/fused_moe/E=8,N=64,x.json"}},
+                            tmp_path, threshold=0.02)
+    legend = lines[lines.index(next(ln for ln in lines if ln.startswith("row: tuned"))) + 1]
+    assert legend.strip() != "--min-gain" and "2" in legend, lines
