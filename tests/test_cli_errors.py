@@ -24,6 +24,7 @@ def run_main(capsys, tmp_path, *argv):
     (["gemm", "--model", "deepseek-v33", "--gpu", "H200"], "unknown model 'deepseek-v33'; did you mean deepseek-v3? known:"),
     (["gemm", "--model", "DeepSeek_V3", "--gpu", "H200"], "did you mean deepseek-v3?"),
     (["moe", "--model", "qwen3-30b", "--gpu", "H200"], "did you mean qwen3-30b-a3b-gptq-int4?"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--storage", ""], "--storage is empty"),
     # explicit, it is not overridden in silence: --synthetic times one kernel's configs (found by a new-user pass)
     (["moe", "--model", "deepseek-v3", "--gpu", "H200", "--synthetic", "--kernel-source", "engine"],
      "--synthetic times one kernel's configs: ours (kernels/, the default) or one engine's"),

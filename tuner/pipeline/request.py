@@ -126,6 +126,9 @@ class TuneRequest:
                 changes[name] = value = os.fspath(value)
             if value is not None and not isinstance(value, str):
                 raise TunerError(f"--{name.replace('_', '-')} takes a text (a name, a path or a URL), not {value!r}")
+            if value is not None and not value.strip():
+                # an empty --out was taken as none given: the default folder, in silence (found by a new-user pass)
+                raise TunerError(f"--{name.replace('_', '-')} is empty: give a name, a path or a URL, or leave it out")
         if not isinstance(self.study_prefix, str):
             raise TunerError(f"--study-prefix takes a name, not {self.study_prefix!r}")
         for name in PATH_LIST_OPTIONS:
