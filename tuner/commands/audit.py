@@ -95,6 +95,8 @@ def policy_lines(report, engine: str) -> list[str]:
         entry = installed_entry(Path(ka.where), engine, BACKUP_ROOT)
         if entry is not None and (line := partial.audit_line(Path(ka.where).name, entry)):
             lines += wrap(line)
+        elif run is not None and (line := partial.run_line(run, Path(ka.where))):
+            lines += wrap(line)
     return lines
 
 
