@@ -276,6 +276,19 @@ def test_a_config_folder_install_of_no_table_it_would_install_is_refused_and_not
     assert main(["install", "--restore", "--engine", "vllm"]) == 2                        # nothing to restore
 
 
+def test_a_results_folder_that_is_a_file_is_said_so(tmp_path, capsys):
+    """`tuner install README.md` said 'results folder README.md not found': it exists, as a file."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# notes\n")
+    argv = ["--engine", "vllm", "--engine-version", "0.33.0", "--moe-config-dir", str(tmp_path / "cfg")]
+    assert main(["install", str(readme), *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tuner: error: results folder {readme} is a file, not a folder (a run's --out folder, with its manifest.json)"]
+    assert main(["install", str(tmp_path / "nowhere"), *argv]) == 2
+    assert f"results folder {tmp_path / 'nowhere'} not found" in capsys.readouterr().err
+    assert not (tmp_path / "cfg").exists()
+
+
 def test_a_dry_run_for_an_engine_that_is_not_here_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)        # no wheel: no shipped table to compare
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))

@@ -45,7 +45,8 @@ def add_parser(sub, common) -> None:
 
 
 def _plot_target(text: str) -> Path:
-    """--plot's file: a new .png, or a PNG file there already (never another kind of file)."""
+    """--plot's file: a new .png, or a plot tuner drew there already (a PNG with the text
+    'Software: tuner': docs/file-formats.md), never another kind of file nor a PNG of the user's."""
     path = Path(text)
     if path.suffix.lower() != ".png":
         raise TunerError(f"--plot {text}: give a file name ending in .png")
@@ -56,6 +57,10 @@ def _plot_target(text: str) -> Path:
         head = read_head(path, 8, "--plot ")       # a FIFO or a device is refused, not waited on
         if head != b"\x89PNG\r\n\x1a\n":
             raise TunerError(f"--plot {text} exists and is not a PNG image: refusing to replace it (give another path)")
+        from tuner.file_kinds import PLOT
+        if not PLOT.ours(path):
+            raise TunerError(f"--plot {text} exists and is a PNG image tuner did not draw (no 'Software: tuner' text): "
+                             "refusing to replace it (give another path)")
     if not path.parent.is_dir():
         raise TunerError(f"--plot {text}: the folder {path.parent} does not exist")
     return path
