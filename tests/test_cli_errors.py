@@ -209,3 +209,14 @@ def test_the_tuner_command_is_that_entry():
     """pyproject.toml's `tuner` script is the entry that handles an early Ctrl-C (python -m tuner's too)."""
     text = (REPO / "pyproject.toml").read_text()
     assert 'tuner = "tuner.__main__:run"' in text
+
+
+def test_the_documented_postgresql_url_finds_the_driver_the_extra_installs(capsys, tmp_path):
+    """docs/several-gpus.md's `--storage postgresql://user@db/tuner` with the driver `pip install -e ".[postgres]"`
+    installs (the test extra holds the same): SQLAlchemy 2.1 reads a bare postgresql:// with psycopg 3, and the
+    extra installed psycopg2, so the documented command said 'No module named psycopg' (found by a new-user pass;
+    CI's worker test spelled postgresql+psycopg2://). A dry run loads the driver and connects nowhere."""
+    extras = (REPO / "pyproject.toml").read_text()
+    assert extras.count('"psycopg[binary]>=3.1"') == 2          # the postgres extra and the test extra
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--storage", "postgresql://user@db/tuner",
+                 "--dry-run"]) == 0, capsys.readouterr().err
