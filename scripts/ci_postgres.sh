@@ -20,7 +20,7 @@ start)
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
         -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200" start >/dev/null
   as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -qc "CREATE DATABASE tuner" >/dev/null
-  echo "postgresql+psycopg2://postgres@127.0.0.1:$port/tuner"
+  echo "postgresql://postgres@127.0.0.1:$port/tuner"
   ;;
 stop)
   if [ -n "$bin" ] && [ -d "$dir/data" ]; then

@@ -209,6 +209,51 @@ def test_snap_ranges_are_the_nearest_key_rule():
         assert far == {M for M, k in per_m.items() if k > 2 * M or M > 2 * k}, keys
 
 
+def test_triton_is_a_version_and_x_y_is_x_y_0(sglang_site, capsys):
+    """--triton took any text: 'banana' warned and exited 0, and '3.6' was not SGLang's 3.6.0
+    (its loader names the folder from triton.__version__: triton_3_6_0/), a false fallback."""
+    args = ["audit", "--engine", "sglang", "--site-packages", str(sglang_site), "--model", "deepseek-v3", "--gpu",
+            "H200", "--tp", "8", "--max-batch", "64", "--triton"]
+    for bad in ("banana", "3", "3.6rc1", "3.6.0.1"):
+        assert main([*args, bad]) == 2
+        said, err = capsys.readouterr()
+        assert err.splitlines() == [f"tuner: error: argument --triton: not a Triton version: {bad!r} (give X.Y.Z as "
+                                    "triton.__version__ says it, e.g. 3.6.0) (see `tuner audit --help`)"] and not said
+    assert main([*args, "3.6.0"]) == 0
+    full = capsys.readouterr().out
+    assert main([*args, "3.6"]) == 0
+    assert capsys.readouterr().out == full and "Triton 3.6.0 (given)" in full and "triton_3_6/" not in full
+
+
+def test_an_engine_version_without_rules_or_package_is_refused_as_install_refuses_it(tmp_path, monkeypatch, capsys):
+    """--engine-version alone (no package: override folders only) picks the loader rules: one tuner
+    does not know was audited with 0.33.0's while its note said 0.34.0's, exit 0, where `tuner
+    install --engine-version 0.34.0` refuses it."""
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    from tuner.plan.engines import supported_releases
+    for version in ("0.34.0", "0.33"):
+        assert main(["audit", "--engine", "vllm", "--engine-version", version, "--triton", "3.6.0", "--model",
+                     "deepseek-v3", "--gpu", "H200", "--tp", "8"]) == 2
+        said, err = capsys.readouterr()
+        assert err.splitlines() == [f"tuner: error: --engine-version {version}: tuner knows the loader rules of vllm "
+                                    f"{', '.join(supported_releases('vllm'))} only"] and not said
+    assert main(["audit", "--engine", "vllm", "--engine-version", "0.33.0", "--triton", "3.6.0", "--model",
+                 "deepseek-v3", "--gpu", "H200", "--tp", "8"]) == 0
+    said = capsys.readouterr().out
+    assert "loader rules of vllm 0.33.0" in said.splitlines()[0] and "with the loader rules of vllm 0.33.0" in said
+
+
+def test_a_far_keys_ratio_is_never_printed_as_2x_or_less():
+    """Far keys are more than 2x away: M=9-10 on the entry for 4 is 2.5x, printed '2x' ({:.0f})."""
+    from tuner.emit.audit_rules import Batches, key_findings
+    [far] = [f.reason for f in key_findings([1, 4, 16], "t", Batches(10)) if f.kind == "far_keys"]
+    assert far == "M=9-10 run the entry for 4 (up to 2.5x away)", far
+    [far] = [f.reason for f in key_findings([16], "t", Batches(40, (7, 33, 40))) if f.kind == "far_keys"]
+    assert far == "M=7-40 run the entry for 16 (up to 2.5x away)", far
+
+
 def test_cli_exit_status_outputs_and_bad_input(vllm_site, sglang_site, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")        # a 120-column terminal (piped, lines go whole)
     out = tmp_path / "audit-out"

@@ -24,6 +24,8 @@ CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_
 GEMM_ARGS = ["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--only", "N=7168,K=2048",
              "--batch-sizes", "1", "--kernel-source", "ours"]
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def snapshot(*roots: Path) -> dict:
     """Every file and folder under the roots: its content hash and mode."""
@@ -441,6 +443,15 @@ CASES = [
         "--tuned", str(t), "--out", str(t / "b")], "holds no manifest.json"),
     ("check a missing table", lambda t: ["check", "--model", "deepseek-v3", "--kernel", "gemm", "--table",
                                          str(t / "none.json")], "not found"),
+    # named as the other kernel's table: its rows were run as this kernel's configs and passed (found by a new-user pass)
+    ("check a MoE table as a GEMM's", lambda t: [
+        "check", "--model", str(REPO / "configs/examples/small-moe.json"), "--kernel", "gemm", "--kernel-source", "ours",
+        "--device", "cpu", "--table", str(REPO / "tuned/NVIDIA_H200/vllm/fused_moe" / MOE)],
+     "is named as vllm's fused_moe table, not a fp8_gemm one: give --kernel moe"),
+    ("check a GEMM table as a MoE's", lambda t: [
+        "check", "--model", str(REPO / "configs/examples/small-moe.json"), "--kernel", "moe", "--kernel-source", "ours",
+        "--device", "cpu", "--table", str((t / GEMM).write_text(json.dumps({"1": CFG})) and t / GEMM)],
+     "is named as vllm's fp8_gemm table, not a fused_moe one: give --kernel gemm"),
     ("check a table that is not JSON", lambda t: [
         "check", "--model", "deepseek-v3", "--kernel", "gemm", "--kernel-source", "ours",
         "--table", str((t / "x.json").write_text("[1, 2") and t / "x.json")], "not valid JSON"),
@@ -560,10 +571,10 @@ CASES = [
         str(t / "c")], "another program's database"),
     ("--out holding another GPU's plan", lambda t: [
         *GEMM_ARGS, "--replay", str(landscape(t / "l.jsonl")), "--trials", "4", "--out", str(run_of_another_gpu(t))],
-     "already holds a plan"),
+     "holds tables for H100"),          # its manifest's, before its storage's plan (test_study_identity)
     ("--out holding another GPU's plan, recording", lambda t: [
         *GEMM_ARGS, "--device", "cpu", "--record", str(t / "rec.jsonl"), "--trials", "4", "--out",
-        str(run_of_another_gpu(t))], "already holds a plan"),
+        str(run_of_another_gpu(t))], "holds tables for H100"),
     ("proof --bundle where no folder can be", lambda t: [
         "proof", "--device", "cpu", "--gpu", "H200", "--out", str(t / "p"), "--bundle",
         str((t / "f").write_text("x") and t / "f" / "b"), "--steps", "environment"], "--bundle"),

@@ -89,6 +89,38 @@ def test_bench_times_our_tuned_table(gemm_landscape, tmp_path):
             assert tuned[(key, int(m))]["time_us"] == pytest.approx(e["time_us"])   # the same landscape point
 
 
+def test_bench_over_a_landscape_that_lacks_every_asked_point_refuses_and_writes_nothing(gemm_landscape, tmp_path,
+                                                                                         capsys):
+    # the landscape holds M=1 and 64 only: M=7 (or a problem it does not hold) used to be an internal
+    # error (KeyError 'kernel_source' making the Markdown) after a bench JSON with 0 rows was written
+    from pathlib import Path
+    recorded = Path(__file__).resolve().parents[1] / "landscapes/NVIDIA_H200/fp8_gemm.vllm-deepseek-v3-tp8.jsonl.gz"
+    for landscape, extra in ((gemm_landscape, ["--batch-sizes", "7"]), (recorded, ["--only", "N=2112"])):
+        out = tmp_path / "b" / "bench"
+        assert main(["bench", *COMMON, "--kernel", "gemm", "--replay", str(landscape), *extra,
+                     "--out", str(out)]) == 2
+        said, err = capsys.readouterr()
+        assert err.splitlines() == [f"tuner: error: landscape {landscape} covers none of the planned problems "
+                                    "and batch sizes"], err
+        assert "internal error" not in said + err and not (tmp_path / "b").exists()
+
+
+def test_bench_table_says_what_problems_share_and_long_notes_whole():
+    long_note = "needs a GPU (torch._scaled_mm with 1x128 and 128x128 block scales): not timed from a landscape"
+    rows = [{"kernel_source": "ours", "problem": f"E={e},N=256,K=7168,routing=uniform", "M": 8, "contender": c,
+             "time_us": 9.0 if c == "default" else None, "roofline_fraction": 0.5 if c == "default" else None,
+             "error": None if c == "default" else long_note} for e in (256, 257) for c in ("default", "reference")]
+    from tuner.jobs.bench_output import bench_table
+    lines = bench_table(rows)
+    assert lines[0] == "all problems: N=256,K=7168,routing=uniform"        # not a dangling `... and`
+    assert not any(line.endswith(" and") for line in lines)
+    assert [line for line in lines if line.endswith("  reference        -            -  note 1")], lines
+    assert lines.count(f"note 1: {long_note}") == 1 and all(len(line) <= 120 for line in lines[:-1])
+    # one problem: the same
+    one = bench_table(rows[:2])
+    assert one[0] == "problem: E=256,N=256,K=7168,routing=uniform" and one[-1] == f"note 1: {long_note}"
+
+
 def test_bench_refuses_without_gpu_or_landscape(tmp_path, capsys):
     assert main(["bench", *COMMON, "--kernel", "gemm", "--kernel-source", "ours", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err

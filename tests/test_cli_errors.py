@@ -24,6 +24,10 @@ def run_main(capsys, tmp_path, *argv):
     (["gemm", "--model", "deepseek-v33", "--gpu", "H200"], "unknown model 'deepseek-v33'; did you mean deepseek-v3? known:"),
     (["gemm", "--model", "DeepSeek_V3", "--gpu", "H200"], "did you mean deepseek-v3?"),
     (["moe", "--model", "qwen3-30b", "--gpu", "H200"], "did you mean qwen3-30b-a3b-gptq-int4?"),
+    (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--storage", ""], "--storage is empty"),
+    # explicit, it is not overridden in silence: --synthetic times one kernel's configs (found by a new-user pass)
+    (["moe", "--model", "deepseek-v3", "--gpu", "H200", "--synthetic", "--kernel-source", "engine"],
+     "--synthetic times one kernel's configs: ours (kernels/, the default) or one engine's"),
     (["gemm", "--model", "deepseek-v3", "--gpu", "B200"], "unknown GPU 'B200'"),
     (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "3"], "--tp 3 does not divide"),
     (["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "0"], "--tp: must be from 1 to 1024"),
@@ -135,3 +139,84 @@ def test_drift_help_explains_every_option(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--noise NOISE a difference smaller than this fraction" in text
     assert "--routing {uniform,zipf} fused MoE: how tokens are routed" in text
+
+
+def _files(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--synthetic", "--batch-sizes", "1", "--trials", "4"],
+     "holds tables measured on a GPU ({manifest}); this run's would be of SYNTHETIC times"),
+    (["--synthetic", "--batch-sizes", "1", "--trials", "4", "--dry-run"], "this run's would be of SYNTHETIC times"),
+    (["--device", "cpu", "--dry-run"], "this run's would be timed on the CPU device"),
+    (["--gpu", "H100", "--tp", "16", "--dry-run"], "holds tables for H200 ({manifest}); this run is for H100"),
+])
+def test_a_run_never_writes_into_a_folder_of_other_times(capsys, tmp_path, argv, needle):
+    """--out holding a GPU run's tables (a copy of tuned/NVIDIA_H200) takes no SYNTHETIC or CPU-device tables and
+    no other GPU's: one line, the folder unchanged. Before, --synthetic into it replaced the measured rows of
+    vLLM's table with SYNTHETIC ones, deleted SGLang's _down table and listed each file twice in the manifest,
+    whose report then said nothing of SYNTHETIC (found by a new-user pass)."""
+    import shutil
+    out = tmp_path / "gpu-run"
+    shutil.copytree(REPO / "tuned" / "NVIDIA_H200", out)
+    before = _files(out)
+    base = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8"]
+    gpu = argv.index("--gpu") if "--gpu" in argv else None
+    if gpu is not None:
+        base[base.index("--gpu") + 1] = argv[gpu + 1]
+        argv = argv[:gpu] + argv[gpu + 2:]
+    assert main([*base, *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"tuner: error: --out {out} " + err.split(f"--out {out} ", 1)[1]], err
+    assert needle.format(manifest=out / "manifest.json") in err, err
+    assert _files(out) == before
+
+
+def test_a_synthetic_run_goes_on_in_its_own_folder(capsys, tmp_path):
+    """The same check lets a run continue its own folder: a --synthetic run twice into one --out."""
+    argv = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic", "--batch-sizes",
+            "1", "--trials", "4", "--quiet", "--out", str(tmp_path / "syn")]
+    assert main(argv) == 0
+    assert main(argv) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["loading the commands", "building the parser"])
+def test_a_ctrl_c_before_the_command_begins_is_one_line(tmp_path, where):
+    """A Ctrl-C in the first fraction of a second (the commands loading, the parser built: before main's own
+    handler) is one line and exit 130, as later. Before, a new user's `timeout -s INT 0.2 tuner moe ...` got a
+    KeyboardInterrupt traceback in several of 24 tries. The interrupt is raised where it lands, deterministically."""
+    if where == "loading the commands":
+        land = ("import builtins\nreal = builtins.__import__\n"
+                "def imp(name, *a, **k):\n"
+                "    if name == 'tuner.commands' or name.startswith('tuner.commands.'):\n"
+                "        raise KeyboardInterrupt\n"
+                "    return real(name, *a, **k)\n"
+                "builtins.__import__ = imp\n")
+    else:
+        land = ("import tuner.cli\n"
+                "def interrupted():\n    raise KeyboardInterrupt\n"
+                "tuner.cli.build_parser = interrupted\n")
+    code = land + "import sys\nsys.argv = ['tuner', 'moe', '--model', 'deepseek-v3', '--gpu', 'H200', '--dry-run']\n" \
+                  "from tuner.__main__ import run\nraise SystemExit(run())\n"
+    got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert got.returncode == 130, got.stderr
+    assert got.stderr.strip() == "tuner: interrupted before the command began; nothing was done", got.stderr
+
+
+def test_the_tuner_command_is_that_entry():
+    """pyproject.toml's `tuner` script is the entry that handles an early Ctrl-C (python -m tuner's too)."""
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'tuner = "tuner.__main__:run"' in text
+
+
+def test_the_documented_postgresql_url_finds_the_driver_the_extra_installs(capsys, tmp_path):
+    """docs/several-gpus.md's `--storage postgresql://user@db/tuner` with the driver `pip install -e ".[postgres]"`
+    installs (the test extra holds the same): SQLAlchemy 2.1 reads a bare postgresql:// with psycopg 3, and the
+    extra installed psycopg2, so the documented command said 'No module named psycopg' (found by a new-user pass;
+    CI's worker test spelled postgresql+psycopg2://). A dry run loads the driver and connects nowhere."""
+    extras = (REPO / "pyproject.toml").read_text()
+    assert extras.count('"psycopg[binary]>=3.1"') == 2          # the postgres extra and the test extra
+    assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--storage", "postgresql://user@db/tuner",
+                 "--dry-run"]) == 0, capsys.readouterr().err

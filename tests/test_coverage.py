@@ -219,6 +219,8 @@ def test_the_table_fits_120_columns_and_names_every_deployment(capsys, tmp_path)
     assert re.search(r"^  TP16 +fp8 +vllm 0\.29\.0-0\.33\.0 +op E=256,N=128 +yes +default +no table", out, re.M)
     assert "tuner moe --model deepseek-v3 --gpu H200 --tp 16 --dtype fp8_w8a8 --engines vllm" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in out
+    from tuner.file_kinds import PLOT
+    assert PLOT.ours(png)                     # marked as tuner's: the next --plot replaces it, no other PNG
 
 
 def test_the_plot_never_replaces_a_file_of_another_kind(tmp_path, capsys):
@@ -234,6 +236,24 @@ def test_the_plot_never_replaces_a_file_of_another_kind(tmp_path, capsys):
         err = capsys.readouterr().err
         assert why in err and len(err.splitlines()) == 1, err
     assert text.read_text() == "my notes" and not list(folder.iterdir())
+
+
+def test_the_plot_never_replaces_a_png_tuner_did_not_draw(tmp_path, capsys):
+    """A user's own PNG (no 'Software: tuner' text) was overwritten by --plot; docs/file-formats.md
+    says a plot replaces only a PNG with that text. One line, before any work, the image kept."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mine = tmp_path / "holiday.png"
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(mine, format="png")
+    plt.close(fig)
+    before = mine.read_bytes()
+    assert main(["coverage", "--plot", str(mine)]) == 2
+    said, err = capsys.readouterr()
+    assert err.splitlines() == [f"tuner: error: --plot {mine} exists and is a PNG image tuner did not draw (no "
+                                "'Software: tuner' text): refusing to replace it (give another path)"] and not said
+    assert mine.read_bytes() == before
 
 
 def test_no_engine_at_hand_is_one_line(tmp_path, monkeypatch, capsys):
@@ -418,3 +438,10 @@ def test_each_wheel_is_read_once_when_audits_go_through_every_release(tmp_path):
     assert len(wheels) >= 10
     first = [WheelFiles.of(w) for w in wheels]
     assert all(WheelFiles.of(w) is files for w, files in zip(wheels, first))     # the second round reads none
+
+
+def test_coverage_refuses_a_triton_that_is_not_a_version(capsys):
+    assert main(["coverage", "--triton", "banana"]) == 2
+    said, err = capsys.readouterr()
+    assert err.splitlines() == ["tuner: error: argument --triton: not a Triton version: 'banana' (give X.Y.Z as "
+                                "triton.__version__ says it, e.g. 3.6.0) (see `tuner coverage --help`)"] and not said

@@ -48,7 +48,8 @@ def test_fetch_runs_pip_into_the_cache_the_tool_then_reads(clean_env, tmp_path, 
     """pip downloads (from a local folder) a version tuner does not know: kept with a note,
     found afterwards without any option; asking again downloads nothing."""
     source = fake_wheel(tmp_path / "index", "sglang", "9.9.9", {"sglang/__init__.py": ""})
-    argv = ["engine-source", "fetch", "sglang==9.9.9", "--no-index", "--find-links", str(source.parent)]
+    argv = ["engine-source", "fetch", "sglang==9.9.9", "--no-index", "--find-links", str(source.parent),
+            "--trust-engine-source"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     cached = clean_env / source.name
@@ -72,12 +73,43 @@ def test_a_fetched_wheel_whose_kernel_files_are_not_the_release_is_not_kept(clea
 
 
 @pytest.mark.parametrize("spec,needle", [("vllm==", "ENGINE==VERSION"), ("torch==2.0", "ENGINE==VERSION"),
-                                         ("sglang==9.9.9", "pip could not download sglang==9.9.9")])
+                                         ("sglang==9.9.9 --trust-engine-source",
+                                          "pip could not download sglang==9.9.9")])
 def test_fetch_refusals_are_one_line(clean_env, tmp_path, capsys, spec, needle):
     (tmp_path / "empty").mkdir()
-    assert main(["engine-source", "fetch", spec, "--no-index", "--find-links", str(tmp_path / "empty")]) == 2
+    assert main(["engine-source", "fetch", *spec.split(), "--no-index", "--find-links", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert needle in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+def test_a_release_tuner_does_not_know_is_refused_before_pip_runs(clean_env, monkeypatch, capsys):
+    """`fetch vllm==0.35.0` ran pip (a download of ~400 MB) for a release no launcher knows;
+    now one line before pip, unless --trust-engine-source asks for it."""
+    from tuner.commands import engine_source
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip ran")
+    monkeypatch.setattr(engine_source, "fetch", no_pip)
+    assert main(["engine-source", "fetch", "vllm==0.35.0"]) == 2
+    said, err = capsys.readouterr()
+    known = ", ".join(sorted(known_release_files()["vllm"], key=lambda v: tuple(map(int, v.split(".")))))
+    assert err.splitlines() == [f"tuner: error: vllm 0.35.0 is not a release tuner knows ({known}): fetch one of "
+                                "those, or add --trust-engine-source to fetch it anyway (its kernels then run only "
+                                "with --trust-engine-source)"] and not said
+    assert not clean_env.exists()
+
+
+def test_a_version_x_y_is_the_release_x_y_0(clean_env, tmp_path, capsys):
+    """`fetch vllm==0.32` had pip download vllm-0.32.0 and then said 'pip left no vllm 0.32 wheel
+    (it found [..., 'vllm-0.32.0-...whl'])': 0.32 is the release 0.32.0 (here a wheel whose files are
+    not the release's, from a local folder: the check of 0.32.0's files is what refuses it)."""
+    from tuner.commands.engine_source import parse_spec
+    assert parse_spec("vllm==0.32") == ("vllm", "0.32.0") and parse_spec("sglang==0.5.21") == ("sglang", "0.5.21")
+    files = {rel: "# not the released file\n" for rel in known_release_files()["vllm"]["0.32.0"]}
+    source = fake_wheel(tmp_path / "index", "vllm", "0.32.0", files)
+    assert main(["engine-source", "fetch", "vllm==0.32", "--no-index", "--find-links", str(source.parent)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is not vllm 0.32.0's as released" in last and "pip left no" not in last, last
 
 
 @pytest.mark.ci_variables

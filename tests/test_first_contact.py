@@ -39,6 +39,9 @@ def test_a_misspelt_gpu_gets_a_did_you_mean(capsys):
     assert "did you mean H200-NVL?" in err and len(err.strip().splitlines()) == 1
     assert main(["moe", "--model", "deepseek-v3", "--gpu", "B200", "--dry-run"]) == 2
     assert "did you mean" not in capsys.readouterr().err          # another family is not a typo
+    # as close to several: all of them, not the first (H300 suggested H800 alone, H200 as close)
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H300", "--dry-run"]) == 2
+    assert "unknown GPU 'H300'; did you mean H100, H200 or H800? supported:" in capsys.readouterr().err
 
 
 def test_the_readme_pins_the_triton_its_audit_names_and_says_how_to_build_the_manual():

@@ -253,6 +253,42 @@ def test_a_config_folder_for_an_engine_that_is_not_here(tmp_path, monkeypatch, c
     assert "--moe-config-dir DIR --engine-version V" in err and err.count("\n") == 1
 
 
+def test_a_config_folder_install_of_no_table_it_would_install_is_refused_and_not_recorded(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A results folder with only a GEMM table, for a MoE config folder: nothing to install there.
+    It used to say '0 tables installed; backup in ...', print an `export` of a folder that does
+    not exist, exit 0 and record an empty install that the next --restore 'restored' instead of
+    the install the user meant to undo (docs/install-and-audit.md: a results folder without tables
+    is refused)."""
+    monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    from tests.results_folders import results_folder as made
+    res = made(tmp_path / "res", "fp8_gemm", {"vllm/fp8_gemm/" + GEMM: TABLE})
+    cfg = tmp_path / "vllm-moe"
+    before = sorted(p for p in tmp_path.rglob("*") if "cache" not in p.parts)
+    assert main(["install", str(res), "--engine", "vllm", "--engine-version", "0.33.0", "--moe-config-dir",
+                 str(cfg)]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith(f"tuner: error: {res} holds no vllm table that an install "
+                                                     f"into --moe-config-dir {cfg} would write"), err
+    assert "fp8_gemm" in err and "tables installed" not in out and "export" not in out
+    assert sorted(p for p in tmp_path.rglob("*") if "cache" not in p.parts) == before      # nothing recorded
+    assert main(["install", "--restore", "--engine", "vllm"]) == 2                        # nothing to restore
+
+
+def test_a_results_folder_that_is_a_file_is_said_so(tmp_path, capsys):
+    """`tuner install README.md` said 'results folder README.md not found': it exists, as a file."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# notes\n")
+    argv = ["--engine", "vllm", "--engine-version", "0.33.0", "--moe-config-dir", str(tmp_path / "cfg")]
+    assert main(["install", str(readme), *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tuner: error: results folder {readme} is a file, not a folder (a run's --out folder, with its manifest.json)"]
+    assert main(["install", str(tmp_path / "nowhere"), *argv]) == 2
+    assert f"results folder {tmp_path / 'nowhere'} not found" in capsys.readouterr().err
+    assert not (tmp_path / "cfg").exists()
+
+
 def test_a_dry_run_for_an_engine_that_is_not_here_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TUNER_ENGINE_WHEELS", raising=False)        # no wheel: no shipped table to compare
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))

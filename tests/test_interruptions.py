@@ -283,3 +283,35 @@ def test_a_ctrl_c_while_the_command_exits_changes_nothing(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "none.jsonl")], cwd=REPO, capture_output=True,
                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_ctrl_c_says_what_the_command_keeps(monkeypatch, capsys):
+    """A Ctrl-C (or SIGTERM) during `tuner coverage` or `tuner landscape synth` said 'what was
+    finished is kept (finished trials in the storage...): run the same command to resume': they
+    have no storage; each command says only what is true of it."""
+    from tuner import cli
+    from tuner.errors import Terminated
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    def ended(args):
+        raise Terminated()
+    for name in ("coverage", "landscape", "gemm", "audit"):
+        monkeypatch.setitem(cli.COMMANDS, name, stopped)
+    monkeypatch.setitem(cli.COMMANDS, "bench", ended)
+    said = {}
+    for argv in (["coverage"], ["landscape", "info", "x.jsonl"], ["gemm", "--model", "deepseek-v3", "--gpu", "H200"],
+                 ["audit", "--engine", "vllm"], ["bench", "--model", "m", "--gpu", "H200", "--kernel", "gemm",
+                                                 "--out", "o"]):
+        rc = cli.main(argv)
+        out, err = capsys.readouterr()
+        assert rc == (143 if argv[0] == "bench" else 130) and not out and len(err.splitlines()) == 1, err
+        said[argv[0]] = err.strip()
+    assert said["coverage"] == said["landscape"] == "tuner: interrupted; nothing was written: run the command again"
+    assert said["gemm"] == ("tuner: interrupted; what was finished is kept (finished trials in the storage, whole "
+                            "files only): run the same command to resume")
+    assert said["audit"] == ("tuner: interrupted; no file is left half-written (each is written whole, or not at "
+                             "all): run the command again")
+    assert said["bench"].startswith("tuner: terminated; no file is left half-written")
+    assert not any("storage" in said[c] or "resume" in said[c] for c in ("coverage", "landscape", "audit", "bench"))

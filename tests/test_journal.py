@@ -222,11 +222,14 @@ def test_a_torn_first_write_is_a_journal_started_again(tmp_path, capsys):
     assert len(complete_trials(path)) >= 2 and b"study_na" not in path.read_bytes().split(b"\n")[0][:40]
 
 
-@pytest.mark.parametrize("tail", [b"2026-01-01 a log line appended by hand", b"\x00" * 100, b"x" * (2 << 20)],
-                         ids=["a log line", "zeros", "2 MiB of x"])
+@pytest.mark.parametrize("tail", [b"2026-01-01 a log line appended by hand", b"\x00" * 100, b"x" * (2 << 20),
+                                  b"xx not json\n", b'{"op_code": "no"}\n'],
+                         ids=["a log line", "zeros", "2 MiB of x", "a whole line", "a whole line of JSON"])
 def test_a_tail_that_no_tuner_wrote_is_refused_and_left_alone(tmp_path, capsys, tail):
     """A journal followed by something no writer of ours leaves (no beginning of an
-    operation): one line, exit 2, the file as it was."""
+    operation, or a whole line that is none): one line, exit 2, the file as it was. Before, a whole
+    line was read past and the run appended after it, so that `tuner repair-journal` then moved the
+    run's new operations aside with it (found by a new-user pass)."""
     args, path = torn_run(tmp_path)
     with open(path, "ab") as f:
         f.write(b"\n" + tail if tail.startswith(b"\x00") else tail)
@@ -237,3 +240,31 @@ def test_a_tail_that_no_tuner_wrote_is_refused_and_left_alone(tmp_path, capsys, 
     # its whole operations are counted and the repair named (issue 42, item 7)
     assert len(err.strip().splitlines()) == 1 and "a damaged tail after" in err and "repair-journal" in err, err
     assert path.read_bytes() == before
+
+
+def test_repair_journal_of_a_folder_says_it_is_one_and_names_its_journal(tmp_path, capsys):
+    """`tuner repair-journal RUN_DIR` said 'no such journal file': it is a folder; a run's names
+    the journal inside."""
+    args, path = torn_run(tmp_path)
+    capsys.readouterr()
+    run = path.parent
+    assert main(["repair-journal", str(run)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tuner: error: {run} is a folder, not a journal file: a run's journal is {path}"]
+    assert main(["repair-journal", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"tuner: error: {tmp_path} is a folder, not a journal file (a run's journal is studies.journal in its "
+        "folder; this one holds none)"]
+    assert main(["repair-journal", str(tmp_path / "none.journal")]) == 2
+    assert "no such journal file" in capsys.readouterr().err
+
+
+def test_collect_out_with_a_slash_says_the_folder_once(tmp_path, capsys):
+    """`tuner collect --out tables/` said 'tables and manifest in tables//' (a run's journal here
+    is the storage collect reads; tests/test_workers.py collects a shared one, much slower)."""
+    args, path = torn_run(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "collected"
+    assert main(["collect", "--storage", f"journal:///{path}", "--out", f"{out}/"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == f"tables and manifest in {out}/" and (out / "manifest.json").is_file()

@@ -175,3 +175,25 @@ def test_a_manifest_time_of_1e300_prints_no_300_digits(two_runs, tmp_path, capsy
     out, err = capsys.readouterr()
     texts = [out, err, (tmp_path / "r" / "r.md").read_text(), (tmp_path / "d" / "diff.md").read_text()]
     assert not any(re.search(r"[0-9]{14}", text) for text in texts), [t[:300] for t in texts]
+
+
+def test_a_default_that_failed_is_its_reason_not_nan(two_runs, tmp_path, capsys):
+    """A run whose default config failed (a synthetic failure, as a --synthetic run has): report
+    printed NaN for its default time and speedup, where the run's own closing table says
+    '- (synthetic failure)' (docs/nightly.md: missing times are never NaN)."""
+    import json
+    import shutil
+    old, _ = two_runs
+    edited = tmp_path / "edited"
+    shutil.copytree(old, edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    entry = next(iter(manifest["tables"][0]["entries"].values()))
+    entry.update(default_time_us=None, speedup=None, default_error="synthetic failure")
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["report", str(edited), "--out", str(tmp_path / "r" / "r.md")]) == 0
+    out = capsys.readouterr().out
+    md = (tmp_path / "r" / "r.md").read_text()
+    assert "NaN" not in out and "NaN" not in md
+    assert re.search(rf"^ +{entry['M']} .* - \(synthetic failure\) +- ", out, re.M), out
+    assert "| - (synthetic failure) | - |" in md

@@ -141,8 +141,7 @@ def test_one_width_rule_for_every_command(runs, tmp_path, capsys, monkeypatch):
                      "shared_experts=1,part=down,routing=uniform",
              "audit": "far_keys: M=3-4 run the entry for 1 (up to 4x away)",
              "install": "*** SYNTHETIC: 2 of these 2 tables were chosen on times that never came from a GPU",
-             "moe": "at M=32: the row is the incumbent pair's, kept with the table it is tied to; its default_us "
-                    "times this table's own default"}
+             "moe": "the 3 table(s) hold only the batch sizes tuned (M=1,8,32,128): M=3-4 run the entry for 1"}
     for name, argv in commands.items():
         piped = _lines(argv, capsys, monkeypatch=monkeypatch)
         assert any(whole[name] in line for line in piped), (name, piped)
@@ -162,3 +161,48 @@ def test_a_replayed_synthetic_landscape_says_no_kernel_ran(tmp_path, capsys, mon
                  "--out", str(tmp_path / "r")]) == 0
     heads = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fused MoE")]
     assert heads == ["fused MoE (sorted tokens, grouped GEMMs) [SYNTHETIC: no kernel ran]"], heads
+
+
+def test_the_mla_closing_table_fits_120_columns_unwrapped(tmp_path, capsys, monkeypatch):
+    """MLA decode's rows go to one table whose shape runs 59 columns: said once above the table, each row keeps the
+    engine and its context. Before, its rows ran 129 columns (155 with two contexts), wrapped mid-row on a
+    120-column terminal ('not' / 'checked'; found by a new-user pass)."""
+    _piped(monkeypatch, tmp_path)
+    assert main(["mla", "--model", "deepseek-v3", "--gpu", "H200", "--synthetic", "--batch-sizes", "1", "8",
+                 "--contexts", "1024", "4096", "--trials", "6", "--out", str(tmp_path / "m")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("file ") and " M " in ln)
+    rows = [ln for ln in lines[head + 1:] if re.match(r"tuner ", ln)]
+    assert [re.match(r"(tuner context=\d+) +(\d+) ", r).groups() for r in rows] == [
+        ("tuner context=1024", "1"), ("tuner context=1024", "8"), ("tuner context=4096", "1"), ("tuner context=4096", "8")]
+    assert all(len(ln) <= 120 and ln.endswith("not checked") for ln in rows), rows
+    assert "      <shape>: heads=16,kv_lora_rank=512,qk_rope_dim=64,page_size=64" in lines[:head]
+
+
+def test_no_row_showing_one_is_said_to_show_another_speedup(runs, tmp_path, capsys, monkeypatch):
+    """The pair's note ('hence a speedup other than 1.00x') names only the rows whose speedup column is not 1.00x:
+    a new user found it beside a row showing 1.00x. Run again into its folder, the first run's tables are shown
+    stored, and each row named by the note shows another speedup."""
+    a, _, _ = runs
+    lines = _lines([*RUN, "--out", str(a)], capsys, monkeypatch=monkeypatch)
+    rows = {(ln.split()[0] + " " + ln.split()[1] + (" _down" if " _down " in ln else ""), m.group(1)): m.group(2)
+            for ln in lines if (m := re.match(r"sglang E=\S+(?: _down)? +(\d+) .* (~?\d+\.\d+x) ", ln))}
+    for ln in lines:
+        if (m := re.match(r"(sglang \S+(?: _down)?) at M=([\d,]+): the row is the incumbent pair's", ln)):
+            for M in m.group(2).split(","):
+                assert rows[(m.group(1), M)] not in ("1.00x", "~1.00x"), (ln, rows)
+
+
+def test_a_table_of_same_rows_says_its_threshold(tmp_path):
+    """Where every row is '(same)' (the search's best is the incumbent itself: no pair timed, no min_gain recorded),
+    the row legend still says the run's threshold; it ended in a bare '--min-gain' (found by a new-user pass)."""
+    from types import SimpleNamespace
+
+    from tuner.emit.run_table import run_table_lines
+    row = SimpleNamespace(M=1, config={"BLOCK_SIZE_M": 16}, time_us=5.0, default_time_us=5.0, default_error=None,
+                          speedup=1.0, trials=4, numerics={"status": "passed"}, kept_default=None,
+                          choice={"kept": "default", "incumbent": "default"})
+    lines = run_table_lines({"p": [row]}, ("BLOCK_SIZE_M",), {"p": {"vllm": "vllm/fused_moe/E=8,N=64,x.json"}},
+                            tmp_path, threshold=0.02)
+    legend = lines[lines.index(next(ln for ln in lines if ln.startswith("row: tuned"))) + 1]
+    assert legend.strip() != "--min-gain" and "2" in legend, lines

@@ -93,3 +93,15 @@ def test_install_merge_from_tuned_then_audit_clean(tmp_path, capsys, engine):
         for m in (m for m in DEFAULT_BATCH_SIZES if m not in TUNED_M and m not in old_keys):
             # planned, not tuned, no key of its own: the row the engine read there (its nearest key's)
             assert installed[str(m)] == old[str(min(old_keys, key=lambda k: abs(k - m)))]
+
+
+def test_audit_of_the_tuned_folder_says_its_tables_are_partial(capsys):
+    """Audited where it lies (not installed), a shipped table says it is partial, from its run's manifest, as the
+    README says ('tuner install and tuner audit say so'); before, audit said so only of an installed one (found by
+    a new-user pass)."""
+    assert main(["audit", "--engine", "vllm", "--engine-version", "0.33.0", "--triton", "3.6.0", "--model",
+                 "deepseek-v3", "--gpu", "H200", "--tp", "8", "--moe-config-dir", str(TUNED / "vllm" / "fused_moe")]) in (0, 1)
+    out = capsys.readouterr().out.replace("\n    ", " ")
+    name = next(iter(read_manifest(TUNED)["tables"][0]["files"].values())).rsplit("/", 1)[-1]
+    assert f"partial: {name} was tuned at M=1,16,64,256,1024 only (5 of the 18 batch sizes planned" in out, out[-2000:]
+    assert "not installed: M=2,4,8,24" in out

@@ -97,6 +97,21 @@ COMMANDS = {name: run for name, _add, run in _commands()}
 _Terminated = Terminated       # the name tests and older callers know
 
 
+# the commands whose work is stored as it goes (their studies' trials) and taken up again by the
+# same command: a Ctrl-C says so; the others say only what is true of them
+RESUMING = ("moe", "gemm", "mla", "worker", "nightly", "proof")
+
+
+def interrupted_keeps(command: str | None) -> str:
+    """What an interrupted `command` leaves, after 'tuner: interrupted; '."""
+    if command in RESUMING:
+        return ("what was finished is kept (finished trials in the storage, whole files only): run the same command "
+                "to resume")
+    if command in ("coverage", "landscape"):       # their one file is written whole at the end
+        return "nothing was written: run the command again"
+    return "no file is left half-written (each is written whole, or not at all): run the command again"
+
+
 def _on_sigterm(signum, frame):
     raise _Terminated()
 
@@ -160,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.textwidth import Fitting, error_text
     previous = None
     restore_trust, trust_before = False, None
+    command: str | None = None           # what an interruption says depends on it
     # every line the command prints fits 120 columns or the terminal (an error stays one line)
     raw_out, raw_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = Fitting(raw_out), Fitting(raw_err)
@@ -169,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         pass                       # not the main thread (tests calling main in a thread)
     try:
         args, extra = parser.parse_known_args(argv)
+        command = args.command
         if extra:           # said by the subcommand's parser, so that the hint names its --help
             _innermost_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         if not args.command:
@@ -188,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
-        print(f"tuner: {what}; what was finished is kept (finished trials in the storage, whole files only): "
-              "run the same command to resume", file=sys.stderr)
+        print(f"tuner: {what}; {interrupted_keeps(command)}", file=sys.stderr)
         return 143 if isinstance(e, _Terminated) else 130
     except BrokenPipeError:
         # the reader went away (`tuner diff ... | head`): nothing left to say to anyone

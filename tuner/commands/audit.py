@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.commands.options import batch, parallel_options, seed
+from tuner.commands.options import batch, parallel_options, seed, triton_version
 from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
 from tuner.pipeline.command_problems import resolve_tp
@@ -41,7 +41,7 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--engine-version", default=None, metavar="V",
                      help="the engine's version (checked against the package's; alone: audit override folders only); "
                      f"the releases tuner knows: {versions_text()}")
-    aud.add_argument("--triton", default=None, metavar="V",
+    aud.add_argument("--triton", type=triton_version, default=None, metavar="V",
                      help="the Triton version the engine runs (default: the site-packages', else this Python's)")
     aud.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engine")
     aud.add_argument("--engine-source", nargs="+", default=None, metavar="PATH",
@@ -94,6 +94,8 @@ def policy_lines(report, engine: str) -> list[str]:
         lines.append(f"measurement of {Path(ka.where).name}: {said}")
         entry = installed_entry(Path(ka.where), engine, BACKUP_ROOT)
         if entry is not None and (line := partial.audit_line(Path(ka.where).name, entry)):
+            lines += wrap(line)
+        elif run is not None and (line := partial.run_line(run, Path(ka.where))):
             lines += wrap(line)
     return lines
 

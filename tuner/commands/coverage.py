@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tuner.commands.options import triton_version
 from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
 
@@ -36,7 +37,7 @@ def add_parser(sub, common) -> None:
                      help="the engines' wheels, or folders holding them (default: the installed engine, then "
                           "$TUNER_ENGINE_WHEELS)")
     cov.add_argument("--site-packages", default=None, metavar="DIR", help="the environment that runs the engines")
-    cov.add_argument("--triton", default=None, metavar="V",
+    cov.add_argument("--triton", type=triton_version, default=None, metavar="V",
                      help="the Triton version the engines run (default: the site-packages', else this Python's)")
     cov.add_argument("--json", action="store_true", help="print the map as JSON, one object per row")
     cov.add_argument("--plot", default=None, metavar="FILE.png",
@@ -44,7 +45,8 @@ def add_parser(sub, common) -> None:
 
 
 def _plot_target(text: str) -> Path:
-    """--plot's file: a new .png, or a PNG file there already (never another kind of file)."""
+    """--plot's file: a new .png, or a plot tuner drew there already (a PNG with the text
+    'Software: tuner': docs/file-formats.md), never another kind of file nor a PNG of the user's."""
     path = Path(text)
     if path.suffix.lower() != ".png":
         raise TunerError(f"--plot {text}: give a file name ending in .png")
@@ -55,6 +57,10 @@ def _plot_target(text: str) -> Path:
         head = read_head(path, 8, "--plot ")       # a FIFO or a device is refused, not waited on
         if head != b"\x89PNG\r\n\x1a\n":
             raise TunerError(f"--plot {text} exists and is not a PNG image: refusing to replace it (give another path)")
+        from tuner.file_kinds import PLOT
+        if not PLOT.ours(path):
+            raise TunerError(f"--plot {text} exists and is a PNG image tuner did not draw (no 'Software: tuner' text): "
+                             "refusing to replace it (give another path)")
     if not path.parent.is_dir():
         raise TunerError(f"--plot {text}: the folder {path.parent} does not exist")
     return path

@@ -39,6 +39,9 @@ def add_parser(sub, common) -> None:
     fetch.add_argument("--find-links", default=None, metavar="DIR|URL", help="pip's --find-links: also look there")
     fetch.add_argument("--index-url", default=None, metavar="URL", help="pip's --index-url (default: pip's own)")
     fetch.add_argument("--no-index", action="store_true", help="pip's --no-index: only --find-links")
+    fetch.add_argument("--trust-engine-source", action="store_true",
+                       help="fetch a release tuner does not know (refused before pip runs without this flag): its "
+                       "kernels then run only with --trust-engine-source")
     ext = src_sub.add_parser("extract", help="extract the kernel files of an engine",
                              epilog="example:\n  tuner engine-source extract --engine vllm --out vllm-kernels")
     ext.add_argument("--engine", required=True, choices=ENGINE_NAMES)
@@ -112,7 +115,18 @@ def parse_spec(text: str) -> tuple[str, str]:
     version = m["version"] or newest_known(m["engine"])
     if not version:
         raise TunerError(f"name the version: `tuner engine-source fetch {m['engine']}==VERSION`")
-    return m["engine"], version
+    return m["engine"], known_spelling(m["engine"], version)
+
+
+def known_spelling(engine: str, version: str) -> str:
+    """A version as the release tuner knows spells it: '0.32' is 0.32.0 (pip takes them as one
+    release, and its wheel is named 0.32.0); any other version as given."""
+    from tuner.plan.kernel_sources import known_release_files
+
+    def padded(v: str) -> tuple:
+        parts = v.split(".")
+        return tuple(parts + ["0"] * (3 - len(parts))) if all(p.isdigit() for p in parts) else (v,)
+    return next((k for k in known_release_files().get(engine, {}) if padded(k) == padded(version)), version)
 
 
 def pip_command(engine: str, version: str, dest: Path, find_links: str | None = None, index_url: str | None = None,
@@ -126,10 +140,20 @@ def pip_command(engine: str, version: str, dest: Path, find_links: str | None = 
 
 def run_fetch(args) -> int:
     engine, version = parse_spec(args.spec)
+    from tuner.plan.kernel_sources import known_release_files
+    known = sorted(known_release_files().get(engine, {}), key=_release_order)
+    if version not in known and not getattr(args, "trust_engine_source", False):
+        raise TunerError(f"{engine} {version} is not a release tuner knows ({', '.join(known)}): fetch one of those, "
+                         "or add --trust-engine-source to fetch it anyway (its kernels then run only with "
+                         "--trust-engine-source)")
     wheel = fetch(engine, version, args.find_links, args.index_url, args.no_index)
     print(f"{engine} {version}: {wheel} ({wheel.stat().st_size / 1e6:.0f} MB); every command finds it there by "
           f"itself (after --engine-source, an installed {engine} and $TUNER_ENGINE_WHEELS)")
     return 0
+
+
+def _release_order(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
 
 def fetch(engine: str, version: str, find_links: str | None = None, index_url: str | None = None,

@@ -70,6 +70,18 @@ SEED_MAX = (1 << 32) - 1
 seed = integer(0, SEED_MAX, why=" (what every sampler's random generator and the numerics' inputs take)")
 
 
+def triton_version(text: str) -> str:
+    """--triton: a Triton release as triton.__version__ names it (X.Y.Z, a pre-release or a local
+    build's +suffix after it); X.Y is X.Y.0, since SGLang's loader names its folder from the whole
+    version (triton_3_6_0/, tuner/plan/engine_rules/schema.py triton_folder): read as 3.6, a 3.6.0
+    table would be taken for another Triton's."""
+    from tuner.plan.engine_rules.schema import checked_triton
+    try:
+        return checked_triton(text)
+    except TunerError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 DEVICE_HELP = ("what measures: cuda (default), the GPU; cpu, the CPU device: the GPU's whole code path (measuring "
                "child, compile workers compiling for sm_90, timeouts, numerics, tables) run on a CPU in Triton's "
                "interpreter, for CI and rehearsals; its times are labelled CPU DEVICE and mean nothing about a GPU")

@@ -97,5 +97,5 @@ def run_collect(args) -> int:
             for line in run_table_lines(results, opts.kernel.config_keys, written_files(opts), out,
                                         opts.settings.row_gain, unwritten_files(opts)):
                 print(line)
-    print(f"tables and manifest in {args.out}/")
+    print(f"tables and manifest in {out}/")          # a Path: `--out tables/` is not said as tables//
     return 0

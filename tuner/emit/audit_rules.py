@@ -194,6 +194,12 @@ def row_findings(family: TableFamily, table: dict, where: str, block_shape, K: i
     return out
 
 
+def times(ratio: float) -> str:
+    """A far key's ratio as printed: rounded up to a tenth, so that one more than 2x away never
+    reads as 2x (2.5 is '2.5', 2.01 '2.1', 32 '32')."""
+    return f"{math.ceil(round(ratio * 10, 6)) / 10:.1f}".removesuffix(".0")
+
+
 def key_findings(keys: list[int], where: str, batches: Batches) -> list[Finding]:
     """Truncated key sets and the batch sizes whose nearest key is far."""
     out = []
@@ -206,7 +212,7 @@ def key_findings(keys: list[int], where: str, batches: Batches) -> list[Finding]
     far = batches.far(keys)
     if far:
         parts = [f"{m_range(a, b)} run the entry for {k} " + ("(a key that is no batch size)" if math.isinf(ratio)
-                                                            else f"(up to {ratio:.0f}x away)") for k, a, b, ratio in far]
+                                                            else f"(up to {times(ratio)}x away)") for k, a, b, ratio in far]
         out.append(Finding("warning", "far_keys", "; ".join(parts), where, sorted({k for k, *_ in far})))
     return out
 

@@ -156,8 +156,8 @@ def head_lines(cmap: CoverageMap, models: int, gpus: int) -> list[str]:
         i.origin.startswith("wheel ") for i in cmap.installations) else "; ".join(
         f"{i.label}: {i.origin}" for i in cmap.installations)
     tri = cmap.installations[0]
-    return [f"tuner coverage: {_counted(models, 'model')} x {_counted(gpus, 'GPU')}; {', '.join(parts)} ({where}); Triton {tri.triton} "
-            f"({tri.triton_origin})", LEGEND]
+    return [f"tuner coverage: {_counted(models, 'model')} x {_counted(gpus, 'GPU')}; {', '.join(parts)} ({where}); "
+            f"Triton {tri.triton} ({tri.triton_origin})", LEGEND]
 
 
 def _counted(n: int, what: str) -> str:
@@ -244,6 +244,7 @@ def plot(cmap: CoverageMap, path: Path) -> Path:
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
+    from tuner.file_kinds import PLOT, PLOT_METADATA
     from tuner.paths import atomic_write_file
     newest = _newest(cmap)
     rows = [r for r in cmap.rows if r.kernel == "fused_moe" and newest.get(r.engine) == r.engine_version]
@@ -284,7 +285,9 @@ def plot(cmap: CoverageMap, path: Path) -> Path:
     fig.text(0.01, 0.005, "made by `tuner coverage --plot`; K: a file that models of another K read too", fontsize=5.5)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     try:
-        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        # marked as ours (Software: tuner): the next --plot replaces it, and no other PNG
+        atomic_write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png", metadata=PLOT_METADATA),
+                          kind=PLOT)
     finally:
         plt.close(fig)
     return path

@@ -211,6 +211,9 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
     installed in this Python (found without importing it); $TUNER_ENGINE_WHEELS. The
     Triton version: --triton, else the site-packages' Triton, else this Python's."""
     import importlib.util
+    if triton is not None:                     # X.Y.Z, as SGLang's folders name it (the CLI checked it already)
+        from tuner.plan.engine_rules.schema import checked_triton
+        triton = checked_triton(triton)
     files: TableFiles | None = None
     found_version: str | None = None
     origin = ""
@@ -278,6 +281,8 @@ def locate_installation(engine: str, site_packages: str | None = None, engine_so
             raise TunerError(f"{engine} is not installed in this Python and no wheel was given: fetch one with "
                              f"{fetch_hint(engine)}, or give --site-packages DIR or --engine-source WHEEL, or "
                              "--engine-version to audit override folders only")
+        from tuner.plan.engines import check_known_release
+        check_known_release(engine, version)          # as `tuner install` refuses it: no rules to apply
         notes.append(f"no {engine} package was found: only override folders are looked at, with the loader rules "
                      f"of {engine} {version}")
         origin = "no package"

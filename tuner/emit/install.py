@@ -256,6 +256,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
     for why, rels in forced.items():
         names = ", ".join(Path(r).name for r in rels[:2]) + (f" and {len(rels) - 2} more" if len(rels) > 2 else "")
         notes.append(f"forced {len(rels)} table(s) ({names}): {why}")
+    if left_out and not copies:        # nothing to write: refused, not an empty install --restore would undo
+        raise TunerError(f"{results} holds no {engine} table that an install into --moe-config-dir {moe_config_dir} "
+                         f"would write: its {len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) are read "
+                         f"from {engine}'s package folder only; install them where {engine} is installed")
     if left_out:
         notes.append(f"{len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) left out: {engine} reads them from "
                      f"its package folder only (no variable names another), which is not here; install them where "

@@ -65,9 +65,8 @@ def install_target(engine: str, site_packages: str | None, moe_config_dir: str |
             raise TunerError(f"{engine} is not installed in this Python: name the version that will read the "
                              f"tables with --engine-version V (one of {', '.join(supported_releases(engine))}): its "
                              "loader rules decide the layout") from None
-        if engine_version.split("+")[0] not in supported_releases(engine):
-            raise TunerError(f"--engine-version {engine_version}: tuner knows the loader rules of {engine} "
-                             f"{', '.join(supported_releases(engine))} only") from None
+        from tuner.plan.engines import check_known_release
+        check_known_release(engine, engine_version)
         return Target(engine, Path(f"<{engine} site-packages>"), False, engine_version)
     version = installed_version(site, engine)
     if engine_version and version and engine_version != version:

@@ -95,3 +95,23 @@ def audit_line(name: str, record_entry: dict) -> str | None:
             f"{len(part.get('planned') or [])} planned; installed by tuner); "
             + (f"M={_ms(kept)} run the rows kept from the table the engine read before" if kept else
                "the other batch sizes run the nearest tuned row"))
+
+
+def run_line(run: Path, table: Path) -> str | None:
+    """What `tuner audit` says of a table audited in a tuner run's own folder (not installed) that its run
+    tuned in part, from the run's manifest; None for a whole table, or a manifest it cannot read.
+    Before, audit said so only once the table was installed (found by a new-user pass)."""
+    from tuner.errors import TunerError
+    from tuner.reading import read_json_file
+    try:
+        manifest = read_json_file(run / "manifest.json", "manifest ")
+        rel = table.resolve().relative_to(run.resolve()).as_posix()
+    except (TunerError, ValueError, OSError):
+        return None
+    for entry in manifest.get("tables", []) if isinstance(manifest, dict) else []:
+        files = entry.get("files") if isinstance(entry, dict) else None
+        if isinstance(files, dict) and rel in files.values() and (part := of_entry(entry)):
+            return (f"partial: {table.name} was tuned at M={_ms(part['tuned'])} only ({len(part['tuned'])} of the "
+                    f"{len(part['planned'])} batch sizes planned; {part['why'] or 'its run stopped early'}); not "
+                    f"installed: M={_ms(part['left'])} run the nearest tuned row of this file")
+    return None

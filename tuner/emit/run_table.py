@@ -96,6 +96,7 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     unwritten = {k: v for k, v in (unwritten or {}).items() if k in results and not files.get(k)}
     labels = distinct_labels({pkey: short_file(files.get(pkey) or {}) or (
         short_file(unwritten[pkey][0]) + "*" if pkey in unwritten else "(not written)") for pkey in results})
+    labels, shape = _one_long_shape(labels, {short_file(files.get(pkey) or {}) for pkey in results})
     for pkey, rs in results.items():
         label = labels[pkey]
         for r in sorted(rs, key=lambda r: r.M):
@@ -112,6 +113,8 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
     where = where_lines(out_dir, written)
     if legend:
         where.append(f"      named {legend}")
+    if shape:
+        where.append(f"      <shape>: {shape}")
     for why in sorted({why for _, why in unwritten.values()}):
         where.append(f"*: not written: {why}")
     if chosen:
@@ -119,8 +122,9 @@ def run_table_lines(results: dict, keys: tuple[str, ...], files: dict[str, dict[
                          if r.choice and r.choice.get("min_gain") is not None), None)
         # two lines: the noise's wording alone runs 70 columns
         where.append("row: tuned, or the incumbent kept where the tuned config's paired gain (shown) is not above")
-        where.append("     " + (threshold_text(threshold if threshold is not None else min_gain) if min_gain is not None
-                                else "--min-gain"))
+        # every row "(same)" records no min_gain: the run's own threshold still says it (it said "--min-gain" bare)
+        shown = threshold if threshold is not None else min_gain
+        where.append("     " + (threshold_text(shown) if shown is not None else "--min-gain"))
         if any(choice_short(r.choice).endswith(" pair") for rs in results.values() for r in rs):
             where.append("row ... pair: tables tied together (one BLOCK_SIZE_M) are kept or replaced together, "
                          "by the pair's gain")
@@ -139,17 +143,33 @@ def _pair_lines(results: dict, labels: dict[str, str]) -> list[str]:
     """Why a tied table's row kept with its partner as the incumbent pair shows a speedup other
     than 1.00x: its default_us is its own study's default (which follows the partner's tuned
     config), not the config of the pair kept."""
+    from tuner.textwidth import factor
     by_label: dict[str, list[int]] = {}
     for pkey, rs in results.items():
         for r in rs:
             c = r.choice or {}
+            # a row whose speedup shows as 1.00x needs no word of why it is not (found by a new-user pass)
             if c.get("tied_with") and c.get("kept", "tuned") != "tuned" and r.config != r.default_config \
-                    and r.time_us and r.default_time_us:
+                    and r.time_us and r.default_time_us and r.speedup and factor(r.speedup) != "1.00x":
                 by_label.setdefault(labels[pkey], []).append(r.M)
     # one line each: a terminal fits it (tuner/textwidth.py), a pipe keeps it whole
     return [f"{label} at M={','.join(map(str, sorted(ms)))}: the row is the incumbent pair's, kept with the table it "
             "is tied to; its default_us times this table's own default, which follows that table's tuned config, "
             "not the pair kept: hence a speedup other than 1.00x" for label, ms in by_label.items()]
+
+
+LONG_SHAPE = 32      # a file column wider than this, one shape for every row: said once above the table
+
+
+def _one_long_shape(labels: dict[str, str], bases: set[str]) -> tuple[dict[str, str], str]:
+    """Where every row goes to one table whose shape is long (MLA decode's heads=16,kv_lora_rank=512,
+    qk_rope_dim=64,page_size=64: rows of 129 columns, 155 with a context, wrapped on a 120-column
+    terminal), its rows keep the engine and what tells them apart, and the shape is said once."""
+    base = next(iter(bases)) if len(bases) == 1 else ""
+    engine, _, shape = base.partition(" ")
+    if len(base) <= LONG_SHAPE or not shape or not all(v.startswith(base) for v in labels.values()):
+        return labels, ""
+    return {k: engine + v[len(base):] for k, v in labels.items()}, shape
 
 
 def distinct_labels(labels: dict[str, str]) -> dict[str, str]:

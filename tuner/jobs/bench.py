@@ -221,15 +221,20 @@ def run_bench(request: BenchRequest) -> int:
                 measurer = bench_measurer(request, kernel, gpu)
                 measurers.append(measurer)
                 landscape = getattr(measurer, "landscape", None)
-                ms = {}
+                ms = {p.key: [m for m in batch_sizes if landscape is None or landscape.lookup(p.params, m)]
+                      for p in probs}
+                if landscape is not None and not any(ms.values()):     # one line, as `tuner moe --replay` says it
+                    raise TunerError(f"landscape {request.replay} covers none of the planned problems and batch "
+                                     "sizes")
                 for p in probs:
-                    covered = [m for m in batch_sizes if landscape is None or landscape.lookup(p.params, m)]
-                    if len(covered) < len(batch_sizes):
-                        say(f"note: {p.key}: the landscape lacks M={','.join(str(m) for m in batch_sizes if m not in covered)}")
-                    ms[p.key] = covered
+                    if len(ms[p.key]) < len(batch_sizes):
+                        say(f"note: {p.key}: the landscape lacks "
+                            f"M={','.join(str(m) for m in batch_sizes if m not in ms[p.key])}")
                 rows += bench_kernel(kernel, probs, ms, gpu, ceilings, measurer, baselines, tuned,
                                      landscape, progress=say, engines=request.engines, engine_source=request.engine_source)
                 benched.update({p.key: p for p in probs})
+        if not rows:                # nothing to write: no half-made JSON, no Markdown of nothing
+            raise TunerError("nothing was benched: no problem and batch size is covered")
         header = bench_header(measurers, gpu, ceilings, {"model": model.name, "tp": request.tp, "ep": request.ep,
                                                                     "kernel": kernel_name}, out)
         if profile is not None:
@@ -244,8 +249,6 @@ def run_bench(request: BenchRequest) -> int:
     finally:
         for m in measurers:
             m.close()
-    if not rows:
-        raise TunerError("nothing was benched: no problem and batch size is covered")
     print(header["banner"])
     for line in bench_table([r.as_dict() for r in rows]):
         print(line)

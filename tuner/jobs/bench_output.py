@@ -225,21 +225,32 @@ def traffic_lines(rows: list[BenchRow], profile, model, problems: dict[str, Prob
 
 def bench_table(rows: list[dict]) -> list[str]:
     """The bench rows for a terminal, within 120 columns: each problem by what tells it from the
-    others (what all share said above)."""
+    others (what all share said above); a note longer than its column is a numbered note in the
+    row, said in full under the table (never cut mid-word)."""
     from tuner.emit.run_table import distinguishing, fixed_width
     short, common = distinguishing(list(dict.fromkeys(r["problem"] for r in rows)))
+    notes: dict[str, str] = {}          # {a long note: its mark}
+
+    def note(r: dict) -> str:
+        text = (r["error"] if isinstance(r["error"], str) else
+                f"beat its floor: {r['roofline_wrong']} wrong" if r.get("roofline_error") else "")
+        if len(text) <= NOTE_WIDTH:
+            return text
+        return notes.setdefault(text, f"note {len(notes) + 1}")
+
     table = [[r["kernel_source"], short[r["problem"]], str(r["M"]), str(r["contender"]),
               f"{r['time_us']:.3g}" if isinstance(r["time_us"], float) and r["time_us"] == r["time_us"] else "-",
               f"{r['roofline_fraction']:.0%}" if isinstance(r["roofline_fraction"], float)
-              and r["roofline_fraction"] == r["roofline_fraction"] else "-",
-              r["error"][:40] if isinstance(r["error"], str) else
-              (f"beat its floor: {r['roofline_wrong']} wrong"[:40] if r.get("roofline_error") else "")]
+              and r["roofline_fraction"] == r["roofline_fraction"] else "-", note(r)]
              for r in rows]
+    below = [f"{mark}: {text}" for text, mark in notes.items()]
     if len(short) == 1:              # one problem: said once above, not in every row
         return [f"problem: {next(iter(short))}"] + fixed_width(
             ["kernel", "M", "contender", "time_us", "of_roofline", "note"], [r[:1] + r[2:] for r in table],
-            left=(0, 2, 5))
-    head = [f"problem: {common} and"] if common else []
+            left=(0, 2, 5)) + below
+    head = [f"all problems: {common}"] if common else []
     return head + fixed_width(["kernel", "problem", "M", "contender", "time_us", "of_roofline", "note"], table,
-                              left=(0, 1, 3, 6))
+                              left=(0, 1, 3, 6)) + below
 
+
+NOTE_WIDTH = 40          # the note column's width: a longer note is said under the table

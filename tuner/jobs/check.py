@@ -77,7 +77,16 @@ def table_problems(kernel_name: str, table_path: Path, table: dict, model, make_
             raise TunerError(f"{table_path} is not a {kernel_name} table of ours (format {table.get('format')!r})")
         return "tuner", [(Problem(kernel_name, params, engines=("tuner",)), rows) for params, rows in held], []
     entries = entries_of(table, table_path)
-    parsed = [t for t in parse_table_file(table_path, model, routing) if t.problem.kernel == kernel_name]
+    read_as = parse_table_file(table_path, model, routing)
+    parsed = [t for t in read_as if t.problem.kernel == kernel_name]
+    if read_as and not parsed:
+        # its file name is the engines' name of another kernel's table: its rows would be run as this
+        # kernel's configs and pass (found by a new-user pass: a fused MoE table checked as a GEMM's)
+        from tuner.pipeline.request import KERNEL_OF
+        other = read_as[0].problem.kernel
+        flag = next((c for c, k in KERNEL_OF.items() if k == other), other)
+        raise TunerError(f"--table {table_path.name} is named as {read_as[0].engine}'s {other} table, not a {kernel_name} "
+                         f"one: give --kernel {flag}")
     engine = parsed[0].engine if parsed else (engine_hint or "vllm")
     # SGLang's `_down` file is the down projection's table; any other, the layer's or the up one's.
     part = parsed[0].problem.params.get("part") if parsed else None

@@ -29,7 +29,8 @@ def install_results(results: str | Path, engine: str, site_packages: str | None 
 
     results = Path(results)
     if not results.is_dir():
-        raise TunerError(f"results folder {results} not found")
+        raise TunerError(f"results folder {results} is a file, not a folder (a run's --out folder, with its "
+                         "manifest.json)" if results.exists() else f"results folder {results} not found")
     where = install_target(engine, site_packages, moe_config_dir, dry_run, engine_version)
     site = where.site
     config_dir = Path(moe_config_dir) if moe_config_dir else None

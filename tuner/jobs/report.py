@@ -79,6 +79,7 @@ def manifest_frame(run: Path) -> pd.DataFrame:
                 # manifests written before times were checked may hold NaN or Infinity: no number
                 "time_us": number(e.get("time_us")), "spread": number(e.get("spread")),
                 "default_us": number(e.get("default_time_us")), "speedup": number(e.get("speedup")),
+                "default_error": e.get("default_error") if isinstance(e.get("default_error"), str) else None,
                 "trials": e.get("trials"), "numerics": (e.get("numerics") or {}).get("status"),
                 "failures": failures.summary(e.get("failures") or {}),
                 # which config the row holds and why (tuner/search/choice.py): tuned, installed or default
@@ -123,6 +124,20 @@ def _wrapped(prefix: str, text: str, width: int | None = None) -> list[str]:
     return lines + [_fit(line, width)]
 
 
+def shown_cells(df: pd.DataFrame, columns: list[str], floatfmt: str = ".2f") -> pd.DataFrame:
+    """`columns` of `df` as text: numbers formatted, a missing one '-', never NaN; a missing
+    default time with its reason, as the run's closing table says it ('- (synthetic failure)')."""
+    def cell(v) -> str:
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        return format(v, floatfmt) if isinstance(v, float) else str(v)
+    out = df[columns].astype(object).apply(lambda col: col.map(cell))
+    if "default_us" in columns and "default_error" in df:
+        out["default_us"] = [f"- ({why})" if text == "-" and isinstance(why, str) else text
+                             for text, why in zip(out["default_us"], df["default_error"])]
+    return out
+
+
 def table_sections(df: pd.DataFrame, columns: list[str]) -> list[str]:
     """A terminal view of a report or diff frame: per engine table file, a heading (engine,
     file, problem, the config legend) and its rows, every line within WIDTH columns."""
@@ -133,7 +148,7 @@ def table_sections(df: pd.DataFrame, columns: list[str]) -> list[str]:
         legend = part["legend"].iloc[0] if "legend" in part else ""
         if legend:
             out.append(_fit(f"  config = {legend}"))
-        shown = part[columns].to_string(index=False, float_format=lambda v: f"{v:.2f}").splitlines()
+        shown = shown_cells(part, columns).to_string(index=False).splitlines()
         out += [_fit("  " + line) for line in shown]
         out.append("")
     return out
@@ -261,7 +276,8 @@ def write_report(run: Path, out: Path | None = None,
               source, root=root, kind=plot_kind)
         lines += [f"## {head}", "", f"Problem `{problem}`; config = {part['legend'].iloc[0] or '-'}", "",
                   f"![{problem}]({png.name})", "",
-                  markdown_table(part.drop(columns=["problem", "engine", "file", "legend"])), ""]
+                  markdown_table(shown_cells(part, [c for c in part.columns if c not in (
+                      "problem", "engine", "file", "legend", "default_error")])), ""]
     atomic_write_text(out, "\n".join(lines) + "\n", root=root, kind=REPORT_MD if given else None)
     return df, out
 

@@ -48,12 +48,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         from tuner.pipeline.run_plan import default_storage
         from tuner.search.storage_checks import check_storage_url
         out = out_dir(req, model.name, gpu.key)
-        check_out_dir(out)
+        check_out_dir(out, req, gpu.key)
         check_storage_url(req.storage or default_storage(out))
     else:
         # a dry run writes and opens nothing, but refuses what the run would: an --out it cannot
         # write (a file, another program's folder), a storage not ours, no driver
-        check_out_dir(out_dir(req, model.name, gpu.key))
+        check_out_dir(out_dir(req, model.name, gpu.key), req, gpu.key)
         if req.storage:
             from tuner.search.storage_checks import check_storage_driver, check_storage_url
             check_storage_url(req.storage)
@@ -352,9 +352,12 @@ def not_a_gpu_suffix(req: TuneRequest) -> str:
     return ""
 
 
-def check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path, req: TuneRequest | None = None, gpu_key: str | None = None) -> None:
     """Before the first write: --out must be a folder we can write, holding nothing of
-    another program (a manifest.json that is not ours)."""
+    another program (a manifest.json that is not ours), nor tables of other times: another GPU's,
+    or a GPU's where this run's are SYNTHETIC or the CPU device's (or the reverse). Its tables
+    would be replaced, and the manifest would mix both (found by a new-user pass: --synthetic
+    into a copy of tuned/NVIDIA_H200 replaced its measured rows and deleted a _down table)."""
     from tuner.paths import writable_folder
     MANIFEST = "manifest.json"           # tuner/emit/results.py's, named here: a dry run loads no Optuna
     if out.exists() and not out.is_dir():
@@ -372,6 +375,30 @@ def check_out_dir(out: Path) -> None:
             problem = f"unreadable: {e}"
         if problem:
             raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
+        if req is not None:
+            _check_same_times(out, read_json_file(manifest), not_a_gpu_suffix(req), gpu_key)
+
+
+_KINDS = {"": "measured on a GPU", "-synthetic": "of SYNTHETIC times", "-cpu-device": "timed on the CPU device"}
+
+
+def _check_same_times(out: Path, manifest: dict, kind: str, gpu_key: str | None) -> None:
+    """The tables already in --out must be of this run's times: the same GPU, and a GPU's, SYNTHETIC or
+    the CPU device's as this run's are."""
+    from tuner.measure.provenance import is_cpu_device, is_synthetic
+    tables = [t for t in manifest.get("tables", []) if t.get("entries")]
+    if not tables:
+        return
+    held = {"-synthetic" if is_synthetic(t.get("environment")) else
+            "-cpu-device" if is_cpu_device(t.get("environment")) else "" for t in tables}
+    theirs = manifest.get("gpu")
+    if gpu_key and theirs and theirs != gpu_key:
+        raise TunerError(f"--out {out} holds tables for {theirs} ({out / 'manifest.json'}); this run is for "
+                         f"{gpu_key}: give another --out")
+    other = sorted(held - {kind})
+    if other:
+        raise TunerError(f"--out {out} holds tables {_KINDS[other[0]]} ({out / 'manifest.json'}); this run's would "
+                         f"be {_KINDS[kind]} and replace theirs: give another --out")
 
 
 def only_problems(problems: list, only: list[str] | None) -> list:

@@ -126,6 +126,9 @@ class TuneRequest:
                 changes[name] = value = os.fspath(value)
             if value is not None and not isinstance(value, str):
                 raise TunerError(f"--{name.replace('_', '-')} takes a text (a name, a path or a URL), not {value!r}")
+            if value is not None and not value.strip():
+                # an empty --out was taken as none given: the default folder, in silence (found by a new-user pass)
+                raise TunerError(f"--{name.replace('_', '-')} is empty: give a name, a path or a URL, or leave it out")
         if not isinstance(self.study_prefix, str):
             raise TunerError(f"--study-prefix takes a name, not {self.study_prefix!r}")
         for name in PATH_LIST_OPTIONS:
@@ -189,7 +192,11 @@ class TuneRequest:
                 raise TunerError(f"--kernel-source {self.kernel_source} times {self.kernel_source}'s tables only, "
                                  f"not --engines {' '.join(engines)}")
             changes["engines"] = [self.kernel_source]
-        if self.synthetic and self.kernel_source in (None, "engine"):
+        if self.synthetic and self.kernel_source == "engine":
+            # said, not overridden in silence (found by a new-user pass): --synthetic makes one landscape
+            raise TunerError("--synthetic times one kernel's configs: ours (kernels/, the default) or one engine's "
+                             "(--kernel-source vllm or sglang, with its keys); not --kernel-source engine")
+        if self.synthetic and self.kernel_source is None:
             changes["kernel_source"] = "ours"          # the cost model's landscape of our kernels' configs
         for name, most in (("ep", MAX_PARALLEL), ("measure_timeout", MAX_COUNT), ("recycle_after", MAX_COUNT),
                            ("page_size", MAX_PAGE)):

@@ -42,9 +42,11 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     stored = {(p.key, M): r for p in opts.problems for M in opts.ms_for(p)
               if (r := stored_result(storage, opts, p, M)) is not None}
     # a study that stopped at a budget this run raises continues (tuner/search/runner.py tune)
-    grown = sum(1 for p in opts.problems for M in opts.ms_for(p) if (p.key, M) in stored
-                and stored[p.key, M].get("stopped") == "budget"
-                and stored[p.key, M].get("trials", 0) < opts.settings.budget_for(p, M))
+    continued = {(p.key, M) for p in opts.problems for M in opts.ms_for(p) if (p.key, M) in stored
+                 and stored[p.key, M].get("stopped") == "budget"
+                 and stored[p.key, M].get("trials", 0) < opts.settings.budget_for(p, M)}
+    grown = len(continued)
+    shown_only = set(stored) - continued        # shown as stored: nothing of theirs changes in this run
     if stored:
         total = sum(len(opts.ms_for(p)) for p in opts.problems)
         kept = len(stored) - grown
@@ -60,16 +62,24 @@ def tune_all(opts: RunPlan, storage: BaseStorage, measurer: Measurer, progress: 
     order = study_order(opts, states, getattr(measurer, "landscape", None))
     if window is not None:
         window.stored_close_s = stored_close_seconds(states)
-        window.ready()
     _upcoming(runner, opts, installed, [(p, M) for p, M in order if (p.key, M) not in stored])
     try:
         for problem, M in order:
             if window is not None and window.closed:
                 break
+            again = (problem.key, M) in shown_only
+            if window is not None and not again:
+                # the start-up ends where this window's first study to measure begins: showing the studies
+                # stored before is start-up too, and grows with the run (a fixed --minutes stopped progressing
+                # once it filled the window: found by a new-user pass)
+                window.ready()
             # the batch sizes done: those whose study is finished, in this run (window) or an earlier one
             ms_done = [m for m in sorted(opts.ms_for(problem))
                        if m != M and stored_result(storage, opts, problem, m) is not None]
-            _study(opts, storage, measurer, runner, progress, installed, problem, M, ms_done, after_study)
+            # a study shown as stored changes no table: the tables are written after the studies that do
+            # (and at the end), not again after each stored one (every table rewritten per stored study)
+            _study(opts, storage, measurer, runner, progress, installed, problem, M, ms_done,
+                   None if again else after_study)
     except WindowClosed:
         if window is None:
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from tuner.errors import TunerError
 from tuner.plan import engine_releases
 from tuner.plan.engine_rules import RULES
 from tuner.plan.engine_rules.schema import Engine, ServingMetrics, TableFamily
@@ -87,6 +88,16 @@ def release_reads(engine: str, version: str, kind: str) -> bool:
 def supported_releases(engine: str) -> list[str]:
     """The releases of `engine` the data holds (configs/engines/), oldest first."""
     return engine_releases.supported_versions(engine)
+
+
+def check_known_release(engine: str, version: str) -> None:
+    """Where no package of `engine` is at hand (an install into a config folder, an audit of
+    override folders only) its --engine-version alone picks the loader rules: a release the data
+    does not hold is one line (with a package, the audit applies the newest rules and compares
+    the package's loader functions with them: `loader_changed`)."""
+    if version.split("+")[0] not in supported_releases(engine):
+        raise TunerError(f"--engine-version {version}: tuner knows the loader rules of {engine} "
+                         f"{', '.join(supported_releases(engine))} only")
 
 
 def parse_table_keys(raw, family: TableFamily) -> dict[int, object]:

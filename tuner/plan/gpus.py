@@ -146,8 +146,12 @@ def get_gpu(name: str) -> GpuSpec:
     import difflib
     names = {_plain(n): g.key for g in GPUS.values() for n in (g.key, *g.aliases)}
     # the same family letter (a B200 is no misspelt H200)
-    close = [c for c in difflib.get_close_matches(plain, list(names), n=3, cutoff=0.7) if c[:1] == plain[:1]][:1]
-    hint = f"did you mean {names[close[0]]}? " if close else ""
+    close = [c for c in difflib.get_close_matches(plain, list(names), n=len(names), cutoff=0.7) if c[:1] == plain[:1]]
+    # every GPU as close as the closest (H300: H200 and H800 alike), not the first of them
+    score = {c: difflib.SequenceMatcher(None, plain, c).ratio() for c in close}
+    best = [key for key in GPUS if key in {names[c] for c in close if score[c] == max(score.values())}]
+    hint = f"did you mean {', '.join(best[:-1])} or {best[-1]}? " if len(best) > 1 else \
+        f"did you mean {best[0]}? " if best else ""
     raise TunerError(f"unknown GPU {name!r}; {hint}supported: {', '.join(GPUS)}")
 
 

@@ -59,7 +59,7 @@ def looks_like_operation(head: bytes) -> bool:
 def is_journal(path: Path) -> bool:
     """Whether an existing regular file is a journal a tuner wrote: empty, or a first line
     that is an operation, or no whole line yet and the beginning of one (a first write
-    killed midway), and a last line that is whole or the beginning of an operation."""
+    killed midway), and a last line that is a whole operation or the beginning of one."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         size = os.fstat(fd).st_size
@@ -75,8 +75,25 @@ def is_journal(path: Path) -> bool:
         except (ValueError, AttributeError, RecursionError):
             return False
         if os.pread(fd, 1, size - 1) == b"\n":
-            return True
+            return _whole_operation_last(fd, size)
         start = torn_tail_start(fd, size)
         return looks_like_operation(os.pread(fd, len(OPERATION_START) + 1, start))
     finally:
         os.close(fd)
+
+
+LONGEST_LINE = 64 << 20     # as the storage's readers (tuner/search/storage.py JOURNAL_MAX_LINE)
+
+
+def _whole_operation_last(fd: int, size: int) -> bool:
+    """Whether the last line of a file ending in a newline is an operation. A whole line that is none
+    was left by no writer of ours: where the storage read past it and appended after it, `tuner
+    repair-journal` would then move every later operation aside with it (found by a new-user pass)."""
+    start = torn_tail_start(fd, size - 1)
+    if size - start > LONGEST_LINE:
+        return False
+    try:
+        op = json.loads(os.pread(fd, size - start, start))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(op, dict) and isinstance(op.get("op_code"), int) and not isinstance(op.get("op_code"), bool)

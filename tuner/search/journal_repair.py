@@ -75,6 +75,11 @@ def repair(path: Path) -> list[str]:
     the lock a writer appends under (tuner/search/storage.py JournalFile), so that an operation
     a live writer appends meanwhile is neither cut off unsaved nor half copied."""
     import fcntl
+    if path.is_dir():          # a run's folder, most likely: its journal is OUT/studies.journal
+        inside = path / "studies.journal"
+        raise TunerError(f"{path} is a folder, not a journal file" + (
+            f": a run's journal is {inside}" if inside.is_file() else
+            " (a run's journal is studies.journal in its folder; this one holds none)"))
     if not path.is_file():
         raise TunerError(f"{path}: no such journal file")
     from tuner.errors import os_error_words

@@ -8,9 +8,24 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tuner.errors import TunerError
+
 
 def _underscored(cuda_name: str) -> str:
     return cuda_name.replace(" ", "_")
+
+
+_TRITON = re.compile(r"(\d{1,3})\.(\d{1,3})(\.\d{1,3})?((?:a|b|rc|\.post|\.dev)\d{1,6})*(\+[A-Za-z0-9.]{1,64})?")
+
+
+def checked_triton(text: str) -> str:
+    """A Triton version as triton.__version__ names it ('3.6.0', '3.5.1', '3.6.0+git1a2b'), what
+    SGLang's loader builds its folder name from; '3.6' is '3.6.0' (Triton's releases have three
+    parts). Anything else is one line."""
+    m = _TRITON.fullmatch(text.strip())
+    if m is None or (m.group(3) is None and (m.group(4) or m.group(5))):
+        raise TunerError(f"not a Triton version: {text!r} (give X.Y.Z as triton.__version__ says it, e.g. 3.6.0)")
+    return text.strip() if m.group(3) else f"{m.group(1)}.{m.group(2)}.0"
 
 
 @dataclass(frozen=True)
