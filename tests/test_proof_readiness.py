@@ -306,8 +306,11 @@ def test_each_window_commands_start_up_is_counted():
         (pp.Work("done", 0, 5.0, "measured", start_s=10.0), 0), (b, 0)]
 
 
+@pytest.mark.ci_variables
 def test_bench_readme_states_the_plans_figures(capsys):
-    """bench/README.md's boxes, start-up and costs per study are what `tuner proof --plan` prints."""
+    """bench/README.md's boxes, start-up and costs per study are what `tuner proof --plan` prints; the
+    validation's with the engines' code at hand, as on the GPU machine (.engine-src/): ci_variables, or CI's
+    run with the wheels never checked them (they said 58 cases and 239 s where the plan says 52 and 217 s)."""
     text = (REPO / "bench" / "README.md").read_text()
     assert main(["proof", "--plan", "--gpu", "H200", "--call", "gpu"]) == 0
     out = capsys.readouterr().out
