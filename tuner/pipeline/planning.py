@@ -370,13 +370,14 @@ def check_out_dir(out: Path, req: TuneRequest | None = None, gpu_key: str | None
         from tuner.emit.results import manifest_problem
         from tuner.reading import read_json_file
         try:
-            problem = manifest_problem(read_json_file(manifest))
+            held = read_json_file(manifest)
+            problem = manifest_problem(held)
         except TunerError as e:
             problem = f"unreadable: {e}"
         if problem:
             raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
         if req is not None:
-            _check_same_times(out, read_json_file(manifest), not_a_gpu_suffix(req), gpu_key)
+            _check_same_times(out, held, not_a_gpu_suffix(req), gpu_key)
 
 
 _KINDS = {"": "measured on a GPU", "-synthetic": "of SYNTHETIC times", "-cpu-device": "timed on the CPU device"}
