@@ -140,8 +140,8 @@ def pip_command(engine: str, version: str, dest: Path, find_links: str | None = 
 
 def run_fetch(args) -> int:
     engine, version = parse_spec(args.spec)
-    from tuner.plan.kernel_sources import known_release_files
-    known = sorted(known_release_files().get(engine, {}), key=_release_order)
+    from tuner.plan.kernel_sources import known_release_files, version_key
+    known = sorted(known_release_files().get(engine, {}), key=version_key)
     if version not in known and not getattr(args, "trust_engine_source", False):
         raise TunerError(f"{engine} {version} is not a release tuner knows ({', '.join(known)}): fetch one of those, "
                          "or add --trust-engine-source to fetch it anyway (its kernels then run only with "
@@ -150,10 +150,6 @@ def run_fetch(args) -> int:
     print(f"{engine} {version}: {wheel} ({wheel.stat().st_size / 1e6:.0f} MB); every command finds it there by "
           f"itself (after --engine-source, an installed {engine} and $TUNER_ENGINE_WHEELS)")
     return 0
-
-
-def _release_order(version: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
 
 def fetch(engine: str, version: str, find_links: str | None = None, index_url: str | None = None,
