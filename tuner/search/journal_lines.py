@@ -41,6 +41,11 @@ def torn_tail_start(fd: int, size: int) -> int:
     return 0
 
 
+# A line longer than this is no operation of ours (the longest, a study's plan: ~100 KiB): the
+# storage's readers, the repair and the check of a journal's last line read at most this much.
+LONGEST_LINE = 64 << 20
+
+
 # Every operation of a journal starts so: ours write {"op_code":N,..., Optuna's file backend
 # {"op_code": N, ...}. A torn line is a beginning of one.
 OPERATION_START = b'{"op_code":'
@@ -82,8 +87,6 @@ def is_journal(path: Path) -> bool:
         os.close(fd)
 
 
-LONGEST_LINE = 64 << 20     # as the storage's readers (tuner/search/storage.py JOURNAL_MAX_LINE)
-
 
 def _whole_operation_last(fd: int, size: int) -> bool:
     """Whether the last line of a file ending in a newline is an operation. A whole line that is none
@@ -96,4 +99,10 @@ def _whole_operation_last(fd: int, size: int) -> bool:
         op = json.loads(os.pread(fd, size - start, start))
     except (ValueError, RecursionError):
         return False
+    return is_operation(op)
+
+
+def is_operation(op: object) -> bool:
+    """Whether a line's JSON has an operation's shape: an object with an integer op_code (whether
+    Optuna replays it is another question: tuner/search/journal_repair.py)."""
     return isinstance(op, dict) and isinstance(op.get("op_code"), int) and not isinstance(op.get("op_code"), bool)

@@ -14,8 +14,7 @@ import os
 from pathlib import Path
 
 from tuner.errors import TunerError
-
-MAX_OPERATION_BYTES = 64 << 20      # one operation (a study's plan is the longest: ~100 KiB)
+from tuner.search.journal_lines import LONGEST_LINE, is_operation
 
 
 def whole_operations(path: Path) -> tuple[int, int, int]:
@@ -29,15 +28,14 @@ def whole_operations(path: Path) -> tuple[int, int, int]:
         size = os.fstat(f.fileno()).st_size
         count = good = 0
         while True:
-            line = f.readline(MAX_OPERATION_BYTES + 1)
+            line = f.readline(LONGEST_LINE + 1)
             if not line.endswith(b"\n"):
                 return count, good, size
             try:
                 op = json.loads(line)
             except (ValueError, RecursionError):
                 return count, good, size
-            if not isinstance(op, dict) or not isinstance(op.get("op_code"), int) \
-                    or isinstance(op.get("op_code"), bool):
+            if not is_operation(op):
                 return count, good, size
             try:
                 replay.apply_logs([op])

@@ -49,6 +49,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import TunerError
 from tuner.plan.kernel_api import Config
 from tuner.search.journal_lines import (  # noqa: F401 (is_journal: the name callers know)
+    LONGEST_LINE,
     OPERATION_START,
     end_of_line,
     is_journal,
@@ -294,7 +295,7 @@ def _sqlite_pragmas(dbapi_connection, connection_record) -> None:
 # JOURNAL (journal:///FILE) is defined in tuner/search/settings.py, where a plan reads it
 
 JOURNAL_SYNC_S = 1.0         # the journal is synced to the disk at most this long after a write
-JOURNAL_MAX_LINE = 64 << 20  # a line longer than this is no operation of ours (the longest, a plan: ~100 KiB)
+JOURNAL_MAX_LINE = LONGEST_LINE  # a line longer than this is no operation of ours (tuner/search/journal_lines.py)
 
 
 def journal_path(url: str) -> Path | None:
