@@ -213,6 +213,10 @@ def validation_identities(gpu_key: str = "H200") -> tuple[list[dict] | None, int
     missing = sorted({"vllm", "sglang"} - set(steps.available_engines()))
     if missing:
         return None, 2, f"{' and '.join(missing)}'s code is not here (.engine-src/, installed, $TUNER_ENGINE_WHEELS)"
+    if not steps.shipped_moe_tables():
+        # A GPU call carries them (.baselines/; missing_inputs refuses it without): planned without
+        # them, their cases would drop out of the count and the plan would promise a shorter step.
+        return None, len(runs), "the engines' shipped tables are not here (.baselines/, ../shared/baselines)"
     if versions is None:
         return None, len(runs), f"no committed {gpu.key} run says the GPU machine's torch and Triton"
     on = {"device": gpu.cuda_name, "torch": versions["torch"], "triton": versions["triton"]}
