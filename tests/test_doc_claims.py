@@ -258,3 +258,19 @@ def test_the_lines_install_quotes_from_the_engine_are_the_pages(tour, tmp_path, 
     block = text[text.index("e.g. for vLLM:\n\n```\n") + len("e.g. for vLLM:\n\n```\n"):]
     for line in block[:block.index("```")].splitlines():
         assert any(pattern(line).fullmatch(got.strip()) for got in out.splitlines()), (line, out)
+
+
+def test_file_formats_names_every_key_an_engines_table_may_carry():
+    """docs/file-formats.md said a table holds six keys, where SGLang's MoE tables carry USE_TMA and
+    its GEMM tables SWAP_AB and SPLIT_K: its Tables section names every key of each engine kernel's
+    rows (KernelSpec.config_keys, the optional ones among them) and no key no kernel has."""
+    from tuner.plan.kernel_registry import get_kernel
+    text = page(REPO / "docs" / "file-formats.md")
+    section = text.split("## Tables", 1)[1].split("File names follow", 1)[0]
+    keys = set()
+    for source in ("vllm", "sglang"):
+        for name in ("fused_moe", "fp8_gemm"):
+            keys |= set(get_kernel(name, source, load_code=False).config_keys)
+    named = set(re.findall(r"`?\b([A-Z][A-Z_]+[A-Z]|num_warps|num_stages)\b`?", section)) - {"JSON"}
+    assert keys <= named, f"file-formats.md's Tables do not name {sorted(keys - named)}"
+    assert named <= keys | {"MoE", "GEMM"}, f"file-formats.md's Tables name keys no table has: {sorted(named - keys)}"
