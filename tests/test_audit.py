@@ -171,6 +171,35 @@ def test_deployment_rows_rewrites_and_findings(vllm_site, tmp_path):
     assert any(f.kind == "far_keys" for f in r_ov.kernels[0].findings)
 
 
+def test_an_override_folder_vllm_reads_nothing_from_is_a_finding(vllm_site, sglang_site, tmp_path):
+    """VLLM_TUNED_CONFIG_FOLDER pointed at SGLang's results folder (its tables named with "[128, 128]",
+    E=257, under configs/triton_*/): vLLM quietly read its package's tables and the audit said only
+    which package file runs. Now one warning says the folder gave nothing and whose tables it holds;
+    a folder holding the deployment's table gives none, and SGLang (which reads the folder in place of
+    its package) keeps its own findings."""
+    model, h200 = load_model("deepseek-v3"), get_gpu("H200")
+    wrong = tmp_path / "sglang-results"
+    put(wrong, f"configs/triton_3_6_0/{S3_MOE}.json", grid())
+    put(wrong, f"configs/triton_3_6_0/{S3_MOE}_down.json", grid())
+    r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), wrong, {})
+    assert r.kernels[0].resolved.how == "package"
+    found = [f for f in r.findings if f.kind == "override_unused"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "named as sglang names them" in found[0].reason and "--engine vllm" in found[0].reason
+    assert V3_MOE in found[0].reason and "its package's instead" in found[0].reason
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), empty, {})
+    assert [f.reason.split(": ")[-1] for f in r.findings if f.kind == "override_unused"] == [
+        "it holds no vllm table; it reads its package's instead"]
+    right = tmp_path / "tuned"
+    put(right, V3_MOE, grid())
+    r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), right, {})
+    assert not [f for f in r.findings if f.kind == "override_unused"]
+    r = audit_deployment(inst(sglang_site, "sglang"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), empty, {})
+    assert not [f for f in r.findings if f.kind == "override_unused"]
+
+
 def test_deployment_sglang_down_tie_and_fallback(sglang_site):
     model = load_model("deepseek-v3")
     r = audit_deployment(inst(sglang_site, "sglang", triton="3.6.0"), model, get_gpu("H200"), 8, 1, "fp8_w8a8",

@@ -274,3 +274,12 @@ def test_file_formats_names_every_key_an_engines_table_may_carry():
     named = set(re.findall(r"`?\b([A-Z][A-Z_]+[A-Z]|num_warps|num_stages)\b`?", section)) - {"JSON"}
     assert keys <= named, f"file-formats.md's Tables do not name {sorted(keys - named)}"
     assert named <= keys | {"MoE", "GEMM"}, f"file-formats.md's Tables name keys no table has: {sorted(named - keys)}"
+
+
+def test_install_and_audit_lists_every_finding_kind():
+    """Every finding kind the audit reports (tuner/emit/audit_rules.py KINDS) has its row in
+    docs/install-and-audit.md's table of findings, and the table lists no kind the audit lacks."""
+    from tuner.emit.audit_rules import KINDS
+    rows = set(re.findall(r"^\| `([a-z_]+)` \| (?:error|warning|info)", (REPO / "docs/install-and-audit.md").read_text(),
+                          re.M))
+    assert rows == set(KINDS), (sorted(set(KINDS) - rows), sorted(rows - set(KINDS)))

@@ -46,8 +46,8 @@ KINDS = {
     "device_name": "device-name mismatches",
     "ignored_key": "keys the engine ignores or overrides",
     "not_read": "tables the engine's backend choice does not read",
+    "override_unused": "override folders the engine reads no table of this deployment from",
     "loader_changed": "loader functions other than those the rules were read from",
-    "other_loader": "tables of other kernels' loaders in the same folder (not audited)",
 }
 REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M")
 
