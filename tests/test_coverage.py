@@ -325,12 +325,13 @@ def test_the_precisions_a_checkpoint_is_served_at():
                                        "TUNER_ENGINE_WHEELS is not set (.ci/run provides it)")
 def test_the_readme_says_where_tuning_pays_as_coverage_prints_it(capsys):
     """The README's counts per GPU are the lines `tuner coverage --gpu H100 H200 --kernel
-    fused_moe --triton 3.6.0` prints (the command the README names, which drew its picture),
+    moe --triton 3.6.0` prints (the command the README names, which drew its picture; `moe`, as
+    the other commands name the family, where coverage took only `fused_moe`),
     with the gains measured; its picture is there; and the window it says the next GPU run
     expects is what `tuner proof --plan` prints."""
     readme = (REPO / "README.md").read_text()
-    assert "`tuner coverage --gpu H100 H200 --kernel fused_moe --triton 3.6.0 --plot docs/coverage.png`" in readme
-    assert main(["coverage", "--gpu", "H100", "H200", "--kernel", "fused_moe", "--triton", TRITON]) == 0
+    assert "`tuner coverage --gpu H100 H200 --kernel moe --triton 3.6.0 --plot docs/coverage.png`" in readme
+    assert main(["coverage", "--gpu", "H100", "H200", "--kernel", "moe", "--triton", TRITON]) == 0
     out = capsys.readouterr().out
     counts = re.findall(r"^  (H\d+: \d+ of \d+ run the engine's default config, .*)$", out, re.M)
     assert [c.split(":")[0] for c in counts] == ["H100", "H200"]

@@ -13,6 +13,8 @@ from tuner.errors import TunerError
 from tuner.plan.engines import ENGINE_NAMES
 
 KERNELS = ("fused_moe", "fp8_gemm")
+# the names the other commands give the two families (tuner moe, tuner gemm, check --kernel), taken too
+SHORT = {"moe": "fused_moe", "gemm": "fp8_gemm"}
 
 
 def add_parser(sub, common) -> None:
@@ -31,8 +33,8 @@ def add_parser(sub, common) -> None:
     cov.add_argument("--only-given", action="store_true", help="the --model models only, not configs/models/'s")
     cov.add_argument("--gpu", nargs="+", default=None, metavar="GPU", help="these GPUs only (default: every Hopper GPU)")
     cov.add_argument("--engine", nargs="+", choices=ENGINE_NAMES, default=list(ENGINE_NAMES))
-    cov.add_argument("--kernel", nargs="+", choices=KERNELS, default=list(KERNELS),
-                     help="these table families only (default both: fused MoE and block-FP8 GEMM)")
+    cov.add_argument("--kernel", nargs="+", choices=(*SHORT, *KERNELS), default=list(KERNELS),
+                     help="these table families only: moe, gemm (or fused_moe, fp8_gemm; default both)")
     cov.add_argument("--engine-source", nargs="+", default=None, metavar="PATH",
                      help="the engines' wheels, or folders holding them (default: the installed engine, then "
                           "$TUNER_ENGINE_WHEELS)")
@@ -77,6 +79,7 @@ def run(args) -> int:
     plot_path = _plot_target(args.plot) if args.plot else None
     if args.only_given and not args.model:
         raise TunerError("--only-given maps the --model models only: give --model")
+    args.kernel = list(dict.fromkeys(SHORT.get(k, k) for k in args.kernel))
     names = [*([] if args.only_given else known_models()), *args.model]
     models = [(name, load_model(name)) for name in dict.fromkeys(names)]
     gpus = [get_gpu(g) for g in args.gpu] if args.gpu else list(GPUS.values())
