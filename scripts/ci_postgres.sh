@@ -17,6 +17,9 @@ start)
   mkdir -p "$dir" && chown postgres "$dir"
   as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
   as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust >/dev/null
+  # the first free port from TUNER_PG_PORT on: a second .ci/run on the same machine (a fresh clone
+  # checked beside a run still going) found 54329 taken, could not start its server and stopped
+  for _ in $(seq 20); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || break; port=$((port + 1)); done
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
         -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c max_connections=200" start >/dev/null
   as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -qc "CREATE DATABASE tuner" >/dev/null
