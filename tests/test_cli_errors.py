@@ -220,3 +220,38 @@ def test_the_documented_postgresql_url_finds_the_driver_the_extra_installs(capsy
     assert extras.count('"psycopg[binary]>=3.1"') == 2          # the postgres extra and the test extra
     assert main(["gemm", "--model", "deepseek-v3", "--gpu", "H200", "--storage", "postgresql://user@db/tuner",
                  "--dry-run"]) == 0, capsys.readouterr().err
+
+
+def test_a_ctrl_c_that_an_extensions_import_turns_into_its_own_error_is_an_interruption(monkeypatch, capsys):
+    """A Ctrl-C landing while Triton's compiled module is imported came out as 'tuner: internal error:
+    ImportError: initialization failed', exit 1 (pybind11 turns the KeyboardInterrupt raised in the
+    module's initialisation into that ImportError; a new user saw it once in 140 tries). The signal
+    is noted before it is raised, so it is one line and 130 (143 for SIGTERM) wherever it lands; the
+    same error with no signal is still an internal error."""
+    import os
+    import signal
+    import time
+
+    from tuner import cli
+
+    def as_pybind11_does(sig):
+        def command(args):
+            try:
+                os.kill(os.getpid(), sig)
+                time.sleep(5)            # the handler runs here
+            except KeyboardInterrupt:
+                raise ImportError("initialization failed") from None
+            return 0
+        return command
+    for sig, code, said in ((signal.SIGINT, 130, "tuner: interrupted;"), (signal.SIGTERM, 143, "tuner: terminated;")):
+        monkeypatch.setitem(cli.COMMANDS, "report", as_pybind11_does(sig))
+        assert cli.main(["report", "somewhere"]) == code
+        err = capsys.readouterr().err
+        assert said in err and "internal error" not in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # put back
+
+    def broken(args):
+        raise ImportError("initialization failed")
+    monkeypatch.setitem(cli.COMMANDS, "report", broken)
+    assert cli.main(["report", "somewhere"]) == 1
+    assert "internal error: ImportError" in capsys.readouterr().err

@@ -112,8 +112,20 @@ def interrupted_keeps(command: str | None) -> str:
     return "no file is left half-written (each is written whole, or not at all): run the command again"
 
 
+# The signal that interrupted the command, noted before it is raised: an extension module whose
+# import a Ctrl-C lands in (Triton's libtriton, built with pybind11) turns the KeyboardInterrupt
+# into an ImportError("initialization failed"), which would otherwise read as an internal error.
+_SIGNALLED: list[KeyboardInterrupt] = []
+
+
 def _on_sigterm(signum, frame):
-    raise _Terminated()
+    _SIGNALLED.append(_Terminated())
+    raise _SIGNALLED[-1]
+
+
+def _on_sigint(signum, frame):
+    _SIGNALLED.append(KeyboardInterrupt())
+    raise _SIGNALLED[-1]
 
 
 def _innermost_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
@@ -179,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     # every line the command prints fits 120 columns or the terminal (an error stays one line)
     raw_out, raw_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = Fitting(raw_out), Fitting(raw_err)
+    _SIGNALLED.clear()
+    previous_int = None
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:     # not where SIGINT is ignored
+            previous_int = signal.signal(signal.SIGINT, _on_sigint)
     except ValueError:
         pass                       # not the main thread (tests calling main in a thread)
     try:
@@ -216,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 0
     except Exception as e:  # noqa: BLE001 - never a traceback unless asked for
+        if _SIGNALLED:               # a Ctrl-C or SIGTERM that an extension's import turned into its own error
+            _restore_streams(raw_out, raw_err)
+            what = "terminated" if isinstance(_SIGNALLED[-1], _Terminated) else "interrupted"
+            print(f"tuner: {what}; {interrupted_keeps(command)}", file=sys.stderr)
+            return 143 if what == "terminated" else 130
         if os.environ.get("TUNER_DEBUG"):
             raise
         _restore_streams(raw_out, raw_err)
@@ -231,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         _restore_streams(raw_out, raw_err)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
         if restore_trust:
             from tuner.plan.kernel_sources import TRUST_ENV
             if trust_before is None:
