@@ -151,10 +151,14 @@ def _files(folder: Path) -> dict:
     (["--synthetic", "--batch-sizes", "1", "--trials", "4", "--dry-run"], "this run's would be of SYNTHETIC times"),
     (["--device", "cpu", "--dry-run"], "this run's would be timed on the CPU device"),
     (["--gpu", "H100", "--tp", "16", "--dry-run"], "holds tables for H200 ({manifest}); this run is for H100"),
+    (["--model", "mixtral-8x7b", "--dtype", "bf16", "--dry-run"],
+     "holds tables for deepseek-v3 ({manifest}); this run is for mixtral-8x7b"),
 ])
 def test_a_run_never_writes_into_a_folder_of_other_times(capsys, tmp_path, argv, needle):
     """--out holding a GPU run's tables (a copy of tuned/NVIDIA_H200) takes no SYNTHETIC or CPU-device tables and
-    no other GPU's: one line, the folder unchanged. Before, --synthetic into it replaced the measured rows of
+    no other GPU's, and no other model's (its manifest names one model for all its tables, which install and audit
+    read; another model's run there headed it with its own model and replaced the first's landscape): one line, the
+    folder unchanged. Before, --synthetic into it replaced the measured rows of
     vLLM's table with SYNTHETIC ones, deleted SGLang's _down table and listed each file twice in the manifest,
     whose report then said nothing of SYNTHETIC (found by a new-user pass)."""
     import shutil
@@ -162,10 +166,11 @@ def test_a_run_never_writes_into_a_folder_of_other_times(capsys, tmp_path, argv,
     shutil.copytree(REPO / "tuned" / "NVIDIA_H200", out)
     before = _files(out)
     base = ["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8"]
-    gpu = argv.index("--gpu") if "--gpu" in argv else None
-    if gpu is not None:
-        base[base.index("--gpu") + 1] = argv[gpu + 1]
-        argv = argv[:gpu] + argv[gpu + 2:]
+    for option in ("--gpu", "--model", "--dtype"):
+        given = argv.index(option) if option in argv else None
+        if given is not None:
+            base[base.index(option) + 1] = argv[given + 1]
+            argv = argv[:given] + argv[given + 2:]
     assert main([*base, *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [f"tuner: error: --out {out} " + err.split(f"--out {out} ", 1)[1]], err
@@ -255,3 +260,21 @@ def test_a_ctrl_c_that_an_extensions_import_turns_into_its_own_error_is_an_inter
     monkeypatch.setitem(cli.COMMANDS, "report", broken)
     assert cli.main(["report", "somewhere"]) == 1
     assert "internal error: ImportError" in capsys.readouterr().err
+
+
+def test_another_models_run_is_refused_where_another_deployment_of_the_model_is_taken(capsys, tmp_path):
+    """A new user's `tuner moe --model mixtral-8x7b --synthetic ... --out` a DeepSeek-V3 run's folder ran: the
+    manifest then named mixtral-8x7b for the DeepSeek tables too (install and audit read the folder's model
+    from it) and DeepSeek's synthetic landscape was replaced. Now refused in one line, nothing touched; the
+    model's other deployments (TP16 one rank's shapes, as the GPU run's window tunes into one folder) still go in."""
+    out = tmp_path / "run"
+    small = ["--synthetic", "--batch-sizes", "1", "--trials", "4", "--out", str(out), "--quiet"]
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", *small]) == 0
+    capsys.readouterr()
+    before = _files(out)
+    assert main(["moe", "--model", "mixtral-8x7b", "--gpu", "H200", "--dtype", "bf16", *small]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds tables for deepseek-v3" in err and "for mixtral-8x7b" in err, err
+    assert _files(out) == before
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--tp", "16", "--per-rank",
+                 *small]) == 0

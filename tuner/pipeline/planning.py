@@ -48,12 +48,12 @@ def plan_runs(req: TuneRequest, say: Callable[[str], None] = print) -> list[RunP
         from tuner.pipeline.run_plan import default_storage
         from tuner.search.storage_checks import check_storage_url
         out = out_dir(req, model.name, gpu.key)
-        check_out_dir(out, req, gpu.key)
+        check_out_dir(out, req, gpu.key, model.name)
         check_storage_url(req.storage or default_storage(out))
     else:
         # a dry run writes and opens nothing, but refuses what the run would: an --out it cannot
         # write (a file, another program's folder), a storage not ours, no driver
-        check_out_dir(out_dir(req, model.name, gpu.key), req, gpu.key)
+        check_out_dir(out_dir(req, model.name, gpu.key), req, gpu.key, model.name)
         if req.storage:
             from tuner.search.storage_checks import check_storage_driver, check_storage_url
             check_storage_url(req.storage)
@@ -352,12 +352,15 @@ def not_a_gpu_suffix(req: TuneRequest) -> str:
     return ""
 
 
-def check_out_dir(out: Path, req: TuneRequest | None = None, gpu_key: str | None = None) -> None:
+def check_out_dir(out: Path, req: TuneRequest | None = None, gpu_key: str | None = None,
+                  model_name: str | None = None) -> None:
     """Before the first write: --out must be a folder we can write, holding nothing of
     another program (a manifest.json that is not ours), nor tables of other times: another GPU's,
-    or a GPU's where this run's are SYNTHETIC or the CPU device's (or the reverse). Its tables
-    would be replaced, and the manifest would mix both (found by a new-user pass: --synthetic
-    into a copy of tuned/NVIDIA_H200 replaced its measured rows and deleted a _down table)."""
+    or a GPU's where this run's are SYNTHETIC or the CPU device's (or the reverse), nor of another
+    model. Its tables would be replaced, and the manifest would mix both
+    (found by a new-user pass: --synthetic into a copy of tuned/NVIDIA_H200 replaced its measured
+    rows and deleted a _down table; another model's run replaced the first's synthetic landscape
+    and headed its manifest with the second model beside the first's tables)."""
     from tuner.paths import writable_folder
     MANIFEST = "manifest.json"           # tuner/emit/results.py's, named here: a dry run loads no Optuna
     if out.exists() and not out.is_dir():
@@ -378,6 +381,8 @@ def check_out_dir(out: Path, req: TuneRequest | None = None, gpu_key: str | None
             raise TunerError(f"--out {out} holds a {MANIFEST} that is not ours ({problem}); give another --out")
         if req is not None:
             _check_same_times(out, held, not_a_gpu_suffix(req), gpu_key)
+            if model_name is not None:
+                _check_same_model(out, held, model_name)
 
 
 _KINDS = {"": "measured on a GPU", "-synthetic": "of SYNTHETIC times", "-cpu-device": "timed on the CPU device"}
@@ -400,6 +405,17 @@ def _check_same_times(out: Path, manifest: dict, kind: str, gpu_key: str | None)
     if other:
         raise TunerError(f"--out {out} holds tables {_KINDS[other[0]]} ({out / 'manifest.json'}); this run's would "
                          f"be {_KINDS[kind]} and replace theirs: give another --out")
+
+
+def _check_same_model(out: Path, manifest: dict, mine: str) -> None:
+    """The tables already in --out must be of this run's model: install, audit and check read a
+    folder's model from its manifest, one for all its tables (tuner/emit/table_origin.py), so
+    another model's tables there would be taken for this one's. Other deployments of the model
+    (TP, EP, dtype) may share a folder: the GPU run's window tunes them all into one."""
+    theirs = manifest.get("model")
+    if theirs and theirs != mine and any(t.get("entries") for t in manifest.get("tables", [])):
+        raise TunerError(f"--out {out} holds tables for {theirs} ({out / 'manifest.json'}); this run is for {mine}, "
+                         "and a folder's tables are one model's: give another --out")
 
 
 def only_problems(problems: list, only: list[str] | None) -> list:
