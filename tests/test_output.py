@@ -109,3 +109,17 @@ def test_the_file_name_legend_says_each_engines_form():
     moe = [("sglang", "sglang/fused_moe/configs/triton_3_6_0/E=257,N=256.json"), ("vllm", "vllm/fused_moe/E=256,N=256.json")]
     assert where_lines("OUT", moe) == ["file: the table each row goes to, under OUT/:",
                                        "      vllm/fused_moe/, sglang/fused_moe/configs/triton_3_6_0/"]
+
+
+def test_a_runs_far_keys_are_the_audits(tmp_path, capsys):
+    """A run of M = 1 and 64 said its tables leave M=3-32 on the entry for 1, and nothing of M=129-4096 on the
+    entry for 64 (it looked only up to the largest M tuned), where `tuner audit` of the same table says both
+    first (a new user's finding): the run's line now names the audit's far ranges, word for word."""
+    out = tmp_path / "out"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic",
+                 "--batch-sizes", "1", "64", "--trials", "4", "--quiet", "--out", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "hold only the batch sizes tuned (M=1,64)" in x)
+    main(["audit", "--engine", "vllm", "--engine-version", "0.33.0", "--triton", "3.6.0", "--model", "deepseek-v3",
+          "--gpu", "H200", "--tp", "8", "--moe-config-dir", str(out / "vllm" / "fused_moe")])
+    far = next(x for x in capsys.readouterr().out.splitlines() if "far_keys: M=" in x).split("far_keys: ", 1)[1]
+    assert "M=129-4096 run the entry for 64" in far and f"(M=1,64): {far}; leave --batch-sizes out" in line, (far, line)

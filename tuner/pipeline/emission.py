@@ -172,16 +172,22 @@ def _emit(opts: RunPlan, group: list[Problem], group_results: list[list[StudyRes
     return entries
 
 
+AUDIT_TOP = 4096          # `tuner audit`'s --max-batch default: the engines' grid's largest batch size
+
+
 def _audit_emitted(opts: RunPlan, problem: Problem, files: dict[str, str], findings=None) -> None:
-    """`tuner audit`'s table checks on each table just written, over the batch sizes up to the
-    largest tuned: a tuned table should pass them; where it cannot (too few batch sizes tuned,
-    studies without a result) the run says so, naming the batch sizes that snap far. Tables
+    """`tuner audit`'s table checks on each table just written, over the batch sizes `tuner audit`
+    checks (1-4096, or up to the largest tuned where that is larger; a --traffic run's, up to its
+    largest key: the traffic says which M the server runs): a tuned table should pass them; where
+    it cannot (too few batch sizes tuned, studies without a result) the run says so, naming the
+    batch sizes that snap far, as the audit would (a run of M = 1 and 64 said nothing of M = 129-4096
+    running the entry for 64, which the audit of the same table says first). Tables
     written while the run goes on (warn=False) are partial by design: only the loader's
     reading of them is checked, and the findings are said once, for the final tables (gathered
     into `findings`, a tuner.emit.run_findings.RunFindings)."""
     from tuner.emit.audit_rules import Batches, named_table_findings
     from tuner.plan.engines import load_table, table_family
-    batches = Batches(max(opts.batch_sizes))
+    batches = Batches(max(opts.batch_sizes) if opts.traffic is not None else max(*opts.batch_sizes, AUDIT_TOP))
     for engine, rel in files.items():
         family = table_family(engine, opts.kernel.table_kind)
         from tuner.reading import read_bytes
