@@ -373,7 +373,8 @@ def test_emitter_writes_no_down_copy(tmp_path):
 
     for change, written in (({}, False), ({"BLOCK_SIZE_N": 128}, True)):
         out = tmp_path / f"run-{written}"
-        opts = SimpleNamespace(out_dir=out, kernel=kernel, gpu=get_gpu("H200"), engines=["sglang"], batch_sizes=[1, 64])
+        opts = SimpleNamespace(out_dir=out, kernel=kernel, gpu=get_gpu("H200"), engines=["sglang"], batch_sizes=[1, 64],
+                               traffic=None)
         # the group's manifest entries come back (collect writes them once for every group)
         entries = _emit(opts, [up, down], [results(up), results(down, **change)], {"triton": "3.6.0"}, {})
         files = sorted(p.name for p in out.rglob("*.json"))
@@ -384,7 +385,8 @@ def test_emitter_writes_no_down_copy(tmp_path):
     # the earlier run's `_down` file goes (SGLang would read it beside the new up table)
     out = tmp_path / "run-True"
     assert [p.name for p in out.rglob("*_down.json")] == [f"{S3_MOE}_down.json"]
-    opts = SimpleNamespace(out_dir=out, kernel=kernel, gpu=get_gpu("H200"), engines=["sglang"], batch_sizes=[1, 64])
+    opts = SimpleNamespace(out_dir=out, kernel=kernel, gpu=get_gpu("H200"), engines=["sglang"], batch_sizes=[1, 64],
+                           traffic=None)
     _emit(opts, [up, down], [results(up), results(down)], {"triton": "3.6.0"}, {})
     assert sorted(p.name for p in out.rglob("*.json")) == [f"{S3_MOE}.json"]
 
