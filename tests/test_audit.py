@@ -19,6 +19,7 @@ from tuner.plan.gpus import get_gpu
 from tuner.plan.models import load_model
 from tuner.plan.table_lookup import far_ranges, nearest_key, snap_ranges
 
+REPO = Path(__file__).resolve().parents[1]
 VMOE = "vllm/model_executor/layers/fused_moe/configs"
 VGEMM = "vllm/model_executor/layers/quantization/utils/configs"
 SMOE = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
@@ -436,3 +437,26 @@ def test_a_deployment_audit_without_tp_audits_the_serving_tp(sglang_site, capsys
     assert main([*args, "--tp", "1"]) == 2
     out, err = capsys.readouterr()
     assert "--tp 1 cannot serve deepseek-v3" in err and err.count("\n") == 1 and out == ""
+
+
+def test_tables_no_gpu_timed_fail_the_audit(tmp_path, capsys):
+    """A SYNTHETIC run's tables installed with --force passed `tuner audit` (exit 0, "0 error") with one line at
+    the end saying SYNTHETIC, where the audit is a deployment's gate (a new user's finding): each table read
+    whose rows no GPU timed is now a not_measured finding, once per file: an error where tuner installed it, a
+    warning in a results folder audited as it is (exit 0: the README's try audits its synthetic run so); a GPU
+    run's tables give none."""
+    run, sgl = tmp_path / "run", tmp_path / "sgl"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic",
+                 "--batch-sizes", "1", "--trials", "4", "--quiet", "--out", str(run)]) == 0
+    assert main(["install", str(run), "--engine", "sglang", "--engine-version", "0.5.23", "--moe-config-dir", str(sgl),
+                 "--force"]) == 0
+    capsys.readouterr()
+    audit = ["audit", "--engine", "sglang", "--engine-version", "0.5.23", "--triton", "3.6.0", "--model", "deepseek-v3",
+             "--gpu", "H200", "--tp", "8", "--moe-config-dir"]
+    for folder, code, said in ((sgl, 1, "error"), (run / "sglang" / "fused_moe", 0, "warning"),
+                               (REPO / "tuned" / "NVIDIA_H200" / "sglang" / "fused_moe", 0, None)):
+        assert main([*audit, str(folder)]) == code, folder
+        out = capsys.readouterr().out
+        found = [ln.split(":")[0].strip() for ln in out.splitlines() if ": not_measured: its rows were chosen on "
+                 "SYNTHETIC times, never measured on a GPU" in ln]
+        assert found == ([said] if said else []), (folder, out)

@@ -215,9 +215,10 @@ def test_the_audit_and_install_say_what_the_pages_say(tour):
     _, said = tour
     code, out, err = said["audit"]
     assert code in (0, 1), err
-    # README: the two keys leave M 3 to 32 and 129 to 4096 far from their key
-    claim = quoted(README, "(here: the two keys of the synthetic run leave M 3 to 32 and 129 to 4096 far from "
-                           "their key)")
+    # README: its rows are SYNTHETIC; the two keys leave M 3 to 32 and 129 to 4096 far from their key
+    claim = quoted(README, "(here: its rows are SYNTHETIC, never to be served, and the two keys of the synthetic run "
+                           "leave M 3 to 32 and 129 to 4096 far from their key)")
+    assert "not_measured: its rows were chosen on SYNTHETIC times, never measured on a GPU: no server should run" in out
     a, b, c, d = map(int, re.findall(r"\d+", claim.split("leave")[1]))
     assert f"far_keys: M={a}-{b} run the entry for 1" in out and f"M={c}-{d} run the entry for 64" in out
     # docs/install-and-audit.md's example of what that audit prints (its configs vary)

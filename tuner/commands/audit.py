@@ -171,6 +171,9 @@ def run(args) -> int:
             run_numerics(report, inst, numerics_model, seed, log=lambda line: print(line, flush=True))
     if profile is not None:
         traffic_audit(report, profile)
+    from tuner.emit.audit_provenance import not_measured_findings
+    from tuner.emit.install import BACKUP_ROOT
+    report.findings += not_measured_findings(getattr(report, "kernels", []), args.engine, BACKUP_ROOT)
     for line in terminal_lines(report):
         print(line)
     for line in policy_lines(report, args.engine):

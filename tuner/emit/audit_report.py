@@ -102,8 +102,8 @@ def summary_lines(report: AuditReport) -> list[str]:
                 out += wrap(f"          {_short(f.table)}: {f.reason}", " " * 10)
             if len(fs) > EXAMPLES:
                 out.append(f"          ... {len(fs) - EXAMPLES} more (--out DIR writes every one)")
-    out.append(f"exit status {report.exit_code}: " + ("error findings (wrong results or a loader crash)"
-                                                      if report.exit_code else "no error finding"))
+    out.append(f"exit status {report.exit_code}: " + (
+        "error findings (wrong results, a loader crash, or rows no GPU timed)" if report.exit_code else "no error finding"))
     return out
 
 

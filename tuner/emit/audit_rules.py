@@ -29,6 +29,7 @@ SEVERITIES = ("error", "warning", "info")
 # Finding kinds, in the order reports list them, with their heading.
 KINDS = {
     "crashes_loader": "tables or folders the loader raises on (the engine does not start)",
+    "not_measured": "tables chosen on times no GPU took (SYNTHETIC, the CPU device's)",
     "bad_row": "rows the launch fails on",
     "numerics": "rows that compute wrong results (--numerics)",
     "block_k_above_block": "rows with BLOCK_SIZE_K above the weight block",
