@@ -318,3 +318,23 @@ def test_a_results_folder_in_the_engines_layout_installs(tmp_path, capsys):
     site = site_packages(tmp_path / "site")
     assert main(["install", str(res), "--engine", "sglang", "--site-packages", str(site)]) == 0
     assert (site / "sglang/srt/layers/moe/moe_runner/triton_utils/configs/triton_3_6_0" / SG_MOE).is_file()
+
+
+def test_an_install_says_which_target_checks_it_could_not_make(tmp_path, capsys):
+    """Installing from a machine with no GPU into a package with no version metadata and no Triton beside it
+    (a CPU login node filling a container's site-packages) dropped the GPU, Triton and engine-version checks
+    without a word, exit 0 (a new user's finding): the install now says which were not made, and a target
+    given (--gpu, --engine-version) is checked and not named."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    tuned = Path(__file__).resolve().parents[1] / "tuned" / "NVIDIA_H200"
+    args = ["install", str(tuned), "--engine", "vllm", "--merge", "--site-packages", str(site),
+            "--dry-run"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    line = next((ln for ln in err.splitlines() if "not checked against the target" in ln), "")
+    assert "the GPU it runs on (--gpu)" in line and "its Triton" in line and "vllm's version" in line, err
+    assert main([*args, "--gpu", "H200", "--engine-version", "0.33.0"]) == 0
+    line = next((ln for ln in capsys.readouterr().err.splitlines() if "not checked against the target" in ln), "")
+    assert line.endswith("unknown here: its Triton"), line

@@ -114,22 +114,19 @@ def _relative_table_path(rel, where: str) -> tuple[str, str, str]:
     return parts[0], parts[1], "/".join(parts[2:])
 
 
-def _power_of_two(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
 def validate_table(path: Path, engine: str, kind: str, params: dict | None = None) -> dict:
     """The table at `path`, if `engine`'s loader and kernel take it (else one clear line):
     a JSON object keyed by positive integer batch sizes (vLLM's MoE loader alone drops a
     'triton_version' key), each value a config of exactly the keys that engine's kernel
     reads, with positive integer values (power-of-two tiles, warps and splits) or JSON
     booleans for its switches."""
-    from tuner.plan.kernel_registry import engine_variant, get_kernel
+    from tuner.plan.kernel_registry import engine_variant, get_kernel, has_engine_kernel
+    from tuner.plan.key_kinds import power_of_two
     table = read_json(path, "table ", "; refusing to install it")
     if not isinstance(table, dict) or not table:
         raise TunerError(f"table {path} is not a non-empty JSON object of batch sizes")
     spec = (get_kernel(kind, engine, load_code=False, variant=engine_variant(kind, engine, params))
-            if _engine_has(kind, engine) else get_kernel(kind))
+            if has_engine_kernel(kind, engine) else get_kernel(kind))
     allowed, required = set(spec.config_keys), set(spec.config_keys) - set(spec.optional_keys)
     # the keys the engine's loader drops before int() (vLLM's MoE loader: 'triton_version')
     family = TABLE_FAMILIES.get((engine, kind))
@@ -153,14 +150,9 @@ def validate_table(path: Path, engine: str, kind: str, params: dict | None = Non
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise TunerError(f"table {path}: M={key}: {k} must be a positive integer, not {v!r}")
-            if (k.startswith("BLOCK_SIZE_") or k in ("num_warps", "SPLIT_K")) and not _power_of_two(v):
+            if (k.startswith("BLOCK_SIZE_") or k in ("num_warps", "SPLIT_K")) and not power_of_two(v):
                 raise TunerError(f"table {path}: M={key}: {k}={v} is not a power of two (Triton needs one)")
     return table
-
-
-def _engine_has(kind: str, engine: str) -> bool:
-    from tuner.plan.kernel_registry import has_engine_kernel
-    return has_engine_kernel(kind, engine)
 
 
 def plan_install(results: Path, engine: str, site: Path, force: bool = False,
@@ -264,6 +256,10 @@ def plan_install(results: Path, engine: str, site: Path, force: bool = False,
         notes.append(f"{len(left_out)} {'/'.join(sorted(set(left_out)))} table(s) left out: {engine} reads them from "
                      f"its package folder only (no variable names another), which is not here; install them where "
                      f"{engine} is installed")
+    unknown = [what for what, known in (("the GPU it runs on (--gpu)", gpu), ("its Triton", target_triton),
+                                        (f"{engine}'s version (--engine-version)", target_engine)) if not known]
+    if unknown:      # each check above needs its target: say which were not made (a CPU login node's install)
+        notes.append(f"not checked against the target, unknown here: {', '.join(unknown)}")
     if timed_on_ours:
         notes.append(f"{len(timed_on_ours)} of these tables were timed on our kernels, not {engine}'s own "
                      "(--kernel-source ours): the engine's kernel may rank configs differently")

@@ -28,7 +28,7 @@ from tuner.errors import TunerError
 KINDS = ("log", "ordered", "category")
 
 
-def _power_of_two(v: int) -> bool:
+def power_of_two(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
@@ -40,7 +40,7 @@ def implied_kind(values: Sequence[int]) -> str:
     vals = sorted(set(int(v) for v in values))
     if len(vals) <= 2 or vals == list(range(len(vals))):
         return "category"
-    if all(_power_of_two(v) for v in vals):
+    if all(power_of_two(v) for v in vals):
         return "log"
     return "ordered"
 
