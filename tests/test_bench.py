@@ -71,13 +71,18 @@ def test_bench_over_a_landscape(gemm_landscape, tmp_path, capsys, shared_dir, mo
     assert len(list(out.glob("*.png"))) == 8
 
 
-def test_bench_times_our_tuned_table(gemm_landscape, tmp_path):
+def test_bench_times_our_tuned_table(gemm_landscape, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["gemm", *COMMON, "--batch-sizes", "1", "64", "--replay", str(gemm_landscape), "--trials", "8",
                  "--out", str(run), "--quiet"]) == 0
     out = tmp_path / "bench"
     assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(gemm_landscape),
                  "--tuned", str(run), "--out", str(out), "--quiet"]) == 0
+    assert "replacing" not in capsys.readouterr().out
+    # a second bench the same day into the same folder replaces the first's files: it says so (it was silent)
+    assert main(["bench", *COMMON, "--kernel", "gemm", "--batch-sizes", "1", "64", "--replay", str(gemm_landscape),
+                 "--tuned", str(run), "--out", str(out), "--quiet"]) == 0
+    assert "(replacing today's earlier bench there, and its plots)" in capsys.readouterr().out
     rows = json.loads(next(out.glob("*.json")).read_text())["rows"]
     manifest = json.loads((run / "manifest.json").read_text())
     tuned = {(r["problem"], r["M"]): r for r in rows if r["contender"] == "tuned"}

@@ -19,6 +19,7 @@ what is written and printed: bench_output.py.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 from dataclasses import dataclass
@@ -245,6 +246,7 @@ def run_bench(request: BenchRequest) -> int:
         from tuner.emit.verdict import verdict_lines
         header["verdict_lines"] = verdict_lines([r.as_dict() for r in rows], kernel_name,
                                                 profile.served() if profile is not None else None)
+        day = sorted(out.glob(f"bench-*-{_dt.date.today().isoformat()}.json")) if out.is_dir() else []
         json_path, md_path = write_outputs(rows, out, header)
     finally:
         for m in measurers:
@@ -256,7 +258,9 @@ def run_bench(request: BenchRequest) -> int:
         print(line)
     for line in header.get("verdict_lines") or []:
         print(line)
-    print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}")
+    print(f"roofline: {ceilings.source}; results: {json_path} and {md_path}"
+          # one bench a device and day: a second run that day replaces the first's files (said, not silent)
+          + (" (replacing today's earlier bench there, and its plots)" if json_path in day else ""))
     return 0
 
 
