@@ -338,3 +338,23 @@ def test_an_install_says_which_target_checks_it_could_not_make(tmp_path, capsys)
     assert main([*args, "--gpu", "H200", "--engine-version", "0.33.0"]) == 0
     line = next((ln for ln in capsys.readouterr().err.splitlines() if "not checked against the target" in ln), "")
     assert line.endswith("unknown here: its Triton"), line
+
+
+def test_a_restore_that_empties_a_config_folder_says_to_unset_its_variable(tmp_path, capsys):
+    """`install --moe-config-dir DIR` says to export SGLANG_MOE_CONFIG_DIR=DIR; its --restore removed the tables and
+    said nothing of the variable, which, still set, makes SGLang read that empty folder alone and run its
+    default configs (a new user's finding). Now it says to unset it; a folder still holding a table says nothing."""
+    results = results_folder(tmp_path / "results")
+    folder = tmp_path / "sgl-moe"
+    install = ["install", str(results), "--engine", "sglang", "--engine-version", "0.5.23", "--moe-config-dir",
+               str(folder), "--gpu", "H200", "--force"]
+    restore = ["install", "--restore", "--engine", "sglang", "--moe-config-dir", str(folder)]
+    assert main(install) == 0
+    capsys.readouterr()
+    assert main(restore) == 0
+    out = capsys.readouterr().out
+    assert f"{folder} holds no table now: unset SGLANG_MOE_CONFIG_DIR" in out and "default configs would run" in out
+    (folder / "configs" / "triton_3_6_0").mkdir(parents=True, exist_ok=True)
+    (folder / "configs" / "triton_3_6_0" / SG_MOE).write_text(json.dumps(TABLE))       # the user's own table
+    assert main(install) == 0 and main(restore) == 0
+    assert "unset" not in capsys.readouterr().out

@@ -3,6 +3,9 @@ last install (tuner/emit/install.py does the writing)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from tuner.commands.options import fraction
 from tuner.errors import TunerError
 from tuner.plan.engine_releases import versions_text
@@ -51,6 +54,8 @@ def run(args) -> int:
         for line in inst.restore(args.engine, roots=restore_roots(args.engine, args.site_packages,
                                                                   args.moe_config_dir)):
             print(line)
+        if args.moe_config_dir:
+            print(*_emptied_folder_lines(args.engine, Path(args.moe_config_dir)), sep="\n")
         return 0
     if not args.results:
         raise TunerError("give a results folder to install (or --restore)")
@@ -58,3 +63,20 @@ def run(args) -> int:
                         args.dry_run, merge=args.merge, min_gain=args.min_gain, engine_version=args.engine_version,
                         model=args.model)
     return 0
+
+
+def _emptied_folder_lines(engine: str, folder: Path) -> list[str]:
+    """After a restore out of a --moe-config-dir: where the folder holds no table any more, the
+    variable the install told the user to export still points the engine at it (a new user's
+    finding: nothing said to unset it). Its folders stay: SGLang raises on a missing configs/."""
+    from tuner.plan.engines import table_family
+    family = table_family(engine, "fused_moe")
+    looked = 0
+    for _, dirs, files in os.walk(folder):
+        looked += len(dirs) + len(files)
+        if any(f.endswith(".json") for f in files) or looked > 4096:
+            return []
+    line = f"{folder} holds no table now: unset {family.env_var} where {engine} runs, if it is set to it"
+    if family.env_replaces_root:
+        line += f" ({engine} reads that folder alone while it is set: its default configs would run, not its package's tables)"
+    return [line]
