@@ -333,6 +333,11 @@ def test_the_readme_says_where_tuning_pays_as_coverage_prints_it(capsys):
     assert "`tuner coverage --gpu H100 H200 --kernel moe --triton 3.6.0 --plot docs/coverage.png`" in readme
     assert main(["coverage", "--gpu", "H100", "H200", "--kernel", "moe", "--triton", TRITON]) == 0
     out = capsys.readouterr().out
+    # the header's models and the summary's agree: it said "7 models x 2 GPUs", then "for 6 models' deployments"
+    mapped = int(re.search(r"^tuner coverage: (\d+) models? x", out, re.M).group(1))
+    pays = " ".join(out.split("where tuning pays:", 1)[1].split())
+    paying = int(re.match(r".*? read by default for the deployments of (\d+) models?", pays).group(1))
+    assert paying == mapped or f"{paying} models of the {mapped}" in pays, pays[:200]
     counts = re.findall(r"^  (H\d+: \d+ of \d+ run the engine's default config, .*)$", out, re.M)
     assert [c.split(":")[0] for c in counts] == ["H100", "H200"]
     for line in counts:

@@ -189,7 +189,12 @@ def pays_lines(cmap: CoverageMap) -> list[str]:
         return []
     engines = ", ".join(f"{e} {v}" for e, v in newest.items())
     models = len({r.model for r in current})
-    lines = [f"where tuning pays: the fused-MoE tables {engines} read by default for {models} models' deployments"]
+    every = len({r.model for r in cmap.rows})
+    # the header counts every model mapped; a model whose deployments read no fused-MoE table by default
+    # (a dense one) is not among these: said, so the two counts do not contradict each other
+    of = f" of the {every}" if every != models else ""
+    lines = [f"where tuning pays: the fused-MoE tables {engines} read by default for the deployments of "
+             f"{_counted(models, 'model')}{of}"]
     for gpu in dict.fromkeys(r.gpu for r in current):
         rows = [r for r in current if r.gpu == gpu]
         counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
