@@ -278,3 +278,19 @@ def test_another_models_run_is_refused_where_another_deployment_of_the_model_is_
     assert _files(out) == before
     assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--tp", "16", "--per-rank",
                  *small]) == 0
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["moe", "--modle", "deepseek-v3", "--gpu", "H200"],
+     "the following arguments are required: --model; not an option here: --modle (did you mean --model?)"),
+    (["audit", "--engine", "vllm", "--gpu", "H200", "--modle", "x"],
+     "unrecognized arguments: --modle x (did you mean --model?)"),
+    (["moe", "--mod", "deepseek-v3", "--dtype", "fp8_w8a8"],            # a prefix argparse takes is no misspelling
+     "the following arguments are required: --gpu (see"),
+])
+def test_a_misspelt_option_is_named(argv, said, capsys):
+    """`tuner moe --modle deepseek-v3 --gpu H200` said only 'the following arguments are required: --model' (argparse
+    says what is missing before what it did not know), never naming --modle (a new user's finding)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err, err

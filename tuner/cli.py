@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         pass                       # not the main thread (tests calling main in a thread)
     try:
+        from tuner.commands.options import Parser
+        Parser.argv = list(sys.argv[1:] if argv is None else argv)
         args, extra = parser.parse_known_args(argv)
         command = args.command
         if extra:           # said by the subcommand's parser, so that the hint names its --help

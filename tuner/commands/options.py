@@ -11,8 +11,31 @@ from tuner.pipeline.request import MAX_CONTEXT, MAX_COUNT, MAX_PAGE, MAX_PARALLE
 
 
 class Parser(argparse.ArgumentParser):
+    # the command line being parsed (tuner/cli.py sets it): argparse says a required option is
+    # missing before it says which given ones it did not know, so a misspelt --modle read as
+    # "the following arguments are required: --model" alone
+    argv: list[str] = []
+
     def error(self, message: str):  # one line, not argparse's usage block
+        if message.startswith("the following arguments are required"):
+            unknown = self._unknown_given()
+            if unknown:
+                message += f"; not an option here: {', '.join(unknown)}"
+        if message.startswith(("the following arguments are required", "unrecognized arguments")):
+            message += self._did_you_mean()
         raise TunerError(f"{message} (see `{self.prog} --help`)")
+
+    def _unknown_given(self) -> list[str]:
+        """The --options given that this parser knows neither whole nor as a prefix (argparse takes
+        an unambiguous prefix: --mod is --model)."""
+        given = [a.split("=", 1)[0] for a in Parser.argv if a.startswith("--")]
+        return [a for a in given if not any(k.startswith(a) for k in self._option_string_actions)]
+
+    def _did_you_mean(self) -> str:
+        import difflib
+        unknown = self._unknown_given()
+        near = difflib.get_close_matches(unknown[0], list(self._option_string_actions), n=1) if unknown else []
+        return f" (did you mean {near[0]}?)" if near else ""
 
     def format_help(self) -> str:
         # the description wrapped as usual; the epilog (the examples) kept line by line
