@@ -453,10 +453,30 @@ def test_tables_no_gpu_timed_fail_the_audit(tmp_path, capsys):
     capsys.readouterr()
     audit = ["audit", "--engine", "sglang", "--engine-version", "0.5.23", "--triton", "3.6.0", "--model", "deepseek-v3",
              "--gpu", "H200", "--tp", "8", "--moe-config-dir"]
-    for folder, code, said in ((sgl, 1, "error"), (run / "sglang" / "fused_moe", 0, "warning"),
-                               (REPO / "tuned" / "NVIDIA_H200" / "sglang" / "fused_moe", 0, None)):
+
+    def said_of(folder, code):
         assert main([*audit, str(folder)]) == code, folder
         out = capsys.readouterr().out
-        found = [ln.split(":")[0].strip() for ln in out.splitlines() if ": not_measured: its rows were chosen on "
-                 "SYNTHETIC times, never measured on a GPU" in ln]
-        assert found == ([said] if said else []), (folder, out)
+        return [ln.split(":")[0].strip() for ln in out.splitlines()
+                if ": not_measured: its rows were chosen on SYNTHETIC times, never measured on a GPU" in ln]
+    for folder, code, said in ((sgl, 1, "error"), (run / "sglang" / "fused_moe", 0, "warning"),
+                               (REPO / "tuned" / "NVIDIA_H200" / "sglang" / "fused_moe", 0, None)):
+        assert said_of(folder, code) == ([said] if said else []), folder
+    # an attacker's pass: the same folders through a link (the audit of a container's path) said nothing; a newer
+    # record of other bytes (forged, or outdated) hid the install's; a table edited since its install kept the
+    # install's SYNTHETIC. Records apply to the bytes they wrote, whichever path names the file.
+    (tmp_path / "link").symlink_to(sgl)
+    (tmp_path / "runlink").symlink_to(run / "sglang" / "fused_moe")
+    assert said_of(tmp_path / "link", 1) == ["error"] and said_of(tmp_path / "runlink", 0) == ["warning"]
+    import tuner.emit.install as install
+    [first] = [p for p in install.BACKUP_ROOT.glob("sglang-*") if (p / "record.json").is_file()]
+    forged = first.with_name(first.name.replace("-00000001-", "-00000002-"))
+    forged.mkdir()
+    record = json.loads((first / "record.json").read_text())
+    for e in record["files"]:
+        e["sha256"], e["timed_on"] = "0" * 64, {**e["timed_on"], "not_a_gpu": ""}
+    (forged / "record.json").write_text(json.dumps(record))
+    assert said_of(sgl, 1) == ["error"]
+    [table] = [p for p in sgl.rglob("*.json") if not p.name.endswith("_down.json")][:1]
+    table.write_text(table.read_text().replace("{", "{ ", 1))       # the same rows, other bytes: not the install's
+    assert said_of(sgl, 0) == []

@@ -10,27 +10,40 @@ GPU audits its own synthetic run so)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tuner.emit.audit_rules import Finding
 
 
 def not_measured_mark(table: Path, engine: str, backup_root: Path) -> tuple[str, bool] | None:
-    """('SYNTHETIC' or 'CPU DEVICE', installed) where `table`'s rows were chosen on such times, by its
-    install record (installed True), else by the manifest of the results folder it lies in; None
-    where measured or unknown."""
-    from tuner.emit.merge_rule import installed_times
+    """('SYNTHETIC' or 'CPU DEVICE', installed) where `table`'s rows were chosen on such times, by the
+    newest install record of it whose sha256 is the file's now (a record of other bytes, forged or
+    outdated by an edit, says nothing of it), else by the manifest of the results folder it lies in
+    (reached through a link too); None where measured or unknown."""
+    from tuner.emit.backups import sha256_of
+    from tuner.emit.merge_rule import installed_entry
     from tuner.emit.table_origin import manifest_entry_of
-    from tuner.measure.provenance import is_synthetic, not_a_gpu
-    found = installed_times(table, engine, backup_root)
-    if found is not None:
-        mark = found[1].get("not_a_gpu")
-        return (str(mark), True) if mark else None
-    entry = manifest_entry_of(table, engine)
-    env = entry.get("environment") if entry else None
-    if not isinstance(env, dict) or not not_a_gpu(env):
-        return None
-    return ("SYNTHETIC" if is_synthetic(env) else "CPU DEVICE"), False
+    from tuner.errors import TunerError
+    from tuner.measure.provenance import CPU_DEVICE, is_synthetic, not_a_gpu
+    from tuner.reading import read_bytes
+    try:
+        digest = sha256_of(read_bytes(table, "table "))
+    except (OSError, TunerError):
+        return None           # unreadable: the audit's own findings say so
+    entry = installed_entry(table, engine, backup_root,
+                            lambda e: isinstance(e.get("timed_on"), dict) and e.get("sha256") == digest)
+    if entry is not None:
+        mark = entry["timed_on"].get("not_a_gpu")
+        if not mark:
+            return None
+        return (mark if mark in ("SYNTHETIC", CPU_DEVICE) else "non-GPU"), True
+    for path in dict.fromkeys((table, Path(os.path.realpath(table)))):
+        found = manifest_entry_of(path, engine)
+        env = found.get("environment") if found else None
+        if isinstance(env, dict) and not_a_gpu(env):
+            return ("SYNTHETIC" if is_synthetic(env) else CPU_DEVICE), False
+    return None
 
 
 def not_measured_findings(kernels: list, engine: str, backup_root: Path) -> list[Finding]:

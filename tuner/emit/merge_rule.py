@@ -61,7 +61,9 @@ def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e:
     from tuner.emit.backups import order_key
     from tuner.errors import TunerError
     from tuner.reading import read_json_file
-    dest_abs = os.path.abspath(dest)
+    # the same file whichever path names it: the install's, or one through a link (an audit of
+    # the folder by another path found no record and passed a forced SYNTHETIC install)
+    dest_abs, dest_real = os.path.abspath(dest), os.path.realpath(dest)
     records = [(k, r) for r in backup_root.glob(f"{engine}-*/{RECORD}")
                if (k := order_key(r.parent, engine)) is not None and not r.parent.is_symlink()]
     for _, record in sorted(records, reverse=True):
@@ -70,8 +72,10 @@ def installed_entry(dest: Path, engine: str, backup_root: Path, wanted=lambda e:
         except TunerError:
             continue
         for entry in data.get("files", []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("dest"), str) \
-                    and os.path.abspath(entry["dest"]) == dest_abs and wanted(entry):
+            if not (isinstance(entry, dict) and isinstance(entry.get("dest"), str)):
+                continue
+            there = entry["dest"]
+            if (os.path.abspath(there) == dest_abs or os.path.realpath(there) == dest_real) and wanted(entry):
                 return entry
     return None
 
