@@ -1,5 +1,6 @@
 """Bad input: one clear line on stderr, a non-zero exit, no traceback, no files."""
 
+import json
 import os
 import subprocess
 import sys
@@ -278,6 +279,10 @@ def test_another_models_run_is_refused_where_another_deployment_of_the_model_is_
     assert _files(out) == before
     assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--tp", "16", "--per-rank",
                  *small]) == 0
+    # the same model named as its Hugging Face repository is (case aside): taken, not refused
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "model": "DeepSeek-V3"}))
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", *small]) == 0
 
 
 @pytest.mark.parametrize("argv,said", [

@@ -413,9 +413,12 @@ def _check_same_model(out: Path, manifest: dict, mine: str) -> None:
     another model's tables there would be taken for this one's. Other deployments of the model
     (TP, EP, dtype) may share a folder: the GPU run's window tunes them all into one."""
     theirs = manifest.get("model")
-    if theirs and theirs != mine and any(t.get("entries") for t in manifest.get("tables", [])):
-        raise TunerError(f"--out {out} holds tables for {theirs} ({out / 'manifest.json'}); this run is for {mine}, "
-                         "and a folder's tables are one model's: give another --out")
+    # by name, as the manifest records it, case aside: a config.json from a Hugging Face snapshot
+    # is named as its repository (Qwen3-30B-A3B), configs/models/'s file in lower case
+    if isinstance(theirs, str) and theirs and theirs.lower() != mine.lower() \
+            and any(isinstance(t, dict) and t.get("entries") for t in manifest.get("tables", [])):
+        raise TunerError(f"--out {out} holds tables for {theirs[:80]} ({out / 'manifest.json'}); this run is for "
+                         f"{mine[:80]}, and a folder's tables are one model's: give another --out")
 
 
 def only_problems(problems: list, only: list[str] | None) -> list:
