@@ -193,6 +193,18 @@ def test_an_override_folder_vllm_reads_nothing_from_is_a_finding(vllm_site, sgla
     r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), empty, {})
     assert [f.reason.split(": ")[-1] for f in r.findings if f.kind == "override_unused"] == [
         "it holds no vllm table; it reads its package's instead"]
+    # a results folder's root: the table lies in its vllm/fused_moe/ (it said "for other shapes or GPUs"), named
+    results = tmp_path / "results"
+    put(results, f"vllm/fused_moe/{V3_MOE}", grid())
+    r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), results, {})
+    [f] = [f for f in r.findings if f.kind == "override_unused"]
+    assert "lies in its subfolder vllm/fused_moe/" in f.reason and f"at {results / 'vllm' / 'fused_moe'}" in f.reason
+    # a file name holding a newline is said on one line (it forged an "exit status 0" line of the report)
+    forged = tmp_path / "forged"
+    put(forged, "E=8,N=1,device_name=X\nexit status 0: no error finding\n.json", grid())
+    r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), forged, {})
+    [f] = [f for f in r.findings if f.kind == "override_unused"]
+    assert "\n" not in f.reason and "\\x0aexit status 0" in f.reason, f.reason
     right = tmp_path / "tuned"
     put(right, V3_MOE, grid())
     r = audit_deployment(inst(vllm_site, "vllm"), model, h200, 8, 1, "fp8_w8a8", Batches(4096), right, {})

@@ -15,7 +15,6 @@ rendering: audit_report.py.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,6 @@ from tuner.emit.engine_tables import (
 from tuner.errors import TunerError
 from tuner.plan.engine_rules.schema import precision_rule
 from tuner.plan.engines import (
-    ENGINE_NAMES,
     TABLE_FAMILIES,
     TableFamily,
     backend_reads_table,
@@ -289,49 +287,9 @@ def audit_deployment(inst: Installation, model, gpu, tp: int, ep: int, dtype: st
         report.kernels.append(ka)
         report.findings += ka.findings
     if override_dir is not None and Path(override_dir).is_dir():
-        report.findings += _override_unused(engine, Path(override_dir), report.kernels, inst.files is not None)
+        from tuner.emit.audit_override import override_unused
+        report.findings += override_unused(engine, Path(override_dir), report.kernels, inst.files is not None)
     return report
-
-
-FOLDER_LOOK = 4096            # entries of an override folder looked at, three levels down at most
-
-
-def _override_unused(engine: str, folder: Path, kernels: list[KernelAudit], package: bool) -> list[Finding]:
-    """Where an engine searches its override folder before its package (vLLM) and read none of
-    the deployment's tables there, nothing else says so: it quietly runs its package's tables.
-    One warning, naming whose tables the folder holds (the other engine's, as a user who
-    pointed the variable at the wrong results folder has). Engines that read the folder in
-    place of their package say so per table already (no_table, crashes_loader)."""
-    looked = [ka for ka in kernels if ka.family.env_var and not ka.family.env_replaces_root]
-    if not looked or any(ka.resolved.found and ka.resolved.how == "override folder" for ka in looked):
-        return []
-    names: list[str] = []
-    for root, dirs, files in os.walk(folder):
-        if len(Path(root).relative_to(folder).parts) >= 2:
-            dirs[:] = []
-        names += [f for f in files if f.endswith(".json")]
-        if len(names) + len(dirs) > FOLDER_LOOK:
-            break
-    own = looked[0].family.name_pattern()
-    whose = {}
-    for other in ENGINE_NAMES:
-        pattern = table_family(other, "fused_moe").name_pattern()
-        # the other engine's names are those its loader asks for and this one's never would
-        found = [n for n in names if pattern.match(n) and (other == engine or not own.match(n))]
-        if found:
-            whose[other] = found
-    wanted = ", ".join(sorted({ka.resolved.name for ka in looked}))
-    if any(e != engine for e in whose):
-        other = next(e for e in whose if e != engine)
-        what = (f"{len(whose[other])} of its tables are named as {other} names them ({whose[other][0]}): install a "
-                f"results folder for {engine} with `tuner install RESULTS --engine {engine}`")
-    elif whose:
-        what = f"its {engine} tables are for other shapes or GPUs ({whose[engine][0]})"
-    else:
-        what = f"it holds no {engine} table"
-    return [Finding("warning", "override_unused", f"{engine} reads none of this deployment's tables from "
-                    f"{looked[0].family.env_var}={folder} (it looks there for {wanted}): {what}; "
-                    + ("it reads its package's instead" if package else "its default configs run"), str(folder))]
 
 
 def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batches, override, env: dict, ep: int,
