@@ -4,6 +4,7 @@ applies are tested against the engines' own loaders in tests/test_loader_rules.p
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -492,3 +493,43 @@ def test_tables_no_gpu_timed_fail_the_audit(tmp_path, capsys):
     [table] = [p for p in sgl.rglob("*.json") if not p.name.endswith("_down.json")][:1]
     table.write_text(table.read_text().replace("{", "{ ", 1))       # the same rows, other bytes: not the install's
     assert said_of(sgl, 0) == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_empty_table_is_a_finding_not_an_internal_error(engine, vllm_site, sglang_site, tmp_path):
+    """A table holding `{}` was an internal error (IndexError in snap_ranges) where both engines' loaders return
+    no row and the launch takes its default config (`if configs:` in try_get_optimal_moe_config); now a no_table
+    warning saying so, its rows the default (an attacker's pass)."""
+    model, h200 = load_model("deepseek-v3"), get_gpu("H200")
+    folder = tmp_path / "empty"
+    if engine == "vllm":
+        put(folder, V3_MOE, {})
+        site = vllm_site
+    else:
+        put(folder, f"configs/triton_3_6_0/{S3_MOE}.json", {})
+        site = sglang_site
+    r = audit_deployment(inst(site, engine), model, h200, 8, 1, "fp8_w8a8", Batches(4096), folder, {})
+    moe = r.kernels[0]
+    said = [f.reason for f in moe.findings if f.kind == "no_table"]
+    assert moe.resolved.found and len(said) == 1 and said[0].startswith(engine), said
+    assert said[0].endswith("reads no row from this empty table: its default config runs at every M"), said
+    assert [row["runs_as"] for row in moe.rows] == ["the engine's default config"]
+
+
+def test_a_broken_manifest_beside_an_audited_table_is_said_not_an_error_after_the_report(tmp_path, capsys):
+    """The audit printed its whole report and 'exit status 0', then 'tuner: error: ... is not a tuner manifest',
+    exit 2, and wrote no audit.json (an attacker's pass, a manifest whose model is a list): the measurement line
+    now says the manifest cannot be read, and the report's exit status and files stand."""
+    run = tmp_path / "run"
+    assert main(["moe", "--model", "deepseek-v3", "--gpu", "H200", "--dtype", "fp8_w8a8", "--synthetic",
+                 "--batch-sizes", "1", "--trials", "4", "--quiet", "--out", str(run)]) == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "model": ["a"]}))
+    capsys.readouterr()
+    out = tmp_path / "audit"
+    code = main(["audit", "--engine", "vllm", "--engine-version", "0.33.0", "--triton", "3.6.0", "--model",
+                 "deepseek-v3", "--gpu", "H200", "--tp", "8", "--moe-config-dir", str(run / "vllm" / "fused_moe"),
+                 "--out", str(out)])
+    printed, err = capsys.readouterr()
+    assert code == int(re.search(r"^exit status (\d)", printed, re.M).group(1)) and "error" not in err, err
+    assert "not installed: its manifest cannot be read" in printed and (out / "audit.json").is_file()

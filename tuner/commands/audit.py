@@ -88,7 +88,11 @@ def policy_lines(report, engine: str) -> list[str]:
                          "(installed by tuner)")
         elif run is not None:            # the folder audited is a tuner run's own, not an engine's
             from tuner.emit.run_table import run_source
-            said = f"a table of the tuner run {run}, not installed: {run_source(run)}"
+            try:
+                source = run_source(run)
+            except TunerError as e:      # said here, after the report: never an error that contradicts its exit status
+                source = f"its manifest cannot be read ({e})"
+            said = f"a table of the tuner run {run}, not installed: {source}"
         else:
             said = "not recorded (a shipped table, or installed before tuner recorded it)"
         lines.append(f"measurement of {Path(ka.where).name}: {said}")

@@ -348,6 +348,17 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
         ka.findings.append(Finding("error", "crashes_loader", crash or "unreadable", where))
         return ka
     ka.table = table
+    if not table:        # "{}": the loader hands the launch no row (`if configs:` fails): its default, or for a
+        # _down table the up table's config, as where there is no _down table
+        runs = "the up table's configs run the down GEMM" if part == "down" else "its default config runs"
+        ka.findings.append(Finding("warning", "no_table", f"{inst.label} reads no row from this empty table: {runs} "
+                                   "at every M", where))
+        ka.rows = [{"first": batches.lo, "last": batches.top, "key": None, "entry": None,
+                    "runs_as": "the up table's configs" if part == "down" else "the engine's default config",
+                    "changes": []}]
+        if part == "up":
+            ups[name] = ka
+        return ka
     if isinstance(obj := json.loads(raw), dict) and "triton_version" in obj and "triton_version" in family.dropped_keys:
         tuned = str(obj["triton_version"])
         same = tuned.split("+")[0] == inst.triton.split("+")[0]
@@ -359,7 +370,7 @@ def _audit_problem(inst: Installation, problem, gpu, dtype: str, batches: Batche
         ka.findings += row_findings(family, table, where, block, K, device) if detail else []
         ka.findings += key_findings(list(table), where, batches)
         ka.findings += _needed_keys(family, params, table, where)
-    up_table = up.table if (up is not None and part == "down" and resolved.how != "the up table") else None
+    up_table = (up.table or None) if (up is not None and part == "down" and resolved.how != "the up table") else None
     if up_table is not None and up is not None and detail:
         ka.findings += pair_findings(up_table, table, where, batches, family)
     if detail:
