@@ -187,12 +187,20 @@ def test_a_synthetic_run_goes_on_in_its_own_folder(capsys, tmp_path):
     assert main(argv) == 0, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("where", ["loading the commands", "building the parser"])
+@pytest.mark.parametrize("where", ["loading the commands", "building the parser", "SIGTERM loading the commands"])
 def test_a_ctrl_c_before_the_command_begins_is_one_line(tmp_path, where):
     """A Ctrl-C in the first fraction of a second (the commands loading, the parser built: before main's own
     handler) is one line and exit 130, as later. Before, a new user's `timeout -s INT 0.2 tuner moe ...` got a
     KeyboardInterrupt traceback in several of 24 tries. The interrupt is raised where it lands, deterministically."""
-    if where == "loading the commands":
+    if where == "SIGTERM loading the commands":      # it died silently, 143 by the signal (an attacker's pass)
+        land = ("import builtins, os, signal, time\nreal = builtins.__import__\n"
+                "def imp(name, *a, **k):\n"
+                "    if name == 'tuner.commands' or name.startswith('tuner.commands.'):\n"
+                "        os.kill(os.getpid(), signal.SIGTERM)\n"
+                "        time.sleep(5)\n"
+                "    return real(name, *a, **k)\n"
+                "builtins.__import__ = imp\n")
+    elif where == "loading the commands":
         land = ("import builtins\nreal = builtins.__import__\n"
                 "def imp(name, *a, **k):\n"
                 "    if name == 'tuner.commands' or name.startswith('tuner.commands.'):\n"
@@ -207,8 +215,9 @@ def test_a_ctrl_c_before_the_command_begins_is_one_line(tmp_path, where):
                   "from tuner.__main__ import run\nraise SystemExit(run())\n"
     got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert got.returncode == 130, got.stderr
-    assert got.stderr.strip() == "tuner: interrupted before the command began; nothing was done", got.stderr
+    what, code = ("terminated", 143) if where.startswith("SIGTERM") else ("interrupted", 130)
+    assert got.returncode == code, got.stderr
+    assert got.stderr.strip() == f"tuner: {what} before the command began; nothing was done", got.stderr
 
 
 def test_the_tuner_command_is_that_entry():
