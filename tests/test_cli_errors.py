@@ -258,12 +258,19 @@ def test_a_ctrl_c_that_an_extensions_import_turns_into_its_own_error_is_an_inter
                 raise ImportError("initialization failed") from None
             return 0
         return command
-    for sig, code, said in ((signal.SIGINT, 130, "tuner: interrupted;"), (signal.SIGTERM, 143, "tuner: terminated;")):
-        monkeypatch.setitem(cli.COMMANDS, "report", as_pybind11_does(sig))
-        assert cli.main(["report", "somewhere"]) == code
-        err = capsys.readouterr().err
-        assert said in err and "internal error" not in err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # put back
+    # as at a terminal: a background job of a non-interactive shell (.ci/run's plain clone) starts with SIGINT
+    # ignored, and tuner leaves an ignored SIGINT ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for sig, code, said in ((signal.SIGINT, 130, "tuner: interrupted;"),
+                                (signal.SIGTERM, 143, "tuner: terminated;")):
+            monkeypatch.setitem(cli.COMMANDS, "report", as_pybind11_does(sig))
+            assert cli.main(["report", "somewhere"]) == code
+            err = capsys.readouterr().err
+            assert said in err and "internal error" not in err
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # put back
+    finally:
+        signal.signal(signal.SIGINT, before)
 
     def broken(args):
         raise ImportError("initialization failed")
