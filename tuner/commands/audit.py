@@ -73,6 +73,7 @@ def policy_lines(report, engine: str) -> list[str]:
     from tuner.emit.audit_report import wrap
     from tuner.emit.install import BACKUP_ROOT
     from tuner.emit.merge_rule import installed_entry, installed_times
+    from tuner.emit.table_origin import results_folder
     from tuner.measure.policy import policy_text
     lines = []
     for ka in getattr(report, "kernels", []):
@@ -80,7 +81,7 @@ def policy_lines(report, engine: str) -> list[str]:
             continue
         found = installed_times(Path(ka.where), engine, BACKUP_ROOT)
         timed = found[1] if found else None
-        run = None if timed else run_holding(Path(ka.where))
+        run = None if timed else results_folder(Path(ka.where))
         if timed:
             mark = timed.get("not_a_gpu")
             said = (f"{mark} times, never measured on a GPU (for {timed.get('device')}; installed by tuner)" if mark
@@ -102,14 +103,6 @@ def policy_lines(report, engine: str) -> list[str]:
         elif run is not None and (line := partial.run_line(run, Path(ka.where))):
             lines += wrap(line)
     return lines
-
-
-def run_holding(table: Path) -> Path | None:
-    """The tuner results folder a table file lies in (its manifest.json a few folders up), if any."""
-    for folder in list(table.resolve().parents)[:5]:
-        if (folder / "manifest.json").is_file():
-            return folder
-    return None
 
 
 def run(args) -> int:

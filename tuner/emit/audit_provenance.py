@@ -10,7 +10,6 @@ GPU audits its own synthetic run so)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tuner.emit.audit_rules import Finding
@@ -38,11 +37,10 @@ def not_measured_mark(table: Path, engine: str, backup_root: Path) -> tuple[str,
         if not mark:
             return None
         return (mark if mark in ("SYNTHETIC", CPU_DEVICE) else "non-GPU"), True
-    for path in dict.fromkeys((table, Path(os.path.realpath(table)))):
-        found = manifest_entry_of(path, engine)
-        env = found.get("environment") if found else None
-        if isinstance(env, dict) and not_a_gpu(env):
-            return ("SYNTHETIC" if is_synthetic(env) else CPU_DEVICE), False
+    found = manifest_entry_of(table, engine)
+    env = found.get("environment") if found else None
+    if isinstance(env, dict) and not_a_gpu(env):
+        return ("SYNTHETIC" if is_synthetic(env) else CPU_DEVICE), False
     return None
 
 

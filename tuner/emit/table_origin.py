@@ -48,8 +48,9 @@ def backup_root() -> Path:
 
 
 def results_folder(table: Path) -> Path | None:
-    """The tuner results folder a table file lies in (its manifest.json a few folders up), if any."""
-    for folder in list(Path(os.path.abspath(table)).parents)[:RESULTS_DEPTH]:
+    """The tuner results folder a table file lies in (its manifest.json a few folders up), if any,
+    whichever path names the file: a link to the folder or into it is followed."""
+    for folder in list(Path(os.path.realpath(table)).parents)[:RESULTS_DEPTH]:
         if (folder / MANIFEST).is_file():
             return folder
     return None
@@ -70,7 +71,7 @@ def manifest_entry_of(table: Path, engine: str) -> dict | None:
         return None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("tables"), list):
         return None
-    rel = os.path.relpath(os.path.abspath(table), folder).replace(os.sep, "/")
+    rel = os.path.relpath(os.path.realpath(table), folder).replace(os.sep, "/")
     for t in manifest["tables"]:
         if isinstance(t, dict) and isinstance(t.get("files"), dict) and t["files"].get(engine) == rel:
             return {**t, "model": manifest.get("model")}
