@@ -78,23 +78,28 @@ def studies(out: Path, landscape: Path, kernel_of) -> list[dict]:
     return rows
 
 
-def found_ratios(out: Path, landscape: Path, kernel) -> dict:
-    """{(problem key, M): best measured time over the landscape's best} from the run's journal."""
+def journal_trials(out: Path):
+    """(problem key, M, its measured trials in order) of every study in a run's journal."""
     import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    points = best_times(landscape, kernel)
     storage = JournalStorage(JournalFileBackend(str(out / "studies.journal")))
-    ratios = {}
     for s in optuna.get_all_study_summaries(storage):
         if ":M=" not in s.study_name:
             continue
         key, m = s.study_name.split(":", 1)[1].rsplit(":M=", 1)
-        times = [t.value for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False)
-                 if t.user_attrs.get("config") and t.value is not None]
-        if times and (key, int(m)) in points:
-            ratios[(key, int(m))] = round(min(times) / min(points[(key, int(m))].values()), 4)
+        yield key, int(m), [t for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials(
+            deepcopy=False) if t.user_attrs.get("config") and t.value is not None]
+
+
+def found_ratios(out: Path, landscape: Path, kernel) -> dict:
+    """{(problem key, M): best measured time over the landscape's best} from the run's journal."""
+    points = best_times(landscape, kernel)
+    ratios = {}
+    for key, m, trials in journal_trials(out):
+        if trials and (key, m) in points:
+            ratios[(key, m)] = round(min(t.value for t in trials) / min(points[(key, m)].values()), 4)
     return ratios
 
 

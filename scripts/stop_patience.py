@@ -27,30 +27,20 @@ WITHIN = 1.02
 
 def trajectories(out: Path) -> dict[str, list[tuple[float, float]]]:
     """{study: [(measured time, time over the study's optimum)]} in trial order."""
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-    from stop_check import best_times
+    from stop_check import best_times, journal_trials
 
     from tuner.plan.kernel_api import config_from_entry, config_tuple
     from tuner.plan.kernel_registry import get_kernel
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
     kernel = get_kernel("fused_moe")
     points = best_times(out / "synthetic-fused_moe.jsonl.gz", kernel)
-    storage = JournalStorage(JournalFileBackend(str(out / "studies.journal")))
     found = {}
-    for s in optuna.get_all_study_summaries(storage):
-        if ":M=" not in s.study_name:
-            continue
-        key, m = s.study_name.split(":", 1)[1].rsplit(":M=", 1)
-        times = points.get((key, int(m)))
-        if not times:
-            continue
-        best = min(times.values())
-        found[s.study_name] = [
-            (t.value, times[config_tuple(kernel, config_from_entry(kernel, t.user_attrs["config"]))] / best)
-            for t in optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False)
-            if t.user_attrs.get("config") and t.value is not None]
+    for key, m, trials in journal_trials(out):
+        times = points.get((key, m))
+        if times:
+            best = min(times.values())
+            found[f"{key}:M={m}"] = [
+                (t.value, times[config_tuple(kernel, config_from_entry(kernel, t.user_attrs["config"]))] / best)
+                for t in trials]
     return found
 
 
