@@ -11,7 +11,7 @@ from tuner.errors import TunerError
 from tuner.paths import CONFIGS_DIR
 from tuner.pipeline.command_problems import resolve_tp
 from tuner.plan.engine_releases import versions_text
-from tuner.plan.engines import ENGINE_NAMES
+from tuner.plan.engines import ENGINE_NAMES, GRID_TOP
 from tuner.plan.gpus import gpu_keys_text
 from tuner.plan.precision import MOE_DTYPES
 
@@ -50,7 +50,7 @@ def add_parser(sub, common) -> None:
     aud.add_argument("--moe-config-dir", default=None, metavar="DIR",
                      help="the MoE override folder (default: $VLLM_TUNED_CONFIG_FOLDER / $SGLANG_MOE_CONFIG_DIR; "
                      "'' for none)")
-    aud.add_argument("--max-batch", type=batch, default=4096, help="audit M = 1 .. this (default 4096)")
+    aud.add_argument("--max-batch", type=batch, default=GRID_TOP, help=f"audit M = 1 .. this (default {GRID_TOP})")
     aud.add_argument("--batch-sizes", type=batch, nargs="+", metavar="M", default=None,
                      help="audit these batch sizes only (instead of 1 .. --max-batch)")
     aud.add_argument("--numerics", action="store_true",

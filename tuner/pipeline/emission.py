@@ -172,7 +172,6 @@ def _emit(opts: RunPlan, group: list[Problem], group_results: list[list[StudyRes
     return entries
 
 
-AUDIT_TOP = 4096          # `tuner audit`'s --max-batch default: the engines' grid's largest batch size
 
 
 def _audit_emitted(opts: RunPlan, problem: Problem, files: dict[str, str], findings=None) -> None:
@@ -186,8 +185,8 @@ def _audit_emitted(opts: RunPlan, problem: Problem, files: dict[str, str], findi
     reading of them is checked, and the findings are said once, for the final tables (gathered
     into `findings`, a tuner.emit.run_findings.RunFindings)."""
     from tuner.emit.audit_rules import Batches, named_table_findings
-    from tuner.plan.engines import load_table, table_family
-    batches = Batches(max(opts.batch_sizes) if opts.traffic is not None else max(*opts.batch_sizes, AUDIT_TOP))
+    from tuner.plan.engines import GRID_TOP, load_table, table_family
+    batches = Batches(max(opts.batch_sizes) if opts.traffic is not None else max(*opts.batch_sizes, GRID_TOP))
     for engine, rel in files.items():
         family = table_family(engine, opts.kernel.table_kind)
         from tuner.reading import read_bytes

@@ -17,6 +17,8 @@ ENGINE_NAMES = tuple(r.ENGINE.name for r in RULES)
 
 # The batch sizes both engines' tuners write, and our default grid.
 DEFAULT_BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
+# the grid's largest: `tuner audit` looks at M = 1 to this by default, and a run checks its own tables so
+GRID_TOP = max(DEFAULT_BATCH_SIZES)
 
 ENGINES: dict[str, Engine] = {r.ENGINE.name: r.ENGINE for r in RULES}
 
